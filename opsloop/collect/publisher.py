@@ -1,0 +1,167 @@
+"""Publishing collector rounds to Kafka: keyed, acks=all, idempotent, with the spool as fallback.
+
+Guarantee: at-least-once per record, order kept per key. ``publish()`` never raises and never
+blocks longer than ``send_timeout_s`` (plus one drain attempt): a record is either acknowledged
+by the broker (acks=all) or written to the spool before ``publish()`` returns.
+
+While the spool holds anything, new rounds go behind it (to the spool) so that a key's records
+stay in order; each round then tries one drain. A failed send closes the producer with timeout 0,
+which aborts its pending batches, so nothing the spool keeps can also be delivered later by the
+old producer (a batch already on the wire when the broker died can still be duplicated: that is
+the at-least-once part; the streams drop a series' samples whose timestamp does not advance).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from kafka import KafkaProducer
+from prometheus_client import Counter, Gauge
+
+from opsloop.collect.spool import Record, Spool
+from opsloop.log import get_logger
+from opsloop.wire import Metric, encode_batch, group_by_route
+
+log = get_logger("publisher")
+
+PUBLISHED = Counter("opsloop_collector_published_records_total", "Records acknowledged by Kafka", ["collector"])
+PUBLISHED_SAMPLES = Counter("opsloop_collector_published_samples_total", "Samples in acknowledged records",
+                            ["collector"])
+SEND_FAILURES = Counter("opsloop_collector_send_failures_total", "Send attempts that failed (broker unreachable)",
+                        ["collector"])
+SPOOLED = Gauge("opsloop_spool_records", "Records waiting in the on-disk spool", ["collector"])
+SPOOL_BYTES = Gauge("opsloop_spool_bytes", "Bytes in the on-disk spool", ["collector"])
+SPOOL_DROPPED = Gauge("opsloop_spool_dropped_records", "Records dropped because the spool was full",
+                      ["collector"])
+
+
+def records_for(metrics: Iterable[Metric]) -> list[Record]:
+    """One record per (topic, key): a round travels as few, large messages (Telegraf batch shape)."""
+    return [Record(topic.value, key, encode_batch(ms)) for (topic, key), ms in group_by_route(metrics).items()]
+
+
+class Publisher:
+    def __init__(self, bootstrap_servers: str, spool_dir: Path, *, collector: str = "collector",
+                 client_id: str = "opsloop-collector", spool_max_bytes: int = 256 * 1024 * 1024,
+                 send_timeout_s: float = 10.0) -> None:
+        self.bootstrap = bootstrap_servers
+        self.collector = collector
+        self.client_id = client_id
+        self.send_timeout_s = send_timeout_s
+        self.spool = Spool(spool_dir, spool_max_bytes)
+        self._producer: KafkaProducer | None = None
+        self._update_gauges()
+
+    # -- producer lifecycle ---------------------------------------------------------------
+    def _get_producer(self) -> KafkaProducer:
+        if self._producer is None:
+            timeout_ms = int(self.send_timeout_s * 1000)
+            self._producer = KafkaProducer(
+                bootstrap_servers=self.bootstrap,
+                client_id=self.client_id,
+                acks="all",
+                enable_idempotence=True,
+                linger_ms=20,
+                batch_size=256 * 1024,
+                max_request_size=4 * 1024 * 1024,
+                compression_type=None,
+                max_block_ms=timeout_ms,
+                request_timeout_ms=max(1000, timeout_ms // 2),
+                delivery_timeout_ms=timeout_ms,
+                bootstrap_timeout_ms=timeout_ms,
+                reconnect_backoff_max_ms=1000,
+            )
+        return self._producer
+
+    def _drop_producer(self) -> None:
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=0)  # aborts pending batches: the spool owns them now
+            except Exception:  # noqa: BLE001 - closing a broken producer must not fail the round
+                pass
+            self._producer = None
+
+    def close(self) -> None:
+        if self._producer is not None:
+            try:
+                self._producer.flush(timeout=self.send_timeout_s)
+            finally:
+                self._drop_producer()
+
+    # -- sending --------------------------------------------------------------------------
+    def _send(self, records: list[Record]) -> list[Record]:
+        """Send and wait for acks; returns the records that failed (all of them if the broker is gone)."""
+        if not records:
+            return []
+        try:
+            producer = self._get_producer()
+            futures = [(r, producer.send(r.topic, key=r.key.encode(), value=r.value)) for r in records]
+            producer.flush(timeout=self.send_timeout_s)
+        except Exception as e:  # noqa: BLE001 - any client error means "not delivered"
+            log.warning("kafka_send_failed", collector=self.collector, error=str(e), records=len(records))
+            SEND_FAILURES.labels(self.collector).inc()
+            self._drop_producer()
+            return records
+        failed: list[Record] = []
+        last_error: Exception | None = None
+        for r, fut in futures:
+            try:
+                fut.get(timeout=0)
+            except Exception as e:  # noqa: BLE001
+                failed.append(r)
+                last_error = e
+        if failed:
+            log.warning("kafka_send_failed", collector=self.collector, error=str(last_error), records=len(failed))
+            SEND_FAILURES.labels(self.collector).inc()
+            self._drop_producer()
+        failed_ids = {id(r) for r in failed}
+        self._count_sent([r for r in records if id(r) not in failed_ids])
+        return failed
+
+    def _count_sent(self, records: list[Record]) -> None:
+        if records:
+            PUBLISHED.labels(self.collector).inc(len(records))
+            PUBLISHED_SAMPLES.labels(self.collector).inc(sum(r.value.count(b'"name":') for r in records))
+
+    def publish_metrics(self, metrics: Iterable[Metric]) -> None:
+        self.publish(records_for(metrics))
+
+    def publish(self, records: list[Record]) -> None:
+        if not self.spool.empty():
+            self.spool.append(records)
+            self.drain()
+        else:
+            failed = self._send(records)
+            if failed:
+                self.spool.append(failed)
+        self._update_gauges()
+
+    def drain(self, budget_s: float | None = None) -> bool:
+        """Replay the spool oldest-first until empty, a failure, or the budget; True when empty."""
+        deadline = time.monotonic() + (budget_s if budget_s is not None else self.send_timeout_s)
+        while True:
+            item = self.spool.oldest()
+            if item is None:
+                self._update_gauges()
+                return True
+            path, records = item
+            failed = self._send(records)
+            self.spool.complete(path, failed)
+            if failed:
+                self._update_gauges()
+                return False
+            log.info("spool_replayed", collector=self.collector, records=len(records), segment=path.name)
+            if time.monotonic() > deadline:
+                self._update_gauges()
+                return self.spool.empty()
+
+    def _update_gauges(self) -> None:
+        SPOOLED.labels(self.collector).set(self.spool.count_records())
+        SPOOL_BYTES.labels(self.collector).set(self.spool.size_bytes())
+        SPOOL_DROPPED.labels(self.collector).set(self.spool.dropped_records)
+
+    def stats(self) -> dict[str, Any]:
+        return {"spooled_records": self.spool.count_records(), "spool_bytes": self.spool.size_bytes(),
+                "dropped": self.spool.dropped_records}

@@ -1,0 +1,56 @@
+"""Findings: what the stream detectors conclude, as published on the ``findings`` topic.
+
+A finding is keyed by ``id`` (detector + where): re-publishing the same id updates it (last_seen,
+observed, score); ``cleared=True`` closes it. The paging actuator turns open critical/warning
+findings into Alertmanager alerts and their clearing into resolves.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Severity(str, enum.Enum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class Finding(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = 1
+    detector: str = Field(min_length=1)             # e.g. "firewall.unprotected_port"
+    what: str = Field(min_length=1)                 # one line for a human: "VM port without security group"
+    where: dict[str, str] = Field(default_factory=dict)  # labels: host, port, listener, ...
+    observed: float | str | None = None
+    expected: float | str | None = None
+    score: float = Field(ge=0.0, le=1.0, default=1.0)
+    severity: Severity = Severity.WARNING
+    explanation: str = ""
+    first_seen: float
+    last_seen: float
+    cleared: bool = False
+    runbook: str = ""
+    dashboard: str = ""
+
+    @property
+    def id(self) -> str:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(self.where.items()))
+        return hashlib.sha1(f"{self.detector}|{labels}".encode()).hexdigest()[:16]
+
+    def encode(self) -> bytes:
+        doc: dict[str, Any] = self.model_dump(mode="json")
+        doc["id"] = self.id
+        return orjson.dumps(doc)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Finding":
+        doc = orjson.loads(raw)
+        doc.pop("id", None)
+        return cls.model_validate(doc)

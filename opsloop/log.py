@@ -1,0 +1,83 @@
+"""Structured JSON logs, one schema for every opsloop service: time, level, service, event, fields.
+
+    log = get_logger("collector.haproxy")
+    log.info("round_done", samples=12, errors=0)
+
+Secrets never go to logs: callers pass no credentials, and :func:`redact` masks keys that look secret.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import orjson
+
+_SECRET_MARKERS = ("password", "secret", "token", "passwd", "credential", "authorization", "api_key")
+_service = "opsloop"
+
+
+def redact(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: ("***" if any(m in k.lower() for m in _SECRET_MARKERS) else v) for k, v in fields.items()}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "service": getattr(record, "service", _service),
+            "logger": record.name,
+            "event": getattr(record, "event", record.getMessage()),
+        }
+        fields = getattr(record, "fields", None)
+        if fields:
+            doc["fields"] = redact(fields)
+        elif record.args and not hasattr(record, "event"):
+            pass
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc, default=str).decode()
+
+
+class EventLogger:
+    """A thin adapter: ``log.info("event_name", key=value, ...)`` → one JSON line."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+
+    def _log(self, level: int, event: str, exc_info: bool = False, **fields: Any) -> None:
+        if self._logger.isEnabledFor(level):
+            self._logger.log(level, event, extra={"event": event, "fields": fields}, exc_info=exc_info)
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self._log(logging.DEBUG, event, **fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._log(logging.INFO, event, **fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._log(logging.WARNING, event, **fields)
+
+    def error(self, event: str, exc_info: bool = False, **fields: Any) -> None:
+        self._log(logging.ERROR, event, exc_info=exc_info, **fields)
+
+
+def setup_logging(service: str, level: str = "info", stream: Any = None) -> None:
+    """Send every logger (ours and the libraries') through the JSON formatter, to stderr by default."""
+    global _service
+    _service = service
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # Chatty clients: their INFO lines are connection churn, not events.
+    for noisy in ("kafka", "aiokafka", "urllib3", "elastic_transport"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def get_logger(name: str) -> EventLogger:
+    return EventLogger(logging.getLogger(f"opsloop.{name}"))

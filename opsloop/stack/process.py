@@ -1,0 +1,180 @@
+"""A local process managed by PID: started in its own process group, stopped by PID, never by name.
+
+The pidfile records the PID and the process's start time (from /proc), so a stale pidfile whose PID
+was reused by another program is recognised and that program is left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import orjson
+
+
+class StackError(RuntimeError):
+    """A component could not start or stop; the message names it and says what to do."""
+
+
+def require_binary(name: str, hint: str = "run `make setup`") -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise StackError(f"{name}: binary not found on PATH; {hint}")
+    return path
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _proc_start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22 (starttime), counted after the ")" that ends the command name.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def pid_alive(pid: int, start_time: str | None = None) -> bool:
+    st = _proc_start_time(pid)
+    if st is None:
+        return False
+    if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+        return False
+    return start_time is None or st == start_time
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    argv: list[str]
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    ports: dict[str, tuple[str, int]] = field(default_factory=dict)  # label -> (host, port) it will bind
+    ready: Callable[[], bool] | None = None
+    ready_timeout_s: float = 60.0
+    stop_timeout_s: float = 20.0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pidfile(self) -> Path:
+        return self.workdir / f"{self.name}.pid"
+
+    @property
+    def logfile(self) -> Path:
+        return self.workdir / f"{self.name}.log"
+
+    def read_pid(self) -> tuple[int, str | None] | None:
+        try:
+            d = orjson.loads(self.pidfile.read_bytes())
+            return int(d["pid"]), d.get("start_time")
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def running(self) -> bool:
+        rec = self.read_pid()
+        return rec is not None and pid_alive(*rec)
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.running():
+            return
+        for label, (host, port) in self.ports.items():
+            if port_in_use(host, port):
+                raise StackError(
+                    f"{self.name}: {label} port {host}:{port} is already in use; stop what listens there "
+                    f"(ss -ltnp 'sport = :{port}') or choose another port in the config")
+        log = open(self.logfile, "ab")
+        env = {**os.environ, **self.env}
+        try:
+            self.proc = subprocess.Popen(self.argv, cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        except FileNotFoundError:
+            raise StackError(f"{self.name}: cannot execute {self.argv[0]}; run `make setup`") from None
+        finally:
+            log.close()
+        self.pidfile.write_bytes(orjson.dumps({"pid": self.proc.pid, "start_time": _proc_start_time(self.proc.pid),
+                                               "argv": self.argv}))
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        if self.ready is None:
+            return
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise StackError(f"{self.name}: exited with code {self.proc.returncode} during start-up; "
+                                 f"last lines of {self.logfile}:\n{self.tail()}")
+            try:
+                if self.ready():
+                    return
+            except Exception:  # noqa: BLE001 - not ready yet
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise StackError(f"{self.name}: not ready after {self.ready_timeout_s:.0f} s; see {self.logfile}:\n{self.tail()}")
+
+    def stop(self) -> None:
+        rec = self.read_pid()
+        if rec is None:
+            return
+        pid, start_time = rec
+        if pid_alive(pid, start_time):
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + self.stop_timeout_s
+            while time.monotonic() < deadline and pid_alive(pid, start_time):
+                self._reap(pid)
+                time.sleep(0.1)
+            if pid_alive(pid, start_time):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                while pid_alive(pid, start_time):
+                    self._reap(pid)
+                    time.sleep(0.05)
+        self._reap(pid)
+        self.pidfile.unlink(missing_ok=True)
+
+    def kill(self) -> None:
+        """SIGKILL now (fault tests): no graceful shutdown."""
+        rec = self.read_pid()
+        if rec and pid_alive(*rec):
+            os.killpg(rec[0], signal.SIGKILL)
+            while pid_alive(*rec):
+                self._reap(rec[0])
+                time.sleep(0.05)
+        self.pidfile.unlink(missing_ok=True)
+
+    def _reap(self, pid: int) -> None:
+        if self.proc is not None and self.proc.pid == pid:
+            self.proc.poll()
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
