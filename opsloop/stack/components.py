@@ -123,12 +123,15 @@ def prometheus(data_dir: Path, host: str, port: int, scrape_targets: list[str], 
                    "evaluation_interval": f"{int(scrape_interval_s * 1000)}ms"},
         "rule_files": [str(p) for p in rule_files],
         "scrape_configs": [
-            {"job_name": "opsloop", "static_configs": [{"targets": scrape_targets}]},
+            {"job_name": "opsloop", "static_configs": [{"targets": scrape_targets}],
+             # Targets added at run time (tests, `opsloop run`): one JSON file per target group.
+             "file_sd_configs": [{"files": [str(work / "targets" / "*.json")], "refresh_interval": "5s"}]},
             {"job_name": "prometheus", "static_configs": [{"targets": [f"{host}:{port}"]}]},
         ],
     }
     if alertmanager:
         cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+    (work / "targets").mkdir(exist_ok=True)
     (work / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     argv = [binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'tsdb'}",
             f"--web.listen-address={host}:{port}", "--web.enable-lifecycle", "--log.format=json",

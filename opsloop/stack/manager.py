@@ -46,6 +46,16 @@ class Stack:
                                              s.scrape_interval_s, am, self.rule_files))
         return out
 
+    def add_scrape_target(self, name: str, address: str, labels: dict[str, str] | None = None) -> None:
+        """Have Prometheus scrape ``address`` (host:port) from now on (file-based service discovery)."""
+        import orjson
+
+        targets = Path(self.settings.data_dir) / "prometheus" / "targets"
+        targets.mkdir(parents=True, exist_ok=True)
+        tmp = targets / f".{name}.tmp"
+        tmp.write_bytes(orjson.dumps([{"targets": [address], "labels": {"component": name, **(labels or {})}}]))
+        tmp.rename(targets / f"{name}.json")
+
     def up(self) -> list[ManagedProcess]:
         started: list[ManagedProcess] = []
         try:
@@ -57,6 +67,14 @@ class Stack:
                 comp.stop()
             raise
         return started
+
+    def start_component(self, name: str) -> ManagedProcess:
+        """(Re)start one component with its existing data (fault tests stop and restart the broker)."""
+        for comp in self.components():
+            if comp.name == name:
+                comp.start()
+                return comp
+        raise KeyError(name)
 
     def down(self) -> None:
         for comp in reversed(self._existing()):

@@ -1,0 +1,24 @@
+"""HAProxy request-rate collector: ``show stat`` over the runtime API (signal 5, live load balancer)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from collectors.haproxy.collector import HaproxyCollector
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # load balancer name (the `host` tag, Kafka key) -> admin socket path
+    instances: dict[str, str] = Field(default_factory=dict)
+    timeout_s: float = Field(default=2.0, gt=0, le=60)
+    # Only these proxies (frontends/backends); empty = all.
+    proxies: list[str] = Field(default_factory=list)
+
+
+def build(config: Config) -> HaproxyCollector:
+    return HaproxyCollector(config.instances, config.timeout_s, config.proxies)
+
+
+__all__ = ["Config", "HaproxyCollector", "build"]

@@ -1,0 +1,65 @@
+"""The `opsloop` command: one entry point, subcommands implemented next to what they run.
+
+Each subcommand is ``module:function`` taking ``argv`` and returning an exit code; modules are
+imported only when their subcommand runs, so `opsloop --help` stays fast and a broken optional
+dependency of one stage cannot break the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "stack": ("opsloop.stack.cli:main", "start/stop/inspect the local real stack (Kafka, Prometheus, Alertmanager)"),
+    "run": ("opsloop.pipeline:main", "the whole pipeline on this machine: stack, lab edge, collectors, streams"),
+    "collect": ("opsloop.collect.cli:main", "run one collector (collectors/<name>/) on an interval or --once"),
+    "stream": ("streams.cli:main", "stream processing: `opsloop stream worker`"),
+    "detect": ("streams.detectors.cli:main", "anomaly detection tools: `opsloop detect replay`"),
+    "sim": ("controllers.edge.sim_cli:main", "closed-loop edge-weight simulator (ours vs the seed's damping)"),
+    "weights": ("controllers.weights_cli:main", "edge weights: show, push, rollback"),
+    "config": ("opsloop.config_cli:main", "validate a config file and print the effective settings"),
+}
+
+EPILOG = """examples:
+  opsloop stack up                      # Kafka, Prometheus, Alertmanager on loopback (ports in the config)
+  opsloop run                           # everything, with an HAProxy lab edge and traffic (make run)
+  opsloop collect haproxy --once --stdout --config opsloop.yaml
+  opsloop stream worker --config opsloop.yaml
+  opsloop detect replay --input series.csv --output scores.csv
+  opsloop sim --scenario controllers/edge/scenarios/seed_experiment.yaml
+  opsloop config check opsloop.yaml
+"""
+
+
+def usage() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = ["usage: opsloop <command> [options]   (opsloop <command> --help for details)", "", "commands:"]
+    lines += [f"  {n:<{width}}  {h}" for n, (_, h) in COMMANDS.items()]
+    return "\n".join(lines) + "\n\n" + EPILOG
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    if argv[0] == "--version":
+        from opsloop import __version__
+
+        print(__version__)
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"opsloop: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module, func = COMMANDS[name][0].split(":")
+    fn = getattr(importlib.import_module(module), func)
+    try:
+        return int(fn(rest) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

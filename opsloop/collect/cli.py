@@ -1,0 +1,91 @@
+"""`opsloop collect <name>`: run one collector on an interval, publishing to Kafka (or print a round).
+
+The collector's settings are the ``collectors.<name>`` section of the config file; the runtime's
+(interval, timeout, spool) are the ``collector`` section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import signal
+import sys
+import threading
+
+from opsloop.collect.publisher import Publisher
+from opsloop.collect.runner import run_loop
+from opsloop.collect.types import CollectorUnavailable
+from opsloop.config import ConfigError, load_settings
+from opsloop.log import get_logger, setup_logging
+from opsloop.metrics import serve_metrics
+
+log = get_logger("collector")
+
+EPILOG = """examples:
+  opsloop collect haproxy --config opsloop.yaml --once --stdout     # one round as JSON lines, no Kafka
+  opsloop collect ipmi --config opsloop.yaml                        # every collector.interval_s, to Kafka
+  opsloop collect haproxy --config opsloop.yaml --interval 1 --metrics-port 0
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="opsloop collect", description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", help="collector folder under collectors/ (haproxy, ipmi, netperf, keystone, iptables, lvs)")
+    p.add_argument("--config", help="opsloop YAML config")
+    p.add_argument("--once", action="store_true", help="run one round and exit")
+    p.add_argument("--stdout", action="store_true", help="print samples as JSON lines (with --once: no Kafka)")
+    p.add_argument("--interval", type=float, help="override collector.interval_s")
+    p.add_argument("--metrics-port", type=int, help="override collector.metrics_port (0 = any free port)")
+    p.add_argument("--bootstrap", help="override kafka.bootstrap_servers")
+    a = p.parse_args(argv)
+    overrides: dict[str, dict[str, object]] = {"collector": {}, "kafka": {}}
+    if a.interval is not None:
+        overrides["collector"]["interval_s"] = a.interval
+    if a.metrics_port is not None:
+        overrides["collector"]["metrics_port"] = a.metrics_port
+    if a.bootstrap:
+        overrides["kafka"]["bootstrap_servers"] = a.bootstrap
+    try:
+        settings = load_settings(a.config, overrides)
+        mod = importlib.import_module(f"collectors.{a.name}")
+    except ConfigError as e:
+        print(f"opsloop collect: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError:
+        print(f"opsloop collect: unknown collector {a.name!r} (no folder collectors/{a.name}/)", file=sys.stderr)
+        return 2
+    section = settings.collectors.get(a.name) or mod.Config()
+    setup_logging(f"opsloop-collector-{a.name}")
+    try:
+        collector = mod.build(section)
+    except CollectorUnavailable as e:
+        print(f"opsloop collect {a.name}: {e}", file=sys.stderr)
+        return 1
+    rt = settings.collector
+    publisher = None
+    if not (a.once and a.stdout):
+        publisher = Publisher(settings.kafka.bootstrap_servers, rt.spool_dir / a.name, collector=a.name,
+                              client_id=f"opsloop-collector-{a.name}", spool_max_bytes=rt.spool_max_bytes,
+                              send_timeout_s=rt.send_timeout_s)
+        if not a.once:
+            try:
+                srv = serve_metrics(rt.metrics_port, rt.metrics_bind)
+                log.info("metrics_serving", address=f"{srv.server_address[0]}:{srv.server_address[1]}")
+            except OSError as e:
+                print(f"opsloop collect: {e}; set collector.metrics_port", file=sys.stderr)
+                return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        run_loop(collector, interval_s=rt.interval_s, publisher=publisher, stdout=a.stdout, once=a.once,
+                 jitter_s=rt.jitter_s, stop=stop)
+    except CollectorUnavailable as e:
+        print(f"opsloop collect {a.name}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if publisher is not None:
+            publisher.drain()
+            publisher.close()
+    return 0

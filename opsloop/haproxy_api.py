@@ -1,0 +1,106 @@
+"""HAProxy runtime API over its admin unix socket (``stats socket ... level admin``).
+
+Used by the request-rate collector (``show stat``) and the weight actuator (``get weight`` /
+``set weight``). HAProxy answers errors as text with success framing (socat would exit 0), so
+every reply is checked against the known error texts and raised as :class:`HaproxyError`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import socket
+from pathlib import Path
+
+# Replies HAProxy gives instead of an error status (HAProxy 2.6 runtime API).
+_ERROR_PREFIXES = ("No such server", "No such backend", "No such proxy", "Unknown command",
+                   "Absolute weight can only be", "Relative weight can only be", "Backend is using a static LB",
+                   "Require 'backend/server'", "Permission denied", "Invalid", "Can't")
+
+
+class HaproxyError(RuntimeError):
+    """The runtime API refused a command or could not be reached; the message says which."""
+
+
+class HaproxyAPI:
+    def __init__(self, socket_path: str | Path, timeout_s: float = 2.0) -> None:
+        self.socket_path = str(socket_path)
+        self.timeout_s = timeout_s
+
+    def command(self, cmd: str) -> str:
+        if "\n" in cmd or ";" in cmd:
+            raise HaproxyError(f"refusing a multi-command line: {cmd!r}")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout_s)
+        try:
+            s.connect(self.socket_path)
+            s.sendall(cmd.encode() + b"\n")
+            chunks = []
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    break
+                chunks.append(b)
+        except FileNotFoundError:
+            raise HaproxyError(f"admin socket {self.socket_path} does not exist (HAProxy down or "
+                               "`stats socket` not configured)") from None
+        except (ConnectionRefusedError, socket.timeout, OSError) as e:
+            raise HaproxyError(f"admin socket {self.socket_path}: {e}") from None
+        finally:
+            s.close()
+        reply = b"".join(chunks).decode("utf-8", "replace")
+        stripped = reply.strip()
+        if stripped.startswith(_ERROR_PREFIXES):
+            raise HaproxyError(f"{cmd!r}: {stripped.splitlines()[0]}")
+        return reply
+
+    def show_stat(self) -> str:
+        return self.command("show stat")
+
+    def get_weight(self, backend: str, server: str) -> tuple[int, int]:
+        """Returns (current, initial) weight."""
+        reply = self.command(f"get weight {backend}/{server}").strip()
+        try:
+            cur, rest = reply.split(" ", 1)
+            initial = rest.strip("()").split(":")[1].strip()
+            return int(cur), int(initial)
+        except (ValueError, IndexError):
+            raise HaproxyError(f"get weight {backend}/{server}: unexpected reply {reply[:80]!r}") from None
+
+    def set_weight(self, backend: str, server: str, weight: int) -> None:
+        if not 0 <= weight <= 256:
+            raise HaproxyError(f"weight {weight} for {backend}/{server} is outside 0..256")
+        reply = self.command(f"set weight {backend}/{server} {int(weight)}").strip()
+        if reply:
+            raise HaproxyError(f"set weight {backend}/{server} {weight}: {reply[:200]}")
+
+    def set_server_state(self, backend: str, server: str, state: str) -> None:
+        if state not in ("ready", "drain", "maint"):
+            raise HaproxyError(f"unknown server state {state!r}")
+        reply = self.command(f"set server {backend}/{server} state {state}").strip()
+        if reply:
+            raise HaproxyError(f"set server {backend}/{server} state {state}: {reply[:200]}")
+
+
+class StatParseError(ValueError):
+    pass
+
+
+def parse_show_stat(text: str) -> list[dict[str, str]]:
+    """Parse ``show stat`` CSV (header ``# pxname,svname,...``) into one dict per row (strings)."""
+    if not text.startswith("# "):
+        raise StatParseError(f"show stat output does not start with the '# pxname,...' header: {text[:80]!r}")
+    lines = text[2:].splitlines()
+    reader = csv.reader(io.StringIO("\n".join(line for line in lines if line.strip())))
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise StatParseError("show stat output has no header") from None
+    if len(header) < 2 or header[0] != "pxname" or header[1] != "svname":
+        raise StatParseError(f"show stat header does not start with pxname,svname: {header[:3]!r}")
+    rows = []
+    for i, row in enumerate(reader, start=2):
+        if len(row) < 2:
+            raise StatParseError(f"show stat line {i}: {len(row)} columns, expected {len(header)}")
+        rows.append({h: v for h, v in zip(header, row) if h})
+    return rows

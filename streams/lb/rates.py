@@ -1,0 +1,146 @@
+"""Per-backend and per-server request rates from load-balancer counters.
+
+Input samples (our HAProxy collector and Telegraf's ``inputs.haproxy`` write the same shape):
+``haproxy`` with tags ``host`` (the load balancer), ``proxy``, ``sv``, ``type``
+(frontend/backend/server) and the ``show stat`` counters as fields. The request count of a row is
+the sum of its HTTP response counters (``hrsp_1xx`` … ``hrsp_other``) when present — with
+keep-alive a session carries many requests — and ``stot`` (sessions) otherwise.
+
+Rate = Δcount / Δt between two samples of the same series, using event timestamps. A counter
+that goes down means the load balancer restarted (or was reloaded): that interval is skipped, never
+reported as a negative rate. A sample whose timestamp does not advance (a duplicate from an
+at-least-once replay) is ignored. Series silent for ``ttl_s`` are removed from the gauges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from prometheus_client import Counter, Gauge
+
+from opsloop.wire import Metric
+
+HRSP_FIELDS = ("hrsp_1xx", "hrsp_2xx", "hrsp_3xx", "hrsp_4xx", "hrsp_5xx", "hrsp_other")
+
+SERVER_RATE = Gauge("opsloop_lb_server_request_rate", "Requests per second to one origin server",
+                    ["lb", "backend", "server"])
+BACKEND_RATE = Gauge("opsloop_lb_backend_request_rate", "Requests per second through one backend", ["lb", "backend"])
+FRONTEND_RATE = Gauge("opsloop_lb_frontend_request_rate", "Requests per second into one frontend (listener)",
+                      ["lb", "frontend"])
+SERVER_WEIGHT = Gauge("opsloop_lb_server_weight", "Current effective weight of a server", ["lb", "backend", "server"])
+SERVER_UP = Gauge("opsloop_lb_server_up", "1 when the load balancer considers the server UP", ["lb", "backend", "server"])
+COUNTER_RESETS = Counter("opsloop_lb_counter_resets_total", "Counters that went down (LB restart)", ["lb"])
+
+
+@dataclass(slots=True)
+class _Last:
+    ts: float
+    count: float
+    seen_at: float
+
+
+@dataclass(slots=True, frozen=True)
+class Rate:
+    lb: str
+    kind: str  # frontend | backend | server
+    proxy: str
+    server: str
+    rate: float
+    timestamp: float
+
+
+def request_count(fields: dict[str, object]) -> float | None:
+    total = 0.0
+    found = False
+    for f in HRSP_FIELDS:
+        v = fields.get(f)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            total += v
+            found = True
+    if found:
+        return total
+    for f in ("req_tot", "stot"):
+        v = fields.get(f)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+class LbRates:
+    """Stream handler: turns HAProxy counter samples into request-rate gauges (and returns the rates)."""
+
+    name = "lb-rates"
+
+    def __init__(self, ttl_s: float = 120.0) -> None:
+        self.ttl_s = ttl_s
+        self._last: dict[tuple[str, str, str, str], _Last] = {}
+        self.latest: dict[tuple[str, str, str, str], Rate] = {}
+
+    def handle(self, metrics: Sequence[Metric], now: float) -> list[Rate]:
+        out: list[Rate] = []
+        for m in metrics:
+            if m.name != "haproxy":
+                continue
+            r = self._update(m, now)
+            if r is not None:
+                out.append(r)
+        self._expire(now)
+        return out
+
+    def _update(self, m: Metric, now: float) -> Rate | None:
+        tags = m.tags
+        lb = tags.get("host") or tags.get("server") or "unknown"
+        kind = (tags.get("type") or "").lower()
+        proxy = tags.get("proxy", "")
+        sv = tags.get("sv", "")
+        if kind not in ("frontend", "backend", "server"):
+            kind = {"FRONTEND": "frontend", "BACKEND": "backend"}.get(sv, "server")
+        key = (lb, kind, proxy, sv)
+        if kind == "server":
+            self._server_state(lb, proxy, sv, m.fields)
+        count = request_count(m.fields)
+        if count is None:
+            return None
+        prev = self._last.get(key)
+        self._last[key] = _Last(m.timestamp, count, now) if prev is None or m.timestamp > prev.ts else prev
+        if prev is None or m.timestamp <= prev.ts:
+            return None
+        if count < prev.count:
+            COUNTER_RESETS.labels(lb).inc()
+            return None
+        rate = (count - prev.count) / (m.timestamp - prev.ts)
+        r = Rate(lb, kind, proxy, sv, rate, m.timestamp)
+        self.latest[key] = r
+        if kind == "server":
+            SERVER_RATE.labels(lb, proxy, sv).set(rate)
+        elif kind == "backend":
+            BACKEND_RATE.labels(lb, proxy).set(rate)
+        else:
+            FRONTEND_RATE.labels(lb, proxy).set(rate)
+        return r
+
+    @staticmethod
+    def _server_state(lb: str, proxy: str, sv: str, fields: dict[str, object]) -> None:
+        w = fields.get("weight")
+        if isinstance(w, (int, float)) and not isinstance(w, bool):
+            SERVER_WEIGHT.labels(lb, proxy, sv).set(w)
+        status = fields.get("status")
+        if isinstance(status, str):
+            SERVER_UP.labels(lb, proxy, sv).set(1.0 if status.upper().startswith("UP") else 0.0)
+
+    def _expire(self, now: float) -> None:
+        for key in [k for k, v in self._last.items() if now - v.seen_at > self.ttl_s]:
+            del self._last[key]
+            self.latest.pop(key, None)
+            lb, kind, proxy, sv = key
+            gauge_removals = {
+                "server": [(SERVER_RATE, (lb, proxy, sv)), (SERVER_WEIGHT, (lb, proxy, sv)), (SERVER_UP, (lb, proxy, sv))],
+                "backend": [(BACKEND_RATE, (lb, proxy))],
+                "frontend": [(FRONTEND_RATE, (lb, proxy))],
+            }[kind]
+            for gauge, labels in gauge_removals:
+                try:
+                    gauge.remove(*labels)
+                except KeyError:
+                    pass

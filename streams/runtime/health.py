@@ -1,0 +1,22 @@
+"""The stream worker's own health metrics: events in, samples, dead-lettered, errors, lag, batch sizes."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RECORDS_IN = Counter("opsloop_stream_records_total", "Kafka records consumed", ["topic"])
+SAMPLES_IN = Counter("opsloop_stream_samples_total", "Valid samples processed", ["topic"])
+DEADLETTERED = Counter("opsloop_stream_deadlettered_total", "Records or samples sent to the dead-letter topic",
+                       ["topic"])
+ERRORS = Counter("opsloop_stream_errors_total", "Handler errors (the batch is dead-lettered, the worker goes on)",
+                 ["agent"])
+LAG = Gauge("opsloop_stream_consumer_lag", "Records between the last processed offset and the high-water mark",
+            ["topic", "partition"])
+BATCH_SIZE = Histogram("opsloop_stream_batch_records", "Records per processed batch", ["agent"],
+                       buckets=(1, 10, 100, 500, 1000, 2000, 5000, 10000))
+BATCH_SECONDS = Histogram("opsloop_stream_batch_seconds", "Time to process one batch", ["agent"],
+                          buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+LAST_BATCH = Gauge("opsloop_stream_last_batch_timestamp_seconds", "When the agent last processed a batch",
+                   ["agent"])
+EVENT_AGE = Gauge("opsloop_stream_sample_age_seconds", "Now minus the newest sample's event time, per topic",
+                  ["topic"])

@@ -1,0 +1,85 @@
+"""`opsloop stream worker`: the Faust worker running every stream agent, with /metrics on loopback."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+import faust
+
+from opsloop.config import ConfigError, Settings, load_settings
+from opsloop.log import JsonFormatter, get_logger, setup_logging
+from opsloop.metrics import serve_metrics
+from opsloop.wire import Topic
+from streams.lb.rates import LbRates
+from streams.runtime.app import batch_agent, create_app
+
+log = get_logger("stream.worker")
+
+EPILOG = """examples:
+  opsloop stream worker --config opsloop.yaml
+  opsloop stream worker --config opsloop.yaml --metrics-port 29100 --log-level debug
+"""
+
+
+def build_app(settings: Settings, app_id: str | None = None) -> faust.App:
+    """The app with every agent registered (one place: the data flow reads top to bottom)."""
+    app = create_app(settings, app_id)
+    batch_agent(app, "lb-rates", [Topic.LB], LbRates(ttl_s=settings.stream.series_ttl_s), settings)
+    return app
+
+
+def _logging_config(level: str) -> dict[str, object]:
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonFormatter}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+        "root": {"handlers": ["stderr"], "level": level.upper()},
+        "loggers": {n: {"level": "WARNING"} for n in ("aiokafka", "kafka", "faust.transport", "mode")},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="opsloop stream worker", description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="opsloop YAML config (defaults apply when omitted)")
+    p.add_argument("--metrics-port", type=int, help="override stream.metrics_port")
+    p.add_argument("--bootstrap", help="override kafka.bootstrap_servers")
+    p.add_argument("--log-level", help="override stream.log_level")
+    args = p.parse_args(argv)
+    overrides: dict[str, dict[str, object]] = {"stream": {}, "kafka": {}}
+    if args.metrics_port is not None:
+        overrides["stream"]["metrics_port"] = args.metrics_port
+    if args.log_level:
+        overrides["stream"]["log_level"] = args.log_level
+    if args.bootstrap:
+        overrides["kafka"]["bootstrap_servers"] = args.bootstrap
+    try:
+        settings = load_settings(args.config, overrides)
+    except ConfigError as e:
+        print(f"opsloop stream worker: {e}", file=sys.stderr)
+        return 2
+    setup_logging("opsloop-stream", settings.stream.log_level)
+    try:
+        server = serve_metrics(settings.stream.metrics_port, settings.stream.metrics_bind)
+    except OSError as e:
+        print(f"opsloop stream worker: {e}; set stream.metrics_port", file=sys.stderr)
+        return 2
+    log.info("metrics_serving", address=f"{server.server_address[0]}:{server.server_address[1]}")
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    app = build_app(settings)
+    worker = faust.Worker(app, loglevel=settings.stream.log_level, logging_config=_logging_config(
+        settings.stream.log_level), redirect_stdouts=False, quiet=True)
+    worker.execute_from_commandline()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

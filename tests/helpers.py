@@ -1,0 +1,109 @@
+"""Shared test helpers: waiting for a condition, querying Prometheus, reading topics, running workers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import requests
+import yaml
+from kafka import KafkaConsumer, TopicPartition
+
+from opsloop.stack import ManagedProcess, free_port
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_until(fn: Callable[[], T], timeout: float = 60.0, interval: float = 0.5, what: str = "condition") -> T:
+    """Poll ``fn`` until it returns a truthy value (a deadline for waiting, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            v = fn()
+            if v:
+                return v
+        except Exception as e:  # noqa: BLE001
+            last_exc = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+def prom_query(base_url: str, query: str) -> list[dict[str, Any]]:
+    r = requests.get(f"{base_url}/api/v1/query", params={"query": query}, timeout=5)
+    r.raise_for_status()
+    body = r.json()
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list[Any]:
+    """Every record currently in ``topic`` (all partitions, from the beginning)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=1500,
+                             group_id=None)
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in parts]
+        if not tps:
+            return []
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(consumer.position(tp) < end[tp] for tp in tps):
+            for recs in consumer.poll(timeout_ms=500).values():
+                out.extend(recs)
+        return out
+    finally:
+        consumer.close()
+
+
+def write_config(path: Path, doc: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def opsloop_process(name: str, args: list[str], workdir: Path, ready: Callable[[], bool] | None = None,
+                    ports: dict[str, tuple[str, int]] | None = None) -> ManagedProcess:
+    """An `opsloop ...` subcommand as a managed process (own process group, stopped by PID)."""
+    return ManagedProcess(name=name, argv=[sys.executable, "-m", "opsloop.cli", *args], workdir=workdir,
+                          env={"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+                          ready=ready, ready_timeout_s=90, ports=ports or {})
+
+
+def metrics_up(port: int) -> bool:
+    return requests.get(f"http://127.0.0.1:{port}/metrics", timeout=1).ok
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def scrape_metric(port: int, name: str, labels: dict[str, str] | None = None) -> float | None:
+    """Read one sample from a /metrics endpoint (sum over series matching ``labels``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    total, found = 0.0, False
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in (labels or {}).items()):
+                total += s.value
+                found = True
+    return total if found else None
+
+
+def run_cli(*args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "opsloop.cli", *args], capture_output=True, text=True,
+                          input=input, timeout=timeout, cwd=REPO)
+
+
+__all__ = ["free_port", "metrics_up", "opsloop_process", "prom_query", "read_topic", "run_cli", "scrape_metric",
+           "unique", "wait_until", "write_config"]
