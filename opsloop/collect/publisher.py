@@ -37,6 +37,10 @@ SPOOL_DROPPED = Gauge("opsloop_spool_dropped_records", "Records dropped because 
                       ["collector"])
 
 
+MIN_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 8.0
+
+
 def records_for(metrics: Iterable[Metric]) -> list[Record]:
     """One record per (topic, key): a round travels as few, large messages (Telegraf batch shape)."""
     return [Record(topic.value, key, encode_batch(ms)) for (topic, key), ms in group_by_route(metrics).items()]
@@ -52,6 +56,10 @@ class Publisher:
         self.send_timeout_s = send_timeout_s
         self.spool = Spool(spool_dir, spool_max_bytes)
         self._producer: KafkaProducer | None = None
+        # After a failed send, wait before the next attempt (doubling, capped) so that a dead broker
+        # costs the collection loop one timeout per back-off period, not one per round.
+        self._backoff_s = 0.0
+        self._retry_at = 0.0
         self._update_gauges()
 
     # -- producer lifecycle ---------------------------------------------------------------
@@ -128,14 +136,24 @@ class Publisher:
     def publish_metrics(self, metrics: Iterable[Metric]) -> None:
         self.publish(records_for(metrics))
 
+    def _note_result(self, ok: bool) -> None:
+        if ok:
+            self._backoff_s = 0.0
+            self._retry_at = 0.0
+        else:
+            self._backoff_s = min(MAX_BACKOFF_S, max(MIN_BACKOFF_S, self._backoff_s * 2))
+            self._retry_at = time.monotonic() + self._backoff_s
+
     def publish(self, records: list[Record]) -> None:
-        if not self.spool.empty():
+        if not self.spool.empty() or time.monotonic() < self._retry_at:
             self.spool.append(records)
-            self.drain()
+            if time.monotonic() >= self._retry_at:
+                self.drain()
         else:
             failed = self._send(records)
             if failed:
                 self.spool.append(failed)
+            self._note_result(not failed)
         self._update_gauges()
 
     def drain(self, budget_s: float | None = None) -> bool:
@@ -149,6 +167,7 @@ class Publisher:
             path, records = item
             failed = self._send(records)
             self.spool.complete(path, failed)
+            self._note_result(not failed)
             if failed:
                 self._update_gauges()
                 return False

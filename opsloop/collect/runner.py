@@ -68,10 +68,7 @@ def run_loop(collector: Collector, *, interval_s: float, publisher: Publisher | 
         if stdout:
             print_round(rnd)
         if publisher is not None:
-            if rnd.metrics:
-                publisher.publish_metrics(rnd.metrics)
-            elif not publisher.spool.empty():
-                publisher.drain()
+            publisher.publish_metrics(rnd.metrics)  # an empty round still replays a due spool
         rounds += 1
         if once or (max_rounds is not None and rounds >= max_rounds):
             break
