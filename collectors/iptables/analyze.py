@@ -1,0 +1,154 @@
+"""Is a VM port protected by its Neutron security-group chains?
+
+Neutron's iptables firewall driver (hybrid OVS or linuxbridge) builds, in the filter table::
+
+    FORWARD -j neutron-openvswi-FORWARD
+    neutron-openvswi-FORWARD -m physdev --physdev-out tapX --physdev-is-bridged -j neutron-openvswi-sg-chain
+    neutron-openvswi-FORWARD -m physdev --physdev-in  tapX --physdev-is-bridged -j neutron-openvswi-sg-chain
+    neutron-openvswi-sg-chain -m physdev --physdev-out tapX ... -j neutron-openvswi-i<id>   (to the VM)
+    neutron-openvswi-sg-chain -m physdev --physdev-in  tapX ... -j neutron-openvswi-o<id>   (from the VM)
+    neutron-openvswi-sg-chain -j ACCEPT
+    neutron-openvswi-i<id> ... -j neutron-openvswi-sg-fallback     (-> DROP)
+    neutron-openvswi-o<id> -j neutron-openvswi-s<id>               (anti-spoofing)
+
+A port is protected when, walking from the built-in FORWARD chain as a packet to (ingress) or
+from (egress) its tap device would, the walk reaches the port's ingress and egress chains, and
+the ingress chain ends in a DROP/REJECT (its own or its fallback chain's). The walk honours
+physdev conditions for this device and stops at an unconditional ACCEPT/DROP/REJECT/RETURN, so a
+blanket ``-A FORWARD -j ACCEPT`` inserted before Neutron's jump shadows every port. Other
+match conditions (addresses, conntrack state, ...) are assumed to be able to match.
+
+Seed 000's incident ("temporary elevated reachability") is exactly the case of present-looking
+configuration with the chains or the jumps gone; both make the port unprotected here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from collectors.iptables.parse import Chain, Rule, Ruleset
+
+Direction = Literal["ingress", "egress"]
+_TERMINAL = frozenset({"ACCEPT", "DROP", "REJECT", "RETURN"})
+_DENY = frozenset({"DROP", "REJECT"})
+_MAX_DEPTH = 32  # iptables itself limits nesting; guards against jump loops in bad input
+
+
+@dataclass(frozen=True, slots=True)
+class PortChains:
+    ingress: str
+    egress: str
+    spoof: str
+
+
+def port_chains(chain_prefix: str, port_id: str) -> PortChains:
+    short = port_id[:10]
+    return PortChains(f"{chain_prefix}-i{short}", f"{chain_prefix}-o{short}", f"{chain_prefix}-s{short}")
+
+
+def default_device(port_id: str) -> str:
+    return f"tap{port_id[:11]}"
+
+
+@dataclass(frozen=True, slots=True)
+class PortStatus:
+    ingress_chain: bool
+    egress_chain: bool
+    spoof_chain: bool
+    ingress_jump: bool
+    egress_jump: bool
+    ingress_rules: int
+    egress_rules: int
+    spoof_rules: int
+    ingress_default_drop: bool
+    reason: str  # empty when protected; otherwise the first problem found, for the page
+
+    @property
+    def protected(self) -> bool:
+        return not self.reason
+
+
+def analyze_port(ruleset: Ruleset, chain_prefix: str, port_id: str, device: str) -> PortStatus:
+    chains = port_chains(chain_prefix, port_id)
+    ingress = ruleset.chain("filter", chains.ingress)
+    egress = ruleset.chain("filter", chains.egress)
+    spoof = ruleset.chain("filter", chains.spoof)
+    ingress_jump = ingress is not None and _reaches(ruleset, "FORWARD", chains.ingress, device, "ingress")
+    egress_jump = egress is not None and _reaches(ruleset, "FORWARD", chains.egress, device, "egress")
+    default_drop = ingress is not None and _ends_in_deny(ruleset, ingress, set())
+
+    if ingress is None:
+        reason = f"ingress chain {chains.ingress} missing"
+    elif egress is None:
+        reason = f"egress chain {chains.egress} missing"
+    elif not ingress_jump:
+        reason = f"no jump to {chains.ingress} for traffic to {device} on the FORWARD path"
+    elif not egress_jump:
+        reason = f"no jump to {chains.egress} for traffic from {device} on the FORWARD path"
+    elif not default_drop:
+        reason = f"{chains.ingress} does not end in DROP/REJECT (unmatched traffic is let through)"
+    else:
+        reason = ""
+    return PortStatus(
+        ingress_chain=ingress is not None, egress_chain=egress is not None, spoof_chain=spoof is not None,
+        ingress_jump=ingress_jump, egress_jump=egress_jump,
+        ingress_rules=len(ingress.rules) if ingress else 0,
+        egress_rules=len(egress.rules) if egress else 0,
+        spoof_rules=len(spoof.rules) if spoof else 0,
+        ingress_default_drop=default_drop, reason=reason,
+    )
+
+
+def _applies(rule: Rule, device: str, direction: Direction) -> bool:
+    """Can a packet to (ingress) / from (egress) ``device`` match this rule's physdev conditions?"""
+    towards, away = (rule.physdev_out, rule.physdev_in) if direction == "ingress" else (rule.physdev_in, rule.physdev_out)
+    if towards is not None and not towards.matches(device):
+        return False
+    # A bridged packet has one in- and one out-port; it cannot enter and leave through the same tap.
+    if away is not None and not away.negated and away.matches(device):
+        return False
+    return True
+
+
+def _reaches(ruleset: Ruleset, start: str, goal: str, device: str, direction: Direction) -> bool:
+    seen: set[str] = set()
+    stack = [(start, 0)]
+    while stack:
+        name, depth = stack.pop()
+        if name in seen or depth > _MAX_DEPTH:
+            continue
+        seen.add(name)
+        chain = ruleset.chain("filter", name)
+        if chain is None:
+            continue
+        for rule in chain.rules:
+            if not _applies(rule, device, direction):
+                continue
+            if rule.target == goal:
+                return True
+            if rule.target and rule.target not in _TERMINAL and ruleset.chain("filter", rule.target):
+                stack.append((rule.target, depth + 1))
+            if rule.unconditional and rule.target in _TERMINAL:
+                break  # later rules of this chain are unreachable
+    return False
+
+
+def _ends_in_deny(ruleset: Ruleset, chain: Chain, seen: set[str]) -> bool:
+    """Does traffic that matches no accepting rule end in DROP/REJECT inside this chain?"""
+    if chain.name in seen or len(seen) > _MAX_DEPTH:
+        return False
+    seen.add(chain.name)
+    for rule in chain.rules:
+        if not rule.unconditional or rule.target is None:
+            continue
+        if rule.target in _DENY:
+            return True
+        if rule.target in ("ACCEPT", "RETURN"):
+            return False
+        sub = ruleset.chain("filter", rule.target)
+        if sub is not None and _ends_in_deny(ruleset, sub, seen):
+            return True
+        if rule.goto:
+            return False
+    return False

@@ -1,0 +1,212 @@
+"""One round of the iptables state collector: every hypervisor's ruleset against its VM ports."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from opsloop.collect.types import CollectError, CollectorUnavailable, Round
+from opsloop.wire import Metric, WireError, metric
+
+from collectors.iptables.analyze import PortStatus, analyze_port
+from collectors.iptables.config import Config, Target
+from collectors.iptables.fingerprint import fingerprint
+from collectors.iptables.parse import Ruleset, RulesetParseError, parse_ruleset
+from collectors.iptables.ports import PortsError, VmPort, parse_ports, read_ports_file
+from collectors.iptables.privilege import looks_like_permission_error, missing_network_capabilities
+from collectors.iptables.runner import ToolMissing, ToolResult, ToolTimeout, run_tool
+from collectors.iptables.versions import UNKNOWN, dpkg_query_argv, parse_versions
+
+SAVE_TOOLS = {"legacy": "iptables-legacy-save", "nft": "iptables-nft-save"}
+_ERR_PREVIEW = 200
+
+
+class TargetFailed(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(slots=True)
+class TargetResult:
+    metrics: list[Metric] = field(default_factory=list)
+    errors: list[CollectError] = field(default_factory=list)
+
+
+class IptablesCollector:
+    """Reads iptables-save (legacy and/or nft) per target and reports per-port protection."""
+
+    name = "iptables"
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def collect(self) -> Round:
+        self._check_privilege()
+        targets = self.config.targets
+        with ThreadPoolExecutor(max_workers=min(self.config.max_concurrency, len(targets)),
+                                thread_name_prefix="iptables") as pool:
+            results = list(pool.map(self._collect_target, targets))
+        out = Round()
+        for r in results:
+            out.metrics.extend(r.metrics)
+            out.errors.extend(r.errors)
+        return out
+
+    def _check_privilege(self) -> None:
+        if self.config.command_prefix:
+            return  # the wrapper (sudo, ...) is what grants the privilege
+        missing = missing_network_capabilities()
+        if missing:
+            raise CollectorUnavailable(
+                f"iptables collector lacks {' and '.join(missing)}: iptables-save cannot read the "
+                "ruleset. Run it as root, grant the capabilities (systemd: AmbientCapabilities="
+                "CAP_NET_ADMIN CAP_NET_RAW), or set command_prefix: [sudo, -n] with a sudoers rule "
+                "for iptables-save.")
+
+    # -- one target -------------------------------------------------------------------------
+
+    def _collect_target(self, target: Target) -> TargetResult:
+        result = TargetResult()
+        try:
+            ports = self._read_ports(target)
+            rulesets = self._read_rulesets(target)
+            ts = time.time()
+            port_metrics = self._port_metrics(target, ports, rulesets, ts)
+        except TargetFailed as e:
+            result.errors.append(CollectError(target.host, e.kind, str(e)))
+            return result
+        result.metrics.extend(port_metrics)
+        result.metrics.append(self._ruleset_metric(target, ports, rulesets, port_metrics, ts))
+        for package, version in self._read_versions(target, result).items():
+            result.metrics.append(metric("iptables_software", {"version": version},
+                                         {"host": target.host, "package": package}, ts))
+        return result
+
+    def _read_ports(self, target: Target) -> list[VmPort]:
+        try:
+            if target.ports_file is not None:
+                return read_ports_file(target.ports_file)
+            assert target.ports_command is not None
+            res = self._run(target.ports_command, what="ports_command")
+            if res.returncode != 0:
+                raise TargetFailed("tool", f"ports_command exited {res.returncode}: {_preview(res.stderr)}")
+            return parse_ports(res.stdout, "ports_command output")
+        except PortsError as e:
+            raise TargetFailed("parse", str(e)) from None
+
+    def _read_rulesets(self, target: Target) -> dict[str, Ruleset]:
+        backends = ["legacy", "nft"] if self.config.backend == "auto" else [self.config.backend]
+        read: dict[str, Ruleset] = {}
+        for backend in backends:
+            argv = self._in_netns(target, [SAVE_TOOLS[backend]])
+            try:
+                res = self._run([*self.config.command_prefix, *argv], what=SAVE_TOOLS[backend])
+            except TargetFailed as e:
+                if e.kind == "tool" and self.config.backend == "auto":
+                    continue  # backend not installed: it cannot hold rules either
+                raise
+            self._check_save_result(res, backend)
+            try:
+                read[backend] = parse_ruleset(res.stdout)
+            except RulesetParseError as e:
+                raise TargetFailed("parse", f"{SAVE_TOOLS[backend]} output: {e}") from None
+        if not read:
+            raise TargetFailed("tool", "neither iptables-legacy-save nor iptables-nft-save could be run: "
+                                       "install the iptables package")
+        if self.config.backend == "auto":
+            with_rules = {b: r for b, r in read.items() if not r.empty}
+            return with_rules or read
+        return read
+
+    def _check_save_result(self, res: ToolResult, backend: str) -> None:
+        if res.returncode == 0:
+            return
+        tool = SAVE_TOOLS[backend]
+        if "Cannot open network namespace" in res.stderr:
+            raise TargetFailed("unreachable", _preview(res.stderr))
+        if looks_like_permission_error(res.stderr):
+            raise TargetFailed("permission", f"{tool}: permission denied: the collector needs root or "
+                                             f"CAP_NET_ADMIN+CAP_NET_RAW ({_preview(res.stderr)})")
+        raise TargetFailed("tool", f"{tool} exited {res.returncode}: {_preview(res.stderr)}")
+
+    def _read_versions(self, target: Target, result: TargetResult) -> dict[str, str]:
+        packages = self.config.packages
+        argv = target.versions_command or dpkg_query_argv(packages)
+        try:
+            res = self._run(argv, what="versions command")
+        except TargetFailed as e:
+            if target.versions_command is not None:  # the operator asked for it: say it failed
+                result.errors.append(CollectError(target.host, e.kind, str(e)))
+            return {p: UNKNOWN for p in packages}
+        return parse_versions(res.stdout, packages)
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    def _port_metrics(self, target: Target, ports: list[VmPort], rulesets: dict[str, Ruleset],
+                      ts: float) -> list[Metric]:
+        out = []
+        for port in ports:
+            # Both backends' tables are evaluated by the kernel: protection in either one suffices.
+            statuses = {b: analyze_port(r, self.config.chain_prefix, port.port_id, port.device)
+                        for b, r in rulesets.items()}
+            backend, status = max(statuses.items(), key=lambda bs: _rank(bs[1]))
+            tags = {"host": target.host, "port_id": port.port_id, "device": port.device, "vm": port.vm}
+            if port.tenant:
+                tags["tenant"] = port.tenant
+            fields: dict[str, int | str] = {
+                "protected": int(status.protected),
+                "ingress_chain": int(status.ingress_chain), "egress_chain": int(status.egress_chain),
+                "spoof_chain": int(status.spoof_chain),
+                "ingress_jump": int(status.ingress_jump), "egress_jump": int(status.egress_jump),
+                "ingress_rules": status.ingress_rules, "egress_rules": status.egress_rules,
+                "spoof_rules": status.spoof_rules,
+                "ingress_default_drop": int(status.ingress_default_drop),
+                "backend": backend,
+            }
+            if status.reason:
+                fields["reason"] = status.reason
+            try:
+                out.append(metric("iptables_vm_port", fields, tags, ts))
+            except WireError as e:  # a tag value from the ports list the wire format refuses
+                raise TargetFailed("parse", f"port {port.port_id}: {e}") from None
+        return out
+
+    def _ruleset_metric(self, target: Target, ports: list[VmPort], rulesets: dict[str, Ruleset],
+                        port_metrics: list[Metric], ts: float) -> Metric:
+        protected = sum(int(m.fields["protected"]) for m in port_metrics if m.name == "iptables_vm_port")
+        pairs = list(rulesets.items())
+        return metric("iptables_ruleset", {
+            "fingerprint": fingerprint(pairs),
+            "base_fingerprint": fingerprint(pairs, exclude_ports_with_prefix=self.config.chain_prefix),
+            "rules": sum(r.rule_count for r in rulesets.values()),
+            "chains": sum(r.chain_count for r in rulesets.values()),
+            "backend": "+".join(sorted(rulesets)),
+            "ports_expected": len(ports),
+            "ports_protected": protected,
+            "ports_unprotected": len(ports) - protected,
+        }, {"host": target.host}, ts)
+
+    # -- tools ------------------------------------------------------------------------------
+
+    def _in_netns(self, target: Target, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", target.netns, *argv] if target.netns else argv
+
+    def _run(self, argv: list[str], what: str) -> ToolResult:
+        try:
+            return run_tool(argv, self.config.timeout_s)
+        except ToolMissing as e:
+            raise TargetFailed("tool", f"{what}: {e}") from None
+        except ToolTimeout as e:
+            raise TargetFailed("timeout", f"{what}: {e}") from None
+
+
+def _rank(status: PortStatus) -> tuple[int, int, int, int]:
+    return (int(status.protected), int(status.ingress_jump) + int(status.egress_jump),
+            int(status.ingress_chain) + int(status.egress_chain), status.ingress_rules)
+
+
+def _preview(text: str) -> str:
+    text = " ".join(text.split())
+    return text[:_ERR_PREVIEW] + ("..." if len(text) > _ERR_PREVIEW else "") if text else "(no output)"

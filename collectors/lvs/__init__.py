@@ -1,0 +1,19 @@
+"""LVS request-rate collector: per virtual service and real server, connections, packets and bytes
+as counters and per-second rates, weights and scheduler (signal 5 of DESIGN.md, seed 003).
+
+Metric names and tags follow Telegraf's ``inputs.ipvs`` (``ipvs_virtual_server``,
+``ipvs_real_server``) so that both feed the same streams.
+"""
+
+from __future__ import annotations
+
+from opsloop.collect.types import Collector
+
+from collectors.lvs.collector import LvsCollector
+from collectors.lvs.config import Config
+
+__all__ = ["Config", "build", "LvsCollector"]
+
+
+def build(config: Config) -> Collector:
+    return LvsCollector(config)

@@ -1,0 +1,266 @@
+"""Parsers for LVS state: ``/proc/net/ip_vs``, ``/proc/net/ip_vs_stats`` and ``ipvsadm -Ln`` listings.
+
+Formats, from the kernel's ip_vs_ctl.c and ipvsadm.c:
+
+* ``/proc/net/ip_vs`` (hex addresses and ports)::
+
+      TCP  C0A80016:0CEA wlc [ops ][persistent 300 FFFFFFFF]
+        -> C0A85216:0CEA      Tunnel  100    248        2
+      TCP  [2620:0000:...:0001]:0050 sh
+      FWM  10001000 wlc
+
+* ``/proc/net/ip_vs_stats``: totals (conns/packets ``%8X``, 32-bit on older kernels; bytes
+  ``%16LX``), blank line, then the kernel's rate estimates, all hex.
+* ``ipvsadm -Ln --stats --exact`` / ``--rate --exact``: decimal, one line per service and per
+  real server. ipvsadm prints ``--stats`` *or* ``--rate`` columns (with both flags, stats win), so
+  the header decides which columns these are. Without ``--exact`` large numbers are abbreviated
+  (``2110M``); those are refused because a rate computed from them would be wrong.
+
+Every parser raises :class:`LvsParseError` (naming the line) for anything it does not understand.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+STAT_FIELDS = ("connections", "pkts_in", "pkts_out", "bytes_in", "bytes_out")
+RATE_FIELDS = ("cps", "pps_in", "pps_out", "bps_in", "bps_out")
+_PROTOCOLS = ("TCP", "UDP", "SCTP")
+_HEX = re.compile(r"^[0-9A-Fa-f]+$")
+_DEC = re.compile(r"^\d+$")
+_ABBREV = re.compile(r"^\d+[KMGT]$")
+
+
+class LvsParseError(ValueError):
+    def __init__(self, source: str, line_no: int, line: str, reason: str) -> None:
+        shown = line if len(line) <= 120 else line[:117] + "..."
+        super().__init__(f"{source} line {line_no}: {reason}: {shown!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceKey:
+    """A virtual service: protocol + address + port, or a firewall mark."""
+
+    protocol: str  # "tcp", "udp", "sctp" or "fwm"
+    address: str = ""
+    port: int = 0
+    fwmark: int = 0
+    family: str = field(default="inet", compare=False)  # /proc's FWM lines do not show it
+
+    @property
+    def label(self) -> str:
+        if self.protocol == "fwm":
+            return f"fwm:{self.fwmark}"
+        host = f"[{self.address}]" if self.family == "inet6" else self.address
+        return f"{self.protocol}:{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class RealKey:
+    address: str
+    port: int
+    family: str = "inet"
+
+
+@dataclass(slots=True)
+class RealServer:
+    key: RealKey
+    forward: str
+    weight: int
+    active: int
+    inactive: int
+
+
+@dataclass(slots=True)
+class Service:
+    key: ServiceKey
+    scheduler: str
+    persistent_timeout: int | None = None
+    one_packet: bool = False
+    reals: list[RealServer] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class CounterRow:
+    """One line of an ipvsadm --stats/--rate listing (a service, or a real server of ``service``)."""
+
+    service: ServiceKey
+    real: RealKey | None
+    values: dict[str, int]
+
+
+@dataclass(slots=True)
+class IpvsadmListing:
+    kind: Literal["stats", "rate"]
+    rows: list[CounterRow] = field(default_factory=list)
+
+
+# -- /proc/net/ip_vs -----------------------------------------------------------------------------
+
+def parse_proc_ip_vs(text: str, source: str = "/proc/net/ip_vs") -> list[Service]:
+    services: list[Service] = []
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("IP Virtual Server version"):
+        raise LvsParseError(source, 1, lines[0] if lines else "", "missing 'IP Virtual Server version' header")
+    for line_no, raw in enumerate(lines[1:], start=2):
+        line = raw.strip()
+        if not line or line.startswith("Prot ") or line.startswith("-> RemoteAddress"):
+            continue
+        parts = line.split()
+        if parts[0] == "->":
+            if not services:
+                raise LvsParseError(source, line_no, raw, "real server before any service")
+            if len(parts) != 6:
+                raise LvsParseError(source, line_no, raw, "real server line needs address, forward, weight, "
+                                                          "active and inactive connections")
+            address, port, family = _hex_addr_port(parts[1], source, line_no, raw)
+            weight, active, inactive = (_int(p, 10, source, line_no, raw) for p in parts[3:6])
+            services[-1].reals.append(RealServer(RealKey(address, port, family), parts[2], weight, active, inactive))
+        elif parts[0] in _PROTOCOLS or parts[0] == "FWM":
+            if len(parts) < 3:
+                raise LvsParseError(source, line_no, raw, "service line needs address and scheduler")
+            if parts[0] == "FWM":
+                key = ServiceKey("fwm", fwmark=_int(parts[1], 16, source, line_no, raw))
+            else:
+                address, port, family = _hex_addr_port(parts[1], source, line_no, raw)
+                key = ServiceKey(parts[0].lower(), address, port, family=family)
+            svc = Service(key, parts[2])
+            _service_flags(svc, parts[3:], source, line_no, raw)
+            services.append(svc)
+        else:
+            raise LvsParseError(source, line_no, raw, "neither a service nor a real server line")
+    return services
+
+
+def _service_flags(svc: Service, flags: list[str], source: str, line_no: int, raw: str) -> None:
+    i = 0
+    while i < len(flags):
+        if flags[i] == "ops":
+            svc.one_packet = True
+            i += 1
+        elif flags[i] == "persistent" and i + 2 < len(flags):
+            svc.persistent_timeout = _int(flags[i + 1], 10, source, line_no, raw)
+            _int(flags[i + 2], 16, source, line_no, raw)  # netmask: validated, not reported
+            i += 3
+        else:
+            raise LvsParseError(source, line_no, raw, f"unknown service flag {flags[i]!r}")
+
+
+def _hex_addr_port(token: str, source: str, line_no: int, raw: str) -> tuple[str, int, str]:
+    addr, sep, port = token.rpartition(":")
+    if not sep or not _HEX.match(port) or len(port) > 4:
+        raise LvsParseError(source, line_no, raw, f"bad address:port {token!r}")
+    try:
+        if addr.startswith("[") and addr.endswith("]"):
+            return str(ipaddress.IPv6Address(addr[1:-1])), int(port, 16), "inet6"
+        if len(addr) == 8 and _HEX.match(addr):
+            return str(ipaddress.IPv4Address(int(addr, 16))), int(port, 16), "inet"
+    except ValueError:
+        pass
+    raise LvsParseError(source, line_no, raw, f"bad address {addr!r}")
+
+
+def _int(token: str, base: int, source: str, line_no: int, raw: str) -> int:
+    pattern = _HEX if base == 16 else _DEC
+    if not pattern.match(token) or len(token) > 20:
+        raise LvsParseError(source, line_no, raw, f"{token!r} is not a base-{base} number")
+    return int(token, base)
+
+
+# -- /proc/net/ip_vs_stats -----------------------------------------------------------------------
+
+def parse_proc_ip_vs_stats(text: str, source: str = "/proc/net/ip_vs_stats") -> dict[str, int]:
+    """Totals and the kernel's rate estimates (fields of STAT_FIELDS and RATE_FIELDS)."""
+    rows: list[tuple[int, str]] = []
+    for line_no, raw in enumerate(text.splitlines(), start=1):
+        parts = raw.split()
+        if parts and all(_HEX.match(p) for p in parts):
+            rows.append((line_no, raw))
+    if len(rows) != 2:
+        raise LvsParseError(source, rows[-1][0] if rows else 1, rows[-1][1] if rows else text[:80],
+                            f"expected 2 rows of 5 hex numbers (totals, rates), found {len(rows)}")
+    out: dict[str, int] = {}
+    for (line_no, raw), names in zip(rows, (STAT_FIELDS, RATE_FIELDS)):
+        parts = raw.split()
+        if len(parts) != 5:
+            raise LvsParseError(source, line_no, raw, f"expected 5 hex numbers, found {len(parts)}")
+        out.update({n: _int(p, 16, source, line_no, raw) for n, p in zip(names, parts)})
+    return out
+
+
+# -- ipvsadm -Ln --stats|--rate --exact ------------------------------------------------------------
+
+def parse_ipvsadm(text: str, source: str = "ipvsadm") -> IpvsadmListing:
+    kind: Literal["stats", "rate"] | None = None
+    listing: IpvsadmListing | None = None
+    service: ServiceKey | None = None
+    for line_no, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("IP Virtual Server version") or line == "-> RemoteAddress:Port":
+            continue
+        if line.startswith("Prot LocalAddress:Port"):
+            cols = line.split()[2:]
+            if cols[:1] == ["Conns"]:
+                kind = "stats"
+            elif cols[:1] == ["CPS"]:
+                kind = "rate"
+            else:
+                raise LvsParseError(source, line_no, raw, "not a --stats or --rate listing (run ipvsadm -Ln "
+                                                          "--stats --exact or -Ln --rate --exact)")
+            listing = IpvsadmListing(kind)
+            continue
+        if listing is None:
+            raise LvsParseError(source, line_no, raw, "data before the 'Prot LocalAddress:Port' header")
+        parts = line.split()
+        names = STAT_FIELDS if listing.kind == "stats" else RATE_FIELDS
+        if parts[0] == "->":
+            if service is None:
+                raise LvsParseError(source, line_no, raw, "real server before any service")
+            if len(parts) != 7:
+                raise LvsParseError(source, line_no, raw, "real server line needs address and 5 numbers")
+            address, port, family = _dec_addr_port(parts[1], source, line_no, raw)
+            values = _counters(parts[2:], names, source, line_no, raw)
+            listing.rows.append(CounterRow(service, RealKey(address, port, family), values))
+        elif parts[0] == "FWM":
+            rest = parts[2:]
+            family = "inet"
+            if rest[:1] == ["IPv6"]:
+                rest, family = rest[1:], "inet6"
+            if len(rest) != 5:
+                raise LvsParseError(source, line_no, raw, "service line needs 5 numbers")
+            service = ServiceKey("fwm", fwmark=_int(parts[1] if len(parts) > 1 else "", 10, source, line_no, raw),
+                                 family=family)
+            listing.rows.append(CounterRow(service, None, _counters(rest, names, source, line_no, raw)))
+        elif parts[0] in _PROTOCOLS:
+            if len(parts) != 7:
+                raise LvsParseError(source, line_no, raw, "service line needs address and 5 numbers")
+            address, port, family = _dec_addr_port(parts[1], source, line_no, raw)
+            service = ServiceKey(parts[0].lower(), address, port, family=family)
+            listing.rows.append(CounterRow(service, None, _counters(parts[2:], names, source, line_no, raw)))
+        else:
+            raise LvsParseError(source, line_no, raw, "neither a service nor a real server line")
+    if listing is None:
+        raise LvsParseError(source, 1, text[:80], "no 'Prot LocalAddress:Port' header (not ipvsadm -Ln output)")
+    return listing
+
+
+def _counters(tokens: list[str], names: tuple[str, ...], source: str, line_no: int, raw: str) -> dict[str, int]:
+    for t in tokens:
+        if _ABBREV.match(t):
+            raise LvsParseError(source, line_no, raw, f"value {t!r} is abbreviated: run ipvsadm with --exact")
+    return {n: _int(t, 10, source, line_no, raw) for n, t in zip(names, tokens)}
+
+
+def _dec_addr_port(token: str, source: str, line_no: int, raw: str) -> tuple[str, int, str]:
+    addr, sep, port = token.rpartition(":")
+    if not sep or not _DEC.match(port) or int(port) > 65535:
+        raise LvsParseError(source, line_no, raw, f"bad address:port {token!r} (numeric output needs -n)")
+    try:
+        if addr.startswith("[") and addr.endswith("]"):
+            return str(ipaddress.IPv6Address(addr[1:-1])), int(port), "inet6"
+        return str(ipaddress.IPv4Address(addr)), int(port), "inet"
+    except ValueError:
+        raise LvsParseError(source, line_no, raw, f"bad address {addr!r} (numeric output needs -n)") from None

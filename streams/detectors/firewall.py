@@ -1,0 +1,188 @@
+"""Firewall detector: VM ports without their security-group chain, and drift between hypervisors.
+
+Seed 000 ("Temporary elevated reachability"): after a routine change, 5 hypervisors silently lost
+the security-group rules of their VMs, and nobody noticed for a week. Rules here:
+
+* a VM port whose security-group chain is absent -> **critical** finding at once (no warm-up),
+  cleared as soon as a report shows the chain again or the port is gone;
+* within one role, a hypervisor whose ruleset fingerprint differs from the role's majority, or
+  whose version of a package differs from the majority -> **warning** (config / version drift).
+
+Input: one report per hypervisor and round (``HypervisorReport``). The expected dict shape::
+
+    {"hypervisor": "hv-zh-07", "role": "compute", "timestamp": 1795310400.0,
+     "ports": [{"port": "tap3f2a", "vm": "b1c...", "chain_present": true}, ...],
+     "ruleset_fingerprint": "sha256 of the normalised ruleset (VM-specific chains left out)",
+     "packages": {"neutron-openvswitch-agent": "2:9.4.1-0ubuntu1", "iptables": "1.6.0"}}
+
+``report_from_metrics`` builds it from wire samples ``firewall_port{hypervisor,port,vm}`` with field
+``chain_present`` and ``firewall_host{hypervisor,role}`` with fields ``ruleset_fingerprint`` and
+``pkg_<name>`` (a thin adapter so names can be aligned with the collector later).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from opsloop.findings import Finding, Severity
+from opsloop.wire import Metric
+
+from .findingbook import FindingBook, where_key as _key
+
+UNPROTECTED = "firewall.unprotected_port"
+FINGERPRINT_DRIFT = "firewall.ruleset_drift"
+PACKAGE_DRIFT = "firewall.package_drift"
+RUNBOOK = "runbooks/firewall.md"
+
+
+@dataclass(slots=True)
+class HypervisorReport:
+    hypervisor: str
+    role: str
+    timestamp: float
+    ports: dict[str, tuple[str, bool]] = field(default_factory=dict)   # port -> (vm, chain_present)
+    ruleset_fingerprint: str = ""
+    packages: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "HypervisorReport":
+        try:
+            hv = str(doc["hypervisor"])
+            ts = float(doc["timestamp"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"firewall report: missing or bad field {e} in {dict(doc)!r:.200}") from None
+        ports: dict[str, tuple[str, bool]] = {}
+        for i, p in enumerate(doc.get("ports", [])):
+            if not isinstance(p, Mapping) or "port" not in p or "chain_present" not in p:
+                raise ValueError(f"firewall report {hv}: ports[{i}] needs 'port' and 'chain_present' (got {p!r:.100})")
+            ports[str(p["port"])] = (str(p.get("vm", "")), bool(p["chain_present"]))
+        return cls(hypervisor=hv, role=str(doc.get("role", "default")), timestamp=ts, ports=ports,
+                   ruleset_fingerprint=str(doc.get("ruleset_fingerprint", "")),
+                   packages={str(k): str(v) for k, v in dict(doc.get("packages", {})).items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hypervisor": self.hypervisor, "role": self.role, "timestamp": self.timestamp,
+                "ports": [{"port": p, "vm": vm, "chain_present": ok} for p, (vm, ok) in self.ports.items()],
+                "ruleset_fingerprint": self.ruleset_fingerprint, "packages": dict(self.packages)}
+
+
+def report_from_metrics(metrics: Iterable[Metric]) -> list[HypervisorReport]:
+    """Group firewall_port / firewall_host samples of one round into one report per hypervisor."""
+    reports: dict[str, HypervisorReport] = {}
+    for m in metrics:
+        hv = m.tags.get("hypervisor") or m.tags.get("host")
+        if not hv:
+            continue
+        rep = reports.setdefault(hv, HypervisorReport(hv, m.tags.get("role", "default"), m.timestamp))
+        rep.timestamp = max(rep.timestamp, m.timestamp)
+        if m.name == "firewall_port":
+            port = m.tags.get("port", "")
+            rep.ports[port] = (m.tags.get("vm", ""), bool(m.fields.get("chain_present", False)))
+        elif m.name == "firewall_host":
+            rep.role = m.tags.get("role", rep.role)
+            rep.ruleset_fingerprint = str(m.fields.get("ruleset_fingerprint", rep.ruleset_fingerprint))
+            for k, v in m.fields.items():
+                if k.startswith("pkg_"):
+                    rep.packages[k[4:]] = str(v)
+    return list(reports.values())
+
+
+def _majority(values: list[str]) -> str | None:
+    """The most common value; None on a tie for first place (no majority to compare with)."""
+    if not values:
+        return None
+    ranked = Counter(values).most_common()
+    if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+        return None
+    return ranked[0][0]
+
+
+class FirewallDetector:
+    """Keeps the last report of every hypervisor; every new report yields findings at once."""
+
+    def __init__(self, min_role_size: int = 3) -> None:
+        self.min_role_size = min_role_size       # drift needs a majority to compare against
+        self.latest: dict[str, HypervisorReport] = {}
+        self.book = FindingBook()
+
+    def update(self, report: HypervisorReport | Mapping[str, Any]) -> list[Finding]:
+        rep = report if isinstance(report, HypervisorReport) else HypervisorReport.from_dict(report)
+        self.latest[rep.hypervisor] = rep
+        out = self._ports(rep)
+        out += self._drift(rep.role, rep.timestamp)
+        return out
+
+    def _ports(self, rep: HypervisorReport) -> list[Finding]:
+        out: list[Finding] = []
+        now = rep.timestamp
+        keep: set[str] = set()
+        for port, (vm, present) in rep.ports.items():
+            where = {"hypervisor": rep.hypervisor, "port": port, "vm": vm}
+            if present:
+                done = self.book.clear(UNPROTECTED, where, now, "security-group chain present again")
+                if done:
+                    out.append(done)
+                continue
+            f = self.book.raise_(
+                detector=UNPROTECTED, what="VM port without its security-group chain", where=where,
+                observed="chain absent", expected="chain present", score=1.0, severity=Severity.CRITICAL,
+                explanation=(f"port {port} of VM {vm or '?'} on {rep.hypervisor} has no security-group "
+                             "chain in iptables: the VM is reachable without its firewall rules"),
+                now=now, runbook=RUNBOOK)
+            keep.add(_key(UNPROTECTED, where))
+            out.append(f)
+        # Ports that vanished from the report (VM deleted or migrated) are no longer exposed here.
+        out += self.book.clear_all_except(UNPROTECTED, keep, now, "port no longer on this hypervisor",
+                                          match={"hypervisor": rep.hypervisor})
+        return out
+
+    def _drift(self, role: str, now: float) -> list[Finding]:
+        members = [r for r in self.latest.values() if r.role == role]
+        out: list[Finding] = []
+        keep: set[str] = set()
+        if len(members) >= self.min_role_size:
+            fp_major = _majority([r.ruleset_fingerprint for r in members if r.ruleset_fingerprint])
+            for r in members:
+                if fp_major and r.ruleset_fingerprint and r.ruleset_fingerprint != fp_major:
+                    where = {"hypervisor": r.hypervisor, "role": role}
+                    out.append(self.book.raise_(
+                        detector=FINGERPRINT_DRIFT, what="ruleset differs from the other hypervisors of its role",
+                        where=where, observed=r.ruleset_fingerprint[:16], expected=fp_major[:16], score=0.7,
+                        severity=Severity.WARNING,
+                        explanation=(f"{r.hypervisor} ruleset fingerprint {r.ruleset_fingerprint[:12]} differs "
+                                     f"from the {role} majority {fp_major[:12]}"), now=now, runbook=RUNBOOK))
+                    keep.add(_key(FINGERPRINT_DRIFT, where))
+            packages = sorted({p for r in members for p in r.packages})
+            for pkg in packages:
+                major = _majority([r.packages[pkg] for r in members if pkg in r.packages])
+                if major is None:
+                    continue
+                for r in members:
+                    version = r.packages.get(pkg)
+                    if version is None or version == major:
+                        continue
+                    where = {"hypervisor": r.hypervisor, "role": role, "package": pkg}
+                    out.append(self.book.raise_(
+                        detector=PACKAGE_DRIFT, what="package version differs from the other hypervisors",
+                        where=where, observed=version, expected=major, score=0.6, severity=Severity.WARNING,
+                        explanation=f"{pkg} {version} on {r.hypervisor}; {major} on most {role} hypervisors",
+                        now=now, runbook=RUNBOOK))
+                    keep.add(_key(PACKAGE_DRIFT, where))
+        for det in (FINGERPRINT_DRIFT, PACKAGE_DRIFT):
+            out += self.book.clear_all_except(det, keep, now, "in line with its role again", match={"role": role})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"min_role_size": self.min_role_size,
+                "latest": {hv: r.to_dict() for hv, r in self.latest.items()},
+                "book": self.book.to_dict()}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "FirewallDetector":
+        det = cls(int(doc.get("min_role_size", 3)))
+        det.latest = {hv: HypervisorReport.from_dict(r) for hv, r in doc.get("latest", {}).items()}
+        det.book = FindingBook.from_dict(doc.get("book", {}))
+        return det
+

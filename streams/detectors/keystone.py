@@ -1,0 +1,248 @@
+"""Keystone detectors: latency regime, heavy-hitter credentials, p95 of small requests.
+
+Seed 000 (RadosGW/Keystone): a signed S3 request validated by Keystone takes >= 600 ms, < 10 ms
+without; aggressive parallel clients overloaded Keystone and the operators hunted the "problematic"
+credentials by hand; the p95 latency of small requests (``body_bytes_sent`` and ``request_length``
+both < 65536) fell from ~750 ms to ~100 ms once credentials were cached. A nightly load peak
+03:10-04:10 is normal (that is the general detector's seasonal job, see anomaly.py).
+
+* ``LatencyRegimeDetector``: two one-sided CUSUMs (Page 1954) on log10(latency): a sustained move
+  by more than ``regime_ratio`` (3x) is a regime change; log scale because the regimes differ by a
+  factor (~10 ms vs ~600 ms), and a single slow request is not a regime. Finding
+  ``keystone.latency_regime`` (warning) while the current regime is ``regime_ratio`` slower than
+  the fastest regime seen; cleared when it is fast again.
+  Input: ``keystone_probe{...}`` field ``latency_ms`` (also ``uwsgi`` access-log ``msecs``).
+* ``HeavyHitterDetector``: Space-Saving sketches over a sliding window (see sketches.py); a
+  credential with at least ``share`` of the window's validations (and ``min_total`` validations in
+  the window) -> ``keystone.heavy_hitter`` (warning), evaluated when a pane closes. Input: one
+  event per validation with the credential's *ID* (EC2 access key / user id), never its secret.
+* ``SmallRequestP95Detector``: per tumbling window of ``window_s``, the p95 of requests with both
+  sizes below 65536 bytes (LogHistogram, ~1 % error); p95 above ``p95_limit_ms`` (default 500 ms) ->
+  ``keystone.small_request_p95`` (warning); every closed window is also returned as a point
+  (timestamp, p95) for dashboards.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from opsloop.findings import Finding, Severity
+from opsloop.wire import Metric
+
+from .findingbook import FindingBook, where_key
+from .sketches import LogHistogram, PanedHeavyHitters
+
+REGIME = "keystone.latency_regime"
+HEAVY = "keystone.heavy_hitter"
+SMALL_P95 = "keystone.small_request_p95"
+RUNBOOK = "runbooks/keystone.md"
+SMALL_LIMIT = 65536
+
+
+class LatencyRegimeDetector:
+    def __init__(self, regime_ratio: float = 3.0, threshold: float = 2.0, warmup: int = 5,
+                 smoothing: float = 0.05) -> None:
+        self.regime_ratio = regime_ratio
+        self.drift = math.log10(regime_ratio) / 2.0     # CUSUM reference value k: half the shift
+        self.threshold = threshold                      # CUSUM decision interval h (log10 units)
+        self.warmup = warmup
+        self.smoothing = smoothing
+        self.n = 0
+        self.level = 0.0            # current regime, log10 ms
+        self.best = math.inf        # fastest regime seen, log10 ms
+        self.up = self.down = 0.0
+        self.up_sum = self.down_sum = 0.0
+        self.up_n = self.down_n = 0
+        self.book = FindingBook()
+
+    def update(self, timestamp: float, latency_ms: float, where: dict[str, str] | None = None) -> list[Finding]:
+        if not (latency_ms > 0.0 and math.isfinite(latency_ms)):
+            raise ValueError(f"latency_ms must be a finite number > 0 (got {latency_ms!r})")
+        y = math.log10(latency_ms)
+        self.n += 1
+        if self.n <= self.warmup:
+            self.level += (y - self.level) / self.n
+            if self.n == self.warmup:
+                self.best = self.level
+            return []
+        self.up = max(0.0, self.up + y - self.level - self.drift)
+        self.down = max(0.0, self.down + self.level - y - self.drift)
+        # Means of the samples since each CUSUM left zero: the new regime's level if it triggers.
+        if self.up > 0.0:
+            self.up_sum += y
+            self.up_n += 1
+        else:
+            self.up_sum, self.up_n = 0.0, 0
+        if self.down > 0.0:
+            self.down_sum += y
+            self.down_n += 1
+        else:
+            self.down_sum, self.down_n = 0.0, 0
+        if self.up > self.threshold:
+            self.level = self.up_sum / self.up_n
+            self._reset()
+        elif self.down > self.threshold:
+            self.level = self.down_sum / self.down_n
+            self._reset()
+        else:
+            self.level += self.smoothing * max(-self.drift, min(self.drift, y - self.level))
+        self.best = min(self.best, self.level)
+        return self._finding(timestamp, where or {})
+
+    def _reset(self) -> None:
+        self.up = self.down = self.up_sum = self.down_sum = 0.0
+        self.up_n = self.down_n = 0
+
+    def _finding(self, now: float, where: dict[str, str]) -> list[Finding]:
+        current, best = 10 ** self.level, 10 ** self.best
+        if self.level - self.best >= math.log10(self.regime_ratio):
+            ratio = current / best
+            return [self.book.raise_(
+                detector=REGIME, what="Keystone latency regime changed", where=where,
+                observed=round(current, 1), expected=round(best, 1),
+                score=min(1.0, math.log10(ratio) / 2.0), severity=Severity.WARNING,
+                explanation=(f"typical latency now ~{current:.0f} ms against ~{best:.0f} ms before "
+                             f"({ratio:.0f}x): token/credential validation no longer cached, or Keystone "
+                             "overloaded"), now=now, runbook=RUNBOOK)]
+        done = self.book.clear(REGIME, where, now, f"latency back to ~{current:.0f} ms")
+        return [done] if done else []
+
+    def to_dict(self) -> dict[str, Any]:
+        state = {k: getattr(self, k) for k in ("regime_ratio", "threshold", "warmup", "smoothing", "n", "level",
+                                               "up", "down", "up_sum", "down_sum", "up_n", "down_n")}
+        state["best"] = None if math.isinf(self.best) else self.best
+        state["book"] = self.book.to_dict()
+        return state
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "LatencyRegimeDetector":
+        det = cls(doc["regime_ratio"], doc["threshold"], doc["warmup"], doc["smoothing"])
+        for k in ("n", "level", "up", "down", "up_sum", "down_sum", "up_n", "down_n"):
+            setattr(det, k, doc[k])
+        det.best = math.inf if doc.get("best") is None else float(doc["best"])
+        det.book = FindingBook.from_dict(doc.get("book", {}))
+        return det
+
+
+class HeavyHitterDetector:
+    def __init__(self, share: float = 0.2, min_total: int = 100, window_s: float = 300.0, pane_s: float = 60.0,
+                 capacity: int = 64, top: int = 5) -> None:
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"share must be in (0, 1] (got {share})")
+        self.share = share
+        self.min_total = min_total
+        self.top = top
+        self.window = PanedHeavyHitters(window_s, pane_s, capacity)
+        self.book = FindingBook()
+
+    def update(self, timestamp: float, credential: str, where: dict[str, str] | None = None) -> list[Finding]:
+        """Count one validation; findings are (re)evaluated when a pane closes."""
+        if not credential:
+            raise ValueError("credential id is empty")
+        if self.window.offer(timestamp, credential):
+            return self.evaluate(timestamp, where or {})
+        return []
+
+    def evaluate(self, now: float, where: dict[str, str]) -> list[Finding]:
+        total, ranked = self.window.shares()
+        out: list[Finding] = []
+        keep: set[str] = set()
+        if total >= self.min_total:
+            for cred, share, count in ranked[: self.top]:
+                if share < self.share:
+                    break
+                w = {**where, "credential": cred}
+                out.append(self.book.raise_(
+                    detector=HEAVY, what="credential dominates Keystone validations", where=w,
+                    observed=round(share, 3), expected=self.share, score=min(1.0, share / (2 * self.share) + 0.25),
+                    severity=Severity.WARNING,
+                    explanation=(f"credential {cred} made {count} of {total} validations ({share:.0%}) in the last "
+                                 f"{self.window.window_s:.0f} s (limit {self.share:.0%}): cache its validation in "
+                                 "RadosGW or throttle the client"), now=now, runbook=RUNBOOK))
+                keep.add(where_key(HEAVY, w))
+        out += self.book.clear_all_except(HEAVY, keep, now, "share back under the limit", match=where or None)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"share": self.share, "min_total": self.min_total, "top": self.top,
+                "window": self.window.to_dict(), "book": self.book.to_dict()}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "HeavyHitterDetector":
+        det = cls(share=doc["share"], min_total=doc["min_total"], top=doc["top"])
+        det.window = PanedHeavyHitters.from_dict(doc["window"])
+        det.book = FindingBook.from_dict(doc.get("book", {}))
+        return det
+
+
+class SmallRequestP95Detector:
+    def __init__(self, window_s: float = 300.0, p95_limit_ms: float = 500.0, min_requests: int = 20) -> None:
+        self.window_s = window_s
+        self.p95_limit_ms = p95_limit_ms
+        self.min_requests = min_requests
+        self.window_start: float | None = None
+        self.hist = LogHistogram()
+        self.series: list[tuple[float, float]] = []    # closed windows (start, p95), last 288 kept
+        self.book = FindingBook()
+
+    @staticmethod
+    def is_small(body_bytes_sent: int, request_length: int) -> bool:
+        return body_bytes_sent < SMALL_LIMIT and request_length < SMALL_LIMIT
+
+    def update(self, timestamp: float, body_bytes_sent: int, request_length: int, latency_ms: float,
+               where: dict[str, str] | None = None) -> list[Finding]:
+        out: list[Finding] = []
+        start = timestamp - timestamp % self.window_s
+        if self.window_start is None:
+            self.window_start = start
+        elif start > self.window_start:
+            out = self._close(where or {})
+            self.window_start = start
+        if self.is_small(body_bytes_sent, request_length):
+            self.hist.add(latency_ms)
+        return out
+
+    def _close(self, where: dict[str, str]) -> list[Finding]:
+        assert self.window_start is not None
+        end = self.window_start + self.window_s
+        hist, self.hist = self.hist, LogHistogram()
+        if hist.count < self.min_requests:
+            return []
+        p95 = hist.quantile(0.95) or 0.0
+        self.series.append((self.window_start, p95))
+        del self.series[:-288]
+        if p95 > self.p95_limit_ms:
+            return [self.book.raise_(
+                detector=SMALL_P95, what="p95 latency of small requests is high", where=where,
+                observed=round(p95, 1), expected=self.p95_limit_ms,
+                score=min(1.0, 0.5 * p95 / self.p95_limit_ms), severity=Severity.WARNING,
+                explanation=(f"p95 of {hist.count} small requests (< 64 KiB both ways) was {p95:.0f} ms in the "
+                             f"{self.window_s:.0f} s window ending {end:.0f} (limit {self.p95_limit_ms:.0f} ms): "
+                             "each request is likely waiting for a Keystone validation"),
+                now=end, runbook=RUNBOOK)]
+        done = self.book.clear(SMALL_P95, where, end, f"p95 {p95:.0f} ms")
+        return [done] if done else []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"window_s": self.window_s, "p95_limit_ms": self.p95_limit_ms, "min_requests": self.min_requests,
+                "window_start": self.window_start, "hist": self.hist.to_dict(),
+                "series": [list(p) for p in self.series], "book": self.book.to_dict()}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "SmallRequestP95Detector":
+        det = cls(doc["window_s"], doc["p95_limit_ms"], doc["min_requests"])
+        det.window_start = doc["window_start"]
+        det.hist = LogHistogram.from_dict(doc["hist"])
+        det.series = [(float(a), float(b)) for a, b in doc["series"]]
+        det.book = FindingBook.from_dict(doc.get("book", {}))
+        return det
+
+
+def probe_latency(m: Metric) -> tuple[float, float, dict[str, str]]:
+    """(timestamp, latency_ms, where) from a keystone_probe sample (field latency_ms, or msecs)."""
+    value = m.fields.get("latency_ms", m.fields.get("msecs"))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{m.name}: needs a numeric field latency_ms (got fields {sorted(m.fields)})")
+    where = {k: v for k, v in m.tags.items() if k in ("host", "instance", "endpoint", "region")}
+    return m.timestamp, float(value), where

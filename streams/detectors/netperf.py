@@ -1,0 +1,147 @@
+"""netperf detector: throughput drops against the baseline, and queue counts that stop paying off.
+
+Seeds 001/004 (multi-queue virtio-net): six parallel TCP_STREAM runs summed, each figure the mean
+of ten runs. Old kernel, queues 1/2/4/8: 3.28/3.41/3.51/3.57 Gb/s (no scaling, one core busy);
+new kernel: 3.23/6.00/8.02/8.42 Gb/s. Two findings come out of that:
+
+* ``netperf.throughput_drop`` (warning): a result below ``(1 - drop_ratio)`` times the baseline of
+  the same target set, label and queue count. The baseline is the median of the last
+  ``baseline_runs`` accepted results; results that dropped are not accepted, so a lasting
+  regression stays open until throughput recovers (~8.4 -> ~3.5 Gb/s is caught at once).
+* ``netperf.no_queue_scaling`` (warning): for one target set and label, the latest results per
+  queue count span at least ``min_queue_ratio`` (4x) queues but the throughput of the most queues
+  is less than ``min_speedup`` (1.5x) the throughput of the fewest. Old kernel: 3.57/3.28 = 1.09
+  flags; new kernel: 8.42/3.23 = 2.6 does not.
+
+Input: wire samples ``netperf{target_set, label, queues}`` with field ``throughput_gbps_mean``
+(``throughput_gbps`` is accepted too), or the same as a plain dict (``NetperfResult.from_mapping``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from opsloop.findings import Finding, Severity
+from opsloop.wire import Metric
+
+from .findingbook import FindingBook
+
+DROP = "netperf.throughput_drop"
+NO_SCALING = "netperf.no_queue_scaling"
+RUNBOOK = "runbooks/netperf.md"
+VALUE_FIELDS = ("throughput_gbps_mean", "throughput_gbps")
+
+
+@dataclass(frozen=True, slots=True)
+class NetperfResult:
+    target_set: str
+    label: str
+    queues: int | None
+    gbps: float
+    timestamp: float
+
+    @classmethod
+    def from_mapping(cls, doc: Mapping[str, Any]) -> "NetperfResult":
+        value = next((doc[f] for f in VALUE_FIELDS if f in doc), None)
+        try:
+            gbps = float(value)  # type: ignore[arg-type]
+            q = doc.get("queues")
+            return cls(target_set=str(doc.get("target_set", "default")), label=str(doc.get("label", "")),
+                       queues=None if q in (None, "") else int(q), gbps=gbps, timestamp=float(doc["timestamp"]))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"netperf result needs timestamp and one of {VALUE_FIELDS} as numbers, "
+                             f"queues as an integer (got {dict(doc)!r:.200})") from None
+
+    @classmethod
+    def from_metric(cls, m: Metric) -> "NetperfResult":
+        return cls.from_mapping({**m.tags, **m.fields, "timestamp": m.timestamp})
+
+
+class NetperfDetector:
+    def __init__(self, drop_ratio: float = 0.2, baseline_runs: int = 5, min_baseline_runs: int = 1,
+                 min_speedup: float = 1.5, min_queue_ratio: int = 4) -> None:
+        self.drop_ratio = drop_ratio
+        self.baseline_runs = baseline_runs
+        self.min_baseline_runs = min_baseline_runs
+        self.min_speedup = min_speedup
+        self.min_queue_ratio = min_queue_ratio
+        self.history: dict[str, list[float]] = {}            # series -> accepted results (bounded)
+        self.by_queues: dict[str, dict[str, float]] = {}     # target_set|label -> {queues: latest gbps}
+        self.book = FindingBook()
+
+    def update(self, result: NetperfResult | Metric | Mapping[str, Any]) -> list[Finding]:
+        if isinstance(result, Metric):
+            result = NetperfResult.from_metric(result)
+        elif not isinstance(result, NetperfResult):
+            result = NetperfResult.from_mapping(result)
+        out = self._drop(result)
+        if result.queues is not None:
+            out += self._scaling(result)
+        return out
+
+    def _drop(self, r: NetperfResult) -> list[Finding]:
+        where = {"target_set": r.target_set, "label": r.label}
+        if r.queues is not None:
+            where["queues"] = str(r.queues)
+        key = "|".join(where.values())
+        hist = self.history.setdefault(key, [])
+        if len(hist) < self.min_baseline_runs:
+            hist.append(r.gbps)
+            return []
+        baseline = statistics.median(hist)
+        floor = (1.0 - self.drop_ratio) * baseline
+        if r.gbps < floor:
+            drop = 1.0 - r.gbps / baseline if baseline > 0 else 1.0
+            return [self.book.raise_(
+                detector=DROP, what="network throughput dropped below its baseline", where=where,
+                observed=round(r.gbps, 3), expected=round(baseline, 3),
+                score=min(1.0, drop / (2 * self.drop_ratio)), severity=Severity.WARNING,
+                explanation=(f"{r.gbps:.2f} Gb/s vs baseline {baseline:.2f} Gb/s ({drop:.0%} lower; "
+                             f"threshold {self.drop_ratio:.0%}) for {r.target_set}/{r.label}"
+                             + (f" with {r.queues} queues" if r.queues is not None else "")),
+                now=r.timestamp, runbook=RUNBOOK)]
+        hist.append(r.gbps)
+        del hist[:-self.baseline_runs]
+        done = self.book.clear(DROP, where, r.timestamp, f"{r.gbps:.2f} Gb/s is back near the baseline")
+        return [done] if done else []
+
+    def _scaling(self, r: NetperfResult) -> list[Finding]:
+        key = f"{r.target_set}|{r.label}"
+        latest = self.by_queues.setdefault(key, {})
+        latest[str(r.queues)] = r.gbps
+        where = {"target_set": r.target_set, "label": r.label}
+        qs = sorted(int(q) for q in latest)
+        if len(qs) < 2 or qs[0] <= 0 or qs[-1] < self.min_queue_ratio * qs[0]:
+            return []
+        lo, hi = latest[str(qs[0])], latest[str(qs[-1])]
+        speedup = hi / lo if lo > 0 else float("inf")
+        table = ", ".join(f"{q}: {latest[str(q)]:.2f}" for q in qs)
+        if speedup < self.min_speedup:
+            return [self.book.raise_(
+                detector=NO_SCALING, what="throughput does not scale with the number of queues", where=where,
+                observed=round(speedup, 3), expected=self.min_speedup,
+                score=min(1.0, (self.min_speedup - speedup) / (self.min_speedup - 1.0)),
+                severity=Severity.WARNING,
+                explanation=(f"{qs[-1]} queues give {speedup:.2f}x the throughput of {qs[0]} "
+                             f"(expected >= {self.min_speedup}x); Gb/s per queue count: {table}. "
+                             "Likely one core forwarding everything (old kernel / OVS datapath, "
+                             "multi-queue not enabled)"),
+                now=r.timestamp, runbook=RUNBOOK)]
+        done = self.book.clear(NO_SCALING, where, r.timestamp, f"scales again: {table}")
+        return [done] if done else []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": {"drop_ratio": self.drop_ratio, "baseline_runs": self.baseline_runs,
+                           "min_baseline_runs": self.min_baseline_runs, "min_speedup": self.min_speedup,
+                           "min_queue_ratio": self.min_queue_ratio},
+                "history": self.history, "by_queues": self.by_queues, "book": self.book.to_dict()}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "NetperfDetector":
+        det = cls(**doc.get("config", {}))
+        det.history = {k: [float(v) for v in vs] for k, vs in doc.get("history", {}).items()}
+        det.by_queues = {k: {q: float(v) for q, v in d.items()} for k, d in doc.get("by_queues", {}).items()}
+        det.book = FindingBook.from_dict(doc.get("book", {}))
+        return det

@@ -1,0 +1,148 @@
+"""Bounded-memory stream summaries with JSON-able state.
+
+* ``SpaceSaving`` (Metwally, Agrawal, El Abbadi 2005): top-k frequent items with ``capacity``
+  counters. Every item whose true count exceeds total/capacity is kept; a kept item's count
+  overestimates the truth by at most its recorded error.
+* ``PanedHeavyHitters``: a sliding window made of tumbling panes, one Space-Saving sketch each, so
+  memory is ``panes x capacity`` counters whatever the number of distinct credentials.
+* ``LogHistogram``: quantiles with bounded relative error (logarithmic buckets as in DDSketch,
+  Masson et al. 2019): a value v lands in bucket ceil(log(v)/log(gamma)); with gamma = 1.02 any
+  quantile is within ~1 % of the true value.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Hashable
+
+
+class SpaceSaving:
+    def __init__(self, capacity: int = 64) -> None:
+        if capacity < 1:
+            raise ValueError(f"Space-Saving capacity must be >= 1 (got {capacity})")
+        self.capacity = capacity
+        self.counts: dict[str, list[int]] = {}   # item -> [count, overestimation bound]
+        self.total = 0
+
+    def offer(self, item: str, weight: int = 1) -> None:
+        self.total += weight
+        c = self.counts.get(item)
+        if c is not None:
+            c[0] += weight
+            return
+        if len(self.counts) < self.capacity:
+            self.counts[item] = [weight, 0]
+            return
+        # Replace the item with the smallest count; the newcomer inherits it as its error bound.
+        victim = min(self.counts, key=lambda k: self.counts[k][0])
+        floor = self.counts.pop(victim)[0]
+        self.counts[item] = [floor + weight, floor]
+
+    def top(self, n: int | None = None) -> list[tuple[str, int, int]]:
+        ranked = sorted(((k, c, e) for k, (c, e) in self.counts.items()), key=lambda r: (-r[1], r[0]))
+        return ranked if n is None else ranked[:n]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"capacity": self.capacity, "counts": self.counts, "total": self.total}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "SpaceSaving":
+        s = cls(int(doc["capacity"]))
+        s.counts = {k: [int(v[0]), int(v[1])] for k, v in doc["counts"].items()}
+        s.total = int(doc["total"])
+        return s
+
+
+class PanedHeavyHitters:
+    """Heavy hitters over the last ``window_s`` seconds, in panes of ``pane_s`` seconds."""
+
+    def __init__(self, window_s: float = 300.0, pane_s: float = 60.0, capacity: int = 64) -> None:
+        if pane_s <= 0 or window_s < pane_s:
+            raise ValueError(f"need 0 < pane_s <= window_s (got pane_s={pane_s}, window_s={window_s})")
+        self.window_s = window_s
+        self.pane_s = pane_s
+        self.capacity = capacity
+        self.panes: list[tuple[int, SpaceSaving]] = []   # (pane number, sketch), oldest first
+
+    def offer(self, timestamp: float, item: Hashable, weight: int = 1) -> bool:
+        """Count one event; True when it opened a new pane (a good moment to evaluate)."""
+        pane = int(timestamp // self.pane_s)
+        rolled = False
+        if not self.panes or pane > self.panes[-1][0]:
+            self.panes.append((pane, SpaceSaving(self.capacity)))
+            rolled = len(self.panes) > 1
+        self._expire(pane)
+        target = next((s for p, s in reversed(self.panes) if p == pane), None)
+        if target is None:       # older than the window, or a pane already gone: too late to count
+            return rolled
+        target.offer(str(item), weight)
+        return rolled
+
+    def _expire(self, newest: int) -> None:
+        keep = int(math.ceil(self.window_s / self.pane_s))
+        self.panes = [(p, s) for p, s in self.panes if p > newest - keep]
+
+    def shares(self) -> tuple[int, list[tuple[str, float, int]]]:
+        """(total events in the window, [(item, share, count)] by count, largest first)."""
+        total = sum(s.total for _, s in self.panes)
+        merged: dict[str, int] = {}
+        for _, s in self.panes:
+            for k, (c, e) in s.counts.items():
+                merged[k] = merged.get(k, 0) + c - e       # guaranteed (lower-bound) count
+        ranked = sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))
+        return total, [(k, (c / total if total else 0.0), c) for k, c in ranked]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"window_s": self.window_s, "pane_s": self.pane_s, "capacity": self.capacity,
+                "panes": [[p, s.to_dict()] for p, s in self.panes]}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "PanedHeavyHitters":
+        h = cls(float(doc["window_s"]), float(doc["pane_s"]), int(doc["capacity"]))
+        h.panes = [(int(p), SpaceSaving.from_dict(s)) for p, s in doc["panes"]]
+        return h
+
+
+class LogHistogram:
+    def __init__(self, gamma: float = 1.02) -> None:
+        if gamma <= 1.0:
+            raise ValueError(f"histogram gamma must be > 1 (got {gamma})")
+        self.gamma = gamma
+        self._log_gamma = math.log(gamma)
+        self.buckets: dict[int, int] = {}
+        self.zeros = 0
+        self.count = 0
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        if value <= 0.0:
+            self.zeros += 1
+            return
+        i = math.ceil(math.log(value) / self._log_gamma)
+        self.buckets[i] = self.buckets.get(i, 0) + 1
+
+    def quantile(self, q: float) -> float | None:
+        if not self.count:
+            return None
+        rank = q * (self.count - 1)
+        seen = self.zeros
+        if rank < seen:
+            return 0.0
+        for i in sorted(self.buckets):
+            seen += self.buckets[i]
+            if seen > rank:
+                # Bucket i holds (gamma^(i-1), gamma^i]; its midpoint in relative terms.
+                return 2.0 * self.gamma ** i / (self.gamma + 1.0)
+        return self.gamma ** max(self.buckets)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gamma": self.gamma, "buckets": {str(k): v for k, v in self.buckets.items()},
+                "zeros": self.zeros, "count": self.count}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "LogHistogram":
+        h = cls(float(doc["gamma"]))
+        h.buckets = {int(k): int(v) for k, v in doc["buckets"].items()}
+        h.zeros = int(doc["zeros"])
+        h.count = int(doc["count"])
+        return h
