@@ -76,19 +76,36 @@ class LbRates:
         self.ttl_s = ttl_s
         self._last: dict[tuple[str, str, str, str], _Last] = {}
         self.latest: dict[tuple[str, str, str, str], Rate] = {}
+        self._last_expiry = 0.0
 
     def handle(self, metrics: Sequence[Metric], now: float) -> list[Rate]:
         out: list[Rate] = []
+        states: dict[tuple[str, str, str], dict[str, object]] = {}
         for m in metrics:
             if m.name != "haproxy":
                 continue
-            r = self._update(m, now)
+            r = self._update(m, now, states)
             if r is not None:
                 out.append(r)
-        self._expire(now)
+        # Gauges are set once per series and batch (the newest value), not once per sample.
+        newest: dict[tuple[str, str, str, str], Rate] = {}
+        for r in out:
+            newest[(r.lb, r.kind, r.proxy, r.server)] = r
+        for (lb, kind, proxy, sv), r in newest.items():
+            if kind == "server":
+                SERVER_RATE.labels(lb, proxy, sv).set(r.rate)
+            elif kind == "backend":
+                BACKEND_RATE.labels(lb, proxy).set(r.rate)
+            else:
+                FRONTEND_RATE.labels(lb, proxy).set(r.rate)
+        for (lb, proxy, sv), fields in states.items():
+            self._server_state(lb, proxy, sv, fields)
+        if now - self._last_expiry >= 1.0:
+            self._expire(now)
+            self._last_expiry = now
         return out
 
-    def _update(self, m: Metric, now: float) -> Rate | None:
+    def _update(self, m: Metric, now: float, states: dict[tuple[str, str, str], dict[str, object]]) -> Rate | None:
         tags = m.tags
         lb = tags.get("host") or tags.get("server") or "unknown"
         kind = (tags.get("type") or "").lower()
@@ -98,7 +115,7 @@ class LbRates:
             kind = {"FRONTEND": "frontend", "BACKEND": "backend"}.get(sv, "server")
         key = (lb, kind, proxy, sv)
         if kind == "server":
-            self._server_state(lb, proxy, sv, m.fields)
+            states[(lb, proxy, sv)] = m.fields
         count = request_count(m.fields)
         if count is None:
             return None
@@ -112,12 +129,6 @@ class LbRates:
         rate = (count - prev.count) / (m.timestamp - prev.ts)
         r = Rate(lb, kind, proxy, sv, rate, m.timestamp)
         self.latest[key] = r
-        if kind == "server":
-            SERVER_RATE.labels(lb, proxy, sv).set(rate)
-        elif kind == "backend":
-            BACKEND_RATE.labels(lb, proxy).set(rate)
-        else:
-            FRONTEND_RATE.labels(lb, proxy).set(rate)
         return r
 
     @staticmethod

@@ -1,0 +1,36 @@
+# opsloop — the two commands: `make run` (the whole pipeline here) and `make test`.
+# Both do all the set-up a fresh Debian 12 machine needs (as root): `make setup` is idempotent.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup run stop test test-unit bench clean help
+
+help:
+	@echo "make setup   install everything (Debian packages, venv, Kafka jars, simulators, Keystone, Telegraf)"
+	@echo "make run     the whole pipeline on this machine (Ctrl-C or 'make stop' to stop)"
+	@echo "make stop    stop a pipeline started by 'make run'"
+	@echo "make test    unit and integration tests against real components"
+	@echo "make bench   benchmarks, printed as a table with same-run baselines"
+
+setup:
+	@set -e; for s in setup.d/*.sh; do echo "== $$s"; bash "$$s"; done
+
+run: setup
+	$(VENV)/bin/opsloop run
+
+stop:
+	$(VENV)/bin/opsloop run --stop
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf .run .pytest_cache .hypothesis

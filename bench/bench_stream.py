@@ -1,0 +1,163 @@
+"""Stream stage throughput: samples/s through Kafka → Faust worker → Prometheus gauges, per worker,
+next to a plain aiokafka consumer loop doing the same decoding and the same handler in the same run.
+
+Data: LB samples (``haproxy`` rows) published as collector rounds do: one Kafka record per load balancer
+and round carrying ``ROWS`` samples (Telegraf batch shape). Both consumers read the same records from
+the same real broker. The worker's peak RSS under this load is reported too (item 5 of the bench issue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import requests
+from kafka import KafkaProducer
+
+from opsloop.config import StackSettings
+from opsloop.stack import ManagedProcess, Stack, free_port
+from opsloop.wire import Topic
+from streams.lb.rates import LbRates
+from streams.runtime.batch import decode_messages
+
+ROWS = 50  # samples per record (one LB's show stat per round)
+
+
+def _records(n_records: int, t0: float) -> list[tuple[bytes, bytes]]:
+    out = []
+    n_lbs = 40
+    for i in range(n_records):
+        lb = f"lb{i % n_lbs}"
+        rnd = i // n_lbs
+        ts = t0 + rnd
+        metrics = [{"name": "haproxy", "tags": {"host": lb, "proxy": "be", "sv": f"s{j}", "type": "server"},
+                    "fields": {"hrsp_2xx": rnd * 10 + j, "stot": rnd * 10, "status": "UP", "weight": 100},
+                    "timestamp": ts} for j in range(ROWS)]
+        out.append((lb.encode(), orjson.dumps({"schema_version": 1, "metrics": metrics})))
+    return out
+
+
+def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    p = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=20, batch_size=1 << 20,
+                      max_request_size=8 << 20)
+    for k, v in records:
+        p.send(topic, key=k, value=v)
+    p.flush()
+    p.close()
+
+
+async def _plain_loop(bootstrap: str, topic: str, n_samples: int) -> float:
+    from aiokafka import AIOKafkaConsumer
+
+    c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
+                         group_id=None, max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+    await c.start()
+    handler = LbRates()
+    seen = 0
+    t_first = None
+    try:
+        while seen < n_samples:
+            batches = await c.getmany(timeout_ms=1000, max_records=2000)
+            for msgs in batches.values():
+                if t_first is None:
+                    t_first = time.perf_counter()
+                batch = decode_messages(msgs)  # type: ignore[arg-type]
+                handler.handle(batch.metrics, time.time())
+                seen += len(batch.metrics)
+    finally:
+        await c.stop()
+    return seen / (time.perf_counter() - (t_first or time.perf_counter()))
+
+
+def _samples_total(port: int) -> float:
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith('opsloop_stream_samples_total{topic="telemetry.lb"}'):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _rss_peak_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _faust_worker(tmp: Path, bootstrap: str, topic_records: list[tuple[bytes, bytes]], n_samples: int) -> tuple[float, int]:
+    import sys
+
+    import yaml
+
+    port = free_port()
+    cfg = tmp / "opsloop.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": bootstrap},
+        "stream": {"app_id": f"bench-{int(time.time())}", "data_dir": str(tmp / "streams"), "metrics_port": port,
+                   "web_port": free_port(), "batch_size": 2000, "batch_within_s": 0.05},
+    }))
+    w = ManagedProcess(name="bench-worker", workdir=tmp / "worker", ready_timeout_s=90,
+                       argv=[sys.executable, "-m", "opsloop.cli", "stream", "worker", "--config", str(cfg)],
+                       ready=lambda: requests.get(f"http://127.0.0.1:{port}/metrics", timeout=1).ok)
+    w.start()
+    try:
+        # Warm up: one record, processed once the consumer group has its partitions.
+        _produce(bootstrap, Topic.LB.value, topic_records[:1])
+        deadline = time.monotonic() + 120
+        while _samples_total(port) < ROWS and time.monotonic() < deadline:
+            time.sleep(0.2)
+        base = _samples_total(port)
+        _produce(bootstrap, Topic.LB.value, topic_records[1:])
+        t_first = None
+        done = base + n_samples - ROWS
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            v = _samples_total(port)
+            if t_first is None and v > base:
+                t_first = time.perf_counter()
+            if v >= done:
+                break
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - (t_first or time.perf_counter())
+        rate = (v - base) / elapsed if elapsed > 0 else 0.0
+        rss = _rss_peak_kib(w.read_pid()[0])  # type: ignore[index]
+        return rate, rss
+    finally:
+        w.stop()
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    n_records = 1000 if quick else 4000
+    n_samples = n_records * ROWS
+    with tempfile.TemporaryDirectory(prefix="opsloop-bench-") as d:
+        tmp = Path(d)
+        stack = Stack(StackSettings(data_dir=tmp / "stack", kafka_port=free_port(), kafka_controller_port=free_port(),
+                                    prometheus_port=free_port(), alertmanager_port=free_port(), scrape_targets=[]),
+                      with_alertmanager=False, with_prometheus=False)
+        stack.up()
+        try:
+            records = _records(n_records, time.time() - 3600)
+            bench_topic = "bench.lb"
+            _produce(stack.kafka_bootstrap, bench_topic, records)
+            plain = asyncio.run(_plain_loop(stack.kafka_bootstrap, bench_topic, n_samples))
+            faust_rate, rss = _faust_worker(tmp, stack.kafka_bootstrap, records, n_samples)
+        finally:
+            stack.down()
+    ratio = faust_rate / plain if plain else 0.0
+    return [
+        {"benchmark": "stream stage (Kafka→Faust→metrics)", "metric": "samples/s per worker", "value": round(faust_rate),
+         "baseline": "plain aiokafka loop, same decode+handler", "baseline_value": round(plain), "ratio": round(ratio, 3),
+         "unit": "samples/s", "target": "ratio ≥ 0.5", "ok": ratio >= 0.5},
+        {"benchmark": "stream worker memory", "metric": "peak RSS under load", "value": round(rss / 1024, 1),
+         "baseline": "-", "baseline_value": 0.0, "ratio": 0.0, "unit": "MiB", "target": "report", "ok": None},
+    ]
+
+
+if __name__ == "__main__":
+    for row in run(quick=True):
+        print(row)
