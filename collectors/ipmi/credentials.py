@@ -1,0 +1,54 @@
+"""Resolve a BMC password from its reference (a file or an environment variable).
+
+The secret only ever travels to ipmitool through the child's environment (``-E`` reads
+IPMI_PASSWORD); it is never put in argv, logs, errors or metric labels. Errors name the
+reference, not the value.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from collectors.ipmi.config import ResolvedHost
+
+MAX_PASSWORD_BYTES = 20  # IPMI v2 passwords are at most 20 bytes
+
+
+class CredentialError(ValueError):
+    """The password reference cannot be resolved. The message names the reference only."""
+
+
+def resolve_password(host: ResolvedHost) -> str:
+    if host.password_env is not None:
+        value = os.environ.get(host.password_env)
+        if value is None:
+            raise CredentialError(f"environment variable {host.password_env} (password of {host.name}) is not set")
+        return _checked(value, f"environment variable {host.password_env}")
+    if host.password_file is not None:
+        path = Path(host.password_file)
+        try:
+            st = path.stat()
+            raw = path.read_text()
+        except OSError as e:
+            raise CredentialError(f"password file {path} of {host.name}: {e.strerror}") from None
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise CredentialError(f"password file {path} of {host.name} is readable by group/others: chmod 600 it")
+        return _checked(raw.rstrip("\r\n"), f"password file {path}")
+    return ""  # anonymous/null password: some lab BMCs
+
+
+def _checked(value: str, where: str) -> str:
+    if len(value.encode()) > MAX_PASSWORD_BYTES:
+        raise CredentialError(f"{where}: password longer than {MAX_PASSWORD_BYTES} bytes (IPMI limit)")
+    if "\n" in value or "\0" in value:
+        raise CredentialError(f"{where}: password contains a newline or NUL")
+    return value
+
+
+def scrub(text: str, secret: str) -> str:
+    """Remove a secret from text that is about to be logged or returned in an error."""
+    if secret and len(secret) >= 3:
+        return text.replace(secret, "***")
+    return text
