@@ -12,6 +12,7 @@ from opsloop.config import ConfigError, Settings, load_settings
 from opsloop.log import JsonFormatter, get_logger, setup_logging
 from opsloop.metrics import serve_metrics
 from opsloop.wire import Topic
+from streams.agents import register_detector_agents
 from streams.lb.rates import LbRates
 from streams.runtime.app import batch_agent, create_app
 
@@ -27,6 +28,7 @@ def build_app(settings: Settings, app_id: str | None = None) -> faust.App:
     """The app with every agent registered (one place: the data flow reads top to bottom)."""
     app = create_app(settings, app_id)
     batch_agent(app, "lb-rates", [Topic.LB], LbRates(ttl_s=settings.stream.series_ttl_s), settings)
+    register_detector_agents(app, settings)   # firewall, keystone, netperf, power, anomaly -> findings
     return app
 
 

@@ -5,6 +5,13 @@ lifecycle of ``opsloop.findings.Finding``: the first time a condition holds it o
 (``first_seen``), while it holds it refreshes it (``last_seen``, observed, score), and when it stops
 holding it emits the finding once more with ``cleared=True`` and forgets it. A detector restored
 from its state therefore never repeats an open finding as new nor forgets to clear one.
+
+The book also decides what is worth *publishing* (the ``outbox``): a detector re-raises a held
+condition on every sample, but the findings topic should carry events, not a copy of every
+sample. An entry goes to the outbox when a finding opens, changes severity, clears, or has not
+been published for ``refresh_s`` seconds of event time (a heartbeat so that a consumer that
+started late learns about it). Publication times are part of the state, so a restarted worker
+neither re-announces an open finding as new nor heartbeats it early.
 """
 
 from __future__ import annotations
@@ -13,14 +20,36 @@ from typing import Any
 
 from opsloop.findings import Finding, Severity
 
+RUNBOOK_BASE = "https://runbooks.example/opsloop"
+DASHBOARD_BASE = "https://grafana.example/d"
+DEFAULT_REFRESH_S = 300.0
+
+# Outbox events (sent as the ``event`` header of the findings record).
+OPENED, UPDATED, REFRESHED, CLEARED = "opened", "updated", "refreshed", "cleared"
+
 
 def where_key(detector: str, where: dict[str, str]) -> str:
     return detector + "|" + ",".join(f"{k}={v}" for k, v in sorted(where.items()))
 
 
+def runbook_url(detector: str, given: str = "") -> str:
+    """An absolute runbook link; relative paths of the detectors become the runbook site's page."""
+    if given.startswith(("http://", "https://")):
+        return given
+    return f"{RUNBOOK_BASE}/{detector}"
+
+
+def dashboard_url(detector: str) -> str:
+    """The Grafana dashboard of the detector's signal family (``firewall.unprotected_port`` -> firewall)."""
+    return f"{DASHBOARD_BASE}/opsloop-{detector.split('.', 1)[0]}"
+
+
 class FindingBook:
-    def __init__(self) -> None:
+    def __init__(self, refresh_s: float = DEFAULT_REFRESH_S) -> None:
         self.open: dict[str, dict[str, Any]] = {}
+        self.published: dict[str, float] = {}          # key -> event time it was last published
+        self.refresh_s = refresh_s
+        self.outbox: list[tuple[str, Finding]] = []     # (event, finding) not yet handed to the sink
 
     def raise_(self, *, detector: str, what: str, where: dict[str, str], observed: float | str | None,
                expected: float | str | None, score: float, severity: Severity, explanation: str,
@@ -32,17 +61,27 @@ class FindingBook:
         finding = Finding(detector=detector, what=what, where=dict(where), observed=observed,
                           expected=expected, score=min(1.0, max(0.0, score)), severity=severity,
                           explanation=explanation, first_seen=first_seen, last_seen=max(now, first_seen),
-                          runbook=runbook)
+                          runbook=runbook_url(detector, runbook), dashboard=dashboard_url(detector))
         self.open[key] = finding.model_dump(mode="json")
+        if prev is None:
+            self._publish(key, OPENED, finding, now)
+        elif prev["severity"] != finding.severity.value:
+            self._publish(key, UPDATED, finding, now)
+        elif now - self.published.get(key, first_seen) >= self.refresh_s:
+            self._publish(key, REFRESHED, finding, now)
         return finding
 
     def clear(self, detector: str, where: dict[str, str], now: float, explanation: str) -> Finding | None:
         """Close the finding for (detector, where) if open; return the cleared finding."""
-        doc = self.open.pop(where_key(detector, where), None)
+        key = where_key(detector, where)
+        doc = self.open.pop(key, None)
         if doc is None:
             return None
+        self.published.pop(key, None)
         doc.update(cleared=True, last_seen=max(now, doc["first_seen"]), explanation=explanation, score=0.0)
-        return Finding.model_validate(doc)
+        finding = Finding.model_validate(doc)
+        self.outbox.append((CLEARED, finding))
+        return finding
 
     def clear_all_except(self, detector: str, keep: set[str], now: float, explanation: str,
                          match: dict[str, str] | None = None) -> list[Finding]:
@@ -64,11 +103,37 @@ class FindingBook:
     def open_findings(self) -> list[Finding]:
         return [Finding.model_validate(d) for d in self.open.values()]
 
+    def drain(self) -> list[tuple[str, Finding]]:
+        """The (event, finding) pairs to publish since the last drain."""
+        out, self.outbox = self.outbox, []
+        return out
+
+    def _publish(self, key: str, event: str, finding: Finding, now: float) -> None:
+        self.published[key] = now
+        self.outbox.append((event, finding))
+
+    # ------------------------------------------------------------------------------------- state
     def to_dict(self) -> dict[str, Any]:
-        return {"open": dict(self.open)}
+        return {"open": dict(self.open), "published": dict(self.published)}
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "FindingBook":
-        book = cls()
+    def from_dict(cls, doc: dict[str, Any], refresh_s: float = DEFAULT_REFRESH_S) -> "FindingBook":
+        book = cls(refresh_s)
         book.open = {k: dict(v) for k, v in doc.get("open", {}).items()}
+        book.published = {k: float(v) for k, v in doc.get("published", {}).items() if k in book.open}
         return book
+
+    def split(self, label: str) -> dict[str, "FindingBook"]:
+        """One book per value of the ``where`` label ``label`` (entries without it go under "")."""
+        out: dict[str, FindingBook] = {}
+        for key, doc in self.open.items():
+            part = out.setdefault(str(doc["where"].get(label, "")), FindingBook(self.refresh_s))
+            part.open[key] = doc
+            if key in self.published:
+                part.published[key] = self.published[key]
+        return out
+
+    def merge(self, other: "FindingBook") -> None:
+        """Add the open findings of ``other`` (restoring a detector from per-key parts)."""
+        self.open.update(other.open)
+        self.published.update(other.published)

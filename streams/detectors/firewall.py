@@ -15,9 +15,22 @@ Input: one report per hypervisor and round (``HypervisorReport``). The expected 
      "ruleset_fingerprint": "sha256 of the normalised ruleset (VM-specific chains left out)",
      "packages": {"neutron-openvswitch-agent": "2:9.4.1-0ubuntu1", "iptables": "1.6.0"}}
 
-``report_from_metrics`` builds it from wire samples ``firewall_port{hypervisor,port,vm}`` with field
-``chain_present`` and ``firewall_host{hypervisor,role}`` with fields ``ruleset_fingerprint`` and
-``pkg_<name>`` (a thin adapter so names can be aligned with the collector later).
+``report_from_metrics`` builds reports from wire samples, grouped per hypervisor and round (event
+timestamp), oldest first. It reads what ``collectors/iptables`` publishes:
+
+* ``iptables_vm_port{host, port_id, vm, device}`` field ``protected`` (0/1) and ``reason``;
+* ``iptables_ruleset{host}`` field ``base_fingerprint`` (the ruleset without per-port chains: equal on
+  identically configured hypervisors whatever VMs they run; ``fingerprint`` if absent);
+* ``iptables_software{host, package}`` field ``version``;
+
+and the older generic shape ``firewall_port{hypervisor,port,vm}`` field ``chain_present``,
+``firewall_host{hypervisor,role}`` fields ``ruleset_fingerprint`` and ``pkg_<name>``. The role comes
+from a ``role`` tag (Telegraf ``[inputs.iptables.tags]``) or the ``roles`` map given to the adapter,
+else ``default``. Only a *complete* round (one that carries the host-level sample) clears the
+findings of ports missing from it: a partial report must not read as "port gone".
+
+For the stream agent the detector's state splits per hypervisor (``state_of``/``restore_part``):
+its last report and the findings about it, so each part lives with that hypervisor's partition.
 """
 
 from __future__ import annotations
@@ -45,6 +58,8 @@ class HypervisorReport:
     ports: dict[str, tuple[str, bool]] = field(default_factory=dict)   # port -> (vm, chain_present)
     ruleset_fingerprint: str = ""
     packages: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)              # port -> why it is unprotected
+    complete: bool = True        # carries the host-level sample: ports missing from it are gone
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "HypervisorReport":
@@ -54,39 +69,78 @@ class HypervisorReport:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"firewall report: missing or bad field {e} in {dict(doc)!r:.200}") from None
         ports: dict[str, tuple[str, bool]] = {}
+        reasons: dict[str, str] = {}
         for i, p in enumerate(doc.get("ports", [])):
             if not isinstance(p, Mapping) or "port" not in p or "chain_present" not in p:
                 raise ValueError(f"firewall report {hv}: ports[{i}] needs 'port' and 'chain_present' (got {p!r:.100})")
             ports[str(p["port"])] = (str(p.get("vm", "")), bool(p["chain_present"]))
+            if p.get("reason"):
+                reasons[str(p["port"])] = str(p["reason"])
         return cls(hypervisor=hv, role=str(doc.get("role", "default")), timestamp=ts, ports=ports,
                    ruleset_fingerprint=str(doc.get("ruleset_fingerprint", "")),
-                   packages={str(k): str(v) for k, v in dict(doc.get("packages", {})).items()})
+                   packages={str(k): str(v) for k, v in dict(doc.get("packages", {})).items()},
+                   reasons=reasons, complete=bool(doc.get("complete", True)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hypervisor": self.hypervisor, "role": self.role, "timestamp": self.timestamp,
-                "ports": [{"port": p, "vm": vm, "chain_present": ok} for p, (vm, ok) in self.ports.items()],
-                "ruleset_fingerprint": self.ruleset_fingerprint, "packages": dict(self.packages)}
+        ports = []
+        for p, (vm, ok) in self.ports.items():
+            doc: dict[str, Any] = {"port": p, "vm": vm, "chain_present": ok}
+            if p in self.reasons:
+                doc["reason"] = self.reasons[p]
+            ports.append(doc)
+        return {"hypervisor": self.hypervisor, "role": self.role, "timestamp": self.timestamp, "ports": ports,
+                "ruleset_fingerprint": self.ruleset_fingerprint, "packages": dict(self.packages),
+                "complete": self.complete}
+
+    @property
+    def unprotected(self) -> int:
+        return sum(1 for _, ok in self.ports.values() if not ok)
 
 
-def report_from_metrics(metrics: Iterable[Metric]) -> list[HypervisorReport]:
-    """Group firewall_port / firewall_host samples of one round into one report per hypervisor."""
-    reports: dict[str, HypervisorReport] = {}
+FIREWALL_METRICS = frozenset({"iptables_vm_port", "iptables_ruleset", "iptables_software",
+                              "firewall_port", "firewall_host"})
+_HOST_LEVEL = frozenset({"iptables_ruleset", "firewall_host"})
+
+
+def report_from_metrics(metrics: Iterable[Metric], roles: Mapping[str, str] | None = None) -> list[HypervisorReport]:
+    """Group firewall samples into one report per hypervisor and round, oldest round first."""
+    reports: dict[tuple[str, float], HypervisorReport] = {}
+    roles = roles or {}
     for m in metrics:
+        if m.name not in FIREWALL_METRICS:
+            continue
         hv = m.tags.get("hypervisor") or m.tags.get("host")
         if not hv:
             continue
-        rep = reports.setdefault(hv, HypervisorReport(hv, m.tags.get("role", "default"), m.timestamp))
-        rep.timestamp = max(rep.timestamp, m.timestamp)
-        if m.name == "firewall_port":
+        rep = reports.get((hv, m.timestamp))
+        if rep is None:
+            rep = HypervisorReport(hv, m.tags.get("role") or roles.get(hv, "default"), m.timestamp, complete=False)
+            reports[(hv, m.timestamp)] = rep
+        if m.tags.get("role"):
+            rep.role = m.tags["role"]
+        if m.name in _HOST_LEVEL:
+            rep.complete = True
+        if m.name == "iptables_vm_port":
+            port = m.tags.get("port_id") or m.tags.get("device", "")
+            protected = m.fields.get("protected")
+            rep.ports[port] = (m.tags.get("vm", ""), bool(protected) and protected != "0")
+            if m.fields.get("reason"):
+                rep.reasons[port] = str(m.fields["reason"])
+        elif m.name == "iptables_ruleset":
+            fp = m.fields.get("base_fingerprint", m.fields.get("fingerprint", ""))
+            rep.ruleset_fingerprint = str(fp)
+        elif m.name == "iptables_software":
+            if m.tags.get("package") and "version" in m.fields:
+                rep.packages[m.tags["package"]] = str(m.fields["version"])
+        elif m.name == "firewall_port":
             port = m.tags.get("port", "")
             rep.ports[port] = (m.tags.get("vm", ""), bool(m.fields.get("chain_present", False)))
         elif m.name == "firewall_host":
-            rep.role = m.tags.get("role", rep.role)
             rep.ruleset_fingerprint = str(m.fields.get("ruleset_fingerprint", rep.ruleset_fingerprint))
             for k, v in m.fields.items():
                 if k.startswith("pkg_"):
                     rep.packages[k[4:]] = str(v)
-    return list(reports.values())
+    return sorted(reports.values(), key=lambda r: (r.timestamp, r.hypervisor))
 
 
 def _majority(values: list[str]) -> str | None:
@@ -125,17 +179,20 @@ class FirewallDetector:
                 if done:
                     out.append(done)
                 continue
+            reason = rep.reasons.get(port)
             f = self.book.raise_(
                 detector=UNPROTECTED, what="VM port without its security-group chain", where=where,
-                observed="chain absent", expected="chain present", score=1.0, severity=Severity.CRITICAL,
-                explanation=(f"port {port} of VM {vm or '?'} on {rep.hypervisor} has no security-group "
-                             "chain in iptables: the VM is reachable without its firewall rules"),
+                observed=reason or "chain absent", expected="chain present", score=1.0, severity=Severity.CRITICAL,
+                explanation=(f"port {port} of VM {vm or '?'} on {rep.hypervisor} has no working security-group "
+                             "chain in iptables: the VM is reachable without its firewall rules"
+                             + (f" ({reason})" if reason else "")),
                 now=now, runbook=RUNBOOK)
             keep.add(_key(UNPROTECTED, where))
             out.append(f)
         # Ports that vanished from the report (VM deleted or migrated) are no longer exposed here.
-        out += self.book.clear_all_except(UNPROTECTED, keep, now, "port no longer on this hypervisor",
-                                          match={"hypervisor": rep.hypervisor})
+        if rep.complete:
+            out += self.book.clear_all_except(UNPROTECTED, keep, now, "port no longer on this hypervisor",
+                                              match={"hypervisor": rep.hypervisor})
         return out
 
     def _drift(self, role: str, now: float) -> list[Finding]:
@@ -185,4 +242,18 @@ class FirewallDetector:
         det.latest = {hv: HypervisorReport.from_dict(r) for hv, r in doc.get("latest", {}).items()}
         det.book = FindingBook.from_dict(doc.get("book", {}))
         return det
+
+    # -------------------------------------------------------------- per-hypervisor state parts
+    def state_of(self, hypervisor: str) -> dict[str, Any] | None:
+        """The hypervisor's last report and the open findings about it (None: nothing known)."""
+        rep = self.latest.get(hypervisor)
+        book = self.book.split("hypervisor").get(hypervisor, FindingBook())
+        if rep is None and not book.open:
+            return None
+        return {"report": rep.to_dict() if rep else None, "book": book.to_dict()}
+
+    def restore_part(self, hypervisor: str, doc: Mapping[str, Any]) -> None:
+        if doc.get("report"):
+            self.latest[hypervisor] = HypervisorReport.from_dict(doc["report"])
+        self.book.merge(FindingBook.from_dict(doc.get("book", {})))
 

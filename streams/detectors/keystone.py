@@ -20,6 +20,16 @@ both < 65536) fell from ~750 ms to ~100 ms once credentials were cached. A night
   sizes below 65536 bytes (LogHistogram, ~1 % error); p95 above ``p95_limit_ms`` (default 500 ms) ->
   ``keystone.small_request_p95`` (warning); every closed window is also returned as a point
   (timestamp, p95) for dashboards.
+
+Input adapters (``collectors/keystone`` aggregates per round, so the detectors take summaries):
+``probe_latency`` reads ``keystone_probe{host, probe}`` (and ``keystone_requests{host, method, endpoint}``)
+field ``p50_ms`` (a round's typical latency; ``latency_ms`` / ``msecs`` of a single request too);
+``HeavyHitterDetector.update`` takes a ``weight`` (``s3_frontend_credential{host, access_key}`` field
+``keystone_validations``; the collector's ``_other`` bucket counts toward the total but is never a
+heavy hitter); ``SmallRequestP95Detector.update_summary`` merges a round's count/p50/p95/max of
+small requests (``s3_frontend_requests`` fields ``small_requests``, ``small_p50_ms``, ``small_p95_ms``)
+into the window: half the requests at p50, 45 % at p95, 5 % at max, so a window of identical rounds
+has exactly their p95 and mixed rounds are weighted by their request counts.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ HEAVY = "keystone.heavy_hitter"
 SMALL_P95 = "keystone.small_request_p95"
 RUNBOOK = "runbooks/keystone.md"
 SMALL_LIMIT = 65536
+OTHER_CREDENTIALS = "_other"   # the collector's bucket for credentials beyond its top-N
 
 
 class LatencyRegimeDetector:
@@ -136,11 +147,14 @@ class HeavyHitterDetector:
         self.window = PanedHeavyHitters(window_s, pane_s, capacity)
         self.book = FindingBook()
 
-    def update(self, timestamp: float, credential: str, where: dict[str, str] | None = None) -> list[Finding]:
-        """Count one validation; findings are (re)evaluated when a pane closes."""
+    def update(self, timestamp: float, credential: str, where: dict[str, str] | None = None,
+               weight: int = 1) -> list[Finding]:
+        """Count ``weight`` validations; findings are (re)evaluated when a pane closes."""
         if not credential:
             raise ValueError("credential id is empty")
-        if self.window.offer(timestamp, credential):
+        if weight < 0:
+            raise ValueError(f"validation count must be >= 0 (got {weight})")
+        if self.window.offer(timestamp, credential, weight):
             return self.evaluate(timestamp, where or {})
         return []
 
@@ -149,7 +163,7 @@ class HeavyHitterDetector:
         out: list[Finding] = []
         keep: set[str] = set()
         if total >= self.min_total:
-            for cred, share, count in ranked[: self.top]:
+            for cred, share, count in [r for r in ranked if r[0] != OTHER_CREDENTIALS][: self.top]:
                 if share < self.share:
                     break
                 w = {**where, "credential": cred}
@@ -203,6 +217,26 @@ class SmallRequestP95Detector:
             self.hist.add(latency_ms)
         return out
 
+    def update_summary(self, timestamp: float, count: int, p50_ms: float, p95_ms: float, max_ms: float | None = None,
+                       where: dict[str, str] | None = None) -> list[Finding]:
+        """Merge one round's summary of ``count`` small requests (see the module docstring)."""
+        out: list[Finding] = []
+        start = timestamp - timestamp % self.window_s
+        if self.window_start is None:
+            self.window_start = start
+        elif start > self.window_start:
+            out = self._close(where or {})
+            self.window_start = start
+        if count <= 0:
+            return out
+        at_p50 = count // 2
+        at_max = count // 20 if max_ms is not None else 0
+        self.hist.add(p50_ms, at_p50)
+        self.hist.add(p95_ms, count - at_p50 - at_max)
+        if at_max:
+            self.hist.add(max_ms, at_max)  # type: ignore[arg-type]
+        return out
+
     def _close(self, where: dict[str, str]) -> list[Finding]:
         assert self.window_start is not None
         end = self.window_start + self.window_s
@@ -240,9 +274,9 @@ class SmallRequestP95Detector:
 
 
 def probe_latency(m: Metric) -> tuple[float, float, dict[str, str]]:
-    """(timestamp, latency_ms, where) from a keystone_probe sample (field latency_ms, or msecs)."""
-    value = m.fields.get("latency_ms", m.fields.get("msecs"))
+    """(timestamp, latency_ms, where) from a latency sample: field p50_ms (a round), latency_ms or msecs."""
+    value = m.fields.get("p50_ms", m.fields.get("latency_ms", m.fields.get("msecs")))
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{m.name}: needs a numeric field latency_ms (got fields {sorted(m.fields)})")
-    where = {k: v for k, v in m.tags.items() if k in ("host", "instance", "endpoint", "region")}
+        raise ValueError(f"{m.name}: needs a numeric field p50_ms, latency_ms or msecs (got fields {sorted(m.fields)})")
+    where = {k: v for k, v in m.tags.items() if k in ("host", "instance", "endpoint", "region", "probe")}
     return m.timestamp, float(value), where

@@ -13,8 +13,14 @@ new kernel: 3.23/6.00/8.02/8.42 Gb/s. Two findings come out of that:
   is less than ``min_speedup`` (1.5x) the throughput of the fewest. Old kernel: 3.57/3.28 = 1.09
   flags; new kernel: 8.42/3.23 = 2.6 does not.
 
-Input: wire samples ``netperf{target_set, label, queues}`` with field ``throughput_gbps_mean``
-(``throughput_gbps`` is accepted too), or the same as a plain dict (``NetperfResult.from_mapping``).
+Input: ``collectors/netperf``'s ``netperf_throughput{host, target_set, driver, test, <labels>}`` with
+field ``mean_gbps`` (the mean of the runs' summed throughput); its labels travel as tags, ``queues``
+among them, and every other tag except ``host`` makes up the comparison ``label`` (e.g.
+``driver=netperf,kernel=4.4.0,test=TCP_STREAM``), so only like is compared with like. A result with
+failed targets (``failed_targets`` > 0) is left out: its sum is low because a target did not answer,
+not because the network got slower (the collector reports that failure itself). Also accepted:
+``netperf{target_set, label, queues}`` with ``throughput_gbps_mean`` or ``throughput_gbps``, or the
+same as a plain dict (``NetperfResult.from_mapping``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,10 @@ from .findingbook import FindingBook
 DROP = "netperf.throughput_drop"
 NO_SCALING = "netperf.no_queue_scaling"
 RUNBOOK = "runbooks/netperf.md"
-VALUE_FIELDS = ("throughput_gbps_mean", "throughput_gbps")
+VALUE_FIELDS = ("throughput_gbps_mean", "throughput_gbps", "mean_gbps")
+SET_METRIC = "netperf_throughput"
+# Tags that identify neither the configuration under test nor the series.
+_NOT_LABELS = frozenset({"host", "target_set", "queues", "label", "opsloop_topic"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +65,31 @@ class NetperfResult:
 
     @classmethod
     def from_metric(cls, m: Metric) -> "NetperfResult":
-        return cls.from_mapping({**m.tags, **m.fields, "timestamp": m.timestamp})
+        doc: dict[str, Any] = {**m.tags, **m.fields, "timestamp": m.timestamp}
+        if m.name == SET_METRIC and "label" not in m.tags:
+            doc["label"] = ",".join(f"{k}={v}" for k, v in sorted(m.tags.items()) if k not in _NOT_LABELS)
+        return cls.from_mapping(doc)
+
+    @property
+    def where(self) -> dict[str, str]:
+        where = {"target_set": self.target_set, "label": self.label}
+        if self.queues is not None:
+            where["queues"] = str(self.queues)
+        return where
+
+
+def result_from_metric(m: Metric) -> NetperfResult | None:
+    """The result a sample carries, or None for samples that are not a usable set result.
+
+    Raises ValueError for a result sample whose throughput or queues cannot be read.
+    """
+    if m.name == SET_METRIC:
+        failed = m.fields.get("failed_targets", 0)
+        if "mean_gbps" not in m.fields or (isinstance(failed, (int, float)) and failed > 0):
+            return None
+    elif m.name != "netperf":
+        return None
+    return NetperfResult.from_metric(m)
 
 
 class NetperfDetector:
@@ -81,10 +114,21 @@ class NetperfDetector:
             out += self._scaling(result)
         return out
 
+    def baseline(self, r: NetperfResult) -> float | None:
+        """The current baseline (median of accepted results) of ``r``'s series, if any."""
+        hist = self.history.get("|".join(r.where.values()))
+        return statistics.median(hist) if hist else None
+
+    def speedup(self, target_set: str, label: str) -> tuple[int, int, float] | None:
+        """(fewest queues, most queues, throughput ratio most/fewest) from the latest results."""
+        latest = self.by_queues.get(f"{target_set}|{label}", {})
+        qs = sorted(int(q) for q in latest)
+        if len(qs) < 2 or latest[str(qs[0])] <= 0:
+            return None
+        return qs[0], qs[-1], latest[str(qs[-1])] / latest[str(qs[0])]
+
     def _drop(self, r: NetperfResult) -> list[Finding]:
-        where = {"target_set": r.target_set, "label": r.label}
-        if r.queues is not None:
-            where["queues"] = str(r.queues)
+        where = r.where
         key = "|".join(where.values())
         hist = self.history.setdefault(key, [])
         if len(hist) < self.min_baseline_runs:

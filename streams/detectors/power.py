@@ -17,6 +17,12 @@ protection, fill ratio, in service or not). Findings:
   generation by more than ``deviation_ratio`` (needs ``min_generation_size`` servers);
 * ``power.idle_candidate`` (info): a server not in service (or with utilisation below
   ``idle_utilisation``) that still draws power: a candidate for powering down, with the yearly saving.
+
+Input adapters: ``power_reading`` reads ``ipmi_power{host}`` field ``watts`` (``collectors/ipmi``: the
+DCMI reading or the SDR total) and Telegraf's ``ipmi_sensor{name=~pwr/power, unit=watts}`` field
+``value``; ``spec_from_tags`` builds the inventory entry from the collector's metadata tags
+(``generation``, ``raw_capacity_tb``) when the host is not configured. For the stream agent the state
+splits per host (``state_of``/``restore_part``).
 """
 
 from __future__ import annotations
@@ -207,3 +213,56 @@ class PowerDetector:
         det.utilisation = {h: float(v) for h, v in doc.get("utilisation", {}).items()}
         det.book = FindingBook.from_dict(doc.get("book", {}))
         return det
+
+    # --------------------------------------------------------------------- per-host state parts
+    def state_of(self, host: str) -> dict[str, Any] | None:
+        spec = self.inventory.get(host)
+        book = self.book.split("host").get(host, FindingBook())
+        if spec is None and host not in self.sums and not book.open:
+            return None
+        return {"spec": asdict(spec) if spec else None, "sums": self.sums.get(host),
+                "utilisation": self.utilisation.get(host), "book": book.to_dict()}
+
+    def restore_part(self, host: str, doc: Mapping[str, Any]) -> None:
+        if doc.get("spec"):
+            self.inventory[host] = ServerSpec(**doc["spec"])
+        if doc.get("sums"):
+            self.sums[host] = [float(doc["sums"][0]), int(doc["sums"][1])]
+        if doc.get("utilisation") is not None:
+            self.utilisation[host] = float(doc["utilisation"])
+        self.book.merge(FindingBook.from_dict(doc.get("book", {})))
+
+
+POWER_METRICS = frozenset({"ipmi_power", "ipmi_sensor"})
+
+
+def power_reading(m: Metric) -> tuple[str, float] | None:
+    """(host, watts) from a total-power sample, None for samples that are not one.
+
+    Raises ValueError for a power sample whose watts are missing or not a number >= 0.
+    """
+    if m.name == "ipmi_power":
+        host, value = m.tags.get("host", ""), m.fields.get("watts")
+    elif m.name == "ipmi_sensor":   # Telegraf inputs.ipmi_sensor: one sample per SDR sensor
+        sensor = m.tags.get("name", "").lower()
+        if m.tags.get("unit", "").lower() != "watts" or not ("pwr" in sensor or "power" in sensor):
+            return None
+        host, value = m.tags.get("host") or m.tags.get("server", ""), m.fields.get("value")
+    else:
+        return None
+    if not host or isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"{m.name}: needs a host tag and a number >= 0 as watts "
+                         f"(got host={host!r}, watts={value!r})")
+    return host, float(value)
+
+
+def spec_from_tags(host: str, tags: Mapping[str, str], protection: str, fill_ratio: float) -> ServerSpec | None:
+    """The inventory entry from the collector's metadata tags, or None if they do not say enough."""
+    generation = tags.get("generation")
+    try:
+        raw_tb = float(tags.get("raw_capacity_tb", ""))
+    except ValueError:
+        return None
+    if not generation or raw_tb <= 0:
+        return None
+    return ServerSpec(host=host, generation=generation, raw_tb=raw_tb, protection=protection, fill_ratio=fill_ratio)

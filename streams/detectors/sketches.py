@@ -113,13 +113,16 @@ class LogHistogram:
         self.zeros = 0
         self.count = 0
 
-    def add(self, value: float) -> None:
-        self.count += 1
+    def add(self, value: float, weight: int = 1) -> None:
+        """Count ``value`` ``weight`` times (a weight lets a pre-aggregated summary be merged)."""
+        if weight <= 0:
+            return
+        self.count += weight
         if value <= 0.0:
-            self.zeros += 1
+            self.zeros += weight
             return
         i = math.ceil(math.log(value) / self._log_gamma)
-        self.buckets[i] = self.buckets.get(i, 0) + 1
+        self.buckets[i] = self.buckets.get(i, 0) + weight
 
     def quantile(self, q: float) -> float | None:
         if not self.count:
