@@ -12,12 +12,15 @@ import signal
 import sys
 import threading
 
+from pydantic import ValidationError
+
 from opsloop.collect.publisher import Publisher
 from opsloop.collect.runner import run_loop
 from opsloop.collect.types import CollectorUnavailable
 from opsloop.config import ConfigError, load_settings
 from opsloop.log import get_logger, setup_logging
 from opsloop.metrics import serve_metrics
+from opsloop.wire import describe_validation_error
 
 log = get_logger("collector")
 
@@ -55,7 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError:
         print(f"opsloop collect: unknown collector {a.name!r} (no folder collectors/{a.name}/)", file=sys.stderr)
         return 2
-    section = settings.collectors.get(a.name) or mod.Config()
+    section = settings.collectors.get(a.name)
+    if section is None:
+        try:
+            section = mod.Config()
+        except ValidationError as e:
+            print(f"opsloop collect {a.name}: the config has no collectors.{a.name} section and the defaults "
+                  f"are not enough: {describe_validation_error(e, prefix=f'collectors.{a.name}.')}; see "
+                  f"collectors/{a.name}/sample.yaml", file=sys.stderr)
+            return 2
     setup_logging(f"opsloop-collector-{a.name}")
     try:
         collector = mod.build(section)

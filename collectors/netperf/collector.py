@@ -1,0 +1,208 @@
+"""The throughput collector: one round measures every due target set, the seeds' way.
+
+Per run, every stream of the set starts at once (one process each, bounded by ``max_processes``) and
+the streams' throughputs are added up; the run is repeated R times and the set reports the mean, min,
+max and standard deviation of the per-run sums in Gb/s. A target that fails is left out of that
+run's sum, named in the event (``failed``), and returned as a CollectError; the others are still
+measured. Sets run one after another: two sets measured at once would share the links they measure.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from opsloop.collect.types import CollectError, CollectorUnavailable, Round
+from opsloop.wire import Metric, metric
+
+from collectors.netperf.config import Config, Target, TargetSet
+from collectors.netperf.drivers import TEST, Driver, Outcome, driver_for
+from collectors.netperf.runner import Runner, ToolMissing
+from collectors.netperf.schedule import JitterSchedule, RoundGuard
+from collectors.netperf.stats import Summary, summarize
+from collectors.netperf.units import to_gbps
+
+SET_METRIC = "netperf_throughput"
+TARGET_METRIC = "netperf_target_throughput"
+# A run is only started when it can end before the round's deadline with this much slack.
+_START_SLACK_S = 1.0
+
+_INSTALL_HINT = {
+    "netperf": "install it (Debian: `apt-get install netperf`, from the non-free component) "
+               "or set collectors.netperf.netperf_path",
+    "iperf3": "install it (Debian: `apt-get install iperf3`) or set collectors.netperf.iperf3_path",
+}
+
+
+@dataclass
+class _SetResult:
+    """What one target set's measurement gathered, run by run."""
+
+    run_totals: list[float] = field(default_factory=list)
+    complete_runs: int = 0
+    per_target_bps: dict[Target, list[float]] = field(default_factory=dict)
+    failures: dict[Target, list[Outcome]] = field(default_factory=dict)
+    retransmits: int | None = None
+
+
+def _gbps_fields(s: Summary) -> dict[str, float]:
+    # 1 kbit/s resolution: far below what a throughput measurement can resolve.
+    return {"mean_gbps": round(s.mean, 6), "min_gbps": round(s.minimum, 6), "max_gbps": round(s.maximum, 6),
+            "stddev_gbps": round(s.stddev, 6)}
+
+
+class NetperfCollector:
+    name = "netperf"
+
+    def __init__(self, config: Config, *, clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
+        self.config = config
+        self.runner = Runner(config.max_processes)
+        self._clock = clock
+        self._guard = RoundGuard(config.lock_file)
+        self._schedules = {s.name: JitterSchedule(s.interval_s, s.jitter_s, clock, rng) for s in config.target_sets}
+        self._drivers = {d: driver_for(d, config.netperf_path, config.iperf3_path) for d in config.drivers()}
+
+    @property
+    def busy(self) -> bool:
+        """True while a round is measuring."""
+        return self._guard.busy
+
+    def check_tools(self) -> None:
+        """Raise CollectorUnavailable when nothing could be attempted (tool missing, no privilege)."""
+        for driver in sorted(self.config.drivers()):
+            path = self.config.netperf_path if driver == "netperf" else self.config.iperf3_path
+            if shutil.which(path) is None:
+                raise CollectorUnavailable(f"{driver} not found ({path!r}): {_INSTALL_HINT[driver]}")
+        if any(s.netns for s in self.config.target_sets):
+            if shutil.which(self.config.ip_path) is None:
+                raise CollectorUnavailable(f"target sets use netns but {self.config.ip_path!r} (iproute2) "
+                                           "is not installed: `apt-get install iproute2`")
+            if os.geteuid() != 0:
+                raise CollectorUnavailable("target sets use netns: `ip netns exec` needs root "
+                                           "(CAP_SYS_ADMIN); run the collector as root or drop netns")
+
+    def collect(self) -> Round:
+        self.check_tools()
+        with self._guard.hold() as acquired:
+            if not acquired:
+                # Measuring now would measure the other round's traffic too.
+                return Round(errors=[CollectError(self.name, "tool", "round skipped: a measurement is still "
+                                                  "running on this host (this collector or lock_file "
+                                                  f"{self.config.lock_file!r})")])
+            deadline = self._clock() + self.config.max_round_s
+            rnd = Round()
+            for tset in self.config.target_sets:
+                schedule = self._schedules[tset.name]
+                if not schedule.due():
+                    continue
+                try:
+                    self._measure(tset, deadline, rnd)
+                finally:
+                    schedule.done()
+            return rnd
+
+    # -- one target set -------------------------------------------------------------------------
+
+    def _measure(self, tset: TargetSet, deadline: float, rnd: Round) -> None:
+        if tset.netns and not os.path.exists(f"/run/netns/{tset.netns}"):
+            rnd.errors.append(CollectError(tset.name, "tool", f"network namespace {tset.netns!r} does not exist "
+                                                              "(see `ip netns list`)"))
+            return
+        driver = self._drivers[tset.driver]
+        targets = tset.parsed_targets()
+        result = _SetResult(per_target_bps={t: [] for t in targets}, failures={t: [] for t in targets})
+        started_at, started = time.time(), self._clock()
+        for run in range(tset.repetitions):
+            remaining = deadline - self._clock()
+            if remaining < tset.run_s + _START_SLACK_S:
+                rnd.errors.append(CollectError(tset.name, "timeout",
+                                               f"round deadline (max_round_s={self.config.max_round_s:g}) "
+                                               f"reached: {run} of {tset.repetitions} runs measured"))
+                break
+            timeout_s = min(tset.run_s + tset.timeout_margin_s, remaining)
+            self._record_run(self._run_once(tset, driver, targets, timeout_s), targets, result)
+        duration_s = self._clock() - started
+        rnd.metrics.extend(self._samples(tset, targets, result, started_at, duration_s))
+        for target, failed in result.failures.items():
+            if failed:
+                kind = collections.Counter(o.kind for o in failed).most_common(1)[0][0]
+                last = next(o for o in reversed(failed) if o.kind == kind)
+                rnd.errors.append(CollectError(f"{tset.name}/{target}", kind or "tool",
+                                               f"failed in {len(failed)} of {tset.repetitions} runs: {last.message}"))
+
+    def _run_once(self, tset: TargetSet, driver: Driver, targets: list[Target],
+                  timeout_s: float) -> list[Outcome]:
+        jobs = [(t, i) for t in targets for i in range(driver.processes_per_target(tset))]
+        prefix = [self.config.ip_path, "netns", "exec", tset.netns] if tset.netns else []
+
+        def one(job: tuple[Target, int]) -> Outcome:
+            target, index = job
+            try:
+                done = self.runner.run(prefix + driver.argv(tset, target, index), timeout_s)
+            except ToolMissing as e:
+                return Outcome(target, kind="tool", message=str(e))
+            return driver.interpret(done, tset, target, timeout_s)
+
+        with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix=f"netperf-{tset.name}") as pool:
+            return list(pool.map(one, jobs))
+
+    @staticmethod
+    def _record_run(outcomes: list[Outcome], targets: list[Target], result: _SetResult) -> None:
+        by_target: dict[Target, list[Outcome]] = {t: [] for t in targets}
+        for o in outcomes:
+            by_target[o.target].append(o)
+        total, any_ok, all_ok = 0.0, False, True
+        for target, outs in by_target.items():
+            good = [o.result for o in outs if o.result is not None]
+            bad = [o for o in outs if not o.ok]
+            if good:
+                bps = sum(r.bits_per_second for r in good)
+                total += bps
+                any_ok = True
+                if not bad:
+                    result.per_target_bps[target].append(bps)
+                retrans = [r.retransmits for r in good if r.retransmits is not None]
+                if retrans:
+                    result.retransmits = (result.retransmits or 0) + sum(retrans)
+            if bad:
+                all_ok = False
+                result.failures[target].append(bad[-1])
+        if any_ok:
+            result.run_totals.append(total)
+        if all_ok:
+            result.complete_runs += 1
+
+    def _samples(self, tset: TargetSet, targets: list[Target], result: _SetResult, started_at: float,
+                 duration_s: float) -> list[Metric]:
+        tags = {"host": self.config.host, "target_set": tset.name, "driver": tset.driver, "test": TEST,
+                **tset.labels}
+        failed = [str(t) for t in targets if result.failures[t]]
+        fields: dict[str, float | int | str] = {
+            "runs": len(result.run_totals), "runs_planned": tset.repetitions, "complete_runs": result.complete_runs,
+            "targets": len(targets), "failed_targets": len(failed), "failed": ",".join(failed),
+            "streams": tset.streams, "run_s": tset.run_s, "duration_s": round(duration_s, 3),
+        }
+        summary = summarize([to_gbps(x) for x in result.run_totals])
+        if summary is not None:
+            fields.update(_gbps_fields(summary))
+        if result.retransmits is not None:
+            fields["retransmits"] = result.retransmits
+        out = [metric(SET_METRIC, fields, tags, started_at)]
+        for target in targets:
+            per = summarize([to_gbps(x) for x in result.per_target_bps[target]])
+            tfields: dict[str, float | int | str] = {
+                "runs_ok": len(result.per_target_bps[target]), "runs_failed": len(result.failures[target]),
+                "streams": tset.streams_per_target}
+            if per is not None:
+                tfields.update(_gbps_fields(per))
+            ttags = {"host": self.config.host, "target_set": tset.name, "driver": tset.driver, "test": TEST,
+                     "target": str(target), **tset.labels}
+            out.append(metric(TARGET_METRIC, tfields, ttags, started_at))
+        return out
