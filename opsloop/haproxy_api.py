@@ -8,6 +8,7 @@ every reply is checked against the known error texts and raised as :class:`Hapro
 from __future__ import annotations
 
 import csv
+import re
 import io
 import socket
 from pathlib import Path
@@ -60,12 +61,11 @@ class HaproxyAPI:
     def get_weight(self, backend: str, server: str) -> tuple[int, int]:
         """Returns (current, initial) weight."""
         reply = self.command(f"get weight {backend}/{server}").strip()
-        try:
-            cur, rest = reply.split(" ", 1)
-            initial = rest.strip("()").split(":")[1].strip()
-            return int(cur), int(initial)
-        except (ValueError, IndexError):
-            raise HaproxyError(f"get weight {backend}/{server}: unexpected reply {reply[:80]!r}") from None
+        # HAProxy 2.6 answers "100 (initial 100)"; older versions "100 (initial: 100)".
+        m = re.fullmatch(r"(\d+) \(initial:? (\d+)\)", reply)
+        if m is None:
+            raise HaproxyError(f"get weight {backend}/{server}: unexpected reply {reply[:80]!r}")
+        return int(m.group(1)), int(m.group(2))
 
     def set_weight(self, backend: str, server: str, weight: int) -> None:
         if not 0 <= weight <= 256:

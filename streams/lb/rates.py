@@ -22,6 +22,8 @@ from prometheus_client import Counter, Gauge
 from opsloop.wire import Metric
 
 HRSP_FIELDS = ("hrsp_1xx", "hrsp_2xx", "hrsp_3xx", "hrsp_4xx", "hrsp_5xx", "hrsp_other")
+# Stock Telegraf inputs.haproxy renames hrsp_* to http_response.*.
+TELEGRAF_HRSP_FIELDS = tuple(f"http_response.{c}" for c in ("1xx", "2xx", "3xx", "4xx", "5xx", "other"))
 
 SERVER_RATE = Gauge("opsloop_lb_server_request_rate", "Requests per second to one origin server",
                     ["lb", "backend", "server"])
@@ -51,15 +53,16 @@ class Rate:
 
 
 def request_count(fields: dict[str, object]) -> float | None:
-    total = 0.0
-    found = False
-    for f in HRSP_FIELDS:
-        v = fields.get(f)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            total += v
-            found = True
-    if found:
-        return total
+    for names in (HRSP_FIELDS, TELEGRAF_HRSP_FIELDS):
+        total = 0.0
+        found = False
+        for f in names:
+            v = fields.get(f)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                total += v
+                found = True
+        if found:
+            return total
     for f in ("req_tot", "stot"):
         v = fields.get(f)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
