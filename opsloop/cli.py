@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "detect": ("streams.detectors.cli:main", "anomaly detection tools: `opsloop detect replay`"),
     "sim": ("controllers.edge.sim_cli:main", "closed-loop edge-weight simulator (ours vs the seed's damping)"),
     "weights": ("controllers.weights_cli:main", "edge weights: show, push, rollback"),
+    "page": ("controllers.paging.cli:main", "paging actuator: findings -> Alertmanager alerts (run, render-config)"),
     "config": ("opsloop.config_cli:main", "validate a config file and print the effective settings"),
 }
 

@@ -1,0 +1,110 @@
+"""``POST /api/v2/alerts`` to every configured Alertmanager, and the back-off while none answers.
+
+Alertmanager deduplicates by label set, so sending the same alert again (to the same or to every
+member of an HA pair) is safe; that is what makes the retry loop simple. A 400 rejects the whole
+body: the batch is then sent alert by alert, so one malformed alert cannot block the others.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from opsloop.log import get_logger
+
+log = get_logger("paging.alertmanager")
+
+
+class AlertmanagerError(RuntimeError):
+    """No Alertmanager accepted the alerts; the message names each URL and what went wrong."""
+
+
+@dataclass
+class PostResult:
+    accepted: int = 0                                  # alerts accepted by at least one Alertmanager
+    rejected: list[tuple[dict[str, Any], str]] = field(default_factory=list)  # (alert, reason): will not retry
+
+
+class AlertmanagerClient:
+    def __init__(self, urls: list[str], timeout_s: float = 5.0) -> None:
+        if not urls:
+            raise ValueError("at least one Alertmanager URL is needed")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.timeout_s = timeout_s
+        self.session = requests.Session()
+
+    def post(self, alerts: list[dict[str, Any]]) -> PostResult:
+        """Deliver ``alerts``; raise AlertmanagerError when no Alertmanager took them (retry later)."""
+        if not alerts:
+            return PostResult()
+        errors: list[str] = []
+        result: PostResult | None = None
+        for url in self.urls:
+            try:
+                r = self._post_one(url, alerts)
+            except (requests.RequestException, AlertmanagerError) as e:
+                errors.append(f"{url}: {e}")
+                continue
+            if result is None or r.accepted > result.accepted:
+                result = r
+        if result is None:
+            raise AlertmanagerError("; ".join(errors))
+        if errors:
+            log.warning("alertmanager_partial_failure", errors=errors)
+        return result
+
+    def _post_one(self, url: str, alerts: list[dict[str, Any]]) -> PostResult:
+        endpoint = f"{url}/api/v2/alerts"
+        resp = self.session.post(endpoint, json=alerts, timeout=self.timeout_s)
+        if resp.status_code == 200:
+            return PostResult(accepted=len(alerts))
+        if resp.status_code == 400 and len(alerts) > 1:
+            # One bad alert spoils the batch: find it by sending one at a time.
+            out = PostResult()
+            for a in alerts:
+                single = self.session.post(endpoint, json=[a], timeout=self.timeout_s)
+                if single.status_code == 200:
+                    out.accepted += 1
+                elif single.status_code == 400:
+                    out.rejected.append((a, single.text.strip()[:300]))
+                else:
+                    raise AlertmanagerError(f"HTTP {single.status_code}: {single.text.strip()[:200]}")
+            return out
+        if resp.status_code == 400:
+            return PostResult(rejected=[(alerts[0], resp.text.strip()[:300])])
+        raise AlertmanagerError(f"HTTP {resp.status_code}: {resp.text.strip()[:200]}")
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class Backoff:
+    """Exponential back-off with jitter: initial, 2x, 4x ... capped; reset on success."""
+
+    def __init__(self, initial_s: float = 0.5, max_s: float = 30.0, rng: random.Random | None = None) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self.failures = 0
+        self.not_before = 0.0
+        self._rng = rng or random.Random()
+
+    def ready(self, now: float) -> bool:
+        return now >= self.not_before
+
+    def failed(self, now: float) -> float:
+        """Record a failure; returns the delay before the next attempt."""
+        cap = min(self.max_s, self.initial_s * (2 ** self.failures))
+        delay = cap * (0.5 + 0.5 * self._rng.random())  # jitter: HA actuators do not retry in lockstep
+        self.failures += 1
+        self.not_before = now + delay
+        return delay
+
+    def succeeded(self) -> None:
+        self.failures = 0
+        self.not_before = 0.0
+
+    def wait(self, now: float) -> float:
+        return max(0.0, self.not_before - now)

@@ -1,0 +1,63 @@
+"""Audit trail: one record per paging action, on the ``audit`` topic and as a log line.
+
+Record (JSON, key = finding id)::
+
+    {"schema_version": 1, "time": 1795310400.1, "actor": "opsloop-paging", "action": "page_opened",
+     "finding_id": "...", "alertname": "FirewallUnprotectedPort", "severity": "critical",
+     "labels": {...}, "detail": "..."}
+
+The audit topic must never stop paging: a failed write is logged and counted, not retried.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import orjson
+
+from opsloop.log import get_logger
+
+from controllers.paging import metrics
+
+log = get_logger("paging.audit")
+ACTOR = "opsloop-paging"
+
+
+class _Producer(Protocol):
+    def send(self, topic: str, key: bytes | None = None, value: bytes | None = None) -> Any: ...
+    def flush(self, timeout: float | None = None) -> None: ...
+
+
+def audit_record(action: str, finding_id: str, labels: dict[str, str], detail: str = "",
+                 now: float | None = None) -> dict[str, Any]:
+    return {"schema_version": 1, "time": time.time() if now is None else now, "actor": ACTOR, "action": action,
+            "finding_id": finding_id, "alertname": labels.get("alertname", ""),
+            "severity": labels.get("severity", ""), "labels": labels, "detail": detail}
+
+
+class Auditor:
+    def __init__(self, producer: _Producer | None, topic: str) -> None:
+        self.producer = producer
+        self.topic = topic
+
+    def record(self, action: str, finding_id: str, labels: dict[str, str], detail: str = "") -> None:
+        doc = audit_record(action, finding_id, labels, detail)
+        log.info("audit", action=action, finding_id=finding_id, alertname=doc["alertname"],
+                 severity=doc["severity"], detail=detail)
+        if self.producer is None:
+            return
+        try:
+            self.producer.send(self.topic, key=finding_id.encode(), value=orjson.dumps(doc))
+        except Exception as e:  # noqa: BLE001 - the audit path must not break paging
+            metrics.AUDIT_FAILURES.inc()
+            log.error("audit_write_failed", error=str(e), action=action, finding_id=finding_id)
+
+    def flush(self, timeout_s: float = 2.0) -> None:
+        if self.producer is None:
+            return
+        try:
+            self.producer.flush(timeout=timeout_s)
+        except Exception as e:  # noqa: BLE001
+            metrics.AUDIT_FAILURES.inc()
+            log.error("audit_flush_failed", error=str(e))

@@ -1,0 +1,154 @@
+"""Which alerts are open, by finding id: open, re-send while active, resolve when cleared.
+
+Pure state, no I/O (the service posts and persists). Rules:
+
+* An open finding at or above ``min_severity`` opens one alert (action ``open``), due at once.
+* Re-publishing the same finding (same id) refreshes the stored annotations (``refresh``) and is
+  never a new page: the alert is re-sent on the re-send schedule with the same labels, which
+  Alertmanager treats as the same alert.
+* A severity change changes the labels, so the old alert is resolved and the new one opened
+  (``severity_changed``); dropping below ``min_severity`` resolves it.
+* ``cleared`` resolves (``resolve``): endsAt = now, kept until delivered. A clear for an id we do
+  not know (restart without state) is still sent once: Alertmanager drops a resolve for an alert
+  that never notified, so this is safe and closes pages left over from before the restart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from opsloop.findings import Finding, Severity
+
+from controllers.paging.mapping import SEVERITY_RANK, Links, annotations_for, labels_for, postable
+
+STATE_VERSION = 1
+
+
+@dataclass(slots=True)
+class Action:
+    kind: str            # open | refresh | severity_changed | resolve | ignore
+    finding_id: str
+    labels: dict[str, str]
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class OpenAlert:
+    finding_id: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float
+    event_time: float                 # the finding's last_seen when it opened (for page latency)
+    last_sent: float | None = None    # last successful delivery
+    delivered_once: bool = False
+
+
+@dataclass(slots=True)
+class PendingResolve:
+    finding_id: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float
+    ends_at: float
+
+
+@dataclass
+class PagingBook:
+    min_severity: Severity = Severity.WARNING
+    resend_interval_s: float = 60.0
+    alert_ttl_s: float = 240.0
+    links: Links = field(default_factory=Links)
+    open: dict[str, OpenAlert] = field(default_factory=dict)
+    resolves: dict[str, list[PendingResolve]] = field(default_factory=dict)
+
+    # -- findings in ----------------------------------------------------------------------
+    def apply(self, finding: Finding, now: float) -> list[Action]:
+        fid = finding.id
+        current = self.open.get(fid)
+        pages = SEVERITY_RANK[finding.severity] >= SEVERITY_RANK[self.min_severity]
+        if finding.cleared or not pages:
+            why = "finding cleared" if finding.cleared else f"severity {finding.severity.value} below paging threshold"
+            if current is not None:
+                self._resolve(current, now, finding)
+                return [Action("resolve", fid, current.labels, why)]
+            if finding.cleared and pages:
+                labels = labels_for(finding)
+                self._queue_resolve(PendingResolve(fid, labels, annotations_for(finding, self.links),
+                                                   finding.first_seen, now))
+                return [Action("resolve", fid, labels, "finding cleared (not open here: resolve sent anyway)")]
+            return [Action("ignore", fid, labels_for(finding), why)]
+        labels = labels_for(finding)
+        annotations = annotations_for(finding, self.links)
+        if current is None:
+            self.open[fid] = OpenAlert(fid, labels, annotations, finding.first_seen, finding.last_seen)
+            return [Action("open", fid, labels, annotations["summary"])]
+        if current.labels != labels:
+            self._resolve(current, now, finding)
+            self.open[fid] = OpenAlert(fid, labels, annotations, finding.first_seen, finding.last_seen)
+            return [Action("severity_changed", fid, labels,
+                           f"{current.labels.get('severity')} -> {labels['severity']}")]
+        current.annotations = annotations
+        return [Action("refresh", fid, labels)]
+
+    def _resolve(self, alert: OpenAlert, now: float, finding: Finding) -> None:
+        del self.open[alert.finding_id]
+        annotations = dict(alert.annotations)
+        if finding.cleared and finding.explanation:
+            annotations["explanation"] = finding.explanation
+        self._queue_resolve(PendingResolve(alert.finding_id, alert.labels, annotations, alert.starts_at, now))
+
+    def _queue_resolve(self, r: PendingResolve) -> None:
+        queue = self.resolves.setdefault(r.finding_id, [])
+        queue[:] = [q for q in queue if q.labels != r.labels] + [r]
+
+    # -- alerts out -----------------------------------------------------------------------
+    def due(self, now: float) -> list[dict[str, Any]]:
+        """The ``POST /api/v2/alerts`` body of everything to (re-)send now."""
+        out = [postable(r.labels, r.annotations, r.starts_at, r.ends_at)
+               for queue in self.resolves.values() for r in queue]
+        for a in self.open.values():
+            if a.last_sent is None or now - a.last_sent >= self.resend_interval_s:
+                out.append(postable(a.labels, a.annotations, a.starts_at, now + self.alert_ttl_s))
+        return out
+
+    def next_due(self, now: float) -> float:
+        """Seconds until something is due (0 when something is due now)."""
+        if self.resolves:
+            return 0.0
+        waits = [0.0 if a.last_sent is None else a.last_sent + self.resend_interval_s - now for a in self.open.values()]
+        return max(0.0, min(waits)) if waits else float("inf")
+
+    def delivered(self, now: float) -> tuple[list[OpenAlert], int]:
+        """Mark what ``due(now)`` returned as delivered: (alerts paged for the first time, resolves sent)."""
+        first: list[OpenAlert] = []
+        for a in self.open.values():
+            if a.last_sent is None or now - a.last_sent >= self.resend_interval_s:
+                if not a.delivered_once:
+                    first.append(a)
+                a.last_sent, a.delivered_once = now, True
+        resolved = sum(len(q) for q in self.resolves.values())
+        self.resolves.clear()
+        return first, resolved
+
+    def pending(self, now: float) -> int:
+        return len(self.due(now))
+
+    # -- persistence ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION,
+                "open": [asdict(a) for a in self.open.values()],
+                "resolves": [asdict(r) for q in self.resolves.values() for r in q]}
+
+    def restore(self, doc: dict[str, Any]) -> None:
+        """Load saved state. Restored alerts are re-sent at once (same labels: no new page)."""
+        if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
+            raise ValueError(f"paging state: unsupported version {doc.get('version') if isinstance(doc, dict) else doc!r}")
+        self.open = {}
+        for a in doc.get("open", []):
+            alert = OpenAlert(**a)
+            alert.last_sent = None
+            self.open[alert.finding_id] = alert
+        self.resolves = {}
+        for r in doc.get("resolves", []):
+            self._queue_resolve(PendingResolve(**r))

@@ -1,0 +1,132 @@
+"""A finding as an Alertmanager alert: labels say which problem and where, annotations say the rest.
+
+Labels (identity: the same finding always maps to the same label set, so Alertmanager keeps one
+alert however often it is re-sent): ``alertname`` from the detector (``firewall.unprotected_port``
+-> ``FirewallUnprotectedPort``), ``severity``, ``signal`` (the detector's family), ``detector``,
+``source="opsloop-paging"`` and the finding's where-labels (``hypervisor``, ``vm``, ``host`` ...).
+Annotations: summary, description (observed vs expected and the explanation), what, observed,
+expected, explanation, runbook, dashboard, finding_id, first_seen.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import quote, urljoin
+
+from opsloop.findings import Finding, Severity
+
+SOURCE = "opsloop-paging"
+RESERVED_LABELS = frozenset({"alertname", "severity", "signal", "detector", "source", "backstop"})
+MAX_LABEL_VALUE = 256
+MAX_ANNOTATION = 2048
+_LABEL_NAME_BAD = re.compile(r"[^A-Za-z0-9_]")
+
+# Dashboard UID per signal (dashboards/ provisions them); unknown signals go to the pipeline board.
+DASHBOARDS = {
+    "power": "opsloop-power/fleet-power",
+    "netperf": "opsloop-netperf/network-throughput",
+    "keystone": "opsloop-keystone/keystone-load",
+    "firewall": "opsloop-firewall/firewall-coverage",
+    "edge": "opsloop-edge/edge-weights",
+}
+DEFAULT_DASHBOARD = "opsloop-pipeline/pipeline-health"
+
+
+@dataclass(frozen=True, slots=True)
+class Links:
+    dashboard_base_url: str = "https://grafana.example"
+    runbook_base_url: str = "https://runbooks.example/opsloop/"
+
+
+def alertname_for(detector: str) -> str:
+    """``firewall.unprotected_port`` -> ``FirewallUnprotectedPort`` (a valid, readable alert name)."""
+    parts = [p for p in re.split(r"[^A-Za-z0-9]+", detector) if p]
+    name = "".join(p[:1].upper() + p[1:] for p in parts) or "Finding"
+    return name if name[0].isalpha() else f"Finding{name}"
+
+
+def signal_for(detector: str) -> str:
+    return detector.split(".", 1)[0] or "finding"
+
+
+def label_name(key: str) -> str:
+    """A where-key as a Prometheus label name; names we set ourselves get a ``where_`` prefix."""
+    name = _LABEL_NAME_BAD.sub("_", key) or "_"
+    if name[0].isdigit():
+        name = "_" + name
+    if name in RESERVED_LABELS or name.startswith("__"):
+        name = "where_" + name.lstrip("_")
+    return name
+
+
+def labels_for(finding: Finding) -> dict[str, str]:
+    labels = {label_name(k): str(v)[:MAX_LABEL_VALUE] for k, v in sorted(finding.where.items())}
+    labels.update(alertname=alertname_for(finding.detector), severity=finding.severity.value,
+                  signal=signal_for(finding.detector), detector=finding.detector, source=SOURCE)
+    return labels
+
+
+def _where_text(finding: Finding) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(finding.where.items())) or "everywhere"
+
+
+def _fmt(v: float | str | None) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def dashboard_url(finding: Finding, links: Links) -> str:
+    if finding.dashboard.startswith(("http://", "https://")):
+        return finding.dashboard
+    board = DASHBOARDS.get(signal_for(finding.detector), DEFAULT_DASHBOARD)
+    query = "&".join(f"var-{quote(label_name(k))}={quote(str(v))}" for k, v in sorted(finding.where.items()))
+    return f"{links.dashboard_base_url.rstrip('/')}/d/{board}" + (f"?{query}" if query else "")
+
+
+def runbook_url(finding: Finding, links: Links) -> str:
+    """The finding's runbook (absolute, or relative to the runbook base), else one per detector."""
+    base = links.runbook_base_url if links.runbook_base_url.endswith("/") else links.runbook_base_url + "/"
+    if finding.runbook:
+        return urljoin(base, finding.runbook)
+    return urljoin(base, f"runbooks/{signal_for(finding.detector)}.md#{alertname_for(finding.detector).lower()}")
+
+
+def annotations_for(finding: Finding, links: Links) -> dict[str, str]:
+    observed, expected = _fmt(finding.observed), _fmt(finding.expected)
+    where = _where_text(finding)
+    description = f"Observed: {observed}. Expected: {expected}."
+    if finding.explanation:
+        description += f" {finding.explanation}"
+    doc = {
+        "summary": f"{finding.what} ({where}): observed {observed}, expected {expected}",
+        "description": description,
+        "what": finding.what,
+        "observed": observed,
+        "expected": expected,
+        "explanation": finding.explanation,
+        "runbook": runbook_url(finding, links),
+        "dashboard": dashboard_url(finding, links),
+        "finding_id": finding.id,
+        "first_seen": iso(finding.first_seen),
+    }
+    return {k: v[:MAX_ANNOTATION] for k, v in doc.items()}
+
+
+def iso(ts: float) -> str:
+    """RFC 3339 in UTC with milliseconds, as Alertmanager's API expects."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def postable(labels: dict[str, str], annotations: dict[str, str], starts_at: float, ends_at: float) -> dict[str, Any]:
+    """One element of the ``POST /api/v2/alerts`` body."""
+    return {"labels": labels, "annotations": annotations, "startsAt": iso(starts_at), "endsAt": iso(ends_at),
+            "generatorURL": annotations.get("dashboard", "")}
+
+
+SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}

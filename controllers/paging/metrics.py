@@ -1,0 +1,21 @@
+"""The paging actuator's Prometheus metrics (alerts/rules/pipeline.yml alerts on them)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+FINDINGS = Counter("opsloop_paging_findings_total", "Findings consumed, by resulting action", ["action"])
+REJECTED = Counter("opsloop_paging_rejected_records_total", "Records on the findings topic that are not findings")
+POSTS = Counter("opsloop_paging_posts_total", "Successful POST /api/v2/alerts batches")
+SENT = Counter("opsloop_paging_alerts_sent_total", "Alerts delivered to Alertmanager", ["state"])
+DELIVERY_FAILURES = Counter("opsloop_paging_delivery_failures_total",
+                            "POST attempts no Alertmanager accepted (retried with back-off)")
+DROPPED = Counter("opsloop_paging_alerts_dropped_total", "Alerts Alertmanager rejected as invalid (not retried)")
+AUDIT_FAILURES = Counter("opsloop_paging_audit_failures_total", "Audit records that could not be written to Kafka")
+ACTIVE = Gauge("opsloop_paging_active_alerts", "Open findings paged as firing alerts")
+PENDING = Gauge("opsloop_paging_pending_alerts", "Alerts due for delivery but not delivered yet")
+LAST_POLL = Gauge("opsloop_paging_last_poll_timestamp_seconds", "When the findings topic was last polled")
+LAST_DELIVERY = Gauge("opsloop_paging_last_delivery_timestamp_seconds", "When Alertmanager last accepted alerts")
+PAGE_LATENCY = Histogram("opsloop_paging_finding_to_page_seconds",
+                         "From the finding's event time (last_seen) to its first delivery to Alertmanager",
+                         buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300))

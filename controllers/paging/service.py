@@ -1,0 +1,223 @@
+"""The paging loop: poll findings, update the book, deliver what is due, persist, commit.
+
+At-least-once: offsets are committed after the state that reflects them is saved; a replayed
+finding maps to the same alert (same labels), so a replay never pages twice. Alertmanager being
+down does not stop consumption: the book keeps the latest state per finding (bounded by the number
+of open findings) and delivery is retried with exponential back-off.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from pydantic import ValidationError
+
+from opsloop.findings import Finding, Severity
+from opsloop.log import get_logger
+
+from controllers.paging import metrics
+from controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError, Backoff
+from controllers.paging.audit import Auditor
+from controllers.paging.book import Action, PagingBook
+from controllers.paging.config import PagingConfig
+from controllers.paging.mapping import Links
+
+log = get_logger("paging")
+
+AUDIT_ACTIONS = {"open": "page_opened", "resolve": "page_resolved", "severity_changed": "page_severity_changed"}
+
+
+def decode_finding(raw: bytes | None) -> Finding:
+    """A record of the findings topic; ValueError names what is wrong."""
+    if not raw:
+        raise ValueError("empty record")
+    try:
+        return Finding.decode(raw)
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"not JSON: {e}") from None
+    except ValidationError as e:
+        from opsloop.wire import describe_validation_error
+
+        raise ValueError(describe_validation_error(e)) from None
+    except (TypeError, AttributeError) as e:  # e.g. a JSON array where an object belongs
+        raise ValueError(f"not a finding object: {e}") from None
+
+
+class PagingService:
+    def __init__(self, config: PagingConfig, bootstrap_servers: str, *, client_id: str = "opsloop-paging",
+                 consumer: Any = None, producer: Any = None, client: AlertmanagerClient | None = None) -> None:
+        self.config = config
+        self.bootstrap = bootstrap_servers
+        self.client_id = client_id
+        self.book = PagingBook(min_severity=Severity(config.min_severity), resend_interval_s=config.resend_interval_s,
+                               alert_ttl_s=config.alert_ttl_s,
+                               links=Links(config.dashboard_base_url, config.runbook_base_url))
+        self.client = client or AlertmanagerClient(config.alertmanager_urls, config.request_timeout_s)
+        self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
+        self._consumer = consumer
+        self._producer = producer
+        self.auditor = Auditor(None, config.audit_topic)
+        self._caught_up = config.start_offset == "latest"
+        self._catch_up_targets: dict[TopicPartition, int] | None = None
+        self._dirty = False
+
+    # -- wiring ---------------------------------------------------------------------------
+    def _connect(self) -> None:
+        if self._consumer is None:
+            self._consumer = KafkaConsumer(
+                self.config.topic, bootstrap_servers=self.bootstrap, group_id=self.config.group_id,
+                client_id=self.client_id, enable_auto_commit=False, auto_offset_reset=self.config.start_offset,
+                max_poll_records=500,
+                metadata_max_age_ms=10_000)  # see a topic created after we subscribed within seconds
+        if self._producer is None:
+            self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, client_id=self.client_id, acks="all",
+                                           linger_ms=5, max_block_ms=5000, request_timeout_ms=5000)
+        self.auditor.producer = self._producer
+
+    def load_state(self) -> None:
+        path = self.config.state_file
+        if not path.exists():
+            return
+        try:
+            self.book.restore(orjson.loads(path.read_bytes()))
+        except (OSError, ValueError, TypeError) as e:
+            # A damaged state file costs a re-page at worst (findings are re-published): say so, go on.
+            log.error("state_unreadable", path=str(path), error=str(e))
+            return
+        log.info("state_restored", path=str(path), open=len(self.book.open),
+                 resolves=sum(len(q) for q in self.book.resolves.values()))
+
+    def save_state(self) -> None:
+        path: Path = self.config.state_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_bytes(orjson.dumps(self.book.to_dict()))
+        os.replace(tmp, path)  # atomic: a crash leaves the old or the new state, never half of one
+        self._dirty = False
+
+    # -- one step -------------------------------------------------------------------------
+    def handle_records(self, values: list[bytes | None], now: float) -> list[Action]:
+        actions: list[Action] = []
+        for raw in values:
+            try:
+                finding = decode_finding(raw)
+            except ValueError as e:
+                metrics.REJECTED.inc()
+                log.warning("finding_rejected", reason=str(e)[:300])
+                continue
+            for action in self.book.apply(finding, now):
+                actions.append(action)
+                metrics.FINDINGS.labels(action.kind).inc()
+                if action.kind in AUDIT_ACTIONS:
+                    self.auditor.record(AUDIT_ACTIONS[action.kind], action.finding_id, action.labels, action.detail)
+                    self._dirty = True
+                elif action.kind == "refresh":
+                    self._dirty = True
+        return actions
+
+    def deliver(self, now: float) -> int:
+        """Post what is due (unless backing off); returns the number of alerts delivered."""
+        if not self._caught_up or not self.backoff.ready(now):
+            self._update_gauges(now)
+            return 0
+        alerts = self.book.due(now)
+        if not alerts:
+            self._update_gauges(now)
+            return 0
+        try:
+            result = self.client.post(alerts)
+        except AlertmanagerError as e:
+            delay = self.backoff.failed(now)
+            metrics.DELIVERY_FAILURES.inc()
+            log.warning("alertmanager_unreachable", error=str(e)[:500], alerts=len(alerts), retry_in_s=round(delay, 2))
+            self._update_gauges(now)
+            return 0
+        self.backoff.succeeded()
+        for alert, reason in result.rejected:
+            metrics.DROPPED.inc()
+            log.error("alert_rejected", alertname=alert["labels"].get("alertname"), reason=reason)
+        first, resolved = self.book.delivered(now)
+        metrics.POSTS.inc()
+        metrics.LAST_DELIVERY.set(time.time())
+        metrics.SENT.labels("resolved").inc(resolved)
+        metrics.SENT.labels("firing").inc(len(alerts) - resolved)
+        for a in first:
+            latency = max(0.0, time.time() - a.event_time)
+            metrics.PAGE_LATENCY.observe(latency)
+            self.auditor.record("page_delivered", a.finding_id, a.labels,
+                                f"delivered to Alertmanager {latency:.3f}s after the finding")
+        self._dirty = True
+        self._update_gauges(now)
+        return len(alerts)
+
+    def _update_gauges(self, now: float) -> None:
+        metrics.ACTIVE.set(len(self.book.open))
+        metrics.PENDING.set(self.book.pending(now))
+
+    def _check_caught_up(self) -> None:
+        """Do not page while replaying history: wait until every assigned partition reaches its end."""
+        consumer = self._consumer
+        assigned = consumer.assignment()
+        if not assigned:
+            return
+        if self._catch_up_targets is None or set(self._catch_up_targets) != assigned:
+            self._catch_up_targets = consumer.end_offsets(list(assigned))
+        if all(consumer.position(tp) >= end for tp, end in self._catch_up_targets.items()):
+            self._caught_up = True
+            log.info("caught_up", partitions=len(assigned), open=len(self.book.open))
+
+    def step(self) -> None:
+        now = time.time()
+        if not self._caught_up:
+            due_in = self.config.poll_timeout_s
+        elif self.backoff.ready(now):
+            due_in = self.book.next_due(now)
+        else:
+            due_in = self.backoff.wait(now)
+        wait = min(self.config.poll_timeout_s, due_in)
+        polled = self._consumer.poll(timeout_ms=max(10, int(wait * 1000)))
+        metrics.LAST_POLL.set(time.time())
+        values = [rec.value for recs in polled.values() for rec in recs]
+        now = time.time()
+        if values:
+            self.handle_records(values, now)
+        if not self._caught_up:
+            self._check_caught_up()
+        self.deliver(now)
+        self.auditor.flush(timeout_s=2.0)
+        if self._dirty:
+            self.save_state()
+        if values:
+            self._consumer.commit()
+
+    def run(self, stop: threading.Event) -> None:
+        self._connect()
+        self.load_state()
+        log.info("paging_started", topic=self.config.topic, group_id=self.config.group_id,
+                 alertmanagers=self.config.alertmanager_urls, resend_interval_s=self.config.resend_interval_s)
+        try:
+            while not stop.is_set():
+                try:
+                    self.step()
+                except Exception as e:  # noqa: BLE001 - a broker hiccup must not end paging
+                    log.error("step_failed", error=str(e)[:500], exc_info=True)
+                    stop.wait(1.0)
+        finally:
+            if self._dirty:
+                self.save_state()
+            self.close()
+
+    def close(self) -> None:
+        for closer in (getattr(self._consumer, "close", None), getattr(self._producer, "close", None)):
+            if closer is not None:
+                try:
+                    closer()
+                except Exception:  # noqa: BLE001
+                    pass
+        self.client.close()
