@@ -59,6 +59,9 @@ class StreamSettings(_Section):
     batch_within_s: float = Field(default=0.2, gt=0, le=10)
     producer_linger_s: float = Field(default=0.02, ge=0, le=1)
     log_level: str = "info"
+    # How long Kafka waits for a dead worker before handing its partitions to another (Faust's
+    # broker_session_timeout): low enough for a quick take-over after a crash.
+    session_timeout_s: float = Field(default=10.0, ge=6, le=300)
     # A series silent for this long is dropped from the exported gauges (stale, not zero).
     series_ttl_s: float = Field(default=120.0, gt=0)
 

@@ -23,6 +23,8 @@ from opsloop.findings import Finding, Severity
 RUNBOOK_BASE = "https://runbooks.example/opsloop"
 DASHBOARD_BASE = "https://grafana.example/d"
 DEFAULT_REFRESH_S = 300.0
+# Offline users (replay, evaluation) never drain the outbox: keep only the newest events.
+MAX_OUTBOX = 10_000
 
 # Outbox events (sent as the ``event`` header of the findings record).
 OPENED, UPDATED, REFRESHED, CLEARED = "opened", "updated", "refreshed", "cleared"
@@ -80,7 +82,7 @@ class FindingBook:
         self.published.pop(key, None)
         doc.update(cleared=True, last_seen=max(now, doc["first_seen"]), explanation=explanation, score=0.0)
         finding = Finding.model_validate(doc)
-        self.outbox.append((CLEARED, finding))
+        self._append(CLEARED, finding)
         return finding
 
     def clear_all_except(self, detector: str, keep: set[str], now: float, explanation: str,
@@ -110,7 +112,12 @@ class FindingBook:
 
     def _publish(self, key: str, event: str, finding: Finding, now: float) -> None:
         self.published[key] = now
+        self._append(event, finding)
+
+    def _append(self, event: str, finding: Finding) -> None:
         self.outbox.append((event, finding))
+        if len(self.outbox) > MAX_OUTBOX:
+            del self.outbox[: len(self.outbox) - MAX_OUTBOX]
 
     # ------------------------------------------------------------------------------------- state
     def to_dict(self) -> dict[str, Any]:

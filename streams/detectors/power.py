@@ -19,8 +19,8 @@ protection, fill ratio, in service or not). Findings:
   ``idle_utilisation``) that still draws power: a candidate for powering down, with the yearly saving.
 
 Input adapters: ``power_reading`` reads ``ipmi_power{host}`` field ``watts`` (``collectors/ipmi``: the
-DCMI reading or the SDR total) and Telegraf's ``ipmi_sensor{name=~pwr/power, unit=watts}`` field
-``value``; ``spec_from_tags`` builds the inventory entry from the collector's metadata tags
+DCMI reading or the SDR total) and Telegraf's ``ipmi_sensor{name, unit=watts}`` field ``value`` for
+total-power sensor names (``pwr_consumption``, ``instantaneous_power_reading``, ``system_power`` ...; not per-PSU sensors); ``spec_from_tags`` builds the inventory entry from the collector's metadata tags
 (``generation``, ``raw_capacity_tb``) when the host is not configured. For the stream agent the state
 splits per host (``state_of``/``restore_part``).
 """
@@ -234,6 +234,10 @@ class PowerDetector:
 
 
 POWER_METRICS = frozenset({"ipmi_power", "ipmi_sensor"})
+# Telegraf's SDR sensor names (lower case, underscores) that hold the *server's total* draw; per-PSU
+# sensors ("ps1_input_power") are left out so that they do not mix into the server's mean.
+_TOTAL_POWER_SENSOR = re.compile(r"^(instantaneous_power_reading|(sys(tem)?_|total_)?(pwr|power)_?"
+                                 r"(consumption|meter|usage)?|total_power|sys(tem)?_power)$")
 
 
 def power_reading(m: Metric) -> tuple[str, float] | None:
@@ -244,8 +248,8 @@ def power_reading(m: Metric) -> tuple[str, float] | None:
     if m.name == "ipmi_power":
         host, value = m.tags.get("host", ""), m.fields.get("watts")
     elif m.name == "ipmi_sensor":   # Telegraf inputs.ipmi_sensor: one sample per SDR sensor
-        sensor = m.tags.get("name", "").lower()
-        if m.tags.get("unit", "").lower() != "watts" or not ("pwr" in sensor or "power" in sensor):
+        sensor = m.tags.get("name", "").lower().replace(" ", "_")
+        if m.tags.get("unit", "").lower() != "watts" or not _TOTAL_POWER_SENSOR.match(sensor):
             return None
         host, value = m.tags.get("host") or m.tags.get("server", ""), m.fields.get("value")
     else:
@@ -263,6 +267,6 @@ def spec_from_tags(host: str, tags: Mapping[str, str], protection: str, fill_rat
         raw_tb = float(tags.get("raw_capacity_tb", ""))
     except ValueError:
         return None
-    if not generation or raw_tb <= 0:
+    if not generation or not (0 < raw_tb < float("inf")):   # also refuses nan
         return None
     return ServerSpec(host=host, generation=generation, raw_tb=raw_tb, protection=protection, fill_ratio=fill_ratio)

@@ -35,11 +35,15 @@ def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
         topic_replication_factor=settings.kafka.replication_factor,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
+        broker_session_timeout=s.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, s.session_timeout_s / 3),
     )
 
 
 def raw_topic(app: faust.App, *topics: Topic | str) -> faust.TopicT:
-    return app.topic(*(str(t) for t in topics), value_serializer="raw", key_serializer="raw")
+    # internal=True: Faust creates missing topics at subscription (app's partition count) instead of
+    # the consumer waiting minutes for a metadata refresh after a collector first creates them.
+    return app.topic(*(str(t) for t in topics), value_serializer="raw", key_serializer="raw", internal=True)
 
 
 def batch_agent(app: faust.App, name: str, topics: Iterable[Topic], handler: Handler, settings: Settings) -> None:

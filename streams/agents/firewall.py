@@ -1,0 +1,108 @@
+"""Firewall agent: ``telemetry.iptables`` -> unprotected VM ports (critical) and drift between hypervisors.
+
+Feeds ``streams.detectors.firewall.FirewallDetector`` one report per hypervisor and round (see
+``report_from_metrics`` for the collector's metric names). State key: the hypervisor (its last
+report and the findings about it). Gauges, per hypervisor, for the firewall dashboard:
+
+* ``opsloop_firewall_ports{hypervisor, role, state="protected"|"unprotected"}``: VM ports by state;
+* ``opsloop_firewall_drift{hypervisor, role, kind="ruleset"|"package"}``: 1 while drifting;
+* ``opsloop_firewall_report_timestamp_seconds{hypervisor}``: event time of the last round.
+
+Drift compares the hypervisors whose partitions this worker holds: all of them with one worker
+(the deployment here). With several workers, drift would need the reports re-keyed by role
+(a repartition topic); unprotected ports, the page that matters, are per hypervisor and exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from prometheus_client import Gauge
+
+from opsloop.findings import Finding
+from opsloop.wire import Metric, Topic
+from streams.agents.base import DetectorHandler
+from streams.agents.settings import FirewallSettings
+from streams.detectors.findingbook import FindingBook
+from streams.detectors.firewall import (FINGERPRINT_DRIFT, PACKAGE_DRIFT, FirewallDetector, HypervisorReport,
+                                        report_from_metrics)
+
+PORTS = Gauge("opsloop_firewall_ports", "VM ports per hypervisor by firewall state", ["hypervisor", "role", "state"])
+DRIFT = Gauge("opsloop_firewall_drift", "1 while the hypervisor's ruleset or packages differ from its role",
+              ["hypervisor", "role", "kind"])
+REPORT_TS = Gauge("opsloop_firewall_report_timestamp_seconds", "Event time of the hypervisor's last firewall round",
+                  ["hypervisor"])
+
+
+class FirewallHandler(DetectorHandler):
+    name = "firewall-detector"
+    topics = (Topic.IPTABLES,)
+
+    def __init__(self, settings: FirewallSettings | None = None, refresh_s: float = 300.0) -> None:
+        super().__init__()
+        self.settings = settings or FirewallSettings()
+        self.refresh_s = refresh_s
+        self.detector = self._new_detector()
+        self._roles_shown: dict[str, str] = {}
+
+    def _new_detector(self) -> FirewallDetector:
+        det = FirewallDetector(self.settings.min_role_size)
+        det.book = FindingBook(self.refresh_s)
+        return det
+
+    def process(self, metrics: Sequence[Metric], now: float) -> None:
+        for report in report_from_metrics(metrics, self.settings.roles):
+            prev = self.detector.latest.get(report.hypervisor)
+            if prev is not None and report.timestamp < prev.timestamp:
+                continue   # an older round replayed after a newer one: it says nothing new
+            self.detector.update(report)
+            self.touch(report.hypervisor)
+            self._show(report)
+        self._show_drift()
+
+    def books(self) -> Iterable[FindingBook]:
+        return (self.detector.book,)
+
+    def key_of_finding(self, finding: Finding) -> str | None:
+        return finding.where.get("hypervisor")
+
+    def state_of(self, key: str) -> dict[str, Any] | None:
+        return self.detector.state_of(key)
+
+    def reset(self) -> None:
+        self.detector = self._new_detector()
+
+    def restore_key(self, key: str, state: Mapping[str, Any]) -> None:
+        self.detector.restore_part(key, state)
+
+    def after_restore(self) -> None:
+        for rep in self.detector.latest.values():
+            self._show(rep)
+        self._show_drift()
+
+    # ------------------------------------------------------------------------------- gauges
+    def _show(self, rep: HypervisorReport) -> None:
+        old_role = self._roles_shown.get(rep.hypervisor)
+        if old_role is not None and old_role != rep.role:
+            for state in ("protected", "unprotected"):
+                _remove(PORTS, rep.hypervisor, old_role, state)
+        self._roles_shown[rep.hypervisor] = rep.role
+        PORTS.labels(rep.hypervisor, rep.role, "unprotected").set(rep.unprotected)
+        PORTS.labels(rep.hypervisor, rep.role, "protected").set(len(rep.ports) - rep.unprotected)
+        REPORT_TS.labels(rep.hypervisor).set(rep.timestamp)
+
+    def _show_drift(self) -> None:
+        drifting = {(f.where["hypervisor"], f.where.get("role", ""), "ruleset" if f.detector == FINGERPRINT_DRIFT
+                     else "package") for f in self.detector.book.open_findings()
+                    if f.detector in (FINGERPRINT_DRIFT, PACKAGE_DRIFT)}
+        for rep in self.detector.latest.values():
+            for kind in ("ruleset", "package"):
+                DRIFT.labels(rep.hypervisor, rep.role, kind).set(1.0 if (rep.hypervisor, rep.role, kind) in drifting
+                                                                 else 0.0)
+
+
+def _remove(gauge: Gauge, *labels: str) -> None:
+    try:
+        gauge.remove(*labels)
+    except KeyError:
+        pass

@@ -1,0 +1,197 @@
+"""Keystone agent: ``telemetry.keystone`` -> latency regime, heavy-hitter credentials, p95 of small requests.
+
+Per Keystone host (the state key) it runs the three detectors of ``streams.detectors.keystone`` on
+what ``collectors/keystone`` publishes per round:
+
+* ``keystone_probe{host, probe}`` p50_ms and ``keystone_requests{host, method, endpoint}`` p50_ms (for
+  the validation endpoints, rounds with at least ``regime_min_count`` requests) -> one
+  ``LatencyRegimeDetector`` per source (``probe:<name>`` / ``<METHOD> <endpoint>``);
+* ``s3_frontend_credential{host, access_key}`` keystone_validations -> ``HeavyHitterDetector``;
+* ``s3_frontend_requests{host}`` small_requests/small_p50_ms/small_p95_ms -> ``SmallRequestP95Detector``.
+
+Gauges: ``opsloop_keystone_small_request_p95_ms{host}`` (the last round, as measured),
+``opsloop_keystone_small_request_p95_window_ms{host}`` (the detector's last closed window),
+``opsloop_keystone_latency_regime_ms{host, source}`` (the current regime's typical latency),
+``opsloop_keystone_credential_share{host, credential}`` (top credentials' share of validations over
+the sliding window; access key *ids*, never secrets) and ``opsloop_keystone_window_validations{host}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from prometheus_client import Gauge
+
+from opsloop.findings import Finding
+from opsloop.wire import Metric, Topic
+from streams.agents.base import DetectorHandler, log, number
+from streams.agents.settings import KeystoneSettings
+from streams.detectors.findingbook import FindingBook
+from streams.detectors.keystone import (OTHER_CREDENTIALS, HeavyHitterDetector, LatencyRegimeDetector,
+                                        SmallRequestP95Detector, probe_latency)
+
+P95_ROUND = Gauge("opsloop_keystone_small_request_p95_ms", "p95 latency of small requests in the last round (ms)",
+                  ["host"])
+P95_WINDOW = Gauge("opsloop_keystone_small_request_p95_window_ms",
+                   "p95 latency of small requests over the detector's last closed window (ms)", ["host"])
+REGIME = Gauge("opsloop_keystone_latency_regime_ms", "Typical latency of the current regime (ms)",
+               ["host", "source"])
+SHARE = Gauge("opsloop_keystone_credential_share", "Share of Keystone validations over the sliding window",
+              ["host", "credential"])
+WINDOW_TOTAL = Gauge("opsloop_keystone_window_validations", "Keystone validations in the sliding window", ["host"])
+
+VALIDATION_ENDPOINTS = ("/v3/auth/tokens", "/v3/s3tokens", "/v3/ec2tokens")
+MIN_LATENCY_MS = 0.1   # a 0 ms round (sub-millisecond log resolution) is fast, not missing
+SHOWN_CREDENTIALS = 5
+
+
+@dataclass(slots=True)
+class HostState:
+    regimes: dict[str, LatencyRegimeDetector]
+    heavy: HeavyHitterDetector
+    p95: SmallRequestP95Detector
+    last_ts: dict[str, float] = field(default_factory=dict)   # input series -> last round's event time
+
+    def books(self) -> list[FindingBook]:
+        return [*(d.book for d in self.regimes.values()), self.heavy.book, self.p95.book]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"regimes": {k: d.to_dict() for k, d in self.regimes.items()}, "heavy": self.heavy.to_dict(),
+                "p95": self.p95.to_dict(), "last_ts": dict(self.last_ts)}
+
+
+class KeystoneHandler(DetectorHandler):
+    name = "keystone-detector"
+    topics = (Topic.KEYSTONE,)
+
+    def __init__(self, settings: KeystoneSettings | None = None, refresh_s: float = 300.0) -> None:
+        super().__init__()
+        self.settings = settings or KeystoneSettings()
+        self.refresh_s = refresh_s
+        self.hosts: dict[str, HostState] = {}
+        self._shown_credentials: dict[str, set[str]] = {}
+
+    def _host(self, host: str) -> HostState:
+        st = self.hosts.get(host)
+        if st is None:
+            s = self.settings
+            st = HostState({}, HeavyHitterDetector(share=s.heavy_share, min_total=s.heavy_min_total,
+                                                   window_s=s.heavy_window_s, pane_s=s.heavy_pane_s),
+                           SmallRequestP95Detector(s.p95_window_s, s.p95_limit_ms, s.p95_min_requests))
+            st.heavy.book.refresh_s = st.p95.book.refresh_s = self.refresh_s
+            self.hosts[host] = st
+        return st
+
+    def process(self, metrics: Sequence[Metric], now: float) -> None:
+        shares_changed: set[str] = set()
+        for m in metrics:
+            host = m.tags.get("host")
+            if not host or m.name not in ("keystone_probe", "keystone_requests", "s3_frontend_credential",
+                                          "s3_frontend_requests"):
+                continue
+            series = m.name + "|" + ",".join(f"{k}={v}" for k, v in sorted(m.tags.items()) if k != "host")
+            st = self._host(host)
+            if m.timestamp <= st.last_ts.get(series, float("-inf")):
+                continue   # replayed after a crash: already counted
+            try:
+                if m.name == "s3_frontend_credential":
+                    self._credential(host, st, m)
+                    shares_changed.add(host)
+                elif m.name == "s3_frontend_requests":
+                    self._small_requests(host, st, m)
+                else:
+                    self._latency(host, st, m)
+            except ValueError as e:
+                self.rejected += 1
+                log.warning("keystone_sample_rejected", metric=m.name, error=str(e))
+                continue
+            st.last_ts[series] = m.timestamp
+            self.touch(host)
+        for host in shares_changed:
+            self._show_shares(host, self.hosts[host])
+
+    def _latency(self, host: str, st: HostState, m: Metric) -> None:
+        count = number(m.fields, "count")
+        if m.name == "keystone_probe":
+            if count == 0 or "p50_ms" not in m.fields:
+                return   # every probe failed this round: keystone_probe_errors says why
+            source = "probe:" + m.tags.get("probe", "")
+        else:
+            endpoint = m.tags.get("endpoint", "")
+            if endpoint not in VALIDATION_ENDPOINTS or (count or 0) < self.settings.regime_min_count:
+                return
+            source = f"{m.tags.get('method', '')} {endpoint}"
+        ts, latency, _ = probe_latency(m)
+        det = st.regimes.get(source)
+        if det is None:
+            det = st.regimes[source] = LatencyRegimeDetector(regime_ratio=self.settings.regime_ratio)
+            det.book.refresh_s = self.refresh_s
+        det.update(ts, max(MIN_LATENCY_MS, latency), {"host": host, "source": source})
+        if det.n >= det.warmup:
+            REGIME.labels(host, source).set(10 ** det.level)
+
+    def _credential(self, host: str, st: HostState, m: Metric) -> None:
+        key = m.tags.get("access_key", "")
+        validations = number(m.fields, "keystone_validations")
+        if not key or validations is None:
+            raise ValueError(f"s3_frontend_credential needs an access_key tag and a numeric keystone_validations "
+                             f"field (got tags {sorted(m.tags)}, fields {sorted(m.fields)})")
+        if validations > 0:
+            st.heavy.update(m.timestamp, key, {"host": host}, weight=int(validations))
+
+    def _small_requests(self, host: str, st: HostState, m: Metric) -> None:
+        count = number(m.fields, "small_requests") or 0.0
+        p50, p95 = number(m.fields, "small_p50_ms"), number(m.fields, "small_p95_ms")
+        if count > 0 and p50 is not None and p95 is not None:
+            P95_ROUND.labels(host).set(p95)
+            st.p95.update_summary(m.timestamp, int(count), p50, p95, number(m.fields, "max_ms"), {"host": host})
+        else:
+            st.p95.update_summary(m.timestamp, 0, 0.0, 0.0, None, {"host": host})
+        if st.p95.series:
+            P95_WINDOW.labels(host).set(st.p95.series[-1][1])
+
+    def _show_shares(self, host: str, st: HostState) -> None:
+        total, ranked = st.heavy.window.shares()
+        WINDOW_TOTAL.labels(host).set(total)
+        top = {c: share for c, share, _ in ranked if c != OTHER_CREDENTIALS}
+        shown = set(list(top)[:SHOWN_CREDENTIALS])
+        for c in self._shown_credentials.get(host, set()) - shown:
+            try:
+                SHARE.remove(host, c)
+            except KeyError:
+                pass
+        for c in shown:
+            SHARE.labels(host, c).set(top[c])
+        self._shown_credentials[host] = shown
+
+    # --------------------------------------------------------------------------- state
+    def books(self) -> Iterable[FindingBook]:
+        return [b for st in self.hosts.values() for b in st.books()]
+
+    def key_of_finding(self, finding: Finding) -> str | None:
+        return finding.where.get("host")
+
+    def state_of(self, key: str) -> dict[str, Any] | None:
+        st = self.hosts.get(key)
+        return st.to_dict() if st else None
+
+    def reset(self) -> None:
+        self.hosts = {}
+
+    def restore_key(self, key: str, state: Mapping[str, Any]) -> None:
+        st = HostState({k: LatencyRegimeDetector.from_dict(v) for k, v in state["regimes"].items()},
+                       HeavyHitterDetector.from_dict(state["heavy"]), SmallRequestP95Detector.from_dict(state["p95"]),
+                       {str(k): float(v) for k, v in state.get("last_ts", {}).items()})
+        for book in st.books():
+            book.refresh_s = self.refresh_s
+        self.hosts[key] = st
+
+    def after_restore(self) -> None:
+        for host, st in self.hosts.items():
+            for source, det in st.regimes.items():
+                if det.n >= det.warmup:
+                    REGIME.labels(host, source).set(10 ** det.level)
+            if st.p95.series:
+                P95_WINDOW.labels(host).set(st.p95.series[-1][1])
+            self._show_shares(host, st)

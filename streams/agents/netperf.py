@@ -1,0 +1,115 @@
+"""netperf agent: ``telemetry.netperf`` -> throughput drops against the baseline, queues that stop paying off.
+
+Feeds ``streams.detectors.netperf.NetperfDetector`` (one per target set: the state key) with the
+collector's set results (``result_from_metric``). Gauges (labels target_set, label, queues):
+
+* ``opsloop_netperf_throughput_gbps``: the last result;
+* ``opsloop_netperf_baseline_gbps``: the baseline it is compared with (median of accepted results);
+* ``opsloop_netperf_throughput_ratio``: result / baseline (the seeds' regression: ~3.5 / ~8.4 = 0.42);
+* ``opsloop_netperf_queue_speedup{target_set, label}``: throughput with the most queues over the fewest.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from prometheus_client import Gauge
+
+from opsloop.findings import Finding
+from opsloop.wire import Metric, Topic
+from streams.agents.base import DetectorHandler, log
+from streams.agents.settings import NetperfSettings
+from streams.detectors.findingbook import FindingBook
+from streams.detectors.netperf import NetperfDetector, NetperfResult, result_from_metric
+
+SERIES = ["target_set", "label", "queues"]
+THROUGHPUT = Gauge("opsloop_netperf_throughput_gbps", "Last throughput result of a target set (Gb/s)", SERIES)
+BASELINE = Gauge("opsloop_netperf_baseline_gbps", "Baseline throughput of the series (Gb/s)", SERIES)
+RATIO = Gauge("opsloop_netperf_throughput_ratio", "Last result divided by the baseline", SERIES)
+SPEEDUP = Gauge("opsloop_netperf_queue_speedup", "Throughput with the most queues over the fewest",
+                ["target_set", "label", "queues_low", "queues_high"])
+
+
+class NetperfHandler(DetectorHandler):
+    name = "netperf-detector"
+    topics = (Topic.NETPERF,)
+
+    def __init__(self, settings: NetperfSettings | None = None, refresh_s: float = 300.0) -> None:
+        super().__init__()
+        self.settings = settings or NetperfSettings()
+        self.refresh_s = refresh_s
+        self.detectors: dict[str, NetperfDetector] = {}
+        self.last_ts: dict[str, float] = {}   # series -> event time of its last result (replay guard)
+        self._speedup_shown: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def _new_detector(self) -> NetperfDetector:
+        s = self.settings
+        det = NetperfDetector(drop_ratio=s.drop_ratio, baseline_runs=s.baseline_runs, min_speedup=s.min_speedup,
+                              min_queue_ratio=s.min_queue_ratio)
+        det.book = FindingBook(self.refresh_s)
+        return det
+
+    def process(self, metrics: Sequence[Metric], now: float) -> None:
+        for m in metrics:
+            try:
+                r = result_from_metric(m)
+            except ValueError as e:
+                self.rejected += 1
+                log.warning("netperf_sample_rejected", error=str(e))
+                continue
+            if r is None:
+                continue
+            series = "|".join(r.where.values())
+            if r.timestamp <= self.last_ts.get(series, float("-inf")):
+                continue   # replayed after a crash: already in the baseline
+            self.last_ts[series] = r.timestamp
+            det = self.detectors.get(r.target_set)
+            if det is None:
+                det = self.detectors[r.target_set] = self._new_detector()
+            det.update(r)
+            self.touch(r.target_set)
+            self._show(det, r)
+
+    def _show(self, det: NetperfDetector, r: NetperfResult) -> None:
+        labels = (r.target_set, r.label, "" if r.queues is None else str(r.queues))
+        THROUGHPUT.labels(*labels).set(r.gbps)
+        base = det.baseline(r)
+        if base is not None and base > 0:
+            BASELINE.labels(*labels).set(base)
+            RATIO.labels(*labels).set(r.gbps / base)
+        sp = det.speedup(r.target_set, r.label)
+        if sp is not None:
+            lo, hi, ratio = sp
+            key, qs = (r.target_set, r.label), (str(lo), str(hi))
+            old = self._speedup_shown.get(key)
+            if old is not None and old != qs:
+                try:
+                    SPEEDUP.remove(r.target_set, r.label, *old)
+                except KeyError:
+                    pass
+            self._speedup_shown[key] = qs
+            SPEEDUP.labels(r.target_set, r.label, *qs).set(ratio)
+
+    def books(self) -> Iterable[FindingBook]:
+        return [d.book for d in self.detectors.values()]
+
+    def key_of_finding(self, finding: Finding) -> str | None:
+        return finding.where.get("target_set")
+
+    def state_of(self, key: str) -> dict[str, Any] | None:
+        det = self.detectors.get(key)
+        if det is None:
+            return None
+        prefix = key + "|"
+        return {"detector": det.to_dict(),
+                "last_ts": {s: t for s, t in self.last_ts.items() if s.startswith(prefix)}}
+
+    def reset(self) -> None:
+        self.detectors = {}
+        self.last_ts = {}
+
+    def restore_key(self, key: str, state: Mapping[str, Any]) -> None:
+        det = NetperfDetector.from_dict(state["detector"])
+        det.book.refresh_s = self.refresh_s
+        self.detectors[key] = det
+        self.last_ts.update({str(s): float(t) for s, t in state.get("last_ts", {}).items()})

@@ -1,0 +1,148 @@
+"""Power agent: ``telemetry.ipmi`` -> energy, cost per usable TB-year, generation deviation, idle servers.
+
+Feeds ``streams.detectors.power.PowerDetector``. A server's inventory entry (generation, raw TB,
+protection, fill ratio) comes from ``controllers.detectors.power.hosts`` or else from the
+collector's metadata tags (``generation``, ``raw_capacity_tb``) with the configured defaults
+(``replica:3``, 70 % fill: the seed's assumptions). State key: the host.
+
+Gauges, per host (labels host, generation), so the seed's table is a Grafana panel:
+``opsloop_power_watts`` (smoothed draw), ``opsloop_power_kwh_per_year``, ``opsloop_power_eur_per_year``,
+``opsloop_power_eur_per_usable_tb_year{..., protection}``; per generation
+``opsloop_power_generation_median_watts``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Iterable, Mapping, Sequence
+
+from prometheus_client import Gauge
+
+from opsloop.findings import Finding
+from opsloop.wire import Metric, Topic
+from streams.agents.base import DetectorHandler, log
+from streams.agents.settings import PowerSettings
+from streams.detectors.findingbook import FindingBook
+from streams.detectors.power import POWER_METRICS, PowerDetector, ServerSpec, power_reading, spec_from_tags
+
+HOST = ["host", "generation"]
+WATTS = Gauge("opsloop_power_watts", "Smoothed power draw of the server (W)", HOST)
+KWH = Gauge("opsloop_power_kwh_per_year", "Energy per year at the current draw (kWh)", HOST)
+EUR = Gauge("opsloop_power_eur_per_year", "Power cost per year at the current draw (EUR)", HOST)
+EUR_TB = Gauge("opsloop_power_eur_per_usable_tb_year", "Power cost per usable TB and year (EUR)",
+               HOST + ["protection"])
+GEN_MEDIAN = Gauge("opsloop_power_generation_median_watts", "Median smoothed draw of a server generation (W)",
+                   ["generation"])
+
+
+class PowerHandler(DetectorHandler):
+    name = "power-detector"
+    topics = (Topic.IPMI,)
+
+    def __init__(self, settings: PowerSettings | None = None, refresh_s: float = 300.0) -> None:
+        super().__init__()
+        self.settings = settings or PowerSettings()
+        self.refresh_s = refresh_s
+        self.detector = self._new_detector()
+        self.last_ts: dict[str, float] = {}
+
+    def _new_detector(self) -> PowerDetector:
+        s = self.settings
+        det = PowerDetector([], eur_per_kwh=s.eur_per_kwh, deviation_ratio=s.deviation_ratio,
+                            min_generation_size=s.min_generation_size, min_samples=s.min_samples)
+        det.book = FindingBook(self.refresh_s)
+        return det
+
+    def spec_for(self, host: str, tags: Mapping[str, str]) -> ServerSpec | None:
+        d = self.settings.defaults
+        conf = self.settings.hosts.get(host)
+        merged = dict(tags)
+        if conf is not None:
+            if conf.generation:
+                merged["generation"] = conf.generation
+            if conf.raw_tb:
+                merged["raw_capacity_tb"] = str(conf.raw_tb)
+        spec = spec_from_tags(host, merged, conf.protection if conf and conf.protection else d.protection,
+                              conf.fill_ratio if conf and conf.fill_ratio else d.fill_ratio)
+        if spec is not None and conf is not None and conf.in_service is not None:
+            spec = ServerSpec(spec.host, spec.generation, spec.raw_tb, spec.protection, spec.fill_ratio,
+                              conf.in_service)
+        return spec
+
+    def process(self, metrics: Sequence[Metric], now: float) -> None:
+        det = self.detector
+        generations: set[str] = set()
+        for m in metrics:
+            if m.name not in POWER_METRICS:
+                continue
+            try:
+                reading = power_reading(m)
+            except ValueError as e:
+                self.rejected += 1
+                log.warning("power_sample_rejected", error=str(e))
+                continue
+            if reading is None:
+                continue
+            host, watts = reading
+            if m.timestamp <= self.last_ts.get(host, float("-inf")):
+                continue   # replayed after a crash: already counted
+            self.last_ts[host] = m.timestamp
+            spec = self.spec_for(host, m.tags)
+            if spec is not None and det.inventory.get(host) != spec:
+                det.inventory[host] = spec
+            det.update({"host": host, "watts": watts, "timestamp": m.timestamp})
+            self.touch(host)
+            self._show_host(host)
+            if host in det.inventory:
+                generations.add(det.inventory[host].generation)
+        for g in generations:
+            self._show_generation(g)
+
+    def _show_host(self, host: str) -> None:
+        det = self.detector
+        w = det.mean_watts(host)
+        if w is None:
+            return
+        spec = det.inventory.get(host)
+        generation = spec.generation if spec else ""
+        WATTS.labels(host, generation).set(w)
+        if spec is None:
+            return
+        row = det.cost_row(spec, w)
+        KWH.labels(host, generation).set(row["kwh_per_year"])
+        EUR.labels(host, generation).set(row["eur_per_year"])
+        EUR_TB.labels(host, generation, spec.protection).set(row["eur_per_usable_tb_year"])
+
+    def _show_generation(self, generation: str) -> None:
+        det = self.detector
+        means = [w for h, s in det.inventory.items() if s.generation == generation
+                 and (w := det.mean_watts(h)) is not None]
+        if means:
+            GEN_MEDIAN.labels(generation).set(statistics.median(means))
+
+    def books(self) -> Iterable[FindingBook]:
+        return (self.detector.book,)
+
+    def key_of_finding(self, finding: Finding) -> str | None:
+        return finding.where.get("host")
+
+    def state_of(self, key: str) -> dict[str, Any] | None:
+        state = self.detector.state_of(key)
+        if state is not None:
+            state["last_ts"] = self.last_ts.get(key)
+        return state
+
+    def reset(self) -> None:
+        self.detector = self._new_detector()
+        self.last_ts = {}
+
+    def restore_key(self, key: str, state: Mapping[str, Any]) -> None:
+        self.detector.restore_part(key, state)
+        if state.get("last_ts") is not None:
+            self.last_ts[key] = float(state["last_ts"])
+
+    def after_restore(self) -> None:
+        for host in self.detector.sums:
+            self._show_host(host)
+        for g in {s.generation for s in self.detector.inventory.values()}:
+            self._show_generation(g)
