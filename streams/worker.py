@@ -11,6 +11,7 @@ import faust
 from opsloop.config import ConfigError, Settings, load_settings
 from opsloop.log import JsonFormatter, get_logger, setup_logging
 from opsloop.metrics import serve_metrics
+from opsloop.topics import ensure_topics
 from opsloop.wire import Topic
 from streams.agents import register_detector_agents
 from streams.lb.rates import LbRates
@@ -76,6 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
+    try:
+        created = ensure_topics(settings.kafka.bootstrap_servers, settings.kafka.partitions,
+                                settings.kafka.replication_factor)
+        if created:
+            log.info("topics_created", topics=created)
+    except Exception as e:  # noqa: BLE001 - Faust will still create what it needs; say why we could not
+        log.warning("topics_not_created", error=str(e))
     app = build_app(settings)
     worker = faust.Worker(app, loglevel=settings.stream.log_level, logging_config=_logging_config(
         settings.stream.log_level), redirect_stdouts=False, quiet=True)

@@ -1,0 +1,485 @@
+"""Generate opsloop's Grafana dashboards (provisioned JSON in ``dashboards/*.json``) from code.
+
+Plain dicts in Grafana's dashboard JSON model (schemaVersion 39): one function per dashboard, one
+:class:`Panel` per graph, so a query is written once and every panel gets a title, a description,
+a unit and the dashboard's variables. The committed JSON must equal this generator's output
+(``tests/observability/test_dashboards.py``); after a change run::
+
+    .venv/bin/python dashboards/generate.py            # rewrite dashboards/*.json
+    .venv/bin/python dashboards/generate.py --check    # exit 1 if the committed JSON is stale
+
+Metric names are the ones the code exports (``grep -rn 'Gauge(\\|Counter(\\|Histogram(' ...``) and
+the recording rules in ``alerts/rules/recording.yml``; dashboard uids and variable names match the
+``dashboard`` links in the alert annotations (``/d/opsloop-edge/edge-weights?var-lb=...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OUT_DIR = Path(__file__).resolve().parent
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+AUDIT_DATASOURCE = {"type": "elasticsearch", "uid": "opsloop-audit"}   # provisioned in docker-compose/grafana
+RATE = "$__rate_interval"
+FULL_WIDTH = 24
+
+
+@dataclass
+class Query:
+    expr: str
+    legend: str = ""
+    instant: bool = False
+
+
+@dataclass
+class Panel:
+    title: str
+    description: str
+    queries: list[Query]
+    unit: str = "short"
+    kind: str = "timeseries"      # timeseries | stat | table | bargauge
+    width: int = 12
+    height: int = 8
+    thresholds: list[tuple[float, str]] = field(default_factory=list)   # (from value, colour) above green
+    decimals: int | None = None
+    max: float | None = None
+    # Produced by the HAProxy pipeline that tests/observability/test_dashboards.py runs end to end
+    # (lab edge -> haproxy collector -> Kafka -> stream worker): its queries must return data there.
+    e2e_lb: bool = False
+
+
+@dataclass
+class Variable:
+    name: str
+    label: str
+    query: str            # label_values(...) for Prometheus
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "label": self.label, "type": "query", "datasource": DATASOURCE,
+                "query": self.query, "definition": self.query,
+                "refresh": 2, "includeAll": True, "multi": True, "allValue": ".*", "sort": 1,
+                "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "hide": 0}
+
+
+def datasource_variable() -> dict[str, Any]:
+    return {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+            "current": {}, "hide": 0, "refresh": 1, "regex": "", "includeAll": False, "multi": False}
+
+
+def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+    steps += [{"color": colour, "value": v} for v, colour in p.thresholds]
+    defaults: dict[str, Any] = {"unit": p.unit, "thresholds": {"mode": "absolute", "steps": steps},
+                                "color": {"mode": "thresholds" if p.kind in ("stat", "bargauge") else "palette-classic"}}
+    if p.decimals is not None:
+        defaults["decimals"] = p.decimals
+    if p.max is not None:
+        defaults["max"] = p.max
+    if p.kind == "timeseries" and p.thresholds:
+        defaults["custom"] = {"thresholdsStyle": {"mode": "dashed"}}
+    targets = []
+    for i, q in enumerate(p.queries):
+        t: dict[str, Any] = {"datasource": DATASOURCE, "expr": q.expr, "legendFormat": q.legend or "__auto",
+                             "refId": chr(ord("A") + i), "range": not (q.instant or p.kind == "table"),
+                             "instant": q.instant or p.kind == "table"}
+        if p.kind == "table":
+            t["format"] = "table"
+        targets.append(t)
+    out: dict[str, Any] = {"id": pid, "type": p.kind, "title": p.title, "description": p.description,
+                           "datasource": DATASOURCE, "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
+                           "fieldConfig": {"defaults": defaults, "overrides": []}, "targets": targets}
+    if p.kind == "timeseries":
+        out["options"] = {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
+                          "tooltip": {"mode": "multi", "sort": "desc"}}
+    elif p.kind == "stat":
+        out["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                          "colorMode": "background", "graphMode": "area", "textMode": "auto"}
+    elif p.kind == "bargauge":
+        out["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                          "orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True}
+    elif p.kind == "table":
+        out["options"] = {"showHeader": True, "footer": {"show": False}}
+        out["transformations"] = [{"id": "organize", "options": {"excludeByName": {"Time": True, "__name__": True,
+                                                                                 "job": True}}}]
+    return out
+
+
+@dataclass
+class Dashboard:
+    uid: str
+    title: str
+    description: str
+    variables: list[Variable]
+    panels: list[Panel]
+    annotations: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """Lay panels out left to right, top to bottom (Grafana's 24-column grid)."""
+        x = y = row_height = 0
+        laid_out = []
+        for pid, p in enumerate(self.panels, start=1):
+            if x + p.width > FULL_WIDTH:
+                x, y, row_height = 0, y + row_height, 0
+            laid_out.append(_panel_json(p, pid, x, y))
+            x += p.width
+            row_height = max(row_height, p.height)
+        builtin = {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
+                   "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts",
+                   "type": "dashboard"}
+        return {
+            "uid": self.uid, "title": self.title, "description": self.description, "tags": ["opsloop"],
+            "timezone": "utc", "editable": True, "graphTooltip": 1, "schemaVersion": 39, "version": 1,
+            "refresh": "30s", "time": {"from": "now-6h", "to": "now"}, "fiscalYearStartMonth": 0, "liveNow": False,
+            "annotations": {"list": [builtin, *self.annotations]},
+            "links": [{"type": "dashboards", "tags": ["opsloop"], "asDropdown": True, "title": "opsloop",
+                       "includeVars": False, "keepTime": True}],
+            "templating": {"list": [datasource_variable(), *(v.to_json() for v in self.variables)]},
+            "panels": laid_out,
+        }
+
+
+def findings_panel(detector_regex: str, where: str, what: str) -> Panel:
+    return Panel(f"Open {what} findings",
+                 f"Findings of the {what} detectors that are open now (opsloop_finding_active == 1), with their where "
+                 "labels; the same findings page through Alertmanager.",
+                 [Query(f'opsloop_finding_active{{detector=~"{detector_regex}"{where}}} == 1')],
+                 kind="table", width=FULL_WIDTH, height=7)
+
+
+# ---------------------------------------------------------------------------------------------- power
+def power() -> Dashboard:
+    sel = 'generation=~"$generation", host=~"$host"'
+    return Dashboard(
+        "opsloop-power", "Fleet power and cost per TB-year",
+        "Server power from the BMCs (ipmitool DCMI / SDR) and what it costs per usable TB and year (seed 000: "
+        "Gen 1/2/3 drew 248/205/155 W; at 0.15 EUR/kWh, 70 % fill and 3x replication a usable TB-year cost "
+        "29.10/24.05/9.09 EUR).",
+        [Variable("generation", "Generation", "label_values(opsloop_power_watts, generation)"),
+         Variable("host", "Host", 'label_values(opsloop_power_watts{generation=~"$generation"}, host)')],
+        [
+            Panel("Power draw per server", "Smoothed power draw read from each server's BMC (opsloop_power_watts).",
+                  [Query(f"opsloop_power_watts{{{sel}}}", "{{host}} ({{generation}})")], unit="watt"),
+            Panel("Median draw per generation", "Median smoothed draw of each server generation: the norm a "
+                  "server is compared with by the power.generation_deviation detector.",
+                  [Query('opsloop_power_generation_median_watts{generation=~"$generation"}', "{{generation}}")],
+                  unit="watt"),
+            Panel("Power cost per usable TB-year", "Power cost (EUR) per usable TB and year for each server, from "
+                  "its draw, the price per kWh, raw capacity, fill ratio and protection (replica:3, ec:2+1 ...).",
+                  [Query(f"opsloop_power_eur_per_usable_tb_year{{{sel}}}")], unit="currencyEUR", kind="table",
+                  decimals=2),
+            Panel("Cost per usable TB-year by generation and protection", "Average over the servers of each "
+                  "generation and protection scheme: the seed's table, computed from live readings.",
+                  [Query('avg by (generation, protection) (opsloop_power_eur_per_usable_tb_year'
+                         '{generation=~"$generation"})', "{{generation}} {{protection}}")],
+                  unit="currencyEUR", kind="bargauge", decimals=2),
+            Panel("Power cost per year", "Yearly power cost at the current draw, summed per generation.",
+                  [Query(f"sum by (generation) (opsloop_power_eur_per_year{{{sel}}})", "{{generation}}")],
+                  unit="currencyEUR"),
+            Panel("Energy per year", "Yearly energy at the current draw, summed per generation.",
+                  [Query(f"sum by (generation) (opsloop_power_kwh_per_year{{{sel}}})", "{{generation}}")],
+                  unit="kwatth"),
+            Panel("BMC read errors", "Errors of the IPMI collector per second by kind (timeout, auth, "
+                  "unreachable, parse ...). A dead BMC shows here, not as a zero reading.",
+                  [Query(f'sum by (kind) (rate(opsloop_collector_errors_total{{collector="ipmi"}}[{RATE}]))',
+                         "{{kind}}")], unit="ops", width=FULL_WIDTH, height=6),
+            findings_panel("power[.].*", ', host=~"$host"', "power"),
+        ])
+
+
+# ---------------------------------------------------------------------------------------------- netperf
+def netperf() -> Dashboard:
+    sel = 'target_set=~"$target_set", label=~"$label"'
+    return Dashboard(
+        "opsloop-netperf", "Network throughput vs baselines",
+        "netperf TCP_STREAM throughput per target set, label and queue count against its baseline (seeds 001/004: "
+        "8.4 Gb/s with 8 queues on the good kernel, ~3.5 Gb/s on the bad one).",
+        [Variable("target_set", "Target set", "label_values(opsloop_netperf_throughput_gbps, target_set)"),
+         Variable("label", "Label", 'label_values(opsloop_netperf_throughput_gbps{target_set=~"$target_set"}, label)')],
+        [
+            Panel("Throughput vs baseline", "Last result of each series (solid) and its baseline: a drop of more "
+                  "than the configured ratio opens a netperf finding.",
+                  [Query(f"opsloop_netperf_throughput_gbps{{{sel}}}", "{{target_set}} {{label}} q={{queues}}"),
+                   Query(f"opsloop_netperf_baseline_gbps{{{sel}}}", "baseline {{target_set}} {{label}} q={{queues}}")],
+                  unit="Gbits", width=FULL_WIDTH),
+            Panel("Throughput / baseline", "Last result divided by the baseline; below 0.8 is a regression.",
+                  [Query(f"opsloop_netperf_throughput_ratio{{{sel}}}", "{{target_set}} {{label}} q={{queues}}")],
+                  unit="percentunit", thresholds=[(0.0, "red"), (0.8, "green")]),
+            Panel("Speed-up with more queues", "Throughput with the most queues over the fewest: ~1.1 means the "
+                  "queues do not pay off (the seeds' old kernel: 3.28 -> 3.57 Gb/s), ~2.6 is the good kernel.",
+                  [Query(f"opsloop_netperf_queue_speedup{{{sel}}}",
+                         "{{target_set}} {{label}} {{queues_low}}->{{queues_high}}")], unit="none", decimals=2,
+                  thresholds=[(0.0, "red"), (1.5, "green")]),
+            Panel("Throughput by queue count", "Latest throughput per queue count across the selected series.",
+                  [Query(f"max by (queues) (opsloop_netperf_throughput_gbps{{{sel}}})", "{{queues}} queues")],
+                  unit="Gbits", kind="bargauge"),
+            Panel("netperf run errors", "Errors of the netperf collector per second by kind (no netserver, "
+                  "timeout, parse).",
+                  [Query(f'sum by (kind) (rate(opsloop_collector_errors_total{{collector="netperf"}}[{RATE}]))',
+                         "{{kind}}")], unit="ops"),
+            findings_panel("netperf[.].*", ', target_set=~"$target_set"', "throughput"),
+        ])
+
+
+# ---------------------------------------------------------------------------------------------- keystone
+def keystone() -> Dashboard:
+    sel = 'host=~"$host"'
+    return Dashboard(
+        "opsloop-keystone", "Keystone load and heavy hitters",
+        "Keystone token-validation latency and load, and the credentials that dominate it (seeds 000/002: <10 ms "
+        "with caching, >=600 ms without; a nightly accounting peak 03:10-04:10 is normal).",
+        [Variable("host", "Keystone host", "label_values(opsloop_keystone_window_validations, host)")],
+        [
+            Panel("p95 latency of small requests", "p95 of requests below 64 KiB in and out, per collection round "
+                  "and over the detector's last closed window (seed: ~750 ms uncached, ~100 ms cached).",
+                  [Query(f"opsloop_keystone_small_request_p95_ms{{{sel}}}", "{{host}} round"),
+                   Query(f"opsloop_keystone_small_request_p95_window_ms{{{sel}}}", "{{host}} window")],
+                  unit="ms", thresholds=[(500.0, "red")]),
+            Panel("Latency regime", "Typical latency of the current regime per source (access log, probe): a jump "
+                  "from ~10 ms to ~600 ms means token caching is off.",
+                  [Query(f"opsloop_keystone_latency_regime_ms{{{sel}}}", "{{host}} {{source}}")], unit="ms"),
+            Panel("Validations in the sliding window", "Token validations (auth/tokens, s3tokens, ec2tokens) "
+                  "counted in the heavy-hitter window.",
+                  [Query(f"opsloop_keystone_window_validations{{{sel}}}", "{{host}}")], unit="short"),
+            Panel("Heavy hitters: top credentials by share", "The 10 credentials with the largest share of "
+                  "validations in the sliding window (bounded-memory sketch); the ones to rate-limit or cache.",
+                  [Query(f"topk(10, opsloop_keystone_credential_share{{{sel}}})", "{{credential}} on {{host}}",
+                         instant=True)], unit="percentunit", kind="bargauge", max=1.0),
+            Panel("Nightly accounting window", "1 during 03:10-04:10 Europe/Zurich, when the accounting peak is "
+                  "expected and Keystone load alerts are muted.",
+                  [Query("opsloop:keystone_accounting_window:bool", "accounting window")], unit="bool",
+                  width=FULL_WIDTH, height=4),
+            findings_panel("keystone[.].*", ', host=~"$host"', "Keystone"),
+        ])
+
+
+# ---------------------------------------------------------------------------------------------- firewall
+def firewall() -> Dashboard:
+    sel = 'hypervisor=~"$hypervisor"'
+    return Dashboard(
+        "opsloop-firewall", "Firewall coverage per hypervisor",
+        "Security-group coverage of VM ports per hypervisor from iptables-save, and ruleset/package drift "
+        "between hypervisors of one role (seed 000: 5 hypervisors lost their VMs' rules for a week).",
+        [Variable("hypervisor", "Hypervisor", "label_values(opsloop_firewall_ports, hypervisor)")],
+        [
+            Panel("Unprotected VM ports", "VM ports without their security-group chain, all selected hypervisors. "
+                  "Anything above 0 pages at once.",
+                  [Query(f'sum(opsloop_firewall_ports{{state="unprotected", {sel}}}) or vector(0)')],
+                  kind="stat", width=6, height=6, thresholds=[(1.0, "red")]),
+            Panel("Hypervisors drifting", "Hypervisors whose ruleset fingerprint or package versions differ from "
+                  "their role's majority.",
+                  [Query(f"count(max by (hypervisor) (opsloop_firewall_drift{{{sel}}}) == 1) or vector(0)")],
+                  kind="stat", width=6, height=6, thresholds=[(1.0, "orange")]),
+            Panel("Coverage per hypervisor", "Share of VM ports that carry their security-group chain.",
+                  [Query(f'sum by (hypervisor) (opsloop_firewall_ports{{state="protected", {sel}}}) '
+                         f"/ sum by (hypervisor) (opsloop_firewall_ports{{{sel}}})", "{{hypervisor}}")],
+                  unit="percentunit", kind="bargauge", max=1.0, thresholds=[(0.0, "red"), (1.0, "green")]),
+            Panel("VM ports by state", "VM ports per hypervisor, protected and unprotected.",
+                  [Query(f"sum by (hypervisor, state) (opsloop_firewall_ports{{{sel}}})", "{{hypervisor}} {{state}}")],
+                  unit="short"),
+            Panel("Drift per hypervisor", "Ruleset or package drift from the hypervisor's role (1 = drifting).",
+                  [Query(f"opsloop_firewall_drift{{{sel}}} == 1")], kind="table"),
+            Panel("Age of the last firewall report", "Seconds since the hypervisor's last iptables round: an old "
+                  "report means the check itself stopped (the seed's failure went unnoticed for a week).",
+                  [Query(f"time() - opsloop_firewall_report_timestamp_seconds{{{sel}}}", "{{hypervisor}}")],
+                  unit="s", thresholds=[(600.0, "orange")]),
+            findings_panel("firewall[.].*", f", {sel}", "firewall"),
+        ])
+
+
+# ---------------------------------------------------------------------------------------------- edge
+def edge() -> Dashboard:
+    lb = 'lb=~"$lb", server=~"$origin"'
+    weight_changes = {
+        "name": "Weight changes (audit trail)", "datasource": AUDIT_DATASOURCE, "enable": True,
+        "iconColor": "orange", "query": 'action:edge.weights* AND mode:live', "timeField": "@timestamp",
+        "textField": "reason", "tagsField": "edge",
+    }
+    return Dashboard(
+        "opsloop-edge", "Edge weights vs demand vs capacity",
+        "Per edge (load balancer) and origin: demand, the share sent to each origin, the weights in force and "
+        "the origins' capacity (seed 003). Orange marks: weight changes from the audit trail (Elasticsearch).",
+        [Variable("lb", "Edge (load balancer)", "label_values(opsloop_lb_server_request_rate, lb)"),
+         Variable("origin", "Origin", 'label_values(opsloop_lb_server_request_rate{lb=~"$lb"}, server)'),
+         Variable("listener", "Listener", "label_values(opsloop_edge_fail_static, listener)")],
+        [
+            Panel("Demand per edge", "Requests per second through each edge's backend (the demand the controller "
+                  "distributes).",
+                  [Query('sum by (lb) (opsloop_lb_backend_request_rate{lb=~"$lb"})', "{{lb}}")], unit="reqps",
+                  e2e_lb=True),
+            Panel("Request rate per origin server", "Requests per second each edge sends to each origin.",
+                  [Query(f"sum by (lb, server) (opsloop_lb_server_request_rate{{{lb}}})", "{{lb}} -> {{server}}")],
+                  unit="reqps", e2e_lb=True),
+            Panel("Share of each edge's traffic per origin", "Measured split of each edge's requests across origins "
+                  "(what the weights achieve).",
+                  [Query(f"sum by (lb, server) (opsloop_lb_server_request_rate{{{lb}}}) / on (lb) group_left "
+                         'sum by (lb) (opsloop_lb_server_request_rate{lb=~"$lb"})', "{{lb}} -> {{server}}")],
+                  unit="percentunit", max=1.0, e2e_lb=True),
+            Panel("Load-balancer weights", "Effective weight of each origin server as the load balancer reports it "
+                  "(HAProxy 0-256).",
+                  [Query(f"opsloop_lb_server_weight{{{lb}}}", "{{lb}} -> {{server}}")], unit="short", e2e_lb=True),
+            Panel("Load per origin vs capacity", "Requests per second reaching each origin from all edges, against "
+                  "the capacity the controller plans with.",
+                  [Query('opsloop:origin_request_rate:sum{origin=~"$origin"}', "{{origin}} load"),
+                   Query('max by (origin) (opsloop_edge_origin_capacity_rps{origin=~"$origin"})', "{{origin}} capacity")],
+                  unit="reqps"),
+            Panel("Utilisation per origin", "Load over capacity; above 105 % for 2 minutes pages (the controller "
+                  "should have shed within 3 intervals).",
+                  [Query('opsloop:origin_utilisation:ratio{origin=~"$origin"}', "{{origin}}")], unit="percentunit",
+                  thresholds=[(0.95, "orange"), (1.05, "red")]),
+            Panel("Origin servers up", "1 while the load balancer considers the origin server UP.",
+                  [Query(f"opsloop_lb_server_up{{{lb}}}", "{{lb}} -> {{server}}")], unit="bool", e2e_lb=True),
+            Panel("Controller holding fail-static", "1 while the edge-weight controller holds the last good weights "
+                  "because its inputs are stale.",
+                  [Query('opsloop_edge_fail_static{listener=~"$listener"}', "{{listener}} {{edge}}")], unit="bool"),
+        ],
+        annotations=[weight_changes])
+
+
+# ---------------------------------------------------------------------------------------------- pipeline
+def pipeline() -> Dashboard:
+    col = 'collector=~"$collector"'
+    top = 'topic=~"$topic"'
+    return Dashboard(
+        "opsloop-pipeline", "Pipeline health",
+        "opsloop's own health: collectors, the Kafka spool, the stream worker (throughput, lag, event age, "
+        "dead letters), findings, paging and the audit trail.",
+        [Variable("collector", "Collector", "label_values(opsloop_collector_rounds_total, collector)"),
+         Variable("topic", "Topic", "label_values(opsloop_stream_records_total, topic)"),
+         Variable("agent", "Agent", "label_values(opsloop_stream_batch_seconds_count, agent)"),
+         Variable("detector", "Detector", "label_values(opsloop_findings_total, detector)")],
+        [
+            Panel("Scrape targets up", "1 per opsloop process Prometheus scrapes successfully.",
+                  [Query('up{job="opsloop"}', "{{instance}} {{component}}")], unit="bool", e2e_lb=True),
+            Panel("Samples collected per second", "Samples each collector produced per second.",
+                  [Query(f"sum by (collector) (rate(opsloop_collector_samples_total{{{col}}}[{RATE}]))",
+                         "{{collector}}")], unit="ops", e2e_lb=True),
+            Panel("Collector errors by kind", "Per-target errors per second (timeout, auth, unreachable, parse).",
+                  [Query(f"sum by (collector, kind) (rate(opsloop_collector_errors_total{{{col}}}[{RATE}]))",
+                         "{{collector}} {{kind}}")], unit="ops"),
+            Panel("Age of the last collection round", "Seconds since each collector finished a round.",
+                  [Query(f"time() - max by (collector) (opsloop_collector_last_round_timestamp_seconds{{{col}}})",
+                         "{{collector}}")], unit="s", thresholds=[(300.0, "red")], e2e_lb=True),
+            Panel("Collection round duration (p95)", "95th percentile of a round's duration.",
+                  [Query(f"histogram_quantile(0.95, sum by (collector, le) "
+                         f"(rate(opsloop_collector_round_seconds_bucket{{{col}}}[{RATE}])))", "{{collector}}")],
+                  unit="s", e2e_lb=True),
+            Panel("Spool backlog", "Records waiting in the collectors' on-disk spool (Kafka unreachable) and records "
+                  "dropped because the spool was full.",
+                  [Query(f"sum by (collector) (opsloop_spool_records{{{col}}})", "{{collector}} spooled"),
+                   Query(f"sum by (collector) (opsloop_spool_dropped_records{{{col}}})", "{{collector}} dropped")],
+                  unit="short", e2e_lb=True),
+            Panel("Records consumed per topic", "Kafka records per second the stream worker consumed.",
+                  [Query(f"sum by (topic) (rate(opsloop_stream_records_total{{{top}}}[{RATE}]))", "{{topic}}")],
+                  unit="ops", e2e_lb=True),
+            Panel("Consumer lag", "Records between the worker's position and the high-water mark, per topic.",
+                  [Query(f"sum by (topic) (opsloop_stream_consumer_lag{{{top}}})", "{{topic}}")], unit="short",
+                  thresholds=[(10000.0, "orange")], e2e_lb=True),
+            Panel("Event age", "Now minus the newest sample's event time, per topic: how stale the data is.",
+                  [Query(f"max by (topic) (opsloop_stream_sample_age_seconds{{{top}}})", "{{topic}}")], unit="s",
+                  e2e_lb=True),
+            Panel("Batch processing time (p95)", "95th percentile of one batch's processing time per agent.",
+                  [Query(f'histogram_quantile(0.95, sum by (agent, le) (rate(opsloop_stream_batch_seconds_bucket'
+                         f'{{agent=~"$agent"}}[{RATE}])))', "{{agent}}")], unit="s", e2e_lb=True),
+            Panel("Dead-lettered and handler errors", "Records or samples sent to the dead-letter topic, and handler "
+                  "errors, per second.",
+                  [Query(f"sum by (topic) (rate(opsloop_stream_deadlettered_total{{{top}}}[{RATE}]))",
+                         "dead-lettered {{topic}}"),
+                   Query(f'sum by (agent) (rate(opsloop_stream_errors_total{{agent=~"$agent"}}[{RATE}]))',
+                         "errors {{agent}}")], unit="ops"),
+            Panel("Findings published", "Finding lifecycle events (opened, updated, refreshed, cleared) per second.",
+                  [Query(f'sum by (detector, event) (rate(opsloop_findings_total{{detector=~"$detector"}}[{RATE}]))',
+                         "{{detector}} {{event}}")], unit="ops"),
+            Panel("Open findings by severity", "Findings open now, per severity.",
+                  [Query('sum by (severity) (opsloop_finding_active{detector=~"$detector"})', "{{severity}}")],
+                  unit="short"),
+            Panel("Paging", "Findings paged as firing alerts, alerts waiting to be delivered to Alertmanager, and "
+                  "delivery failures per second (Alertmanager unreachable: retried with back-off).",
+                  [Query("sum(opsloop_paging_active_alerts)", "active"),
+                   Query("sum(opsloop_paging_pending_alerts)", "pending"),
+                   Query(f"sum(rate(opsloop_paging_delivery_failures_total[{RATE}]))", "delivery failures/s")],
+                  unit="short"),
+            Panel("Finding to page (p95)", "95th percentile of the time from a finding's event time to its first "
+                  "delivery to Alertmanager.",
+                  [Query(f"histogram_quantile(0.95, sum by (le) "
+                         f"(rate(opsloop_paging_finding_to_page_seconds_bucket[{RATE}])))", "p95")], unit="s"),
+            Panel("Anomaly scores", "Highest score in [0, 1] of the streaming anomaly detector per configured "
+                  "metric and field (controllers.detectors.anomaly.series); 1 = far outside the learned band.",
+                  [Query("max by (metric, field) (opsloop_anomaly_score)", "{{metric}}.{{field}}")],
+                  unit="percentunit", max=1.0, thresholds=[(0.9, "red")]),
+            Panel("Collector sends to Kafka", "Records the collectors' Kafka producers got acknowledged per second, "
+                  "and failed send attempts (the records wait in the spool).",
+                  [Query(f"sum by (collector) (rate(opsloop_collector_published_records_total{{{col}}}[{RATE}]))",
+                         "{{collector}} acknowledged")], unit="ops", e2e_lb=True),
+            Panel("Collector send failures", "Failed send attempts per second (broker unreachable); the records "
+                  "wait in the spool and are re-sent.",
+                  [Query(f"sum by (collector) (rate(opsloop_collector_send_failures_total{{{col}}}[{RATE}]))",
+                         "{{collector}}")], unit="ops"),
+            Panel("Audit trail indexing", "Audit records indexed into Elasticsearch per second by outcome, records "
+                  "buffered while Elasticsearch is unreachable, and records dropped from the full buffer.",
+                  [Query(f"sum by (outcome) (rate(opsloop_audit_records_total[{RATE}]))", "{{outcome}}/s"),
+                   Query("sum(opsloop_audit_buffered_records)", "buffered"),
+                   Query(f"sum(increase(opsloop_audit_dropped_total[{RATE}]))", "dropped")], unit="short"),
+        ])
+
+
+DASHBOARDS = {"power": power, "netperf": netperf, "keystone": keystone, "firewall": firewall, "edge": edge,
+              "pipeline": pipeline}
+
+
+def build() -> dict[str, dict[str, Any]]:
+    """File name (without .json) -> dashboard JSON model."""
+    return {f"opsloop-{name}": fn().to_json() for name, fn in DASHBOARDS.items()}
+
+
+def render(model: dict[str, Any]) -> str:
+    return json.dumps(model, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+
+
+def e2e_lb_panel_titles() -> dict[str, list[str]]:
+    """Dashboard uid -> titles of the panels the HAProxy end-to-end run must fill with data."""
+    out: dict[str, list[str]] = {}
+    for fn in DASHBOARDS.values():
+        d = fn()
+        titles = [p.title for p in d.panels if p.e2e_lb]
+        if titles:
+            out[d.uid] = titles
+    return out
+
+
+EPILOG = """examples:
+  .venv/bin/python dashboards/generate.py              # write dashboards/opsloop-*.json
+  .venv/bin/python dashboards/generate.py --check      # exit 1 when the committed JSON differs
+  .venv/bin/python dashboards/generate.py --out /tmp/d # write elsewhere
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="dashboards/generate.py", description=__doc__.split("\n\n")[0], epilog=EPILOG,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=OUT_DIR, help="directory for the JSON files (default: dashboards/)")
+    ap.add_argument("--check", action="store_true", help="compare with the files instead of writing them")
+    args = ap.parse_args(argv)
+    stale = []
+    for name, model in build().items():
+        path = args.out / f"{name}.json"
+        text = render(model)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(path)
+        else:
+            args.out.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print("stale dashboards (run dashboards/generate.py): " + ", ".join(str(p) for p in stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

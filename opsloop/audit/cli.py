@@ -1,0 +1,95 @@
+"""`opsloop audit`: search the audit trail in Elasticsearch and install its index templates."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import orjson
+
+from opsloop.audit.record import AuditError
+from opsloop.audit.search import INDEX_PATTERN, parse_duration, parse_time, render, why_query, why_weights_changed
+from opsloop.audit.templates import AUDIT_TEMPLATE, LOGS_TEMPLATE, install_template
+from opsloop.audit.trail import AuditSettings
+from opsloop.config import ConfigError, load_settings
+
+DEFAULT_ES = "http://127.0.0.1:29200"
+
+EPILOG = """examples:
+  # why did the weights of edge ams1 change at 03:12 (UTC)? records of the 10 minutes before, oldest first
+  opsloop audit search --edge ams1 --at 2026-11-22T03:12
+  opsloop audit search --edge ams1 --at 2026-11-22T04:12+01:00 --window 30m --es http://127.0.0.1:9200
+  opsloop audit search --edge ams1 --at 2026-11-22T03:12 --json     # the raw records, one JSON per line
+  opsloop audit search --edge ams1 --at 2026-11-22T03:12 --show-query   # the Elasticsearch query, for Kibana
+  opsloop audit install-templates --config opsloop.yaml             # audit + Filebeat log templates
+
+The Elasticsearch URL comes from --es, else controllers.audit.elasticsearch_url in --config, else
+http://127.0.0.1:29200. `search` exits 0 when records were found, 1 when none, 2 on bad input or an
+unreachable Elasticsearch.
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opsloop audit", description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("search", help="why did the weights of an edge change at a given time?",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--edge", required=True, help="edge node name (the `edge` of the audit records)")
+    s.add_argument("--at", required=True, help="ISO 8601 time, UTC unless a zone is given (2026-11-22T03:12)")
+    s.add_argument("--window", default="10m", help="how far back from that minute to look (default 10m)")
+    s.add_argument("--index", default=INDEX_PATTERN, help=f"index or data stream pattern (default {INDEX_PATTERN})")
+    s.add_argument("--json", action="store_true", help="print the matching records as JSON lines")
+    s.add_argument("--show-query", action="store_true", help="print the Elasticsearch query and exit")
+    t = sub.add_parser("install-templates", help="install the audit and log index templates (idempotent)")
+    for sp in (s, t):
+        sp.add_argument("--es", help=f"Elasticsearch URL (default: config, else {DEFAULT_ES})")
+        sp.add_argument("--config", help="opsloop.yaml (for controllers.audit.elasticsearch_url)")
+    return p
+
+
+def _es_url(args: argparse.Namespace) -> str:
+    if args.es:
+        return str(args.es)
+    if args.config:
+        url = AuditSettings.from_settings(load_settings(args.config)).elasticsearch_url
+        if url:
+            return url
+    return DEFAULT_ES
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        url = _es_url(args)
+        if args.command == "install-templates":
+            from elasticsearch import Elasticsearch
+
+            client = Elasticsearch(url, request_timeout=10)
+            for name in (AUDIT_TEMPLATE, LOGS_TEMPLATE):
+                install_template(client, name)
+                print(f"installed index template {name}")
+            return 0
+        at, window = parse_time(args.at), parse_duration(args.window)
+        if args.show_query:
+            print(orjson.dumps(why_query(args.edge, at, window), option=orjson.OPT_INDENT_2).decode())
+            return 0
+        from elasticsearch import Elasticsearch
+
+        answer = why_weights_changed(Elasticsearch(url, request_timeout=10), args.edge, at, window, args.index)
+    except (ValueError, ConfigError, AuditError) as e:
+        print(f"opsloop audit: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - connection refused, timeouts, HTTP errors: say which and where
+        print(f"opsloop audit: Elasticsearch at {url}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        for r in answer.records:
+            sys.stdout.write(r.encode().decode() + "\n")
+    else:
+        print(render(answer))
+    return 0 if answer.records else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Index audit records into Elasticsearch without ever blocking or failing an actuator.
+
+``submit`` only appends to a bounded in-memory buffer; a background thread (or an explicit
+``flush``) sends the buffer with the official client's ``helpers.streaming_bulk``:
+
+* every document is a ``create`` with the record's content id, so a record re-sent after a
+  failure that happened *after* Elasticsearch stored it comes back 409 and is counted as a
+  duplicate, not stored twice;
+* per-document 429/502/503/504 are retried by ``streaming_bulk`` (``max_retries``, exponential
+  back-off); a whole request that fails (Elasticsearch down, timeout) puts the batch back at the
+  head of the buffer and the thread backs off exponentially (``initial_backoff_s`` doubling up to
+  ``max_backoff_s``) before the next try, so an outage costs no CPU and no log storm;
+* a document Elasticsearch refuses (mapping error: a bug, retrying cannot help) is counted and
+  logged with its id, and dropped;
+* when the buffer is full the **oldest** record is dropped and ``opsloop_audit_dropped_total``
+  counts it: the newest actions are the ones an on-call engineer asks about. Memory is bounded by
+  ``max_buffered`` records plus one batch in flight.
+
+The index template (``templates/audit.json``) is installed before the first bulk request and
+again after every failed one (Elasticsearch may have come back empty).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from elastic_transport import TransportError
+from elasticsearch import ApiError, Elasticsearch, helpers
+from prometheus_client import Counter, Gauge
+
+from opsloop.audit.record import AuditRecord
+from opsloop.audit.templates import AUDIT_TEMPLATE, install_template
+from opsloop.log import get_logger
+
+log = get_logger("audit.indexer")
+
+DEFAULT_STREAM = "opsloop-audit"
+RETRYABLE_STATUS = (429, 502, 503, 504)
+
+RECORDS = Counter("opsloop_audit_records_total", "Audit records handled by the Elasticsearch indexer, by outcome "
+                  "(indexed, duplicate: already stored, rejected: refused by Elasticsearch)", ["stream", "outcome"])
+DROPPED = Counter("opsloop_audit_dropped_total", "Audit records dropped because the in-memory buffer was full "
+                  "(Elasticsearch unreachable for too long); the oldest go first", ["stream"])
+BUFFERED = Gauge("opsloop_audit_buffered_records", "Audit records waiting to be indexed", ["stream"])
+BULK_FAILURES = Counter("opsloop_audit_bulk_failures_total", "Bulk requests that failed as a whole (Elasticsearch "
+                        "unreachable or erroring); the batch is kept and retried with back-off", ["stream"])
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    indexed: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    remaining: int = 0
+    error: str | None = None   # why the batch was put back (None: everything sent was answered)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class ElasticsearchIndexer:
+    """A sink for :class:`~opsloop.audit.trail.AuditLog`: buffered, bulk, retried, bounded."""
+
+    def __init__(self, client: Elasticsearch, stream: str = DEFAULT_STREAM, max_buffered: int = 10_000,
+                 batch_size: int = 500, bulk_retries: int = 3, initial_backoff_s: float = 0.5,
+                 max_backoff_s: float = 30.0, flush_interval_s: float = 1.0) -> None:
+        if max_buffered < 1 or batch_size < 1:
+            raise ValueError(f"max_buffered and batch_size must be >= 1 (got {max_buffered}, {batch_size})")
+        if not stream.startswith(DEFAULT_STREAM):
+            raise ValueError(f"stream {stream!r} must start with {DEFAULT_STREAM!r} (the index template's pattern)")
+        self.client = client
+        self.stream = stream
+        self.max_buffered = max_buffered
+        self.batch_size = batch_size
+        self.bulk_retries = bulk_retries
+        self.initial_backoff_s = initial_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.flush_interval_s = flush_interval_s
+        self._buffer: deque[AuditRecord] = deque()
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()   # one bulk request at a time (thread and explicit flush)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._template_ok = False
+        self._in_flight: list[AuditRecord] = []
+        self.backoff_s = initial_backoff_s
+        BUFFERED.labels(stream).set(0)
+
+    # ------------------------------------------------------------------------------ the sink API
+    def submit(self, record: AuditRecord) -> None:
+        """Queue one record (never blocks on Elasticsearch, never raises for an outage)."""
+        with self._lock:
+            self._append_bounded([record], at_head=False)
+        self._wake.set()
+
+    @property
+    def buffered(self) -> int:
+        """Records not yet confirmed by Elasticsearch: queued plus the batch in flight."""
+        with self._lock:
+            return len(self._buffer) + len(self._in_flight)
+
+    def pending_ids(self) -> list[str]:
+        """Ids of the records not yet confirmed (in flight first, then queued)."""
+        with self._lock:
+            return [r.id for r in (*self._in_flight, *self._buffer)]
+
+    # ------------------------------------------------------------------------------ sending
+    def flush(self) -> FlushResult:
+        """Send one batch (at most ``batch_size`` records) now; see the module docstring for outcomes."""
+        with self._flush_lock:
+            with self._lock:
+                batch = [self._buffer.popleft() for _ in range(min(self.batch_size, len(self._buffer)))]
+                self._in_flight = batch
+            if not batch:
+                return FlushResult()
+            pending = {r.id: r for r in batch}
+            indexed = duplicates = rejected = 0
+            error: str | None = None
+            try:
+                if not self._template_ok:
+                    install_template(self.client, AUDIT_TEMPLATE)
+                    self._template_ok = True
+                for ok, item in helpers.streaming_bulk(
+                        self.client, self._actions(batch), chunk_size=self.batch_size,
+                        max_retries=self.bulk_retries, initial_backoff=self.initial_backoff_s,
+                        max_backoff=self.max_backoff_s, retry_on_status=RETRYABLE_STATUS,
+                        raise_on_error=False, raise_on_exception=False):
+                    info: dict[str, Any] = next(iter(item.values()))
+                    rid, status = info.get("_id"), int(info.get("status") or 0)
+                    if ok:
+                        indexed += 1
+                    elif status == 409:
+                        duplicates += 1
+                    elif status in RETRYABLE_STATUS or status == 0 or status >= 500:
+                        error = f"Elasticsearch answered {status} for a document: {_reason(info)}"
+                        continue   # stays pending: back at the head of the buffer
+                    else:
+                        rejected += 1
+                        log.error("audit_record_rejected", stream=self.stream, id=rid, status=status,
+                                  reason=_reason(info))
+                    pending.pop(str(rid), None)
+            except (TransportError, ApiError) as e:
+                # Unreachable, timed out, or the template/bulk call itself failed: keep the batch.
+                error = f"{type(e).__name__}: {e}"
+                self._template_ok = False
+            finally:
+                with self._lock:
+                    self._in_flight = []
+                    self._append_bounded([r for r in batch if r.id in pending], at_head=True)
+                for outcome, n in (("indexed", indexed), ("duplicate", duplicates), ("rejected", rejected)):
+                    if n:
+                        RECORDS.labels(self.stream, outcome).inc(n)
+            if error is not None:
+                BULK_FAILURES.labels(self.stream).inc()
+            return FlushResult(indexed, duplicates, rejected, self.buffered, error)
+
+    def flush_all(self) -> FlushResult:
+        """Flush batch after batch until the buffer is empty or a batch fails."""
+        total = FlushResult()
+        while True:
+            r = self.flush()
+            total = FlushResult(total.indexed + r.indexed, total.duplicates + r.duplicates,
+                                total.rejected + r.rejected, r.remaining, r.error)
+            if not r.ok or r.remaining == 0 or (r.indexed + r.duplicates + r.rejected) == 0:
+                return total
+
+    # ------------------------------------------------------------------------------ background
+    def start(self) -> "ElasticsearchIndexer":
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name=f"audit-indexer:{self.stream}", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, timeout_s: float = 10.0) -> FlushResult:
+        """Stop the thread and try once to send what is left (records still buffered are reported)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        result = self.flush_all()
+        if result.remaining:
+            log.warning("audit_records_unsent", stream=self.stream, remaining=result.remaining, error=result.error)
+        return result
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if not self.buffered:
+                continue
+            result = self.flush_all()
+            if result.ok:
+                self.backoff_s = self.initial_backoff_s
+                continue
+            log.warning("audit_index_failed", stream=self.stream, buffered=result.remaining, error=result.error,
+                        retry_in_s=round(self.backoff_s, 2))
+            self._stop.wait(self.backoff_s)   # interruptible by close()
+            self.backoff_s = min(self.backoff_s * 2, self.max_backoff_s)
+
+    # ------------------------------------------------------------------------------ internals
+    def _actions(self, batch: list[AuditRecord]) -> Iterator[dict[str, Any]]:
+        for r in batch:
+            yield {"_op_type": "create", "_index": self.stream, "_id": r.id, "_source": r.document()}
+
+    def _append_bounded(self, records: list[AuditRecord], at_head: bool) -> None:
+        """Add records (caller holds the lock); drop the oldest beyond ``max_buffered`` and count them."""
+        if at_head:
+            self._buffer.extendleft(reversed(records))
+        else:
+            self._buffer.extend(records)
+        overflow = len(self._buffer) - self.max_buffered
+        if overflow > 0:
+            for _ in range(overflow):
+                self._buffer.popleft()
+            DROPPED.labels(self.stream).inc(overflow)
+        BUFFERED.labels(self.stream).set(len(self._buffer) + len(self._in_flight))
+
+
+def _reason(info: dict[str, Any]) -> str:
+    err = info.get("error")
+    if isinstance(err, dict):
+        return f"{err.get('type')}: {err.get('reason')}"
+    return str(err)[:300]
+
+
+def client_for(url: str, request_timeout_s: float = 10.0) -> Elasticsearch:
+    """A client for the indexer: no client-side retries (the indexer's back-off does that)."""
+    return Elasticsearch(url, request_timeout=request_timeout_s, max_retries=0, retry_on_timeout=False)

@@ -1,0 +1,128 @@
+"""The documented question: "why did the weights of edge X change at 03:12?".
+
+One Elasticsearch query over the audit trail (``opsloop-audit*``): every record about the edge
+(weight pushes, holds, rollbacks, pages) from ``window`` before the named minute to the end of
+that minute, oldest first::
+
+    GET opsloop-audit*/_search
+    {"size": 200, "sort": [{"@timestamp": "asc"}],
+     "query": {"bool": {"filter": [
+         {"term": {"edge": "ams1"}},
+         {"range": {"@timestamp": {"gte": "2026-11-22T03:02:00Z", "lt": "2026-11-22T03:13:00Z"}}}]}}}
+
+Each hit carries who acted (``actor``), what (``action``, ``version``), in which mode (dry-run,
+shadow, live), with what result, the weights before and after (``changed`` lists the origins that
+moved) and the controller's ``reason`` (e.g. "origin eu over capacity 1.12, shed 30 %"). The
+same query in Kibana's Discover: ``edge:"ams1"`` over that time range.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from opsloop.audit.record import AuditRecord
+
+INDEX_PATTERN = "opsloop-audit*"
+MINUTE = timedelta(minutes=1)
+MAX_HITS = 200
+MAX_WINDOW = timedelta(days=366)
+MIN_YEAR, MAX_YEAR = 2000, 2100   # the wire format's plausible event times
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_time(text: str) -> datetime:
+    """ISO 8601 (``2026-11-22T03:12``, ``...03:12:30Z``, ``...+01:00``); without a zone it is UTC."""
+    try:
+        t = datetime.fromisoformat(text.strip().replace(" ", "T", 1))
+        t = t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+    except (ValueError, OverflowError):
+        raise ValueError(f"--at {text!r}: not an ISO 8601 time; expected e.g. 2026-11-22T03:12 (UTC) or "
+                         f"2026-11-22T04:12+01:00") from None
+    if not MIN_YEAR <= t.year <= MAX_YEAR:
+        raise ValueError(f"--at {text!r}: year {t.year} is outside {MIN_YEAR}..{MAX_YEAR}")
+    return t
+
+
+def parse_duration(text: str) -> timedelta:
+    """``10m``, ``90s``, ``1h``, ``2d`` or plain seconds."""
+    m = _DURATION.match(text)
+    if m is None:
+        raise ValueError(f"--window {text!r}: expected a duration such as 10m, 90s, 1h")
+    value = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    if not 0 < value <= MAX_WINDOW.total_seconds():
+        raise ValueError(f"--window {text!r}: must be longer than zero and at most {MAX_WINDOW.days} days")
+    return timedelta(seconds=value)
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def why_query(edge: str, at: datetime, window: timedelta) -> dict[str, Any]:
+    """The query body (documented above): the edge's records in [minute(at) - window, minute(at) + 1 min)."""
+    minute = at.replace(second=0, microsecond=0)
+    return {
+        "size": MAX_HITS,
+        "sort": [{"@timestamp": "asc"}],
+        "query": {"bool": {"filter": [
+            {"term": {"edge": edge}},
+            {"range": {"@timestamp": {"gte": _iso(minute - window), "lt": _iso(minute + MINUTE)}}},
+        ]}},
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class WhyAnswer:
+    edge: str
+    start: datetime
+    end: datetime
+    records: list[AuditRecord]
+
+    @property
+    def weight_changes(self) -> list[AuditRecord]:
+        """The records that changed weights (live and applied, something moved)."""
+        return [r for r in self.records
+                if r.action.startswith("edge.weights") and r.mode.value == "live" and r.result == "applied"
+                and r.changes()]
+
+
+def why_weights_changed(client: Any, edge: str, at: datetime, window: timedelta = timedelta(minutes=10),
+                        index: str = INDEX_PATTERN) -> WhyAnswer:
+    body = why_query(edge, at, window)
+    resp = client.search(index=index, ignore_unavailable=True, allow_no_indices=True, **body)
+    records = [AuditRecord.from_document(h["_source"]) for h in resp["hits"]["hits"]]
+    minute = at.replace(second=0, microsecond=0)
+    return WhyAnswer(edge, minute - window, minute + MINUTE, records)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return "-" if v is None else str(v)
+
+
+def render(answer: WhyAnswer) -> str:
+    """A human answer: one block per record, the weight moves and the reason."""
+    head = f"edge {answer.edge}, {_iso(answer.start)} .. {_iso(answer.end)}:"
+    if not answer.records:
+        return (f"{head} no audit record.\nNothing in opsloop acted on this edge then; if its weights changed, "
+                f"the change did not come through opsloop (check the load balancer's own logs).")
+    lines = [f"{head} {len(answer.records)} audit record(s), {len(answer.weight_changes)} live weight change(s)"]
+    for r in answer.records:
+        version = f" v{r.version}" if r.version is not None else ""
+        lines.append(f"{r.timestamp}  {r.mode.value:<7} {r.result:<10} {r.action}{version}  by {r.actor}"
+                     f"  on {r.target}")
+        moves = r.changes()
+        if moves:
+            lines.append("    " + ", ".join(f"{k}: {_fmt(a)} -> {_fmt(b)}" for k, (a, b) in moves.items()))
+        if r.reason:
+            lines.append(f"    why: {r.reason}")
+        if r.error:
+            lines.append(f"    error: {r.error}")
+        if r.labels:
+            lines.append("    " + ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items())))
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""``AuditLog``: the one call every actuator makes for every action (and every page).
+
+    audit = AuditLog.from_settings(settings)          # controllers.audit section of opsloop.yaml
+    audit.record(actor="controller.edge", action="edge.weights.push", target="haproxy:ams1/app",
+                 edge="ams1", listener="app", version=42, before=old, after=new,
+                 reason="origin eu over capacity (1.12)", mode="live", result="applied")
+    ...
+    audit.close()                                     # flushes what is still buffered
+
+Each record goes to the structured log (event ``audit``), to Elasticsearch through the buffered
+:class:`~opsloop.audit.indexer.ElasticsearchIndexer`, and to the Kafka ``audit`` topic when enabled.
+``record`` never raises because a sink is down; it raises :class:`AuditError` only for a record that
+is itself invalid (a programming error in the actuator, better caught in its tests).
+
+Configuration (all keys optional)::
+
+    controllers:
+      audit:
+        elasticsearch_url: http://127.0.0.1:29200   # omit: no indexing (log and Kafka only)
+        stream: opsloop-audit                       # data stream name (must start with opsloop-audit)
+        max_buffered: 10000                         # records kept while Elasticsearch is down
+        kafka: true                                 # also publish to the `audit` topic
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from opsloop.audit.indexer import DEFAULT_STREAM, ElasticsearchIndexer, client_for
+from opsloop.audit.record import AuditError, AuditRecord, build
+from opsloop.config import Settings
+from opsloop.log import get_logger
+from opsloop.wire import describe_validation_error
+
+log = get_logger("audit")
+SECTION = "audit"
+
+
+class AuditSink(Protocol):
+    def submit(self, record: AuditRecord) -> None: ...
+
+
+class AuditSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    elasticsearch_url: str | None = Field(default=None, pattern=r"^https?://")
+    stream: str = Field(default=DEFAULT_STREAM, pattern=r"^opsloop-audit[a-z0-9._\-]*$")
+    max_buffered: int = Field(default=10_000, ge=1, le=10_000_000)
+    batch_size: int = Field(default=500, ge=1, le=10_000)
+    max_backoff_s: float = Field(default=30.0, gt=0)
+    kafka: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "AuditSettings":
+        try:
+            return cls.model_validate(settings.controllers.get(SECTION) or {})
+        except ValidationError as e:
+            raise AuditError(f"controllers.{SECTION}: {describe_validation_error(e)}") from None
+
+
+class AuditLog:
+    def __init__(self, sinks: list[AuditSink] | None = None) -> None:
+        self.sinks: list[AuditSink] = list(sinks or [])
+
+    @classmethod
+    def from_settings(cls, settings: Settings, start: bool = True) -> "AuditLog":
+        cfg = AuditSettings.from_settings(settings)
+        sinks: list[AuditSink] = []
+        if cfg.elasticsearch_url:
+            indexer = ElasticsearchIndexer(client_for(cfg.elasticsearch_url), cfg.stream, cfg.max_buffered,
+                                           cfg.batch_size, max_backoff_s=cfg.max_backoff_s)
+            sinks.append(indexer.start() if start else indexer)
+        if cfg.kafka:
+            from opsloop.audit.kafka import KafkaAuditPublisher
+
+            sinks.append(KafkaAuditPublisher(settings.kafka.bootstrap_servers, client_id=f"{settings.kafka.client_id}"
+                                                                                          "-audit"))
+        return cls(sinks)
+
+    def record(self, **fields: Any) -> AuditRecord:
+        """Build, log and hand one record to every sink; returns it (its ``id`` links a page to it)."""
+        rec = build(**fields)
+        self.write(rec)
+        return rec
+
+    def write(self, rec: AuditRecord) -> None:
+        log.info("audit", id=rec.id, actor=rec.actor, action=rec.action, target=rec.target, edge=rec.edge,
+                 version=rec.version, mode=rec.mode.value, result=rec.result, reason=rec.reason)
+        for sink in self.sinks:
+            try:
+                sink.submit(rec)
+            except Exception as e:  # noqa: BLE001 - a sink's bug must not fail the actuator
+                log.error("audit_sink_failed", sink=type(sink).__name__, id=rec.id, error=f"{type(e).__name__}: {e}")
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            close = getattr(sink, "close", None)
+            if close is not None:
+                close()

@@ -1,0 +1,23 @@
+"""The scheduler benchmark returns well-formed rows; quality rows (not timings) must hold."""
+
+from __future__ import annotations
+
+import math
+
+from bench.bench_scheduler import run
+
+KEYS = {"benchmark", "metric", "value", "baseline", "baseline_value", "ratio", "unit", "target", "ok"}
+
+
+def test_quick_bench_rows():
+    rows = run(quick=True)
+    assert rows and all(set(r) == KEYS for r in rows)
+    for r in rows:
+        assert math.isfinite(r["value"]) and math.isfinite(r["baseline_value"])
+        assert r["ok"] in (True, False, None)
+    objective = [r for r in rows if r["metric"] == "latency-weighted traffic"]
+    assert len(objective) == 3 and all(r["ok"] and r["ratio"] <= 1 + 1e-9 for r in objective)
+    sim = {r["metric"]: r for r in rows if r["benchmark"] == "sim seed_experiment"}
+    # simulated seconds, not wall clock: ours reaches capacity faster than the seed's damping
+    assert sim["time to capacity+5% (simulated)"]["ratio"] < 1
+    assert sim["overload-seconds (all origins)"]["ok"]

@@ -1,0 +1,187 @@
+"""Grafana dashboards: committed JSON = generator output; every panel complete; every query valid
+PromQL on the real Prometheus; the LB and pipeline panels return data from a real end-to-end run.
+
+Grafana itself cannot run here (COMPONENTS.md), so the dashboards are checked where they can fail:
+their structure, and their queries against a live Prometheus filled by the pipeline.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import requests
+
+from opsloop.lab.traffic import TrafficGenerator
+from tests.e2e.pipeline import pipeline_config, start_collector, start_worker
+from tests.helpers import REPO, prom_query, unique, wait_until
+
+DASHBOARDS = REPO / "dashboards"
+# What Grafana substitutes before a query reaches Prometheus (All selected for every variable).
+GRAFANA_MACROS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}
+KNOWN_UNITS = {"watt", "kwatth", "currencyEUR", "Gbits", "percentunit", "ms", "s", "short", "none", "reqps", "ops",
+               "bool"}
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("dashboards_generate", DASHBOARDS / "generate.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod          # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
+GEN = _generator()
+
+
+def _committed() -> dict[str, dict[str, Any]]:
+    import json
+
+    return {p.stem: json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))}
+
+
+def substitute(expr: str, variables: dict[str, str]) -> str:
+    """A panel/variable query as Grafana sends it: macros expanded, $var / ${var} replaced."""
+    for macro, value in GRAFANA_MACROS.items():
+        expr = expr.replace(macro, value)
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m.group(1), m.group(0)), expr)
+
+
+def variable_query_as_promql(query: str) -> str:
+    """label_values(metric{sel}, label) -> the PromQL Grafana's Prometheus datasource runs for it."""
+    m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query.strip())
+    assert m, f"unsupported variable query {query!r}"
+    return f"count by ({m.group(2)}) ({m.group(1)})"
+
+
+def all_queries(model: dict[str, Any]) -> list[tuple[str, str]]:
+    """(where, PromQL) of every panel target and query variable, with variables set to All."""
+    variables = {v["name"]: ".*" for v in model["templating"]["list"] if v["type"] == "query"}
+    out = [(f"{model['uid']} / {p['title']} / {t['refId']}", substitute(t["expr"], variables))
+           for p in model["panels"] for t in p["targets"]]
+    out += [(f"{model['uid']} / variable {v['name']}", substitute(variable_query_as_promql(v["definition"]), variables))
+            for v in model["templating"]["list"] if v["type"] == "query"]
+    return out
+
+
+# -------------------------------------------------------------------------------------------- structure
+def test_committed_json_equals_generator_output() -> None:
+    generated = GEN.build()
+    assert set(generated) == set(_committed()), "run dashboards/generate.py"
+    for name, model in generated.items():
+        assert (DASHBOARDS / f"{name}.json").read_text() == GEN.render(model), f"{name}.json is stale"
+    assert GEN.main(["--check"]) == 0
+
+
+def test_check_mode_detects_a_stale_file(tmp_path: Path) -> None:
+    assert GEN.main(["--out", str(tmp_path)]) == 0
+    victim = tmp_path / "opsloop-edge.json"
+    victim.write_text(victim.read_text().replace("Edge weights", "Edge weightz"))
+    assert GEN.main(["--out", str(tmp_path), "--check"]) == 1
+
+
+@pytest.mark.parametrize("name", sorted(_committed()))
+def test_every_panel_has_title_description_unit_and_datasource_variable(name: str) -> None:
+    model = _committed()[name]
+    assert model["uid"] == name and model["title"] and model["description"]
+    names = [v["name"] for v in model["templating"]["list"]]
+    assert names[0] == "datasource" and len(names) >= 2, names
+    ids = [p["id"] for p in model["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in model["panels"]:
+        assert p["title"].strip() and len(p["description"]) > 20, p
+        assert p["fieldConfig"]["defaults"]["unit"] in KNOWN_UNITS, (p["title"], p["fieldConfig"]["defaults"]["unit"])
+        assert p["datasource"]["uid"] == "${datasource}" and p["targets"], p["title"]
+        for t in p["targets"]:
+            used = set(re.findall(r"\$\{?(\w+)", t["expr"])) - {"__rate_interval", "__interval", "__range"}
+            assert used <= set(names), (p["title"], used - set(names))
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0
+
+
+def test_uids_and_variables_match_the_alert_dashboard_links() -> None:
+    """Alert annotations link to /d/<uid>/...?var-<name>=...: those dashboards and variables must exist."""
+    models = {m["uid"]: m for m in _committed().values()}
+    links = set()
+    for f in (REPO / "alerts" / "rules").glob("*.yml"):
+        links |= set(re.findall(r"/d/([\w-]+)/[\w-]+(?:\?var-(\w+)=)?", f.read_text()))
+    assert links, "no dashboard links found in alerts/rules"
+    for uid, var in links:
+        assert uid in models, f"alert links to dashboard {uid!r} that does not exist"
+        if var:
+            assert var in [v["name"] for v in models[uid]["templating"]["list"]], (uid, var)
+
+
+def test_substitution_matches_what_grafana_sends() -> None:
+    assert substitute('rate(x{a=~"$a"}[$__rate_interval]) / ${b}', {"a": ".*", "b": "1"}) == 'rate(x{a=~".*"}[1m]) / 1'
+    assert variable_query_as_promql('label_values(m{x="1"}, host)') == 'count by (host) (m{x="1"})'
+
+
+# -------------------------------------------------------------------------------------------- live Prometheus
+@pytest.mark.integration
+def test_every_query_is_valid_promql_on_the_real_prometheus(stack) -> None:
+    errors = []
+    n = 0
+    for model in _committed().values():
+        for where, expr in all_queries(model):
+            n += 1
+            r = requests.get(f"{stack.prometheus_url}/api/v1/query", params={"query": expr}, timeout=10)
+            body = r.json()
+            if r.status_code != 200 or body.get("status") != "success":
+                errors.append(f"{where}: {expr}: {body.get('error')}")
+    assert n > 60
+    assert not errors, "\n".join(errors)
+    # The check can fail: a broken query is refused by the same path.
+    r = requests.get(f"{stack.prometheus_url}/api/v1/query", params={"query": "sum by (x (up)"}, timeout=10)
+    assert r.json()["status"] == "error"
+
+
+@pytest.mark.integration
+def test_lb_and_pipeline_panels_return_data_from_an_end_to_end_run(stack, lab_edge, tmp_path: Path) -> None:
+    """lab edge (HAProxy + 2 origins) + traffic -> haproxy collector -> Kafka -> stream worker -> Prometheus."""
+    lab_edge.start()
+    lb = unique("edge")
+    config, doc = pipeline_config(tmp_path, stack, {"haproxy": {"instances": {lb: str(lab_edge.admin_socket)}}})
+    worker = start_worker(tmp_path, config, doc, stack)
+    collector = start_collector("haproxy", tmp_path, config, doc, stack)
+    gen = TrafficGenerator(lab_edge.url, 20.0, workers=4).start()
+    try:
+        wait_until(lambda: len(prom_query(stack.prometheus_url,
+                                          f'count_over_time(opsloop_lb_server_request_rate{{lb="{lb}"}}[1m]) > 3')) == 2,
+                   timeout=120, interval=1, what="request rates of both origins in Prometheus")
+        expected = GEN.e2e_lb_panel_titles()
+        assert sum(len(v) for v in expected.values()) >= 12
+        models = {m["uid"]: m for m in _committed().values()}
+        # Narrow every variable to this run's edge where it applies, else All.
+        scoped = {"lb": lb, "origin": "near|far", "collector": "haproxy", "topic": "telemetry.lb", "agent": ".*"}
+
+        def empty_panels() -> list[str]:
+            missing = []
+            for uid, titles in expected.items():
+                for p in models[uid]["panels"]:
+                    if p["title"] not in titles:
+                        continue
+                    for t in p["targets"]:
+                        expr = substitute(t["expr"], {**{v: ".*" for v in ("listener", "detector")}, **scoped})
+                        if not prom_query(stack.prometheus_url, expr):
+                            missing.append(f"{uid} / {p['title']}: {expr}")
+            return missing
+
+        # Rates need two scrapes of a counter and histograms a full window: wait, do not assert on time.
+        wait_until(lambda: not empty_panels(), timeout=90, interval=2,
+                   what="data in every LB/pipeline panel")
+        assert empty_panels() == []
+        # And the values mean something: the edge's demand is the traffic we sent (~20 req/s).
+        demand = prom_query(stack.prometheus_url, substitute(
+            models["opsloop-edge"]["panels"][0]["targets"][0]["expr"], scoped))
+        assert len(demand) == 1 and 10 < float(demand[0]["value"][1]) < 30
+    finally:
+        gen.stop()
+        collector.stop()
+        worker.stop()
