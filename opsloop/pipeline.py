@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -29,54 +30,95 @@ EPILOG = """examples:
 
 LAB_FRONTEND_PORT = 28080
 LAB_ORIGINS = (OriginSpec("near", 28081, capacity=40, latency_ms=2), OriginSpec("far", 28082, latency_ms=30))
+PAGER_PORT = 28090
+IPMI_METRICS_PORT = 29102
+PAGING_METRICS_PORT = 29103
+SIMULATED_BMCS = 6
 
 
 def _py(*args: str) -> list[str]:
     return [sys.executable, "-m", *args]
 
 
-def pipeline_processes(settings: Settings, config_path: Path, run_dir: Path, traffic_rate: float) -> list[ManagedProcess]:
-    lab = run_dir / "lab"
-    spec = EdgeSpec(lab, LAB_FRONTEND_PORT, list(LAB_ORIGINS))
-    procs = [origin_process(o, lab) for o in spec.origins]
-    procs.append(haproxy_process(spec))
-    procs.append(ManagedProcess(
-        name="traffic", workdir=run_dir / "traffic",
-        argv=_py("opsloop.lab.traffic", "--url", f"http://127.0.0.1:{LAB_FRONTEND_PORT}/", "--rate", str(traffic_rate))))
+def _metrics_ready(port: int) -> Callable[[], bool]:
     import requests
 
-    def metrics_ready(port: int) -> bool:
-        return requests.get(f"http://127.0.0.1:{port}/metrics", timeout=1).ok
+    return lambda: requests.get(f"http://127.0.0.1:{port}/metrics", timeout=1).ok
 
-    sp, cp = settings.stream.metrics_port, settings.collector.metrics_port
-    procs.append(ManagedProcess(name="stream-worker", workdir=run_dir / "stream-worker",
-                                argv=_py("opsloop.cli", "stream", "worker", "--config", str(config_path)),
-                                ready=lambda: metrics_ready(sp), ready_timeout_s=90))
-    procs.append(ManagedProcess(name="collector-haproxy", workdir=run_dir / "collector-haproxy",
-                                argv=_py("opsloop.cli", "collect", "haproxy", "--config", str(config_path)),
-                                ready=lambda: metrics_ready(cp), ready_timeout_s=60))
+
+def _opsloop(name: str, run_dir: Path, *args: str, port: int | None = None) -> ManagedProcess:
+    return ManagedProcess(name=name, workdir=run_dir / name, argv=_py("opsloop.cli", *args),
+                          ready=_metrics_ready(port) if port else None, ready_timeout_s=90)
+
+
+def pipeline_processes(settings: Settings, config_path: Path, run_dir: Path, traffic_rate: float) -> list[ManagedProcess]:
+    """Everything after the stack, in start order (the data flow, left to right)."""
+    cfg = str(config_path)
+    lab = run_dir / "lab"
+    spec = EdgeSpec(lab, LAB_FRONTEND_PORT, list(LAB_ORIGINS))
+    bmc_dir, inventory = run_dir / "bmcs", run_dir / "bmcs" / "inventory.yaml"
+    inventory.unlink(missing_ok=True)
+    procs = [origin_process(o, lab) for o in spec.origins]
+    procs += [
+        haproxy_process(spec),
+        ManagedProcess(name="traffic", workdir=run_dir / "traffic",
+                       argv=_py("opsloop.lab.traffic", "--url", f"http://127.0.0.1:{LAB_FRONTEND_PORT}/",
+                                "--rate", str(traffic_rate))),
+        ManagedProcess(name="bmcs", workdir=bmc_dir, ready=inventory.exists, ready_timeout_s=120,
+                       argv=_py("collectors.ipmi.bmcsim", "--count", str(SIMULATED_BMCS), "--dir", str(bmc_dir / "state"),
+                                "--inventory", str(inventory))),
+        ManagedProcess(name="pager", workdir=run_dir / "pager",
+                       argv=_py("opsloop.lab.pager", "--port", str(PAGER_PORT), "--out", str(run_dir / "pager" / "pages.jsonl"))),
+        _opsloop("stream-worker", run_dir, "stream", "worker", "--config", cfg, port=settings.stream.metrics_port),
+        _opsloop("collector-haproxy", run_dir, "collect", "haproxy", "--config", cfg, port=settings.collector.metrics_port),
+        _opsloop("collector-ipmi", run_dir, "collect", "ipmi", "--config", cfg, "--metrics-port", str(IPMI_METRICS_PORT),
+                 port=IPMI_METRICS_PORT),
+        _opsloop("paging", run_dir, "page", "run", "--config", cfg, "--metrics-port", str(PAGING_METRICS_PORT),
+                 "--state-file", str(run_dir / "paging" / "state.json"), port=PAGING_METRICS_PORT),
+    ]
     return procs
 
 
+PROCESS_NAMES = ("paging", "collector-ipmi", "collector-haproxy", "stream-worker", "pager", "bmcs", "traffic")
+LAB_PROCESS_NAMES = ("haproxy", "origin-near", "origin-far")
+SCRAPE_TARGETS = {"collector-ipmi": IPMI_METRICS_PORT, "paging": PAGING_METRICS_PORT}
+
+
 def effective_config(base: Path | None, run_dir: Path) -> tuple[Settings, Path]:
-    """The user's config (or defaults) plus the lab edge's admin socket, written where the processes read it."""
-    doc: dict = yaml.safe_load(base.read_text()) if base else {}
-    doc = doc or {}
-    doc.setdefault("collectors", {}).setdefault("haproxy", {"instances": {"lab-edge": str(run_dir / "lab" / "haproxy.sock")}})
+    """The user's config (or defaults) plus the lab's addresses, written where the processes read it."""
+    doc: dict = (yaml.safe_load(base.read_text()) if base else {}) or {}
+    collectors = doc.setdefault("collectors", {})
+    collectors.setdefault("haproxy", {"instances": {"lab-edge": str(run_dir / "lab" / "haproxy.sock")}})
+    collectors.setdefault("ipmi", {"inventory": str(run_dir / "bmcs" / "inventory.yaml"), "timeout_s": 6})
     doc.setdefault("collector", {}).setdefault("interval_s", 5.0)
-    doc.setdefault("collector", {}).setdefault("spool_dir", str(run_dir / "spool"))
+    doc["collector"].setdefault("spool_dir", str(run_dir / "spool"))
     doc.setdefault("stream", {}).setdefault("data_dir", str(run_dir / "streams"))
+    stack = doc.get("stack", {})
+    am = f"http://127.0.0.1:{stack.get('alertmanager_port', 29094)}"
+    doc.setdefault("controllers", {}).setdefault("paging", {"alertmanager_urls": [am]})
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "opsloop.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return load_settings(path), path
 
 
+def alertmanager_config(run_dir: Path) -> Path:
+    """alerts/alertmanager.yml with every receiver pointed at the lab pager (a dummy PagerDuty key)."""
+    from controllers.paging.amconfig import write_alertmanager_config
+
+    key = run_dir / "pager" / "pagerduty-routing-key"
+    key.parent.mkdir(parents=True, exist_ok=True)
+    key.write_text("lab-routing-key\n")
+    key.chmod(0o600)
+    return write_alertmanager_config(run_dir / "pager" / "alertmanager.yml",
+                                     webhook_url=f"http://127.0.0.1:{PAGER_PORT}", routing_key_file=key,
+                                     timings={"group_wait": "5s", "group_interval": "30s", "repeat_interval": "1h"})
+
+
 def stop_all(run_dir: Path, settings: Settings | None = None) -> None:
-    names = ["collector-haproxy", "stream-worker", "traffic"]
-    for n in names:
+    for n in PROCESS_NAMES:
         ManagedProcess(name=n, argv=[], workdir=run_dir / n).stop()
-    for n in ["haproxy", "origin-near", "origin-far"]:
+    for n in LAB_PROCESS_NAMES:
         ManagedProcess(name=n, argv=[], workdir=run_dir / "lab").stop()
     Stack((settings or load_settings(None)).stack).down()
 
@@ -102,10 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    stack = Stack(settings.stack)
+    stack = Stack(settings.stack, alertmanager_config=alertmanager_config(a.run_dir))
     try:
         print("starting the stack (Kafka, Alertmanager, Prometheus) ...", flush=True)
         stack.up()
+        for name, port in SCRAPE_TARGETS.items():
+            stack.add_scrape_target(name, f"127.0.0.1:{port}")
         for proc in pipeline_processes(settings, config_path, a.run_dir, a.traffic_rate):
             print(f"starting {proc.name} ...", flush=True)
             proc.start()
@@ -120,7 +164,9 @@ opsloop is running.
   Alertmanager   {stack.alertmanager_url}
   Kafka          {stack.kafka_bootstrap}   (topics telemetry.*, findings, edge.weights, telemetry.deadletter)
   lab edge       http://127.0.0.1:{LAB_FRONTEND_PORT}/  (HAProxy; origins near :28081, far :28082)
-  /metrics       stream worker http://127.0.0.1:{s.stream.metrics_port}/metrics · collector http://127.0.0.1:{s.collector.metrics_port}/metrics
+  /metrics       stream worker :{s.stream.metrics_port} · haproxy collector :{s.collector.metrics_port} · ipmi collector :{IPMI_METRICS_PORT} · paging :{PAGING_METRICS_PORT}
+  BMCs           {SIMULATED_BMCS} simulated BMCs (ipmi_sim); set one's power: write watts to {a.run_dir}/bmcs/state/<host>/watts
+  pages          {a.run_dir}/pager/pages.jsonl (Alertmanager → lab pager on :{PAGER_PORT})
   logs           {a.run_dir}/*/ and {s.stack.data_dir}/*/
 Ctrl-C (or `make stop` in another shell) stops everything.
 """, flush=True)
