@@ -15,7 +15,7 @@ from collectors.iptables.fingerprint import fingerprint
 from collectors.iptables.parse import Ruleset, RulesetParseError, parse_ruleset
 from collectors.iptables.ports import PortsError, VmPort, parse_ports, read_ports_file
 from collectors.iptables.privilege import looks_like_permission_error, missing_network_capabilities
-from collectors.iptables.runner import ToolMissing, ToolResult, ToolTimeout, run_tool
+from opsloop.collect.tool import ToolMissing, ToolResult, ToolTimeout, run_tool
 from collectors.iptables.versions import UNKNOWN, dpkg_query_argv, parse_versions
 
 SAVE_TOOLS = {"legacy": "iptables-legacy-save", "nft": "iptables-nft-save"}

@@ -13,7 +13,7 @@ from collectors.lvs.config import Config
 from collectors.lvs.parse import (RATE_FIELDS, STAT_FIELDS, IpvsadmListing, LvsParseError, RealKey, Service,
                                   ServiceKey, parse_ipvsadm, parse_proc_ip_vs, parse_proc_ip_vs_stats)
 from collectors.lvs.rates import RateTracker, Rates
-from collectors.lvs.runner import ToolMissing, ToolTimeout, run_tool
+from opsloop.collect.tool import ToolMissing, ToolTimeout, run_tool
 
 _UNAVAILABLE_KINDS = frozenset({"unsupported", "tool"})
 
