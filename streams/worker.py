@@ -14,6 +14,7 @@ from opsloop.metrics import serve_metrics
 from opsloop.topics import ensure_topics
 from opsloop.wire import Topic
 from streams.agents import register_detector_agents
+from streams.edge.agent import register_edge_demand
 from streams.lb.rates import LbRates
 from streams.runtime.app import batch_agent, create_app
 
@@ -29,6 +30,7 @@ def build_app(settings: Settings, app_id: str | None = None) -> faust.App:
     """The app with every agent registered (one place: the data flow reads top to bottom)."""
     app = create_app(settings, app_id)
     batch_agent(app, "lb-rates", [Topic.LB], LbRates(ttl_s=settings.stream.series_ttl_s), settings)
+    register_edge_demand(app, settings)       # telemetry.lb -> edge.demand (controllers/edge)
     register_detector_agents(app, settings)   # firewall, keystone, netperf, power, anomaly -> findings
     return app
 

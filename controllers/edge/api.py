@@ -1,0 +1,263 @@
+"""The edge topology HTTP API: read and change origin capacity/health and edge→origin latency at run
+time, read the current weights and decision status. OpenAPI 3 spec at ``GET /openapi.json``.
+
+* Bearer token (``Authorization: Bearer <token>``) on every ``/v1`` route, compared in constant time
+  (:func:`hmac.compare_digest`); 401 without it. The token is read from a file or the environment by
+  the service and never logged. ``/openapi.json`` is public (it holds no data).
+* Binds loopback by default (``controllers.edge.api.bind``).
+* Every change goes through :class:`~controllers.edge.service.store.TopologyStore`, which validates
+  it and writes an audit record (before/after, reason). The next controller interval uses it.
+
+Plain :mod:`http.server` (threaded): a handful of small JSON requests, no event loop to share.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+import orjson
+
+from controllers.edge.service.store import TopologyError, TopologyStore
+from opsloop.log import get_logger
+
+log = get_logger("controller.edge.api")
+MAX_BODY = 64 * 1024
+_NAME = r"([^/]+)"
+
+
+def _origin_schema() -> dict[str, Any]:
+    return {"type": "object", "properties": {
+        "listener": {"type": "string"}, "origin": {"type": "string"},
+        "capacity_rps": {"type": "number", "minimum": 0}, "healthy": {"type": "boolean"},
+        "health_override": {"type": ["boolean", "null"]}}}
+
+
+def openapi_spec() -> dict[str, Any]:
+    err = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    common = {"401": {"description": "missing or wrong bearer token"}, "404": err, "400": err}
+    origin_ok = {"200": {"description": "the origin after the change",
+                         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Origin"}}}}}
+    lo = [{"name": "listener", "in": "path", "required": True, "schema": {"type": "string"}},
+          {"name": "origin", "in": "path", "required": True, "schema": {"type": "string"}}]
+
+    def body(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+        return {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "additionalProperties": False, "required": required,
+            "properties": {**props, "reason": {"type": "string", "maxLength": 1000}}}}}}
+
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "opsloop edge control API", "version": "1.0.0",
+                 "description": "Source of truth of the edge-weight controller: origin capacity and health, "
+                                "edge→origin latency; current weights and decision status. Changes are "
+                                "audited and used from the next controller interval."},
+        "security": [{"bearer": []}],
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"Origin": _origin_schema(),
+                        "Error": {"type": "object", "properties": {"error": {"type": "string"}}}}},
+        "paths": {
+            "/v1/topology": {"get": {"summary": "the whole topology with health overrides",
+                                     "responses": {"200": {"description": "topology"}, **common}}},
+            "/v1/status": {"get": {"summary": "last decision per listener: mode, reason, version, inputs",
+                                   "responses": {"200": {"description": "status"}, **common}}},
+            "/v1/listeners/{listener}/weights": {"get": {
+                "summary": "current published weights (EdgeWeights records)", "parameters": lo[:1],
+                "responses": {"200": {"description": "records"}, **common}}},
+            "/v1/listeners/{listener}/origins/{origin}": {"get": {
+                "summary": "origin capacity and health", "parameters": lo, "responses": {**origin_ok, **common}}},
+            "/v1/listeners/{listener}/origins/{origin}/capacity": {
+                "get": {"summary": "origin capacity", "parameters": lo, "responses": {**origin_ok, **common}},
+                "put": {"summary": "set the origin's capacity (req/s)", "parameters": lo,
+                        "requestBody": body({"capacity_rps": {"type": "number", "minimum": 0}}, ["capacity_rps"]),
+                        "responses": {**origin_ok, **common}}},
+            "/v1/listeners/{listener}/origins/{origin}/health": {
+                "get": {"summary": "origin health", "parameters": lo, "responses": {**origin_ok, **common}},
+                "put": {"summary": "pin the origin's health (null: follow the load balancers' checks)",
+                        "parameters": lo,
+                        "requestBody": body({"healthy": {"type": ["boolean", "null"]}}, ["healthy"]),
+                        "responses": {**origin_ok, **common}}},
+            "/v1/listeners/{listener}/edges/{edge}/latency/{origin}": {"put": {
+                "summary": "set edge→origin latency (ms; null = no path)",
+                "parameters": [lo[0], {"name": "edge", "in": "path", "required": True, "schema": {"type": "string"}},
+                               lo[1]],
+                "requestBody": body({"latency_ms": {"type": ["number", "null"], "minimum": 0}}, ["latency_ms"]),
+                "responses": {"200": {"description": "the pair after the change"}, **common}}},
+        },
+    }
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+Route = tuple[str, re.Pattern[str], Callable[..., Any]]
+
+
+class EdgeApi:
+    """Routes → store/loop calls. ``status_fn()`` and ``weights_fn(listener)`` come from the loop."""
+
+    def __init__(self, store: TopologyStore, token: str, status_fn: Callable[[], dict[str, Any]],
+                 weights_fn: Callable[[str], list[dict[str, Any]]]) -> None:
+        if not token:
+            raise ValueError("edge API: empty bearer token")
+        self._token = token.encode()
+        self.store = store
+        self.status_fn = status_fn
+        self.weights_fn = weights_fn
+        self.server: ThreadingHTTPServer | None = None
+        lo = rf"^/v1/listeners/{_NAME}/origins/{_NAME}"
+        self.routes: list[Route] = [
+            ("GET", re.compile(r"^/v1/topology$"), lambda body: store.topology()),
+            ("GET", re.compile(r"^/v1/status$"), lambda body: self.status_fn()),
+            ("GET", re.compile(rf"^/v1/listeners/{_NAME}/weights$"), self._weights),
+            ("GET", re.compile(lo + r"(?:/capacity|/health)?$"), lambda body, l, o: store.origin(l, o)),
+            ("PUT", re.compile(lo + r"/capacity$"), lambda body, l, o: store.set_capacity(
+                l, o, _field(body, "capacity_rps"), _reason(body))),
+            ("PUT", re.compile(lo + r"/health$"), lambda body, l, o: store.set_health(
+                l, o, _field(body, "healthy"), _reason(body))),
+            ("PUT", re.compile(rf"^/v1/listeners/{_NAME}/edges/{_NAME}/latency/{_NAME}$"),
+             lambda body, l, e, o: store.set_latency(l, e, o, _latency(body), _reason(body))),
+        ]
+
+    def _weights(self, body: Any, listener: str) -> Any:
+        self.store.snapshot(listener)  # 404 for an unknown listener
+        return {"listener": listener, "records": self.weights_fn(listener)}
+
+    def authorized(self, header: str | None) -> bool:
+        if not header or not header.startswith("Bearer "):
+            return False
+        return hmac.compare_digest(header[len("Bearer "):].strip().encode(), self._token)
+
+    def dispatch(self, method: str, path: str, auth: str | None, raw: bytes) -> tuple[int, Any]:
+        path = path.split("?", 1)[0]
+        if method == "GET" and path == "/openapi.json":
+            return 200, openapi_spec()
+        if not path.startswith("/v1/"):
+            return 404, {"error": f"no such path {path!r} (see /openapi.json)"}
+        if not self.authorized(auth):
+            return 401, {"error": "missing or wrong bearer token"}
+        matched_path = False
+        for m, pattern, fn in self.routes:
+            match = pattern.match(path)
+            if not match:
+                continue
+            matched_path = True
+            if m != method:
+                continue
+            try:
+                body = _parse_body(raw) if method == "PUT" else None
+                return 200, fn(body, *match.groups())
+            except TopologyError as e:
+                return e.status, {"error": str(e)}
+            except ApiError as e:
+                return e.status, {"error": str(e)}
+        if matched_path:
+            return 405, {"error": f"method {method} not allowed on {path}"}
+        return 404, {"error": f"no such path {path!r} (see /openapi.json)"}
+
+    # -- server ------------------------------------------------------------------------------
+    def serve(self, bind: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:  # no header/token leakage
+                pass
+
+            def _handle(self, method: str) -> None:
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                if length < 0:
+                    status, doc = 400, {"error": "Content-Length: not a non-negative integer"}
+                    self.close_connection = True
+                elif length > MAX_BODY:
+                    status, doc = 413, {"error": f"body larger than {MAX_BODY} bytes"}
+                    self.close_connection = True
+                else:
+                    raw = self.rfile.read(length) if length > 0 else b""
+                    try:
+                        status, doc = api.dispatch(method, self.path, self.headers.get("Authorization"), raw)
+                    except Exception as e:  # noqa: BLE001 - a bug answers 500, never kills the server
+                        log.error("api_error", path=self.path, error=f"{type(e).__name__}: {e}")
+                        status, doc = 500, {"error": "internal error"}
+                log.info("api_request", method=method, path=self.path.split("?", 1)[0], status=status)
+                payload = orjson.dumps(doc)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                if status == 401:
+                    self.send_header("WWW-Authenticate", 'Bearer realm="opsloop-edge"')
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._handle("GET")
+
+            def do_PUT(self) -> None:  # noqa: N802
+                self._handle("PUT")
+
+            def do_POST(self) -> None:  # noqa: N802
+                self._handle("POST")
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                self._handle("DELETE")
+
+        try:
+            server = ThreadingHTTPServer((bind, port), Handler)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot serve the edge API on {bind}:{port}: {e.strerror}") from None
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name=f"edge-api:{port}", daemon=True).start()
+        self.server = server
+        return server
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.server_address[1])
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def _parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError as e:
+        raise ApiError(400, f"body: not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ApiError(400, f"body: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _field(body: dict[str, Any], name: str) -> Any:
+    if name not in body:
+        raise ApiError(400, f"body: missing field {name!r}")
+    unknown = sorted(set(body) - {name, "reason"})
+    if unknown:
+        raise ApiError(400, f"body: unknown field(s) {unknown!r}")
+    return body[name]
+
+
+def _latency(body: dict[str, Any]) -> Any:
+    value = _field(body, "latency_ms")
+    return float("inf") if value is None else value
+
+
+def _reason(body: dict[str, Any]) -> str:
+    reason = body.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > 1000:
+        raise ApiError(400, f"reason: expected a string of at most 1000 characters, got {str(reason)[:40]!r}")
+    return reason

@@ -1,0 +1,192 @@
+"""`opsloop edge run`: the edge-weight control service (issue 7): topology API + controller loop.
+
+Data flow: ``telemetry.lb`` → stream worker's ``edge-demand`` agent (:mod:`streams.edge`) →
+``edge.demand`` → **this service** (every ``interval_s``: observation → ``EdgeController`` →
+``edge.weights`` + ``findings`` + gauges) → actuators (``controllers/actuators``) → load balancers.
+
+Why its own process and not a Faust timer in the stream worker: the controller is a singleton with
+state (last weights, version, damping history) that must not run once per worker replica or pause
+during a consumer-group rebalance; it also serves the authenticated topology API, whose changes
+must apply to that same state; and a separate process restarts, scales and is secured on its own.
+It only needs the newest demand per edge, a tiny stream read from the end of ``edge.demand``. On
+start it recovers the last version and weights from ``edge.weights`` (highest version per key), so
+versions keep increasing across restarts and damping continues from the weights in force.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from controllers.edge.service.config import (EdgeServiceSettings, read_token, resolve_topology,
+                                             service_settings)
+from controllers.edge.service.inputs import DemandBook, DemandConsumer
+from controllers.edge.service.kafka_io import DecisionPublisher, recover_decisions
+from controllers.edge.service.loop import ControlLoop
+from controllers.edge.service.store import TopologyStore
+from opsloop.audit import AuditLog
+from opsloop.config import ConfigError, Settings, load_settings
+from opsloop.log import get_logger, setup_logging
+from opsloop.metrics import serve_metrics
+from opsloop.topics import ensure_topics
+
+log = get_logger("controller.edge")
+
+EPILOG = """examples:
+  opsloop edge run --config opsloop.yaml
+  OPSLOOP_EDGE_API_TOKEN=$(cat /etc/opsloop/edge.token) opsloop edge run --config opsloop.yaml --interval 5
+  opsloop edge check --config opsloop.yaml        # validate the section and the topology, print it
+
+config (opsloop.yaml):
+  controllers:
+    edge:
+      interval_s: 15
+      topology_file: controllers/edge/topology.yaml
+      metrics_port: 29107
+      api: {bind: 127.0.0.1, port: 29108, token_file: /etc/opsloop/edge.token}
+      controller: {headroom: 0.05, stale_after_s: 30}
+
+API (bearer token): GET /v1/status, GET|PUT /v1/listeners/L/origins/O/{capacity,health},
+PUT /v1/listeners/L/edges/E/latency/O, GET /v1/listeners/L/weights; spec at /openapi.json.
+"""
+
+
+class EdgeService:
+    """Wires the pieces; ``start()`` then ``run_forever()`` (or ``tick()`` from tests)."""
+
+    def __init__(self, settings: Settings, cfg: EdgeServiceSettings, config_dir: Path | None = None,
+                 token: str | None = None) -> None:
+        self.settings = settings
+        self.cfg = cfg
+        self.topology = resolve_topology(cfg, config_dir)
+        self.audit = AuditLog.from_settings(settings)
+        self.store = TopologyStore(self.topology, self.audit)
+        self.book = DemandBook()
+        self.token = token
+        self.publisher: DecisionPublisher | None = None
+        self.consumer: DemandConsumer | None = None
+        self.loop: ControlLoop | None = None
+        self.api = None  # controllers.edge.api.EdgeApi when enabled
+        self._stop = threading.Event()
+
+    def start(self) -> "EdgeService":
+        bootstrap = self.settings.kafka.bootstrap_servers
+        try:
+            ensure_topics(bootstrap, self.settings.kafka.partitions, self.settings.kafka.replication_factor)
+        except Exception as e:  # noqa: BLE001 - producers still auto-create; say why
+            log.warning("topics_not_created", error=str(e))
+        recovered = recover_decisions(bootstrap) if self.cfg.recover else {}
+        self.publisher = DecisionPublisher(bootstrap)
+        self.loop = ControlLoop(self.store, self.book, self.cfg.controller_settings(), self.publisher,
+                                recovered)
+        self.consumer = DemandConsumer(bootstrap, self.book).start()
+        if self.cfg.api.enabled:
+            from controllers.edge.api import EdgeApi  # imports this package's store: not at module level
+
+            token = self.token if self.token is not None else read_token(self.cfg.api)
+            self.api = EdgeApi(self.store, token, self.loop.status, self.loop.weights)
+            self.api.serve(self.cfg.api.bind, self.cfg.api.port)
+            log.info("api_serving", address=f"{self.cfg.api.bind}:{self.api.port}")
+        return self
+
+    def tick(self) -> None:
+        assert self.loop is not None
+        self.loop.tick()
+
+    def run_forever(self) -> None:
+        """Tick on a fixed schedule (drift-free: the next tick is planned from the first)."""
+        interval = self.cfg.interval_s
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            self.tick()
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # a slow tick: skip the missed slots instead of bursting
+                next_at = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.api is not None:
+            self.api.stop()
+        if self.consumer is not None:
+            self.consumer.stop()
+        if self.publisher is not None:
+            self.publisher.close()
+        self.audit.close()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opsloop edge", description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_ in (("run", "run the control loop and the topology API"),
+                        ("check", "validate the controllers.edge section and the topology")):
+        s = sub.add_parser(name, help=help_, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        s.add_argument("--config", help="opsloop YAML config")
+        s.add_argument("--topology", type=Path, help="override controllers.edge.topology_file")
+        if name == "run":
+            s.add_argument("--interval", type=float, help="override controllers.edge.interval_s (seconds)")
+            s.add_argument("--metrics-port", type=int, help="override controllers.edge.metrics_port")
+            s.add_argument("--api-port", type=int, help="override controllers.edge.api.port")
+            s.add_argument("--bootstrap", help="override kafka.bootstrap_servers")
+            s.add_argument("--log-level", default="info")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    overrides: dict = {"controllers": {"edge": {}}}
+    edge = overrides["controllers"]["edge"]
+    if args.topology is not None:
+        edge["topology_file"] = str(args.topology.resolve())
+        edge["topology"] = None
+    if args.command == "run":
+        if args.interval is not None:
+            edge["interval_s"] = args.interval
+        if args.metrics_port is not None:
+            edge["metrics_port"] = args.metrics_port
+        if args.api_port is not None:
+            edge["api"] = {"port": args.api_port}
+        if args.bootstrap:
+            overrides["kafka"] = {"bootstrap_servers": args.bootstrap}
+    try:
+        settings = load_settings(args.config, overrides)
+        cfg = service_settings(settings)
+        config_dir = Path(args.config).resolve().parent if args.config else None
+        topology = resolve_topology(cfg, config_dir)
+    except ConfigError as e:
+        print(f"opsloop edge: {e}", file=sys.stderr)
+        return 2
+    if args.command == "check":
+        print(f"ok: {len(topology.listeners)} listener(s): "
+              + ", ".join(f"{lst.name} ({len(lst.edges)} edges, {len(lst.origins)} origins)"
+                          for lst in topology.listeners))
+        return 0
+    setup_logging("opsloop-edge", args.log_level)
+    try:
+        server = serve_metrics(cfg.metrics_port, cfg.metrics_bind)
+        service = EdgeService(settings, cfg, config_dir).start()
+    except (OSError, ConfigError) as e:
+        print(f"opsloop edge: {e}", file=sys.stderr)
+        return 2
+    log.info("started", metrics=f"{server.server_address[0]}:{server.server_address[1]}", interval_s=cfg.interval_s,
+             listeners=[lst.name for lst in topology.listeners])
+    signal.signal(signal.SIGTERM, lambda *_: service._stop.set())
+    try:
+        service.run_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        service.stop()
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

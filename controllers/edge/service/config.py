@@ -1,0 +1,167 @@
+"""Configuration of the edge control service: the ``controllers.edge`` section and the topology file.
+
+The topology (the seed's "centralized source of truth") is one YAML file::
+
+    listeners:
+      - name: web                   # the listener (anycast address:port or a name)
+        backend: be_web             # HAProxy backend carrying it (default: the name)
+        edges:
+          - {name: edge-ams, lb: ams-haproxy-1}   # lb = the collector's `host` tag (default: name)
+        origins:
+          - {name: near, capacity_rps: 40, healthy: true}
+          - {name: far, capacity_rps: 1000}
+        latency_ms:                 # edge -> origin (ms); a missing pair = no path
+          edge-ams: {near: 2, far: 30}
+
+Errors name the field and the offending value (``listeners.0.origins.1.capacity_rps: ...``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from controllers.edge.controller import ControllerSettings
+from controllers.edge.model import Edge, Listener, Origin, Topology
+from opsloop.config import ConfigError, Settings
+from opsloop.wire import describe_validation_error
+
+SECTION = "edge"
+TOKEN_ENV = "OPSLOOP_EDGE_API_TOKEN"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EdgeSpec(_Strict):
+    name: str = Field(min_length=1, max_length=200)
+    lb: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @property
+    def lb_name(self) -> str:
+        return self.lb or self.name
+
+
+class ListenerSpec(_Strict):
+    name: str = Field(min_length=1, max_length=200)
+    backend: str | None = Field(default=None, min_length=1, max_length=200)
+    edges: list[EdgeSpec] = Field(min_length=1)
+    origins: list[Origin] = Field(min_length=1)
+    latency_ms: dict[str, dict[str, float]] = Field(default_factory=dict)
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend or self.name
+
+    def topology(self, demand_rps: dict[str, float] | None = None) -> Topology:
+        """The controller's model of this listener (validates names and numbers)."""
+        return Topology(listener=Listener(name=self.name, edges=[Edge(name=e.name) for e in self.edges],
+                                          origins=list(self.origins)),
+                        latency_ms=self.latency_ms, demand_rps=demand_rps or {})
+
+    @model_validator(mode="after")
+    def _valid(self) -> "ListenerSpec":
+        self.topology()  # raises ValueError naming the field and value
+        lbs = [e.lb_name for e in self.edges]
+        dupes = sorted({n for n in lbs if lbs.count(n) > 1})
+        if dupes:
+            raise ValueError(f"edges: load balancer(s) {dupes!r} mapped to more than one edge")
+        return self
+
+
+class TopologySpec(_Strict):
+    listeners: list[ListenerSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "TopologySpec":
+        names = [lst.name for lst in self.listeners]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"listeners: duplicate name(s) {dupes!r}")
+        return self
+
+    def listener(self, name: str) -> ListenerSpec:
+        for lst in self.listeners:
+            if lst.name == name:
+                return lst
+        raise KeyError(name)
+
+
+class ApiSettings(_Strict):
+    bind: str = "127.0.0.1"               # loopback by default: the API changes production weights
+    port: int = Field(default=29108, ge=0, le=65535)   # 0 = a free port (tests)
+    token_file: Path | None = None       # else the OPSLOOP_EDGE_API_TOKEN environment variable
+    enabled: bool = True
+
+
+class EdgeServiceSettings(_Strict):
+    interval_s: float = Field(default=15.0, gt=0, le=3600)
+    topology_file: Path | None = None
+    topology: TopologySpec | None = None          # inline alternative to topology_file
+    metrics_bind: str = "127.0.0.1"
+    metrics_port: int = Field(default=29107, ge=0, le=65535)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    controller: dict[str, Any] = Field(default_factory=dict)  # ControllerSettings (interval_s set from above)
+    recover: bool = True                          # resume version and weights from edge.weights
+    publish_findings: bool = True
+
+    @model_validator(mode="after")
+    def _one_topology(self) -> "EdgeServiceSettings":
+        if (self.topology is None) == (self.topology_file is None):
+            raise ValueError("exactly one of topology_file and topology must be set")
+        ControllerSettings.model_validate({**self.controller, "interval_s": self.interval_s})
+        return self
+
+    def controller_settings(self) -> ControllerSettings:
+        return ControllerSettings.model_validate({**self.controller, "interval_s": self.interval_s})
+
+
+def load_topology(path: str | Path) -> TopologySpec:
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise ConfigError(f"topology file {p}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"topology file {p}: not valid YAML: {e}") from None
+    try:
+        return TopologySpec.model_validate(doc)
+    except ValidationError as e:
+        raise ConfigError(f"topology file {p}: {describe_validation_error(e)}") from None
+
+
+def service_settings(settings: Settings) -> EdgeServiceSettings:
+    try:
+        return EdgeServiceSettings.model_validate(settings.controllers.get(SECTION) or {})
+    except ValidationError as e:
+        raise ConfigError(f"controllers.{SECTION}: {describe_validation_error(e)}") from None
+
+
+def resolve_topology(cfg: EdgeServiceSettings, base: Path | None = None) -> TopologySpec:
+    if cfg.topology is not None:
+        return cfg.topology
+    assert cfg.topology_file is not None
+    path = cfg.topology_file if cfg.topology_file.is_absolute() or base is None else base / cfg.topology_file
+    return load_topology(path)
+
+
+def read_token(api: ApiSettings) -> str:
+    """The API bearer token (file first, then environment); never logged."""
+    if api.token_file is not None:
+        try:
+            token = api.token_file.read_text().strip()
+        except OSError as e:
+            raise ConfigError(f"controllers.edge.api.token_file {api.token_file}: {e.strerror}") from None
+        source = f"token_file {api.token_file}"
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+        source = f"environment variable {TOKEN_ENV}"
+    if len(token) < 16:
+        raise ConfigError(f"controllers.edge.api: the bearer token from {source} is missing or shorter "
+                          "than 16 characters")
+    return token

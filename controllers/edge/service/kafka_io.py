@@ -1,0 +1,81 @@
+"""Kafka side of the service: publishing decisions and findings, recovering the last decision.
+
+Restart recovery reads ``edge.weights`` from the beginning and keeps the highest version per
+``listener|edge`` key, so a restarted controller continues the version sequence (actuators refuse
+older versions) and damps from the weights in force, not from scratch.
+"""
+
+from __future__ import annotations
+
+import time
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from controllers.edge.model import EdgeWeights
+from controllers.edge.service import metrics as M
+from opsloop.findings import Finding
+from opsloop.log import get_logger
+from opsloop.wire import Topic
+
+log = get_logger("controller.edge.kafka")
+
+
+class DecisionPublisher:
+    def __init__(self, bootstrap: str, client_id: str = "opsloop-edge-controller", flush_timeout_s: float = 5.0) -> None:
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, acks="all", linger_ms=0,
+                                      request_timeout_ms=10_000, max_block_ms=5_000)
+        self.flush_timeout_s = flush_timeout_s
+
+    def __call__(self, records: list[EdgeWeights], findings: list[Finding]) -> None:
+        for r in records:
+            self._send(Topic.EDGE_WEIGHTS.value, f"{r.listener}|{r.edge}", r.encode())
+        for f in findings:
+            self._send(Topic.FINDINGS.value, f.id, f.encode())
+        try:
+            self.producer.flush(timeout=self.flush_timeout_s)
+        except Exception as e:  # noqa: BLE001 - the next tick publishes again
+            log.warning("publish_flush_failed", error=f"{type(e).__name__}: {e}")
+
+    def _send(self, topic: str, key: str, value: bytes) -> None:
+        try:
+            fut = self.producer.send(topic, key=key.encode(), value=value)
+        except Exception as e:  # noqa: BLE001 - buffer full / metadata timeout: count, never raise
+            M.PUBLISH_ERRORS.labels(topic).inc()
+            log.warning("publish_failed", topic=topic, key=key, error=f"{type(e).__name__}: {e}")
+            return
+        fut.add_errback(lambda e: (M.PUBLISH_ERRORS.labels(topic).inc(),
+                                   log.warning("publish_failed", topic=topic, key=key, error=str(e))))
+
+    def close(self) -> None:
+        self.producer.close(timeout=5)
+
+
+def recover_decisions(bootstrap: str, topic: str = Topic.EDGE_WEIGHTS.value,
+                      timeout_s: float = 15.0) -> dict[tuple[str, str], EdgeWeights]:
+    """The highest-version record per (listener, edge) currently in ``topic``."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             client_id="opsloop-edge-recover")
+    out: dict[tuple[str, str], EdgeWeights] = {}
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return out
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(consumer.position(tp) < end[tp] for tp in tps):
+            for records in consumer.poll(timeout_ms=500).values():
+                for r in records:
+                    try:
+                        rec = EdgeWeights.decode(r.value)
+                    except ValueError as e:
+                        log.warning("recover_record_rejected", offset=r.offset, error=str(e)[:200])
+                        continue
+                    key = (rec.listener, rec.edge)
+                    if key not in out or rec.version >= out[key].version:
+                        out[key] = rec
+        return out
+    finally:
+        consumer.close()

@@ -1,0 +1,204 @@
+"""One listener's control loop step, and the service-wide tick that runs every listener.
+
+Per tick and listener: a consistent snapshot of the topology (with API overrides) and the newest
+demand per edge → an :class:`~controllers.edge.controller.Observation` → ``EdgeController.step`` →
+``Decision.records()`` to ``edge.weights`` (key ``listener|edge``; every tick, so actuators see
+fresh decisions and can fail static when they stop; the version only moves when the weights do) and
+findings to ``findings``; gauges updated.
+
+Inputs age = the oldest of the edges' newest demand samples (an edge never heard from counts from
+service start): one silent edge makes the listener hold — the conservative reading of "stale
+telemetry → hold". Until every edge has reported once, and while the inputs are not yet stale, the
+loop waits instead of planning on zero demand.
+
+Origin health = the API override when set, else the file's ``healthy`` AND no edge with fresh
+telemetry sees the server ``DOWN``/``MAINT``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from controllers.edge.controller import ControllerSettings, Decision, EdgeController, Observation
+from controllers.edge.findings import decision_findings
+from controllers.edge.model import EdgeWeights, Mode
+from controllers.edge.service import metrics as M
+from controllers.edge.service.inputs import DemandBook
+from controllers.edge.service.store import TopologyStore
+from opsloop.findings import Finding
+from opsloop.log import get_logger
+
+log = get_logger("controller.edge")
+
+Publish = Callable[[list[EdgeWeights], list[Finding]], None]
+
+
+@dataclass
+class ListenerState:
+    name: str
+    edges: list[str]
+    origins: list[str]
+    controller: EdgeController
+    last: Decision | None = None
+    last_records: list[EdgeWeights] = field(default_factory=list)
+    last_status: dict[str, Any] = field(default_factory=dict)
+    open_findings: set[str] = field(default_factory=set)
+    ticks: int = 0
+
+
+class ControlLoop:
+    def __init__(self, store: TopologyStore, book: DemandBook, settings: ControllerSettings, publish: Publish,
+                 recovered: dict[tuple[str, str], EdgeWeights] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.book = book
+        self.settings = settings
+        self.publish = publish
+        self.clock = clock
+        self.started_at = clock()
+        self.lock = threading.Lock()   # the API reads status while the loop writes it
+        self.listeners: dict[str, ListenerState] = {}
+        for name in store.listener_names():
+            spec = store.snapshot(name).spec
+            edges, origins = [e.name for e in spec.edges], [o.name for o in spec.origins]
+            ctl = EdgeController(len(edges), len(origins), settings)
+            self._recover(ctl, name, edges, origins, recovered or {})
+            self.listeners[name] = ListenerState(name, edges, origins, ctl)
+
+    @staticmethod
+    def _recover(ctl: EdgeController, listener: str, edges: list[str], origins: list[str],
+                 recovered: dict[tuple[str, str], EdgeWeights]) -> None:
+        """Resume the last published version and weights (only when they fit the current topology)."""
+        recs = [recovered.get((listener, e)) for e in edges]
+        versions = [r.version for r in recovered.values() if r.listener == listener]
+        if versions:
+            ctl.version = max(versions)
+        if all(r is not None and set(r.weights) <= set(origins) for r in recs):
+            rows = np.array([[r.weights.get(o, 0.0) for o in origins] for r in recs if r is not None])
+            if rows.shape == (len(edges), len(origins)) and (rows.sum(axis=1) > 0).all():
+                ctl.weights = rows / rows.sum(axis=1, keepdims=True)
+                log.info("weights_recovered", listener=listener, version=ctl.version)
+
+    def observe(self, state: ListenerState, now: float) -> tuple[Observation | None, dict[str, Any]]:
+        snap = self.store.snapshot(state.name)
+        spec = snap.spec
+        topo = spec.topology()
+        _, capacity, latency, file_healthy = topo.arrays()
+        stale_after = self.settings.stale_after_s
+        demand = np.zeros(len(state.edges))
+        ages: list[float] = []
+        seen = 0
+        down: set[str] = set()
+        load: dict[str, float] = {o: 0.0 for o in state.origins}
+        for i, edge in enumerate(spec.edges):
+            rec = self.book.get(spec.backend_name, edge.lb_name)
+            if rec is None:
+                ages.append(max(0.0, now - self.started_at))
+                continue
+            seen += 1
+            age = max(0.0, now - rec.timestamp)
+            ages.append(age)
+            demand[i] = rec.demand_rps
+            M.DEMAND.labels(state.name, edge.name).set(rec.demand_rps)
+            for origin, o in rec.origins.items():
+                if origin in load:
+                    load[origin] += o.rps
+                if age <= stale_after and not o.up:
+                    down.add(origin)
+        healthy = np.array([snap.health_override.get(o, bool(file_healthy[j]) and o not in down)
+                            for j, o in enumerate(state.origins)], dtype=bool)
+        age = max(ages) if ages else 0.0
+        status = {"demand_rps": dict(zip(state.edges, demand.tolist())),
+                  "healthy": dict(zip(state.origins, healthy.tolist())),
+                  "checks_down": sorted(down), "capacity_rps": dict(zip(state.origins, capacity.tolist())),
+                  "origin_load_rps": load, "inputs_age_s": age, "edges_reporting": seen}
+        for o, rps in load.items():
+            M.LOAD.labels(o).set(rps)
+        for j, o in enumerate(state.origins):
+            M.CAPACITY.labels(o).set(float(capacity[j]))
+            M.HEALTHY.labels(state.name, o).set(1.0 if healthy[j] else 0.0)
+        if seen < len(state.edges) and age <= stale_after:
+            return None, status   # not every edge heard from yet: do not plan on zero demand
+        return Observation(now=now, demand=demand, capacity=capacity, latency=latency, healthy=healthy,
+                           inputs_age_s=age), status
+
+    def tick(self) -> dict[str, Decision | None]:
+        """Run one interval for every listener; a failing listener does not stop the others."""
+        out: dict[str, Decision | None] = {}
+        for state in self.listeners.values():
+            t0 = time.perf_counter()
+            try:
+                out[state.name] = self._tick_listener(state)
+            except Exception as e:  # noqa: BLE001 - keep controlling the other listeners
+                M.TICKS.labels(state.name, "error").inc()
+                log.error("tick_failed", listener=state.name, error=f"{type(e).__name__}: {e}", exc_info=True)
+                out[state.name] = None
+            M.TICK_SECONDS.observe(time.perf_counter() - t0)
+        return out
+
+    def _tick_listener(self, state: ListenerState) -> Decision | None:
+        now = self.clock()
+        obs, status = self.observe(state, now)
+        with self.lock:
+            state.ticks += 1
+        if obs is None:
+            M.TICKS.labels(state.name, "waiting").inc()
+            with self.lock:
+                state.last_status = {**status, "mode": "waiting", "reason": "waiting for demand from every edge",
+                                     "tick": state.ticks, "version": state.controller.version}
+            return None
+        decision = state.controller.step(obs)
+        records = decision.records(state.name, state.edges, state.origins)
+        findings = self._findings(state, decision, now)
+        self.publish(records, findings)
+        self._export(state, decision, records)
+        M.TICKS.labels(state.name, decision.mode.value).inc()
+        with self.lock:
+            state.last, state.last_records = decision, records
+            state.last_status = {**status, "mode": decision.mode.value, "reason": decision.reason,
+                                 "tick": state.ticks, "version": decision.version, "changed": decision.changed,
+                                 "computed_at": now,
+                                 "weights": {r.edge: r.weights for r in records},
+                                 "shed_rps": float(decision.shed_rps.sum())}
+        if decision.changed:
+            log.info("weights_changed", listener=state.name, version=decision.version, mode=decision.mode.value,
+                     reason=decision.reason[:300])
+        return decision
+
+    def _findings(self, state: ListenerState, decision: Decision, now: float) -> list[Finding]:
+        found = decision_findings(decision, state.name, state.edges, now, include_cleared=True)
+        out = []
+        for f in found:
+            if not f.cleared:
+                out.append(f)
+            elif f.id in state.open_findings:
+                out.append(f)   # clear once, on the transition
+        state.open_findings = {f.id for f in found if not f.cleared}
+        return out
+
+    @staticmethod
+    def _export(state: ListenerState, decision: Decision, records: list[EdgeWeights]) -> None:
+        for r in records:
+            for origin, share in r.weights.items():
+                M.WEIGHT.labels(state.name, r.edge, origin).set(share)
+            M.FAIL_STATIC.labels(state.name, r.edge).set(
+                1.0 if decision.mode in (Mode.HOLD, Mode.FALLBACK) else 0.0)
+        M.VERSION.labels(state.name).set(decision.version)
+        for mode in Mode:
+            M.MODE.labels(state.name, mode.value).set(1.0 if mode is decision.mode else 0.0)
+        M.INPUTS_AGE.labels(state.name).set(decision.inputs_age_s)
+        M.SHED.labels(state.name).set(float(decision.shed_rps.sum()))
+
+    def status(self) -> dict[str, Any]:
+        with self.lock:
+            return {name: dict(s.last_status) for name, s in self.listeners.items()}
+
+    def weights(self, listener: str) -> list[dict[str, Any]]:
+        with self.lock:
+            state = self.listeners[listener]
+            return [r.model_dump(mode="json") for r in state.last_records]

@@ -1,0 +1,23 @@
+"""Prometheus gauges of the edge control service (names used by alert rules and dashboards)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+WEIGHT = Gauge("opsloop_edge_weight", "Published traffic share of an origin for a listener and edge",
+               ["listener", "edge", "origin"])
+DEMAND = Gauge("opsloop_edge_demand_rps", "Measured request rate of a listener at an edge", ["listener", "edge"])
+CAPACITY = Gauge("opsloop_edge_origin_capacity_rps", "Policy capacity of an origin (req/s)", ["origin"])
+LOAD = Gauge("opsloop_edge_origin_load_rps", "Measured request rate the edges send to an origin", ["origin"])
+HEALTHY = Gauge("opsloop_edge_origin_healthy", "1 when the controller considers the origin healthy",
+                ["listener", "origin"])
+FAIL_STATIC = Gauge("opsloop_edge_fail_static", "1 while the controller holds the last good weights",
+                    ["listener", "edge"])
+VERSION = Gauge("opsloop_edge_decision_version", "Version of the last published weights", ["listener"])
+MODE = Gauge("opsloop_edge_mode", "1 for the mode of the last decision", ["listener", "mode"])
+INPUTS_AGE = Gauge("opsloop_edge_inputs_age_seconds", "Age of the demand the last decision used", ["listener"])
+SHED = Gauge("opsloop_edge_shed_rps", "Demand above healthy capacity (shed fairly)", ["listener"])
+TICKS = Counter("opsloop_edge_ticks_total", "Controller intervals run", ["listener", "outcome"])
+TICK_SECONDS = Histogram("opsloop_edge_tick_seconds", "Time to decide and publish one interval",
+                         buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+PUBLISH_ERRORS = Counter("opsloop_edge_publish_errors_total", "Records Kafka did not acknowledge", ["topic"])

@@ -1,0 +1,147 @@
+"""The run-time source of truth: the topology as loaded, plus every change made through the API.
+
+Thread-safe (the API server thread writes, the control loop reads a consistent snapshot per tick).
+Every change is validated against the same model as the file (a capacity must be a finite number
+≥ 0, names must exist) and audited (``opsloop.audit.AuditLog``) with before/after and the actor.
+Health has an *override*: ``None`` follows the load balancers' checks (and the file's ``healthy``),
+``True``/``False`` pins it (an operator draining an origin).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from controllers.edge.service.config import ListenerSpec, TopologySpec
+from opsloop.audit import AuditLog
+
+ACTOR = "api.edge"
+
+
+class TopologyError(ValueError):
+    """A change names an unknown listener/edge/origin or carries an invalid value (status 404/400)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ListenerSnapshot:
+    spec: ListenerSpec
+    health_override: dict[str, bool]   # origin -> pinned health
+
+
+def _number(field: str, value: Any, allow_inf: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TopologyError(f"{field}: expected a number, got {value!r}")
+    v = float(value)
+    if math.isnan(v) or v < 0 or (math.isinf(v) and not allow_inf):
+        raise TopologyError(f"{field}: expected a finite number >= 0, got {value!r}")
+    return v
+
+
+class TopologyStore:
+    def __init__(self, topology: TopologySpec, audit: AuditLog | None = None) -> None:
+        self._topology = topology.model_copy(deep=True)
+        self._overrides: dict[str, dict[str, bool]] = {lst.name: {} for lst in topology.listeners}
+        self._lock = threading.Lock()
+        self.audit = audit or AuditLog()
+        self.changes = 0
+
+    # -- reads ------------------------------------------------------------------------------
+    def listener_names(self) -> list[str]:
+        with self._lock:
+            return [lst.name for lst in self._topology.listeners]
+
+    def snapshot(self, listener: str) -> ListenerSnapshot:
+        with self._lock:
+            spec = self._listener(listener)
+            return ListenerSnapshot(spec.model_copy(deep=True), dict(self._overrides[listener]))
+
+    def topology(self) -> dict[str, Any]:
+        with self._lock:
+            doc = self._topology.model_dump(mode="json")
+            for lst in doc["listeners"]:
+                for origin in lst["origins"]:
+                    origin["health_override"] = self._overrides[lst["name"]].get(origin["name"])
+            return doc
+
+    def origin(self, listener: str, origin: str) -> dict[str, Any]:
+        with self._lock:
+            o = self._origin(self._listener(listener), origin)
+            return {"listener": listener, "origin": o.name, "capacity_rps": o.capacity_rps,
+                    "healthy": o.healthy, "health_override": self._overrides[listener].get(origin)}
+
+    # -- changes (audited) ------------------------------------------------------------------
+    def set_capacity(self, listener: str, origin: str, capacity_rps: Any, reason: str = "",
+                     actor: str = ACTOR) -> dict[str, Any]:
+        value = _number("capacity_rps", capacity_rps)
+        with self._lock:
+            o = self._origin(self._listener(listener), origin)
+            before = {"capacity_rps": o.capacity_rps}
+            o.capacity_rps = value
+            self.changes += 1
+        self._audit(actor, "edge.topology.capacity", listener, origin, before, {"capacity_rps": value}, reason)
+        return self.origin(listener, origin)
+
+    def set_health(self, listener: str, origin: str, healthy: Any, reason: str = "",
+                   actor: str = ACTOR) -> dict[str, Any]:
+        if healthy is not None and not isinstance(healthy, bool):
+            raise TopologyError(f"healthy: expected true, false or null (follow the checks), got {healthy!r}")
+        with self._lock:
+            self._origin(self._listener(listener), origin)
+            overrides = self._overrides[listener]
+            before = {"health_override": overrides.get(origin)}
+            if healthy is None:
+                overrides.pop(origin, None)
+            else:
+                overrides[origin] = healthy
+            self.changes += 1
+        self._audit(actor, "edge.topology.health", listener, origin, before, {"health_override": healthy}, reason)
+        return self.origin(listener, origin)
+
+    def set_latency(self, listener: str, edge: str, origin: str, latency_ms: Any, reason: str = "",
+                    actor: str = ACTOR) -> dict[str, Any]:
+        value = _number("latency_ms", latency_ms, allow_inf=True)
+        with self._lock:
+            spec = self._listener(listener)
+            if edge not in {e.name for e in spec.edges}:
+                raise TopologyError(f"edge {edge!r} not in listener {listener!r}", 404)
+            self._origin(spec, origin)
+            row = spec.latency_ms.setdefault(edge, {})
+            before = {"latency_ms": row.get(origin)}
+            if math.isinf(value):
+                row.pop(origin, None)  # no path
+            else:
+                row[origin] = value
+            self.changes += 1
+        self._audit(actor, "edge.topology.latency", listener, f"{edge}->{origin}", before,
+                    {"latency_ms": None if math.isinf(value) else value}, reason, edge=edge)
+        return {"listener": listener, "edge": edge, "origin": origin,
+                "latency_ms": None if math.isinf(value) else value}
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _listener(self, name: str) -> ListenerSpec:
+        try:
+            return self._topology.listener(name)
+        except KeyError:
+            raise TopologyError(f"listener {name!r} not found (listeners: "
+                                f"{[lst.name for lst in self._topology.listeners]})", 404) from None
+
+    @staticmethod
+    def _origin(spec: ListenerSpec, name: str):  # -> Origin
+        for o in spec.origins:
+            if o.name == name:
+                return o
+        raise TopologyError(f"origin {name!r} not in listener {spec.name!r} "
+                            f"(origins: {[o.name for o in spec.origins]})", 404)
+
+    def _audit(self, actor: str, action: str, listener: str, target: str, before: dict[str, Any],
+               after: dict[str, Any], reason: str, edge: str | None = None) -> None:
+        self.audit.record(actor=actor, action=action, target=f"edge-topology:{listener}/{target}",
+                          listener=listener, edge=edge, before=copy.deepcopy(before), after=after,
+                          reason=reason or "changed through the edge API", mode="live", result="applied")

@@ -1,0 +1,123 @@
+"""Aggregate HAProxy request rates into per-edge, per-listener demand records for ``edge.demand``.
+
+Input: ``telemetry.lb`` samples (``haproxy`` measurement, tags ``host`` = the load balancer = the
+*edge*, ``proxy``, ``sv``, ``type``). Rates come from :class:`streams.lb.rates.LbRates` (Δcount/Δt
+on event time, counter resets skipped). Output, once per edge, backend and collection round: one
+:class:`EdgeDemand` — demand = Σ server request rates of the backend (what the edge *offered* the
+origins, 503s included: an origin rejecting load above its capacity must not hide the demand), or
+the backend's own rate when it has no server rows — plus each server's rate and whether HAProxy
+considers it up (``DOWN``/``MAINT`` → down; ``DRAIN``, i.e. weight 0, is still up).
+
+The listener is the HAProxy backend name; the control service maps it to its topology's listeners.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from opsloop.wire import Metric, describe_validation_error
+from streams.lb.rates import LbRates
+
+SCHEMA_VERSION = 1
+DOWN_STATUSES = ("DOWN", "MAINT")
+
+
+class OriginState(BaseModel):
+    """One server (origin) as the edge sees it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rps: float = Field(ge=0.0, allow_inf_nan=False)
+    up: bool = True
+    status: str = ""
+
+
+class EdgeDemand(BaseModel):
+    """The ``edge.demand`` record: key ``f"{backend}|{edge}"``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    edge: str = Field(min_length=1)
+    backend: str = Field(min_length=1)
+    demand_rps: float = Field(ge=0.0, allow_inf_nan=False)
+    origins: dict[str, OriginState] = Field(default_factory=dict)
+    timestamp: float = Field(gt=0.0, allow_inf_nan=False)  # event time of the newest rate used
+
+    @property
+    def key(self) -> str:
+        return f"{self.backend}|{self.edge}"
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json"))
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> "EdgeDemand":
+        try:
+            doc: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"edge demand record: not JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"edge demand record: expected a JSON object, got {type(doc).__name__}")
+        if doc.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+            raise ValueError(f"edge demand record: schema_version {doc.get('schema_version')!r} unsupported")
+        try:
+            return cls.model_validate(doc)
+        except ValidationError as e:
+            raise ValueError(f"edge demand record: {describe_validation_error(e)}") from None
+
+
+def server_up(status: object) -> bool:
+    return not (isinstance(status, str) and status.strip().upper().startswith(DOWN_STATUSES))
+
+
+class DemandAggregator:
+    """Stream handler (``handle(metrics, now)``, no I/O): fills :attr:`outbox` with demand records.
+
+    The agent sends and clears the outbox after each batch. A backend is reported once per batch in
+    which any of its rows produced a new rate, so one collection round gives one record per edge.
+    """
+
+    name = "edge-demand"
+
+    def __init__(self, ttl_s: float = 120.0) -> None:
+        self.rates = LbRates(ttl_s=ttl_s)
+        self.status: dict[tuple[str, str, str], str] = {}   # (lb, backend, server) -> HAProxy status
+        self.outbox: list[EdgeDemand] = []
+
+    def handle(self, metrics: Sequence[Metric], now: float) -> list[EdgeDemand]:
+        for m in metrics:
+            if m.name == "haproxy" and (m.tags.get("type") or "").lower() == "server":
+                status = m.fields.get("status")
+                if isinstance(status, str):
+                    lb = m.tags.get("host") or m.tags.get("server") or "unknown"
+                    self.status[(lb, m.tags.get("proxy", ""), m.tags.get("sv", ""))] = status
+        fresh = self.rates.handle(metrics, now)
+        touched = sorted({(r.lb, r.proxy) for r in fresh if r.kind in ("server", "backend")})
+        out = [rec for lb, backend in touched if (rec := self._record(lb, backend)) is not None]
+        self.outbox.extend(out)
+        return out
+
+    def _record(self, lb: str, backend: str) -> EdgeDemand | None:
+        servers = {sv: r for (l, kind, px, sv), r in self.rates.latest.items()
+                   if l == lb and px == backend and kind == "server"}
+        origins = {sv: OriginState(rps=max(0.0, r.rate), status=self.status.get((lb, backend, sv), ""),
+                                   up=server_up(self.status.get((lb, backend, sv))))
+                   for sv, r in servers.items() if math.isfinite(r.rate)}
+        if origins:
+            demand = math.fsum(o.rps for o in origins.values())
+            ts = max(r.timestamp for r in servers.values())
+        else:
+            row = self.rates.latest.get((lb, "backend", backend, "BACKEND"))
+            if row is None or not math.isfinite(row.rate):
+                return None
+            demand, ts = max(0.0, row.rate), row.timestamp
+        return EdgeDemand(edge=lb, backend=backend, demand_rps=demand, origins=origins, timestamp=ts)
+
+    def drain(self) -> list[EdgeDemand]:
+        out, self.outbox = self.outbox, []
+        return out

@@ -1,0 +1,176 @@
+"""The control loop without Kafka: demand book + topology store → decisions, records, findings, gauges."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from prometheus_client import REGISTRY
+
+from controllers.edge.controller import ControllerSettings
+from controllers.edge.model import EdgeWeights, Mode
+from controllers.edge.service.config import TopologySpec
+from controllers.edge.service.inputs import DemandBook
+from controllers.edge.service.loop import ControlLoop
+from controllers.edge.service.store import TopologyStore
+from opsloop.audit import AuditLog
+from streams.edge.demand import EdgeDemand, OriginState
+
+T0 = 1_795_000_000.0
+
+
+def topology(listener: str, edges=("e1",), near_cap: float = 40.0) -> TopologySpec:
+    return TopologySpec.model_validate({"listeners": [{
+        "name": listener, "backend": f"be_{listener}", "edges": [{"name": e} for e in edges],
+        "origins": [{"name": "near", "capacity_rps": near_cap}, {"name": "far", "capacity_rps": 1000}],
+        "latency_ms": {e: {"near": 2, "far": 30} for e in edges}}]})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Harness:
+    def __init__(self, listener: str, edges=("e1",), recovered=None, stale_after_s: float = 5.0) -> None:
+        self.listener = listener
+        self.clock = Clock()
+        self.store = TopologyStore(topology(listener, edges), AuditLog())
+        self.book = DemandBook()
+        self.published: list[tuple[list[EdgeWeights], list]] = []
+        self.loop = ControlLoop(self.store, self.book,
+                                ControllerSettings(interval_s=1.0, stale_after_s=stale_after_s),
+                                lambda recs, finds: self.published.append((recs, finds)), recovered, self.clock)
+
+    def demand(self, edge: str, rps: float, near_up: bool = True, ts: float | None = None) -> None:
+        self.book.update(EdgeDemand(edge=edge, backend=f"be_{self.listener}", demand_rps=rps,
+                                    origins={"near": OriginState(rps=rps / 2, up=near_up),
+                                             "far": OriginState(rps=rps / 2)},
+                                    timestamp=self.clock.t if ts is None else ts))
+
+    def step(self, seconds: float = 1.0):
+        self.clock.t += seconds
+        return self.loop.tick()[self.listener]
+
+    def gauge(self, name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, labels)
+
+
+def test_waits_for_demand_then_keeps_the_near_origin_within_capacity() -> None:
+    h = Harness("wait")
+    assert h.step() is None and h.published == []
+    assert h.loop.status()["wait"]["mode"] == "waiting"
+    near = []
+    for _ in range(6):
+        h.demand("e1", 80.0)
+        d = h.step()
+        assert d is not None
+        near.append(d.weights[0, 0])
+    # demand 80, near capacity 40: near ends at or under its capacity, the rest on far
+    assert near[-1] * 80 <= 40 * 1.05
+    assert near[-1] * 80 >= 40 * 0.8
+    recs, _ = h.published[-1]
+    assert [r.edge for r in recs] == ["e1"] and abs(sum(recs[0].weights.values()) - 1) < 1e-9
+    assert h.gauge("opsloop_edge_weight", listener="wait", edge="e1", origin="near") == pytest.approx(near[-1])
+    assert h.gauge("opsloop_edge_demand_rps", listener="wait", edge="e1") == 80.0
+    assert h.gauge("opsloop_edge_origin_capacity_rps", origin="near") == 40.0
+    assert h.gauge("opsloop_edge_decision_version", listener="wait") == recs[0].version
+    assert h.gauge("opsloop_edge_mode", listener="wait", mode="normal") == 1.0
+
+
+def test_unhealthy_origin_gets_zero_in_the_tick_that_sees_it() -> None:
+    h = Harness("health")
+    for _ in range(3):
+        h.demand("e1", 20.0)
+        h.step()
+    assert h.loop.listeners["health"].last.weights[0, 0] > 0.5   # 20 req/s fit the near origin
+    h.demand("e1", 20.0, near_up=False)                            # the LB's check says DOWN
+    d = h.step()
+    assert d.weights[0, 0] == 0.0 and d.changed
+    assert h.loop.status()["health"]["checks_down"] == ["near"]
+    h.demand("e1", 20.0)                                           # recovered ...
+    h.store.set_health("health", "near", False, reason="drain for maintenance")  # ... but pinned down by API
+    assert h.step().weights[0, 0] == 0.0
+    h.store.set_health("health", "near", None)                     # follow the checks again
+    h.demand("e1", 20.0)
+    shares = []
+    for _ in range(6):
+        h.demand("e1", 20.0)
+        shares.append(h.step().weights[0, 0])
+    assert shares[-1] > 0.5 and shares == sorted(shares)           # traffic returns, monotonically
+
+
+def test_stale_demand_holds_with_fail_static_and_a_finding_then_clears() -> None:
+    h = Harness("stale", stale_after_s=3.0)
+    h.demand("e1", 30.0)
+    first = h.step()
+    held = None
+    for _ in range(5):                          # no new demand: the inputs age past stale_after_s
+        held = h.step(seconds=1.0)
+    assert held.mode is Mode.HOLD and held.version == first.version
+    np.testing.assert_allclose(held.weights, first.weights)
+    assert h.gauge("opsloop_edge_fail_static", listener="stale", edge="e1") == 1.0
+    findings = [f for _, fs in h.published for f in fs]
+    assert any(f.detector == "edge.weights_held" and not f.cleared for f in findings)
+    h.demand("e1", 30.0)
+    fresh = h.step()
+    assert fresh.mode is not Mode.HOLD
+    assert h.gauge("opsloop_edge_fail_static", listener="stale", edge="e1") == 0.0
+    cleared = [f for f in h.published[-1][1] if f.cleared]
+    assert [f.detector for f in cleared] == ["edge.weights_held"]
+
+
+def test_silent_edge_makes_the_listener_hold_only_once_stale() -> None:
+    h = Harness("twoedges", edges=("e1", "e2"), stale_after_s=3.0)
+    h.demand("e1", 30.0)
+    assert h.step() is None                     # e2 never reported, not yet stale: wait
+    modes = []
+    for _ in range(4):
+        h.demand("e1", 30.0)
+        d = h.step()
+        if d is not None:
+            modes.append(d.mode)
+    # stale (e2 silent) and nothing to hold: a static fallback once, then it is held
+    assert modes and modes[0] is Mode.FALLBACK and set(modes[1:]) <= {Mode.HOLD}
+    assert h.gauge("opsloop_edge_fail_static", listener="twoedges", edge="e2") == 1.0
+
+
+def test_recovery_continues_version_and_weights() -> None:
+    rec = EdgeWeights(version=41, listener="recover", edge="e1", weights={"near": 0.3, "far": 0.7},
+                      computed_at=T0)
+    h = Harness("recover", recovered={("recover", "e1"): rec})
+    ctl = h.loop.listeners["recover"].controller
+    assert ctl.version == 41
+    np.testing.assert_allclose(ctl.weights, [[0.3, 0.7]])
+    h.demand("e1", 80.0)
+    d = h.step()
+    assert d.version >= 41
+    assert abs(d.weights[0, 0] - 0.3) <= 0.5 + 1e-9   # damped from the recovered weights (max_step)
+
+
+def test_recovery_ignores_records_that_do_not_fit_the_topology() -> None:
+    rec = EdgeWeights(version=7, listener="misfit", edge="e1", weights={"gone": 1.0}, computed_at=T0)
+    h = Harness("misfit", recovered={("misfit", "e1"): rec})
+    ctl = h.loop.listeners["misfit"].controller
+    assert ctl.version == 7 and ctl.weights is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 500), st.booleans(), st.floats(0, 200), st.booleans()),
+                min_size=1, max_size=12))
+def test_never_an_all_zero_edge_and_nothing_on_a_down_origin(steps) -> None:
+    h = Harness("prop")
+    for demand, near_up, near_cap, far_pinned_down in steps:
+        h.store.set_capacity("prop", "near", near_cap)
+        h.store.set_health("prop", "far", False if far_pinned_down else None)
+        h.demand("e1", demand, near_up=near_up)
+        d = h.step()
+        w = d.weights[0]
+        assert w.sum() == pytest.approx(1.0) and (w >= 0).all() and w.max() > 0
+        if not near_up and not far_pinned_down:
+            assert w[0] == 0.0
+        if near_up and far_pinned_down:
+            assert w[1] == 0.0

@@ -1,0 +1,90 @@
+"""The control service against a real Kafka: edge.demand in, edge.weights and findings out, restart recovery."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+from kafka import KafkaProducer
+
+from controllers.edge.model import EdgeWeights
+from controllers.edge.service import EdgeService
+from controllers.edge.service.config import EdgeServiceSettings
+from controllers.edge.service.kafka_io import recover_decisions
+from opsloop.config import Settings
+from opsloop.wire import Topic
+from streams.edge.demand import EdgeDemand, OriginState
+from tests.helpers import read_topic, unique, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def service(bootstrap: str, listener: str, edge: str) -> EdgeService:
+    settings = Settings.model_validate({"kafka": {"bootstrap_servers": bootstrap}})
+    cfg = EdgeServiceSettings.model_validate({
+        "interval_s": 1, "api": {"enabled": False}, "controller": {"stale_after_s": 3},
+        "topology": {"listeners": [{
+            "name": listener, "backend": f"be-{listener}", "edges": [{"name": edge}],
+            "origins": [{"name": "near", "capacity_rps": 40}, {"name": "far", "capacity_rps": 1000}],
+            "latency_ms": {edge: {"near": 2, "far": 30}}}]}})
+    return EdgeService(settings, cfg).start()
+
+
+def records_for(bootstrap: str, listener: str) -> list[tuple[bytes, EdgeWeights]]:
+    return [(r.key, EdgeWeights.decode(r.value)) for r in read_topic(bootstrap, Topic.EDGE_WEIGHTS.value)
+            if orjson.loads(r.value).get("listener") == listener]
+
+
+def test_demand_to_weights_findings_and_restart(kafka_bootstrap: str) -> None:
+    listener, edge = unique("svc"), unique("lb")
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+
+    def send_demand(rps: float) -> None:
+        rec = EdgeDemand(edge=edge, backend=f"be-{listener}", demand_rps=rps,
+                         origins={"near": OriginState(rps=rps / 2), "far": OriginState(rps=rps / 2)},
+                         timestamp=time.time())
+        producer.send(Topic.EDGE_DEMAND.value, key=rec.key.encode(), value=rec.encode())
+        producer.flush()
+
+    svc = service(kafka_bootstrap, listener, edge)
+    try:
+        assert svc.consumer is not None and svc.consumer.assigned.wait(30)
+        svc.tick()
+        assert svc.loop.status()[listener]["mode"] == "waiting"
+        send_demand(80.0)
+        wait_until(lambda: svc.book.get(f"be-{listener}", edge) is not None, timeout=30, what="demand consumed")
+        for _ in range(3):
+            send_demand(80.0)
+            svc.tick()
+        recs = wait_until(lambda: len(r := records_for(kafka_bootstrap, listener)) >= 3 and r, timeout=30,
+                          what="weights on edge.weights")
+        assert {k for k, _ in recs} == {f"{listener}|{edge}".encode()}
+        last = recs[-1][1]
+        assert last.weights["near"] * 80 <= 40 * 1.05 and last.version >= 1
+        # the demand stops: after stale_after_s the controller holds and says so on `findings`
+        wait_until(lambda: (svc.tick(), svc.loop.status()[listener]["mode"] == "hold")[1], timeout=30,
+                   interval=1.0, what="fail static")
+        findings = wait_until(lambda: [orjson.loads(r.value) for r in read_topic(kafka_bootstrap, Topic.FINDINGS.value)
+                                       if listener in r.value.decode()], timeout=30, what="hold finding")
+        assert any(f["detector"] == "edge.weights_held" and not f["cleared"] for f in findings)
+        held_version = svc.loop.status()[listener]["version"]
+        assert held_version == last.version
+    finally:
+        svc.stop()
+    # restart: version and weights resumed from edge.weights
+    recovered = recover_decisions(kafka_bootstrap)
+    assert recovered[(listener, edge)].version == held_version
+    svc2 = service(kafka_bootstrap, listener, edge)
+    try:
+        ctl = svc2.loop.listeners[listener].controller
+        assert ctl.version == held_version
+        assert ctl.weights[0, 0] == pytest.approx(last.weights["near"])
+        assert svc2.consumer is not None and svc2.consumer.assigned.wait(30)
+        send_demand(20.0)
+        wait_until(lambda: svc2.book.get(f"be-{listener}", edge) is not None, timeout=30, what="demand consumed")
+        svc2.tick()
+        assert svc2.loop.status()[listener]["version"] >= held_version
+    finally:
+        svc2.stop()
+        producer.close()

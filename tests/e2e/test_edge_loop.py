@@ -1,0 +1,256 @@
+"""The closed edge-weight loop, live, through real components:
+
+traffic generator → real HAProxy (edge) → origins that answer 503 above their capacity;
+haproxy collector → real Kafka (telemetry.lb) → Faust stream worker (lb-rates + edge-demand agents)
+→ edge.demand → edge control service (controller + topology API) → edge.weights → actuator →
+HAProxy runtime API `set weight`.
+
+Asserted in controller intervals and weight versions (never wall-clock time): the near origin
+(capacity 40 req/s, 80 req/s offered) is held at or under its capacity + 5 % with the overflow on
+the far origin; when the near origin goes DOWN (health file → HAProxy check) or is marked unhealthy
+through the API, the decision of the first interval that sees it gives it a zero share, HAProxy
+ends with weight 0 and it gets no requests; when it recovers, traffic returns; a restarted
+controller continues the version sequence.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from kafka import KafkaConsumer, TopicPartition
+
+from controllers.edge.model import EdgeWeights
+from opsloop.haproxy_api import HaproxyAPI, parse_show_stat
+from opsloop.lab.traffic import TrafficGenerator
+from opsloop.stack import ManagedProcess, free_port
+from tests.e2e.pipeline import pipeline_config, start_collector, start_worker
+from tests.helpers import REPO, metrics_up, opsloop_process, unique, wait_until, write_config
+
+pytestmark = pytest.mark.integration
+
+RATE = 80.0
+NEAR_CAPACITY = 40.0
+TOLERANCE = 0.05
+LISTENER = "web"
+BACKEND = "be_web"
+
+
+class StandInActuator:
+    """Minimal HAProxy applier used only while controllers/actuators/service.py does not exist:
+    newest version per edge → integer weights 0..256 (a share > 0 never rounds to 0)."""
+
+    def __init__(self, bootstrap: str, edge: str, socket: Path) -> None:
+        self.bootstrap, self.edge, self.api = bootstrap, edge, HaproxyAPI(socket)
+        self.applied_version = -1
+        self.applied: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "StandInActuator":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False)
+        try:
+            parts = wait_until(lambda: consumer.partitions_for_topic("edge.weights"), timeout=60)
+            tps = [TopicPartition("edge.weights", p) for p in parts]
+            consumer.assign(tps)
+            consumer.seek_to_beginning(*tps)
+            while not self._stop.is_set():
+                for recs in consumer.poll(timeout_ms=200).values():
+                    for r in recs:
+                        rec = EdgeWeights.decode(r.value)
+                        if rec.edge == self.edge and rec.listener == LISTENER and rec.version > self.applied_version:
+                            ints = {o: (0 if s <= 0 else max(1, round(s * 256))) for o, s in rec.weights.items()}
+                            for origin, w in ints.items():
+                                self.api.set_weight(BACKEND, origin, w)
+                            self.applied, self.applied_version = ints, rec.version
+        finally:
+            consumer.close()
+
+
+class EdgeControl:
+    """The edge control service process and its API."""
+
+    def __init__(self, config: Path, workdir: Path, api_port: int, token: str) -> None:
+        self.config, self.workdir, self.api_port, self.token = config, workdir, api_port, token
+        self.proc: ManagedProcess | None = None
+
+    def start(self) -> "EdgeControl":
+        self.proc = ManagedProcess(
+            name="edge-control", argv=[sys.executable, "-m", "controllers.edge.service", "run", "--config",
+                                       str(self.config)],
+            workdir=self.workdir, env={"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+            ready=self._ready, ready_timeout_s=90)
+        self.proc.start()
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+
+    def _ready(self) -> bool:
+        return requests.get(f"http://127.0.0.1:{self.api_port}/openapi.json", timeout=1).ok
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        r = requests.request(method, f"http://127.0.0.1:{self.api_port}{path}", json=body, timeout=5,
+                             headers={"Authorization": f"Bearer {self.token}"})
+        r.raise_for_status()
+        return r.json()
+
+    def status(self) -> dict[str, Any]:
+        return self.call("GET", "/v1/status")[LISTENER]
+
+
+def server_requests(api: HaproxyAPI) -> dict[str, int]:
+    """Requests HAProxy sent to each server so far (sum of its HTTP response counters)."""
+    out = {}
+    for row in parse_show_stat(api.show_stat()):
+        if row["pxname"] == BACKEND and row["svname"] in ("near", "far"):
+            out[row["svname"]] = sum(int(row.get(f"hrsp_{c}") or 0) for c in ("1xx", "2xx", "3xx", "4xx", "5xx", "other"))
+    return out
+
+
+def wait_ticks(ctl: EdgeControl, n: int) -> dict[str, Any]:
+    start = ctl.status().get("tick", 0)
+    return wait_until(lambda: (s := ctl.status()).get("tick", 0) >= start + n and s, timeout=60, interval=0.2,
+                      what=f"{n} controller intervals")
+
+
+def haproxy_near_share(api: HaproxyAPI) -> float | None:
+    near, far = api.get_weight(BACKEND, "near")[0], api.get_weight(BACKEND, "far")[0]
+    return near / (near + far) if near + far > 0 else None
+
+
+def applied(hap: HaproxyAPI, ctl: EdgeControl, lb: str) -> dict[str, Any]:
+    """Wait until HAProxy's weights (read back) carry the controller's current shares; returns that status."""
+    def done() -> dict[str, Any] | None:
+        s = ctl.status()
+        share = haproxy_near_share(hap)
+        want = (s.get("weights") or {}).get(lb, {}).get("near")
+        return s if want is not None and share is not None and abs(share - want) <= 0.01 else None
+    return wait_until(done, timeout=60, interval=0.2, what="weights applied in HAProxy")
+
+
+def start_actuator(tmp: Path, config: Path, doc: dict[str, Any], stack, lb: str, socket: Path):
+    """The project's applier (`opsloop weights run`) when it exists, else the stand-in above."""
+    if not (REPO / "controllers" / "actuators" / "service.py").exists():
+        return StandInActuator(stack.kafka_bootstrap, lb, socket).start()
+    port = free_port()
+    proc = opsloop_process("actuator", ["weights", "run", "--config", str(config), "--edge", lb,
+                                        "--metrics-port", str(port)], tmp / "actuator", ready=lambda: metrics_up(port))
+    proc.start()
+    return proc
+
+
+def share_over(api: HaproxyAPI, ctl: EdgeControl, ticks: int) -> tuple[dict[str, int], float]:
+    """Requests per server over ``ticks`` controller intervals, and the near origin's share."""
+    before = server_requests(api)
+    wait_ticks(ctl, ticks)
+    after = server_requests(api)
+    delta = {k: after[k] - before[k] for k in after}
+    total = sum(delta.values())
+    assert total > 0, delta
+    return delta, delta["near"] / total
+
+
+def test_closed_loop_holds_capacity_moves_off_unhealthy_origin_and_back(stack, lab_edge, tmp_path: Path) -> None:
+    lab_edge.start(capacities={"near": NEAR_CAPACITY})
+    lb = unique("edge")
+    token = secrets.token_hex(24)
+    (tmp_path / "edge.token").write_text(token)
+    api_port = free_port()
+    config, doc = pipeline_config(tmp_path, stack, {"haproxy": {"instances": {lb: str(lab_edge.admin_socket)}}})
+    doc["controllers"] = {"edge": {
+        "interval_s": 1.0, "metrics_port": free_port(),
+        "api": {"port": api_port, "token_file": str(tmp_path / "edge.token")},
+        "controller": {"stale_after_s": 10},
+        "topology": {"listeners": [{
+            "name": LISTENER, "backend": BACKEND, "edges": [{"name": lb}],
+            "origins": [{"name": "near", "capacity_rps": NEAR_CAPACITY}, {"name": "far", "capacity_rps": 1000}],
+            "latency_ms": {lb: {"near": 2, "far": 30}}}]}},
+        "actuator": {"mode": "live", "stale_after_s": 30, "store_dir": str(tmp_path / "actuator-store"),
+                     "targets": [{"edge": lb, "listener": LISTENER, "kind": "haproxy",
+                                  "socket": str(lab_edge.admin_socket), "backend": BACKEND,
+                                  "servers": {"near": "near", "far": "far"}}]}}
+    write_config(config, doc)
+    hap = HaproxyAPI(lab_edge.admin_socket)
+    worker = start_worker(tmp_path, config, doc, stack)
+    collector = start_collector("haproxy", tmp_path, config, doc, stack)
+    ctl = EdgeControl(config, tmp_path / "edge-control", api_port, token).start()
+    actuator = start_actuator(tmp_path, config, doc, stack, lb, lab_edge.admin_socket)
+    gen = TrafficGenerator(lab_edge.url, RATE, workers=8).start()
+    try:
+        # 1. capacity: the near origin held at or under 40 req/s (+5 %), the overflow on the far one
+        wait_until(lambda: ctl.status().get("mode") == "normal", timeout=120, interval=0.5,
+                   what="the controller deciding on live demand")
+        wait_ticks(ctl, 3)
+        status = applied(hap, ctl, lb)
+        assert status["demand_rps"][lb] == pytest.approx(RATE, rel=0.15)
+        delta, near_share = share_over(hap, ctl, 5)
+        offered_near = near_share * status["demand_rps"][lb]
+        assert offered_near <= NEAR_CAPACITY * (1 + TOLERANCE), (delta, status)
+        assert delta["far"] >= delta["near"] * 0.8, delta          # the overflow went to the far origin
+        assert near_share > 0.3, delta                               # and the near one is still used
+        version_before_down = ctl.status()["version"]
+
+        # 2. near DOWN by its health check: zero share in the first interval that sees it
+        health_file = lab_edge.origins[0].health_file(lab_edge.workdir)
+        health_file.write_text("down")
+        seen = wait_until(lambda: (s := ctl.status()).get("checks_down") == ["near"] and s, timeout=60,
+                          interval=0.1, what="the controller seeing near DOWN")
+        assert seen["weights"][lb]["near"] == 0.0 and seen["healthy"]["near"] is False
+        assert seen["version"] > version_before_down
+        applied(hap, ctl, lb)
+        assert hap.get_weight(BACKEND, "near")[0] == 0
+        # 3. recovery: traffic returns to the near origin
+        health_file.write_text("up")
+        wait_until(lambda: ctl.status()["weights"][lb]["near"] > 0.3, timeout=90, interval=0.5,
+                   what="traffic share returning to near")
+        applied(hap, ctl, lb)
+        delta, near_share = share_over(hap, ctl, 3)
+        assert near_share > 0.3, delta
+
+        # 4. near marked unhealthy through the API: zero within one interval, no requests to it
+        tick_before = ctl.status()["tick"]
+        doc_after = ctl.call("PUT", f"/v1/listeners/{LISTENER}/origins/near/health",
+                             {"healthy": False, "reason": "e2e: drain near"})
+        assert doc_after["health_override"] is False
+        seen = wait_until(lambda: (s := ctl.status())["healthy"]["near"] is False and s, timeout=30, interval=0.1,
+                          what="the controller using the API's health")
+        assert seen["tick"] <= tick_before + 2      # the first interval after the change (the PUT raced one)
+        assert seen["weights"][lb]["near"] == 0.0
+        applied(hap, ctl, lb)
+        delta, near_share = share_over(hap, ctl, 3)
+        assert delta["near"] == 0 and delta["far"] > 0, delta
+        ctl.call("PUT", f"/v1/listeners/{LISTENER}/origins/near/health", {"healthy": None})
+        wait_until(lambda: ctl.status()["weights"][lb]["near"] > 0.3, timeout=90, interval=0.5,
+                   what="traffic share returning to near after the API override is lifted")
+
+        # 5. restart: the version sequence and the weights in force are recovered from edge.weights
+        last = ctl.status()
+        ctl.stop()
+        ctl.start()
+        resumed = wait_until(lambda: (s := ctl.status()).get("mode") in ("normal", "shed") and s, timeout=60,
+                             interval=0.2, what="the restarted controller deciding")
+        assert resumed["version"] >= last["version"]
+        assert abs(resumed["weights"][lb]["near"] - last["weights"][lb]["near"]) <= 0.25
+        assert gen.codes.get(200, 0) > 0
+    finally:
+        gen.stop()
+        actuator.stop()
+        ctl.stop()
+        collector.stop()
+        worker.stop()
