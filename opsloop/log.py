@@ -35,8 +35,6 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record, "fields", None)
         if fields:
             doc["fields"] = redact(fields)
-        elif record.args and not hasattr(record, "event"):
-            pass
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(doc, default=str).decode()

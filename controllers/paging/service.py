@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from opsloop.findings import Finding, Severity
 from opsloop.log import get_logger
+from opsloop.wire import Topic, deadletter_record
 
 from controllers.paging import metrics
 from controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError, Backoff
@@ -102,14 +103,17 @@ class PagingService:
         self._dirty = False
 
     # -- one step -------------------------------------------------------------------------
-    def handle_records(self, values: list[bytes | None], now: float) -> list[Action]:
+    def handle_records(self, values: list[bytes | None], now: float,
+                       origins: list[tuple[int, int, bytes | None]] | None = None) -> list[Action]:
+        """Apply findings; ``origins`` are the records' (partition, offset, key), named in dead letters."""
         actions: list[Action] = []
-        for raw in values:
+        for i, raw in enumerate(values):
             try:
                 finding = decode_finding(raw)
             except ValueError as e:
                 metrics.REJECTED.inc()
                 log.warning("finding_rejected", reason=str(e)[:300])
+                self._deadletter(raw, str(e), origins[i] if origins else (None, None, None))
                 continue
             for action in self.book.apply(finding, now):
                 actions.append(action)
@@ -120,6 +124,19 @@ class PagingService:
                 elif action.kind == "refresh":
                     self._dirty = True
         return actions
+
+    def _deadletter(self, raw: bytes | None, reason: str,
+                    origin: tuple[int | None, int | None, bytes | None]) -> None:
+        """Keep what was not a finding for inspection (the stream stage's dead-letter topic and shape)."""
+        if self._producer is None:
+            return
+        try:
+            partition, offset, key = origin
+            self._producer.send(Topic.DEADLETTER.value, value=deadletter_record(
+                reason, topic=self.config.topic, partition=partition, offset=offset, key=key, value=raw,
+                stage="paging"))
+        except Exception as e:  # noqa: BLE001 - counted above already; never stop paging for it
+            log.error("deadletter_failed", error=str(e)[:300])
 
     def deliver(self, now: float) -> int:
         """Post what is due (unless backing off); returns the number of alerts delivered."""
@@ -183,10 +200,11 @@ class PagingService:
         wait = min(self.config.poll_timeout_s, due_in)
         polled = self._consumer.poll(timeout_ms=max(10, int(wait * 1000)))
         metrics.LAST_POLL.set(time.time())
-        values = [rec.value for recs in polled.values() for rec in recs]
+        records = [rec for recs in polled.values() for rec in recs]
+        values = [rec.value for rec in records]
         now = time.time()
         if values:
-            self.handle_records(values, now)
+            self.handle_records(values, now, [(rec.partition, rec.offset, rec.key) for rec in records])
         if not self._caught_up:
             self._check_caught_up()
         self.deliver(now)

@@ -46,22 +46,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _proc_start_time(pid: int) -> str | None:
+def _proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat fields after the ")" that ends the command name (state first)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
-    # Field 22 (starttime), counted after the ")" that ends the command name.
-    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _proc_start_time(pid: int) -> str | None:
+    stat = _proc_stat(pid)
+    return stat[19] if stat else None  # field 22 of stat: starttime
 
 
 def pid_alive(pid: int, start_time: str | None = None) -> bool:
-    st = _proc_start_time(pid)
-    if st is None:
+    stat = _proc_stat(pid)
+    if stat is None or stat[0] == "Z":
         return False
-    if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-        return False
-    return start_time is None or st == start_time
+    return start_time is None or stat[19] == start_time
 
 
 @dataclass
