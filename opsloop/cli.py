@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "detect": ("streams.detectors.cli:main", "anomaly detection tools: `opsloop detect replay`"),
     "sim": ("controllers.edge.sim_cli:main", "closed-loop edge-weight simulator (ours vs the seed's damping)"),
     "edge": ("controllers.edge.service:main", "edge-weight control service: controller loop + topology API"),
-    "weights": ("controllers.weights_cli:main", "edge weights: show, push, rollback"),
+    "weights": ("controllers.weights_cli:main", "edge weights: run the applier, show, history, apply, rollback"),
     "page": ("controllers.paging.cli:main", "paging actuator: findings -> Alertmanager alerts (run, render-config)"),
     "audit": ("opsloop.audit.cli:main", "audit trail: why did the weights of edge X change at 03:12?"),
     "config": ("opsloop.config_cli:main", "validate a config file and print the effective settings"),

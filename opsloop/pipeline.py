@@ -9,6 +9,7 @@ then the stream worker and the HAProxy collector. Prints where to look, runs unt
 from __future__ import annotations
 
 import argparse
+import secrets
 import signal
 import sys
 import threading
@@ -18,7 +19,7 @@ from typing import Callable
 
 import yaml
 
-from opsloop.config import DEFAULT_RUN_DIR, ConfigError, Settings, load_settings
+from opsloop.config import DEFAULT_RUN_DIR, REPO_ROOT, ConfigError, Settings, load_settings
 from opsloop.lab.edge import EdgeSpec, OriginSpec, haproxy_process, origin_process
 from opsloop.stack import ManagedProcess, Stack, StackError
 
@@ -33,6 +34,9 @@ LAB_ORIGINS = (OriginSpec("near", 28081, capacity=40, latency_ms=2), OriginSpec(
 PAGER_PORT = 28090
 IPMI_METRICS_PORT = 29102
 PAGING_METRICS_PORT = 29103
+ACTUATOR_METRICS_PORT = 29105
+EDGE_METRICS_PORT = 29107
+EDGE_API_PORT = 29108
 SIMULATED_BMCS = 6
 
 
@@ -75,13 +79,16 @@ def pipeline_processes(settings: Settings, config_path: Path, run_dir: Path, tra
                  port=IPMI_METRICS_PORT),
         _opsloop("paging", run_dir, "page", "run", "--config", cfg, "--metrics-port", str(PAGING_METRICS_PORT),
                  "--state-file", str(run_dir / "paging" / "state.json"), port=PAGING_METRICS_PORT),
+        _opsloop("edge-control", run_dir, "edge", "run", "--config", cfg, port=EDGE_METRICS_PORT),
+        _opsloop("actuator", run_dir, "weights", "run", "--config", cfg, port=ACTUATOR_METRICS_PORT),
     ]
     return procs
 
 
-PROCESS_NAMES = ("paging", "collector-ipmi", "collector-haproxy", "stream-worker", "pager", "bmcs", "traffic")
+PROCESS_NAMES = ("actuator", "edge-control", "paging", "collector-ipmi", "collector-haproxy", "stream-worker", "pager", "bmcs", "traffic")
 LAB_PROCESS_NAMES = ("haproxy", "origin-near", "origin-far")
-SCRAPE_TARGETS = {"collector-ipmi": IPMI_METRICS_PORT, "paging": PAGING_METRICS_PORT}
+SCRAPE_TARGETS = {"collector-ipmi": IPMI_METRICS_PORT, "paging": PAGING_METRICS_PORT,
+                  "edge-control": EDGE_METRICS_PORT, "actuator": ACTUATOR_METRICS_PORT}
 
 
 def effective_config(base: Path | None, run_dir: Path) -> tuple[Settings, Path]:
@@ -95,8 +102,23 @@ def effective_config(base: Path | None, run_dir: Path) -> tuple[Settings, Path]:
     doc.setdefault("stream", {}).setdefault("data_dir", str(run_dir / "streams"))
     stack = doc.get("stack", {})
     am = f"http://127.0.0.1:{stack.get('alertmanager_port', 29094)}"
-    doc.setdefault("controllers", {}).setdefault("paging", {"alertmanager_urls": [am]})
+    controllers = doc.setdefault("controllers", {})
+    controllers.setdefault("paging", {"alertmanager_urls": [am]})
     run_dir.mkdir(parents=True, exist_ok=True)
+    # The closed loop over the lab edge: controller (topology = the lab) and the HAProxy actuator.
+    token = run_dir / "edge-api.token"
+    if not token.exists():
+        token.write_text(secrets.token_urlsafe(24) + "\n")
+        token.chmod(0o600)
+    controllers.setdefault("edge", {
+        "interval_s": 5.0, "topology_file": str(REPO_ROOT / "controllers" / "edge" / "topology.yaml"),
+        "metrics_port": EDGE_METRICS_PORT, "api": {"port": EDGE_API_PORT, "token_file": str(token)}})
+    controllers.setdefault("actuator", {
+        "mode": "live", "stale_after_s": 30, "store_dir": str(run_dir / "actuator" / "store"),
+        "metrics_port": ACTUATOR_METRICS_PORT,
+        "targets": [{"kind": "haproxy", "edge": "lab-edge", "listener": "web",
+                     "socket": str(run_dir / "lab" / "haproxy.sock"), "backend": "be_web",
+                     "servers": {"near": "near", "far": "far"}}]})
     path = run_dir / "opsloop.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return load_settings(path), path
@@ -128,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=Path, help="opsloop YAML config (defaults otherwise)")
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR / "pipeline")
-    p.add_argument("--traffic-rate", type=float, default=20.0, help="requests/s through the lab edge")
+    p.add_argument("--traffic-rate", type=float, default=60.0, help="requests/s through the lab edge")
     p.add_argument("--stop", action="store_true", help="stop a pipeline started by another `opsloop run`")
     p.add_argument("--duration", type=float, default=0, help="run this many seconds, then stop (0 = until Ctrl-C)")
     a = p.parse_args(argv)
@@ -166,6 +188,8 @@ opsloop is running.
   lab edge       http://127.0.0.1:{LAB_FRONTEND_PORT}/  (HAProxy; origins near :28081, far :28082)
   /metrics       stream worker :{s.stream.metrics_port} · haproxy collector :{s.collector.metrics_port} · ipmi collector :{IPMI_METRICS_PORT} · paging :{PAGING_METRICS_PORT}
   BMCs           {SIMULATED_BMCS} simulated BMCs (ipmi_sim); set one's power: write watts to {a.run_dir}/bmcs/state/<host>/watts
+  edge loop      controller :{EDGE_METRICS_PORT} (API :{EDGE_API_PORT}, token in {a.run_dir}/edge-api.token) · actuator :{ACTUATOR_METRICS_PORT}
+                 weights: opsloop weights show --config {a.run_dir}/opsloop.yaml --edge lab-edge
   pages          {a.run_dir}/pager/pages.jsonl (Alertmanager → lab pager on :{PAGER_PORT})
   logs           {a.run_dir}/*/ and {s.stack.data_dir}/*/
 Ctrl-C (or `make stop` in another shell) stops everything.

@@ -1,0 +1,279 @@
+"""``EdgeActuator``: one target (a listener on an edge) driven by decisions, with every safety rule.
+
+Order of the checks for ``apply(decision)`` (each outcome audited, counted, logged):
+
+1. not this target's listener/edge, or an origin with a share > 0 the target does not serve -> ``refused``;
+2. ``computed_at`` older than ``stale_after_s`` -> ``held`` (fail static: the live weights stay);
+3. version lower than the highest applied -> ``stale_version``; equal and fully applied -> ``noop``
+   (nothing written);
+4. read the live weights (unreachable -> ``failed``, retried by the service with back-off);
+5. bounded step from the live shares (an origin with share 0 that the LB reports DOWN is released
+   at once), integer mapping; all-zero weights -> ``refused`` and the live weights held;
+6. dry-run -> ``dry_run`` (nothing written); shadow -> ``shadow`` and ``opsloop_actuator_shadow_diff``;
+7. write as one batch, read back, compare (different -> ``mismatch``), store the entry -> ``applied``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from opsloop.audit import AuditLog, AuditMode
+from opsloop.log import get_logger
+
+from controllers.actuators import metrics
+from controllers.actuators.base import ActuatorError, ApplyResult, Target
+from controllers.actuators.mapping import MappingError, to_integer_weights, to_shares
+from controllers.actuators.safety import bound_step, reaches, share_difference
+from controllers.actuators.store import Entry, WeightStore
+from controllers.edge.model import EdgeWeights
+
+log = get_logger("actuator")
+
+_MODES = {"live": AuditMode.LIVE, "dry-run": AuditMode.DRY_RUN, "shadow": AuditMode.SHADOW}
+
+
+class EdgeActuator:
+    def __init__(self, target: Target, edge: str, listener: str, store: WeightStore, audit: AuditLog, *,
+                 mode: str = "live", max_step: float = 0.5, stale_after_s: float = 60.0, weight_total: int | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
+        self.target = target
+        self.edge = edge
+        self.listener = listener
+        self.store = store
+        self.audit = audit
+        self.mode = mode
+        self.max_step = max_step
+        self.stale_after_s = stale_after_s
+        self.weight_total = weight_total or target.max_weight
+        self.clock = clock
+        self._noop_audited: int | None = None  # a controller re-sends its version every tick: audit one noop
+
+    # -- reading -------------------------------------------------------------------------------
+    def read(self) -> dict[str, int]:
+        return self.target.read()
+
+    # -- applying a decision -------------------------------------------------------------------
+    def apply(self, decision: EdgeWeights, manual: bool = False) -> ApplyResult:
+        """Apply one decision; ``manual`` (an operator's ``opsloop weights apply``) skips the version
+        checks and does not raise the version high-water mark, so the controller's next version applies."""
+        now = self.clock()
+        shares = dict(decision.weights)
+        if (decision.listener, decision.edge) != (self.listener, self.edge):
+            return self._done(decision, ApplyResult(
+                "refused", decision.version, f"decision for {decision.listener}/{decision.edge} sent to "
+                                             f"{self.listener}/{self.edge}"))
+        unknown = sorted(o for o, s in shares.items() if s > 0 and o not in self.target.origins)
+        if unknown:
+            return self._done(decision, ApplyResult(
+                "refused", decision.version, f"origin(s) {unknown} not served by {self.target.describe()} "
+                                             f"(configured: {self.target.origins})"))
+        # origins the target serves but the decision does not name get share 0 (quiesced)
+        shares = {o: float(shares.get(o, 0.0)) for o in self.target.origins}
+        if sum(shares.values()) <= 0:
+            return self._done(decision, ApplyResult(
+                "refused", decision.version, "decision would set every server to weight 0; holding the last good "
+                                             "weights"))
+        age = now - decision.computed_at
+        if age > self.stale_after_s:
+            return self._done(decision, ApplyResult(
+                "held", decision.version, f"decision computed {age:.1f}s ago > stale_after_s {self.stale_after_s}: "
+                                          "holding the last good weights (fail static)", stale=True))
+        if self.mode == "live" and not manual:
+            high = self.store.high_water()
+            last = self.store.last()
+            if high is not None and decision.version < high:
+                return self._done(decision, ApplyResult(
+                    "stale_version", decision.version, f"version {decision.version} is older than the applied "
+                                                       f"version {high}"))
+            if high is not None and decision.version == high and last is not None \
+                    and (last.complete or last.action != "apply"):
+                return self._done(decision, ApplyResult(
+                    "noop", decision.version, f"version {decision.version} already applied", after=last.weights))
+        try:
+            before = self.target.read()
+        except ActuatorError as e:
+            if self.mode != "dry-run":
+                return self._failed(decision, e, None)
+            before = None
+        live_shares = to_shares(before) if before else {}
+        down = self._down() if before else set()
+        releasable = {o for o in down if shares.get(o, 0.0) <= 0.0}
+        stepped = bound_step(live_shares, shares, self.max_step, releasable) if before else dict(shares)
+        complete = reaches(stepped, shares, tol=1e-6)
+        try:
+            ints = to_integer_weights(stepped, self.weight_total)
+        except MappingError as e:
+            return self._done(decision, ApplyResult("refused", decision.version, str(e), before=before))
+        if sum(ints.values()) <= 0:
+            return self._done(decision, ApplyResult(
+                "refused", decision.version, "decision would set every server to weight 0; holding the last good "
+                                             "weights", before=before, after=ints))
+        note = "" if complete else f"; step bounded by max_step {self.max_step} (more steps to the decision)"
+        released = f"; released DOWN origin(s) {sorted(releasable)}" if releasable and before else ""
+        if self.mode == "dry-run":
+            return self._done(decision, ApplyResult("dry_run", decision.version, "would set weights" + note + released,
+                                                    before=before, after=ints, shares=stepped, complete=complete))
+        if self.mode == "shadow":
+            diff = share_difference(live_shares, shares)
+            metrics.SHADOW_DIFF.labels(self.edge, self.listener).set(diff)
+            return self._done(decision, ApplyResult("shadow", decision.version,
+                                                    f"would move {diff:.3f} of the traffic" + note + released,
+                                                    before=before, after=ints, shares=stepped, complete=complete))
+        assert before is not None
+        if ints != before:
+            try:
+                self.target.write(ints)
+            except ActuatorError as e:
+                return self._failed(decision, e, before, ints)
+        result = self._verify(decision, before, ints, stepped, complete)
+        if result is not None:
+            return result
+        self.store.append(Entry(version=decision.version, weights=ints, shares=stepped, decision=shares,
+                                complete=complete, computed_at=decision.computed_at,
+                                action="manual" if manual else "apply",
+                                reason=(decision.reason + note + released)[:500]))
+        self._publish_weights(ints, decision.version)
+        why = decision.reason or "decision"
+        if ints == before:
+            why += "; weights already live, nothing written"
+        return self._done(decision, ApplyResult("applied", decision.version, why + note + released, before=before,
+                                                after=ints, shares=stepped, complete=complete))
+
+    def _verify(self, decision: EdgeWeights | None, before: dict[str, int] | None, ints: dict[str, int],
+                shares: dict[str, float], complete: bool, version: int | None = None) -> ApplyResult | None:
+        """Read back what was written; a ``mismatch`` (or unreadable) result, or None when it matches."""
+        version = decision.version if decision is not None else version
+        try:
+            live = self.target.read()
+        except ActuatorError as e:
+            return self._failed(decision, e, before, ints, version=version)
+        if live != ints:
+            metrics.ERRORS.labels(self.edge, "mismatch").inc()
+            res = ApplyResult("mismatch", version, f"read back {live} after writing {ints}", before=before,
+                              after=live, shares=shares, complete=complete, error="read-back mismatch")
+            return self._done(decision, res, version=version)
+        return None
+
+    def _down(self) -> set[str]:
+        try:
+            return self.target.down()
+        except ActuatorError:
+            return set()
+
+    def _failed(self, decision: EdgeWeights | None, error: ActuatorError, before: dict[str, int] | None,
+                after: dict[str, int] | None = None, version: int | None = None) -> ApplyResult:
+        metrics.ERRORS.labels(self.edge, error.kind).inc()
+        version = decision.version if decision is not None else version
+        return self._done(decision, ApplyResult("failed", version, f"{error.kind}: {error}", before=before,
+                                                after=after, error=str(error)[:1000]), version=version)
+
+    def _publish_weights(self, ints: dict[str, int], version: int) -> None:
+        for origin, w in ints.items():
+            metrics.WEIGHT.labels(self.edge, self.listener, origin).set(w)
+        metrics.VERSION.labels(self.edge, self.listener).set(version)
+
+    # -- drift ----------------------------------------------------------------------------------
+    def reconcile(self) -> ApplyResult | None:
+        """Put the last stored weights back when the LB drifted (HAProxy restarted with its config
+        weights, a hand-made ``set weight``). None when nothing is stored, the LB matches, or the mode
+        is not live; an unreachable LB only counts an error (the next apply or reconcile retries)."""
+        last = self.store.last()
+        if last is None or self.mode != "live":
+            return None
+        want = {o: int(last.weights.get(o, 0)) for o in self.target.origins}
+        try:
+            live = self.target.read()
+        except ActuatorError as e:
+            metrics.ERRORS.labels(self.edge, e.kind).inc()
+            return None
+        if live == want or sum(want.values()) <= 0:
+            return None
+        try:
+            self.target.write(want)
+        except ActuatorError as e:
+            return self._failed(None, e, live, want, version=last.version)
+        bad = self._verify(None, live, want, last.shares, True, version=last.version)
+        if bad is not None:
+            return bad
+        self._publish_weights(want, last.version)
+        return self._done(None, ApplyResult("applied", last.version, f"drift: live weights {live} differ from the "
+                                                                     f"stored version {last.version}; re-applied",
+                                            before=live, after=want, shares=last.shares),
+                          action="edge.weights.reconcile")
+
+    # -- hold / rollback -----------------------------------------------------------------------
+    def hold(self, reason: str) -> ApplyResult:
+        """Fail static without a decision to blame (none arrived for stale_after_s): audited once per call."""
+        last = self.store.last()
+        return self._done(None, ApplyResult("held", last.version if last else None, reason,
+                                            after=last.weights if last else None, stale=True))
+
+    def rollback(self, to_version: int | None = None, reason: str = "") -> ApplyResult:
+        """Re-apply the previous (or the given) version's weights from the store, audited."""
+        history = self.store.history()
+        if not history:
+            return self._done(None, ApplyResult("refused", to_version, "no applied weights in the history"),
+                              action="edge.weights.rollback")
+        if to_version is None:
+            current = history[-1].version
+            earlier = [e for e in history if e.version < current]
+            if not earlier:
+                return self._done(None, ApplyResult("refused", None, f"no version older than {current} in the "
+                                                                     "history"), action="edge.weights.rollback")
+            entry = earlier[-1]
+        else:
+            found = [e for e in history if e.version == to_version]
+            if not found:
+                known = sorted({e.version for e in history})
+                return self._done(None, ApplyResult("refused", to_version, f"version {to_version} not in the "
+                                                                           f"history (known: {known})"),
+                                  action="edge.weights.rollback")
+            entry = found[-1]
+        ints = {o: int(entry.weights.get(o, 0)) for o in self.target.origins}
+        if sum(ints.values()) <= 0:
+            return self._done(None, ApplyResult("refused", entry.version, "version would zero every server"),
+                              action="edge.weights.rollback")
+        why = reason or f"operator rollback to version {entry.version}"
+        if self.mode != "live":
+            res = ApplyResult("dry_run" if self.mode == "dry-run" else "shadow", entry.version, why, after=ints)
+            return self._done(None, res, action="edge.weights.rollback")
+        try:
+            before = self.target.read()
+            if before != ints:
+                self.target.write(ints)
+        except ActuatorError as e:
+            res = self._failed(None, e, None, ints, version=entry.version)
+            return res
+        bad = self._verify(None, before, ints, entry.shares, True, version=entry.version)
+        if bad is not None:
+            return bad
+        self.store.append(Entry(version=entry.version, weights=ints, shares=entry.shares, decision=entry.decision,
+                                complete=True, action="rollback", reason=why[:500]))
+        self._publish_weights(ints, entry.version)
+        return self._done(None, ApplyResult("rolled_back", entry.version, why, before=before, after=ints,
+                                            shares=entry.shares), action="edge.weights.rollback")
+
+    # -- audit, metrics, log -------------------------------------------------------------------
+    def _done(self, decision: EdgeWeights | None, res: ApplyResult, version: int | None = None,
+              action: str = "edge.weights.apply") -> ApplyResult:
+        metrics.APPLIES.labels(self.edge, self.listener, res.result).inc()
+        if res.result == "noop":
+            if self._noop_audited == res.version:
+                log.debug("weights_noop", edge=self.edge, listener=self.listener, version=res.version)
+                return res  # counted; the trail already says this version was re-sent
+            self._noop_audited = res.version
+        reason = res.reason
+        if decision is not None and decision.mode.value != "normal":
+            reason = f"[decision mode {decision.mode.value}] {reason}"
+        self.audit.record(actor=f"actuator.{self.target.kind}", action=action, target=self.target.describe(),
+                          edge=self.edge, listener=self.listener, version=res.version,
+                          before=res.before, after=res.after, reason=reason[:4000], mode=_MODES[self.mode],
+                          result=res.result, error=res.error,
+                          labels={"complete": str(res.complete).lower()})
+        level = log.warning if res.result in ("failed", "mismatch", "refused", "held", "stale_version") else log.info
+        level("weights_" + res.result, edge=self.edge, listener=self.listener, version=res.version,
+              before=res.before, after=res.after, reason=reason[:500])
+        return res

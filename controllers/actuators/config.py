@@ -1,0 +1,146 @@
+"""The ``controllers.actuator`` section of the opsloop config file.
+
+    controllers:
+      actuator:
+        mode: live                 # live | dry-run | shadow
+        max_step: 0.5              # largest share change per origin per apply
+        stale_after_s: 60          # decisions older than this (computed_at) are held (fail static)
+        store_dir: .run/actuator   # versioned history of applied weights (JSON lines)
+        targets:
+          - {edge: ams1, listener: web, kind: haproxy, socket: /run/haproxy/admin.sock,
+             backend: be_web, servers: {eu: eu1, us-east: use1}}
+          - {edge: ams1, listener: app, kind: lvs, command: [/usr/sbin/ipvsadm],
+             service: "tcp:192.0.2.10:443", reals: {eu: "10.0.0.1:443", us-east: "10.0.1.1:443"}}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from opsloop.config import DEFAULT_RUN_DIR, LOOPBACK, Settings
+from opsloop.wire import Topic, describe_validation_error
+
+from controllers.actuators.mapping import HAPROXY_MAX_WEIGHT, IPVS_MAX_WEIGHT
+
+SECTION = "actuator"
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$"
+
+
+class ActuatorConfigError(ValueError):
+    """The actuator section is invalid; the message names the field and value."""
+
+
+class _Target(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    edge: str = Field(min_length=1, max_length=200, pattern=_NAME)
+    listener: str = Field(min_length=1, max_length=200, pattern=_NAME)
+
+
+class HaproxyTargetConfig(_Target):
+    kind: Literal["haproxy"]
+    socket: Path
+    backend: str = Field(min_length=1)
+    servers: dict[str, str] = Field(min_length=1)   # origin -> HAProxy server name
+    weight_total: int = Field(default=HAPROXY_MAX_WEIGHT, ge=1, le=HAPROXY_MAX_WEIGHT)
+    timeout_s: float = Field(default=2.0, gt=0, le=60)
+
+
+class LvsTargetConfig(_Target):
+    kind: Literal["lvs"]
+    command: list[str] = Field(default_factory=lambda: ["/usr/sbin/ipvsadm"], min_length=1)
+    service: str                                    # tcp:VIP:PORT, udp:VIP:PORT, sctp:VIP:PORT or fwm:MARK
+    reals: dict[str, str] = Field(min_length=1)     # origin -> RIP:PORT ([v6]:PORT)
+    weight_total: int = Field(default=10_000, ge=1, le=IPVS_MAX_WEIGHT)
+    timeout_s: float = Field(default=5.0, gt=0, le=60)
+
+    @field_validator("service")
+    @classmethod
+    def _service(cls, v: str) -> str:
+        from controllers.actuators.lvs import parse_service_spec
+
+        parse_service_spec(v)
+        return v
+
+    @field_validator("reals")
+    @classmethod
+    def _reals(cls, v: dict[str, str]) -> dict[str, str]:
+        from controllers.actuators.lvs import parse_real_spec
+
+        for origin, real in v.items():
+            try:
+                parse_real_spec(real)
+            except ValueError as e:
+                raise ValueError(f"reals[{origin!r}]: {e}") from None
+        return v
+
+
+TargetConfig = Annotated[Union[HaproxyTargetConfig, LvsTargetConfig], Field(discriminator="kind")]
+
+
+class ActuatorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["live", "dry-run", "shadow"] = "live"
+    max_step: float = Field(default=0.5, gt=0.0, le=1.0)
+    stale_after_s: float = Field(default=60.0, gt=0)
+    store_dir: Path = DEFAULT_RUN_DIR / "actuator"
+    history_max: int = Field(default=200, ge=2, le=100_000)
+    topic: str = Field(default=Topic.EDGE_WEIGHTS.value, min_length=1)
+    findings_topic: str = Field(default=Topic.FINDINGS.value, min_length=1)
+    group_prefix: str = Field(default="opsloop-actuator", min_length=1)
+    start_offset: Literal["earliest", "latest"] = "earliest"
+    backoff_initial_s: float = Field(default=0.5, gt=0)
+    backoff_max_s: float = Field(default=30.0, gt=0)
+    # re-read the LB this often and put the last applied weights back if they drifted (None: never)
+    reconcile_interval_s: float | None = Field(default=30.0, gt=0)
+    poll_timeout_s: float = Field(default=0.5, gt=0, le=30)
+    metrics_bind: str = LOOPBACK
+    metrics_port: int = Field(default=29105, ge=0, le=65535)
+    targets: list[TargetConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ActuatorConfig":
+        seen: set[tuple[str, str]] = set()
+        for t in self.targets:
+            key = (t.edge, t.listener)
+            if key in seen:
+                raise ValueError(f"targets: listener {t.listener!r} on edge {t.edge!r} configured twice")
+            seen.add(key)
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError(f"backoff_max_s ({self.backoff_max_s}) < backoff_initial_s ({self.backoff_initial_s})")
+        return self
+
+    @property
+    def edges(self) -> list[str]:
+        return sorted({t.edge for t in self.targets})
+
+    def targets_for(self, edge: str) -> list[HaproxyTargetConfig | LvsTargetConfig]:
+        return [t for t in self.targets if t.edge == edge]
+
+    def target(self, edge: str, listener: str | None = None) -> HaproxyTargetConfig | LvsTargetConfig:
+        matches = [t for t in self.targets_for(edge) if listener is None or t.listener == listener]
+        if not matches:
+            known = sorted(f"{t.edge}/{t.listener}" for t in self.targets)
+            raise ActuatorConfigError(f"no actuator target for edge {edge!r}" +
+                                      (f" listener {listener!r}" if listener else "") + f" (configured: {known})")
+        if len(matches) > 1:
+            raise ActuatorConfigError(f"edge {edge!r} has several listeners "
+                                      f"{sorted(t.listener for t in matches)}; pass --listener")
+        return matches[0]
+
+
+def actuator_config(settings: Settings, overrides: dict[str, Any] | None = None) -> ActuatorConfig:
+    doc = dict(settings.controllers.get(SECTION) or {})
+    doc.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return ActuatorConfig.model_validate(doc)
+    except ValidationError as e:
+        raise ActuatorConfigError(f"controllers.{SECTION}: {describe_validation_error(e)}") from None
+
+
+__all__ = ["ActuatorConfig", "ActuatorConfigError", "HaproxyTargetConfig", "LvsTargetConfig", "actuator_config",
+           "ipaddress"]

@@ -1,0 +1,202 @@
+"""LVS target: integer weights through ``ipvsadm``, one batch per apply, read back with ``-Ln --exact``.
+
+The batch is ``ipvsadm -R`` restore input, one ``-e`` (edit real server) line per real server::
+
+    -e -t 192.0.2.10:443 -r 10.0.0.1:443 -m -w 700
+
+The forwarding method (``-g``/``-m``/``-i``) is repeated from the live listing because an edit
+without it resets the real server to the default (direct routing). ``ipvsadm -R`` is not atomic:
+when it fails, the weights read before are restored with a second ``-R`` and the error raised.
+
+``-Ln`` prints (ipvsadm.c ``print_title``/``print_service_entry``)::
+
+    IP Virtual Server version 1.2.1 (size=4096)
+    Prot LocalAddress:Port Scheduler Flags
+      -> RemoteAddress:Port           Forward Weight ActiveConn InActConn
+    TCP  192.168.0.22:3306 wlc persistent 300
+      -> 192.168.82.22:3306           Route   100    248        2
+    FWM  268439552 wlc
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+
+from collectors.lvs.parse import LvsParseError, RealKey, RealServer, Service, ServiceKey, _dec_addr_port
+
+from controllers.actuators.base import ActuatorError
+from controllers.actuators.config import LvsTargetConfig
+from controllers.actuators.mapping import IPVS_MAX_WEIGHT
+
+_FORWARD_FLAGS = {"Route": "-g", "Masq": "-m", "Tunnel": "-i", "Local": "-g"}
+_PROTO_FLAGS = {"tcp": "-t", "udp": "-u", "sctp": "--sctp-service", "fwm": "-f"}
+
+
+def _addr_port(text: str, what: str) -> tuple[str, int, str]:
+    host, sep, port_s = text.rpartition(":")
+    if not sep or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        raise ValueError(f"{what} {text!r}: expected ADDRESS:PORT ([IPv6]:PORT)")
+    bracketed = host.startswith("[") and host.endswith("]")
+    try:
+        addr = ipaddress.ip_address(host[1:-1] if bracketed else host)
+    except ValueError:
+        raise ValueError(f"{what} {text!r}: {host!r} is not an IP address") from None
+    if addr.version == 6 and not bracketed:
+        raise ValueError(f"{what} {text!r}: write IPv6 addresses in brackets, [{host}]:{port_s}")
+    return str(addr), int(port_s), "inet6" if addr.version == 6 else "inet"
+
+
+def parse_service_spec(spec: str) -> ServiceKey:
+    """``tcp:VIP:PORT`` / ``udp:...`` / ``sctp:...`` / ``fwm:MARK`` -> ServiceKey."""
+    proto, sep, rest = spec.partition(":")
+    proto = proto.lower()
+    if not sep or proto not in _PROTO_FLAGS:
+        raise ValueError(f"virtual service {spec!r}: expected tcp:VIP:PORT, udp:VIP:PORT, sctp:VIP:PORT or fwm:MARK")
+    if proto == "fwm":
+        if not rest.isdigit() or int(rest) < 1:
+            raise ValueError(f"virtual service {spec!r}: firewall mark must be a positive integer")
+        return ServiceKey("fwm", fwmark=int(rest))
+    address, port, family = _addr_port(rest, "virtual service")
+    return ServiceKey(proto, address, port, family=family)
+
+
+def parse_real_spec(spec: str) -> RealKey:
+    address, port, family = _addr_port(spec, "real server")
+    return RealKey(address, port, family)
+
+
+def _host(address: str, family: str) -> str:
+    return f"[{address}]" if family == "inet6" else address
+
+
+def service_args(key: ServiceKey) -> list[str]:
+    if key.protocol == "fwm":
+        return ["-f", str(key.fwmark)]
+    return [_PROTO_FLAGS[key.protocol], f"{_host(key.address, key.family)}:{key.port}"]
+
+
+def parse_ipvsadm_list(text: str, source: str = "ipvsadm -Ln") -> list[Service]:
+    """Parse the plain ``ipvsadm -Ln [--exact]`` listing (weights, not counters)."""
+    services: list[Service] = []
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("IP Virtual Server version"):
+        raise LvsParseError(source, 1, lines[0] if lines else "", "missing 'IP Virtual Server version' header")
+    for line_no, raw in enumerate(lines[1:], start=2):
+        line = raw.strip()
+        if not line or line.startswith("Prot LocalAddress") or line.startswith("-> RemoteAddress"):
+            continue
+        parts = line.split()
+        if parts[0] == "->":
+            if not services:
+                raise LvsParseError(source, line_no, raw, "real server before any service")
+            if len(parts) != 6:
+                raise LvsParseError(source, line_no, raw, "real server line needs address, forward, weight, "
+                                                          "active and inactive connections")
+            address, port, family = _dec_addr_port(parts[1], source, line_no, raw)
+            if not all(p.isdigit() for p in parts[3:6]):
+                raise LvsParseError(source, line_no, raw, "weight and connection counts must be decimal integers")
+            weight, active, inactive = (int(p) for p in parts[3:6])
+            services[-1].reals.append(RealServer(RealKey(address, port, family), parts[2], weight, active, inactive))
+        elif parts[0] in ("TCP", "UDP", "SCTP", "FWM"):
+            if len(parts) < 3:
+                raise LvsParseError(source, line_no, raw, "service line needs address and scheduler")
+            if parts[0] == "FWM":
+                if not parts[1].isdigit():
+                    raise LvsParseError(source, line_no, raw, "firewall mark must be decimal")
+                key = ServiceKey("fwm", fwmark=int(parts[1]))
+            else:
+                address, port, family = _dec_addr_port(parts[1], source, line_no, raw)
+                key = ServiceKey(parts[0].lower(), address, port, family=family)
+            services.append(Service(key, parts[2]))  # flags (persistent, ops, ...) are not needed here
+        else:
+            raise LvsParseError(source, line_no, raw, "neither a service nor a real server line")
+    return services
+
+
+class LvsTarget:
+    kind = "lvs"
+    max_weight = IPVS_MAX_WEIGHT
+
+    def __init__(self, config: LvsTargetConfig) -> None:
+        self.config = config
+        self.service = parse_service_spec(config.service)
+        self.reals = {o: parse_real_spec(r) for o, r in config.reals.items()}
+
+    @property
+    def origins(self) -> list[str]:
+        return list(self.config.reals)
+
+    def describe(self) -> str:
+        return f"lvs:{self.config.edge}/{self.config.listener}"
+
+    def _run(self, args: list[str], stdin: str | None = None) -> str:
+        argv = [*self.config.command, *args]
+        try:
+            proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=self.config.timeout_s)
+        except FileNotFoundError:
+            raise ActuatorError(f"{self.describe()}: cannot execute {argv[0]} (install ipvsadm)", "unreachable") \
+                from None
+        except subprocess.TimeoutExpired:
+            raise ActuatorError(f"{self.describe()}: {' '.join(argv[-3:])} timed out after "
+                                f"{self.config.timeout_s}s", "unreachable") from None
+        if proc.returncode != 0:
+            err = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
+            kind = "unreachable" if any("initialize ipvs" in e for e in err) else "command"
+            raise ActuatorError(f"{self.describe()}: ipvsadm {' '.join(args[:2])} exit {proc.returncode}: "
+                                f"{' | '.join(err[-3:])[:300]}", kind)
+        return proc.stdout
+
+    def _live(self) -> dict[str, RealServer]:
+        text = self._run(["-Ln", "--exact"])
+        try:
+            services = parse_ipvsadm_list(text)
+        except LvsParseError as e:
+            raise ActuatorError(f"{self.describe()}: {e}", "parse") from None
+        svc = next((s for s in services if s.key == self.service), None)
+        if svc is None:
+            raise ActuatorError(f"{self.describe()}: virtual service {self.config.service} not in ipvsadm -Ln",
+                                "missing")
+        by_key = {(r.key.address, r.key.port): r for r in svc.reals}
+        out: dict[str, RealServer] = {}
+        for origin, key in self.reals.items():
+            real = by_key.get((key.address, key.port))
+            if real is None:
+                raise ActuatorError(f"{self.describe()}: real server {self.config.reals[origin]} ({origin}) not in "
+                                    f"virtual service {self.config.service}", "missing")
+            out[origin] = real
+        return out
+
+    def read(self) -> dict[str, int]:
+        return {o: r.weight for o, r in self._live().items()}
+
+    def restore_input(self, weights: dict[str, int], forward: dict[str, str]) -> str:
+        lines = []
+        for origin, weight in weights.items():
+            if not 0 <= weight <= IPVS_MAX_WEIGHT:
+                raise ActuatorError(f"{self.describe()}: weight {weight} for {origin} outside 0..65535", "config")
+            real = self.reals[origin]
+            lines.append(" ".join(["-e", *service_args(self.service), "-r",
+                                   f"{_host(real.address, real.family)}:{real.port}",
+                                   _FORWARD_FLAGS.get(forward.get(origin, "Route"), "-g"), "-w", str(weight)]))
+        return "\n".join(lines) + "\n"
+
+    def write(self, weights: dict[str, int]) -> None:
+        unknown = sorted(set(weights) - set(self.reals))
+        if unknown:
+            raise ActuatorError(f"{self.describe()}: no real server configured for origin(s) {unknown}", "config")
+        live = self._live()
+        forward = {o: r.forward for o, r in live.items()}
+        try:
+            self._run(["-R"], self.restore_input(weights, forward))
+        except ActuatorError as e:
+            # -R is not atomic: put back what was live before, then report the original error
+            try:
+                self._run(["-R"], self.restore_input({o: r.weight for o, r in live.items()}, forward))
+                note = "previous weights restored"
+            except ActuatorError as undo:
+                note = f"restoring the previous weights failed too: {undo}"
+            raise ActuatorError(f"{e} ({note})", e.kind) from None
+
+    def down(self) -> set[str]:
+        return set()  # ipvsadm has no health view; keepalived/ldirectord quiesce a dead real to weight 0

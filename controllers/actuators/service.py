@@ -1,0 +1,235 @@
+"""The applier service: consume ``edge.weights``, apply this node's decisions with every safety rule.
+
+One process per edge node (``opsloop weights run --edge ams1``), consumer group
+``opsloop-actuator-<edge>``. Records are keyed ``<listener>|<edge>``; other edges' records are
+skipped without decoding. Per (listener, edge) only the newest decision of a poll is applied.
+
+* a failed apply (target unreachable) keeps the decision pending and retries it with exponential
+  back-off; ``opsloop_actuator_errors_total{edge,kind}`` counts every failure; offsets are committed
+  only when nothing is pending, so a restart re-reads what was not applied (replays are no-ops);
+* drift: every ``reconcile_interval_s`` the LB is read and the last applied weights are put back if
+  they differ (HAProxy restarted with its config weights), audited ``edge.weights.reconcile``;
+* fail static: a decision older than ``stale_after_s``, or none for ``stale_after_s``, holds the
+  live weights, sets ``opsloop_edge_fail_static{listener,edge}`` to 1 and opens an
+  ``edge.fail_static`` finding; a fresh decision clears both.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from opsloop.audit import AuditLog
+from opsloop.findings import Finding, Severity
+from opsloop.log import get_logger
+from opsloop.wire import describe_validation_error
+
+from controllers.actuators import metrics
+from controllers.actuators.applier import EdgeActuator
+from controllers.actuators.base import ApplyResult, Target
+from controllers.actuators.config import ActuatorConfig, HaproxyTargetConfig, LvsTargetConfig
+from controllers.actuators.store import WeightStore
+from controllers.edge.model import EdgeWeights
+
+log = get_logger("actuator.service")
+FAIL_STATIC_DETECTOR = "edge.fail_static"
+
+
+def make_target(cfg: HaproxyTargetConfig | LvsTargetConfig) -> Target:
+    if isinstance(cfg, HaproxyTargetConfig):
+        from controllers.actuators.haproxy import HaproxyTarget
+
+        return HaproxyTarget(cfg)
+    from controllers.actuators.lvs import LvsTarget
+
+    return LvsTarget(cfg)
+
+
+def make_actuator(config: ActuatorConfig, cfg: HaproxyTargetConfig | LvsTargetConfig, audit: AuditLog,
+                  mode: str | None = None) -> EdgeActuator:
+    store = WeightStore(config.store_dir, cfg.edge, cfg.listener, config.history_max)
+    return EdgeActuator(make_target(cfg), cfg.edge, cfg.listener, store, audit, mode=mode or config.mode,
+                        max_step=config.max_step, stale_after_s=config.stale_after_s, weight_total=cfg.weight_total)
+
+
+def decode_decision(raw: bytes | None) -> EdgeWeights:
+    """A record of ``edge.weights``; ValueError names what is wrong."""
+    if not raw:
+        raise ValueError("empty record")
+    try:
+        return EdgeWeights.decode(raw)
+    except ValidationError as e:
+        raise ValueError(describe_validation_error(e)) from None
+
+
+@dataclass
+class _Slot:
+    actuator: EdgeActuator
+    pending: EdgeWeights | None = None
+    retry_at: float = 0.0
+    delay_s: float = 0.0
+    last_fresh: float = field(default_factory=time.time)
+    fail_static_since: float | None = None
+    next_reconcile: float = 0.0
+
+
+class ActuatorService:
+    def __init__(self, config: ActuatorConfig, bootstrap_servers: str, edges: list[str], audit: AuditLog, *,
+                 consumer: Any = None, producer: Any = None, client_id: str = "opsloop-actuator") -> None:
+        unknown = sorted(set(edges) - set(config.edges))
+        if not edges or unknown:
+            raise ValueError(f"edges {unknown or edges!r}: no actuator targets configured for them "
+                             f"(configured edges: {config.edges})")
+        self.config = config
+        self.bootstrap = bootstrap_servers
+        self.edges = sorted(set(edges))
+        self.audit = audit
+        self.client_id = client_id
+        self.group_id = f"{config.group_prefix}-{'+'.join(self.edges)}"
+        self._consumer = consumer
+        self._producer = producer
+        now = time.time()
+        self.slots: dict[tuple[str, str], _Slot] = {
+            (t.listener, t.edge): _Slot(make_actuator(config, t, audit), last_fresh=now)
+            for t in config.targets if t.edge in self.edges}
+        for listener, edge in self.slots:
+            metrics.FAIL_STATIC.labels(listener, edge).set(0)
+
+    # -- wiring ----------------------------------------------------------------------------------
+    def connect(self) -> None:
+        from kafka import KafkaConsumer, KafkaProducer
+
+        if self._consumer is None:
+            self._consumer = KafkaConsumer(
+                self.config.topic, bootstrap_servers=self.bootstrap, group_id=self.group_id,
+                client_id=self.client_id, enable_auto_commit=False, auto_offset_reset=self.config.start_offset,
+                metadata_max_age_ms=10_000)
+        if self._producer is None:
+            self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, client_id=self.client_id, acks="all",
+                                           linger_ms=5, max_block_ms=5000, request_timeout_ms=5000)
+
+    # -- one step --------------------------------------------------------------------------------
+    def handle_records(self, records: list[tuple[bytes | None, bytes | None]]) -> int:
+        """Queue the newest decision per (listener, edge) of ours; returns how many were queued."""
+        queued = 0
+        for key, value in records:
+            if key:
+                _, _, key_edge = key.decode("utf-8", "replace").rpartition("|")
+                if key_edge and key_edge not in self.edges:
+                    continue  # another edge's decision: not ours to decode
+            try:
+                d = decode_decision(value)
+            except ValueError as e:
+                metrics.REJECTED.inc()
+                log.warning("decision_rejected", reason=str(e)[:300])
+                continue
+            if d.edge not in self.edges:
+                continue
+            slot = self.slots.get((d.listener, d.edge))
+            if slot is None:
+                log.warning("decision_without_target", listener=d.listener, edge=d.edge, version=d.version)
+                continue
+            if slot.pending is None or d.version >= slot.pending.version:
+                slot.pending = d
+                queued += 1
+        return queued
+
+    def tick(self, now: float) -> None:
+        """Apply what is pending (when its back-off allows), then check for fail static."""
+        for (listener, edge), slot in self.slots.items():
+            if slot.pending is not None and now >= slot.retry_at:
+                res = slot.actuator.apply(slot.pending)
+                self._after_apply(slot, res, now)
+            elif slot.pending is None and self.config.reconcile_interval_s and now >= slot.next_reconcile:
+                slot.next_reconcile = now + self.config.reconcile_interval_s
+                slot.actuator.reconcile()
+            if slot.fail_static_since is None and now - slot.last_fresh > self.config.stale_after_s:
+                self._enter_fail_static(slot, now, f"no fresh decision for {now - slot.last_fresh:.1f}s "
+                                                   f"> stale_after_s {self.config.stale_after_s}", audit=True)
+
+    def _after_apply(self, slot: _Slot, res: ApplyResult, now: float) -> None:
+        if res.retry:
+            slot.delay_s = min(self.config.backoff_max_s, max(self.config.backoff_initial_s, slot.delay_s * 2))
+            slot.retry_at = now + slot.delay_s
+            log.warning("apply_retry", edge=slot.actuator.edge, listener=slot.actuator.listener,
+                        retry_in_s=slot.delay_s, error=(res.error or "")[:300])
+            return
+        slot.pending = None
+        slot.delay_s = 0.0
+        slot.retry_at = 0.0
+        if res.stale:
+            self._enter_fail_static(slot, now, res.reason, audit=False)  # the apply audited "held" already
+        elif res.result != "refused":
+            slot.last_fresh = now
+            self._leave_fail_static(slot, now)
+
+    def _finding(self, slot: _Slot, now: float, reason: str, cleared: bool) -> None:
+        a = slot.actuator
+        first = slot.fail_static_since or now
+        f = Finding(detector=FAIL_STATIC_DETECTOR, what="edge weights held (fail static): no fresh decision",
+                    where={"listener": a.listener, "edge": a.edge}, observed=round(now - slot.last_fresh, 1),
+                    expected=self.config.stale_after_s, severity=Severity.WARNING, explanation=reason[:1000],
+                    first_seen=first, last_seen=now, cleared=cleared,
+                    runbook="edge-weights#fail-static")
+        try:
+            self._producer.send(self.config.findings_topic, key=f.id.encode(), value=f.encode())
+        except Exception as e:  # noqa: BLE001 - a broker hiccup must not stop the actuator
+            log.error("finding_publish_failed", error=str(e)[:300])
+
+    def _enter_fail_static(self, slot: _Slot, now: float, reason: str, audit: bool) -> None:
+        if slot.fail_static_since is not None:
+            return
+        slot.fail_static_since = now
+        metrics.FAIL_STATIC.labels(slot.actuator.listener, slot.actuator.edge).set(1)
+        if audit:
+            slot.actuator.hold(reason)
+        self._finding(slot, now, reason, cleared=False)
+        log.warning("fail_static", edge=slot.actuator.edge, listener=slot.actuator.listener, reason=reason)
+
+    def _leave_fail_static(self, slot: _Slot, now: float) -> None:
+        if slot.fail_static_since is None:
+            return
+        self._finding(slot, now, "fresh decisions are back", cleared=True)
+        slot.fail_static_since = None
+        metrics.FAIL_STATIC.labels(slot.actuator.listener, slot.actuator.edge).set(0)
+        log.info("fail_static_cleared", edge=slot.actuator.edge, listener=slot.actuator.listener)
+
+    def step(self) -> None:
+        now = time.time()
+        waits = [max(0.0, s.retry_at - now) for s in self.slots.values() if s.pending is not None]
+        timeout = min([self.config.poll_timeout_s, *waits])
+        polled = self._consumer.poll(timeout_ms=max(10, int(timeout * 1000)))
+        metrics.ASSIGNED.set(len(self._consumer.assignment()))
+        records = [(r.key, r.value) for recs in polled.values() for r in recs]
+        if records:
+            self.handle_records(records)
+        self.tick(time.time())
+        if records and all(s.pending is None for s in self.slots.values()):
+            self._consumer.commit()
+
+    def run(self, stop: threading.Event) -> None:
+        self.connect()
+        log.info("actuator_started", edges=self.edges, group_id=self.group_id, mode=self.config.mode,
+                 targets=[s.actuator.target.describe() for s in self.slots.values()])
+        try:
+            while not stop.is_set():
+                try:
+                    self.step()
+                except Exception as e:  # noqa: BLE001 - a broker hiccup must not end the actuator
+                    log.error("step_failed", error=str(e)[:500], exc_info=True)
+                    stop.wait(1.0)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for closer in (getattr(self._consumer, "close", None), getattr(self._producer, "close", None),
+                       self.audit.close):
+            if closer is not None:
+                try:
+                    closer()
+                except Exception:  # noqa: BLE001
+                    pass

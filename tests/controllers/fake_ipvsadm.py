@@ -1,0 +1,100 @@
+"""A recording stand-in for ipvsadm (this kernel has no IPVS): ``fake_ipvsadm.py --state FILE ARGS...``.
+
+State (JSON) holds the services; ``-Ln [--exact]`` prints them in ipvsadm 1.31's layout
+(``print_title``: header lines; ``print_service_entry``: ``"%s  %s %s"`` service, ``"  -> %-28s
+%-7s %-6d %-10u %-10u"`` real server). ``-R`` reads ``-e`` lines from stdin and edits weights (and
+forwarding) line by line, failing like ipvsadm at the first bad line (earlier lines stay applied).
+Every call is appended to ``<state>.calls`` (argv + stdin). A ``<state>.mode`` file switches
+behaviour: ``fail`` = the no-IPVS-kernel error (exit 2), ``freeze`` = accept edits but change nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+NO_KERNEL = ("Can't initialize ipvs: Protocol not available\n"
+             "Are you sure that IP Virtual Server is built in the kernel or as module?\n")
+FORWARD = {"-g": "Route", "-m": "Masq", "-i": "Tunnel"}
+
+
+def listing(state: dict) -> str:
+    out = ["IP Virtual Server version 1.2.1 (size=4096)", "Prot LocalAddress:Port Scheduler Flags",
+           "  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn"]
+    for svc in state["services"]:
+        out.append(f"{svc['proto']}  {svc['addr']} {svc['sched']}" + (f" {svc['flags']}" if svc.get("flags") else ""))
+        for r in svc["reals"]:
+            out.append(f"  -> {r['addr']:<28} {r['fwd']:<7} {r['w']:<6d} {r['active']:<10d} {r['inactive']:<10d}")
+    return "\n".join(out) + "\n"
+
+
+def edit(state: dict, tokens: list[str]) -> str | None:
+    """Apply one ``-e`` line; an error text (as ipvsadm prints it) or None."""
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(tokens):
+        t = tokens[i]
+        if t in FORWARD:
+            opts["fwd"] = FORWARD[t]
+            i += 1
+        elif t in ("-e", ):
+            i += 1
+        elif t in ("-t", "-u", "-f", "-r", "-w") and i + 1 < len(tokens):
+            opts[t] = tokens[i + 1]
+            i += 2
+        else:
+            return f"ipvsadm: invalid option -- '{t}'"
+    proto = "TCP" if "-t" in opts else "UDP" if "-u" in opts else "FWM"
+    addr = opts.get("-t") or opts.get("-u") or opts.get("-f")
+    svc = next((s for s in state["services"] if s["proto"] == proto and s["addr"] == addr), None)
+    if svc is None:
+        return "Memory allocation problem" if addr is None else "No such service"
+    real = next((r for r in svc["reals"] if r["addr"] == opts.get("-r")), None)
+    if real is None:
+        return "No such destination"
+    weight = int(opts.get("-w", "1"))
+    if not 0 <= weight <= 65535:
+        return f"Illegal weight specified"
+    if not state.get("frozen"):
+        real["w"] = weight
+        real["fwd"] = opts.get("fwd", "Route")  # an edit without -g/-m/-i resets to direct routing
+    return None
+
+
+def main(argv: list[str]) -> int:
+    assert argv[0] == "--state"
+    path = Path(argv[1])
+    args = argv[2:]
+    stdin = sys.stdin.read() if "-R" in args else None
+    with open(str(path) + ".calls", "a") as calls:
+        calls.write(json.dumps({"argv": args, "stdin": stdin}) + "\n")
+    mode_file = Path(str(path) + ".mode")
+    mode = mode_file.read_text().strip() if mode_file.exists() else ""
+    if mode == "fail":
+        sys.stderr.write(NO_KERNEL)
+        return 2
+    state = json.loads(path.read_text())
+    state["frozen"] = mode == "freeze"
+    if args[:1] == ["-Ln"]:
+        sys.stdout.write(listing(state))
+        return 0
+    if args == ["-R"]:
+        for n, line in enumerate((stdin or "").splitlines(), start=1):
+            if not line.strip():
+                continue
+            err = edit(state, line.split())
+            if err:
+                state.pop("frozen")
+                path.write_text(json.dumps(state))
+                sys.stderr.write(f"{err}\nipvsadm: error on restore line {n}\n")
+                return 1
+        state.pop("frozen")
+        path.write_text(json.dumps(state))
+        return 0
+    sys.stderr.write(f"fake ipvsadm: unsupported arguments {args}\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
