@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
+from controllers.metrics import EDGE_FAIL_STATIC
+
 APPLIES = Counter("opsloop_actuator_applies_total", "Decisions handled by result",
                   ["edge", "listener", "result"])
 ERRORS = Counter("opsloop_actuator_errors_total", "Actuator errors (unreachable target, command, mismatch, ...)",
@@ -11,8 +13,7 @@ ERRORS = Counter("opsloop_actuator_errors_total", "Actuator errors (unreachable 
 SHADOW_DIFF = Gauge("opsloop_actuator_shadow_diff",
                     "Shadow mode: fraction of traffic the decision would move vs the live weights (0..1)",
                     ["edge", "listener"])
-FAIL_STATIC = Gauge("opsloop_edge_fail_static", "1 while the last good weights are held (stale/no decisions)",
-                    ["listener", "edge"])
+FAIL_STATIC = EDGE_FAIL_STATIC  # shared definition: controllers/metrics.py
 WEIGHT = Gauge("opsloop_actuator_weight", "Integer weight last written per origin", ["edge", "listener", "origin"])
 VERSION = Gauge("opsloop_actuator_applied_version", "Decision version last applied", ["edge", "listener"])
 REJECTED = Counter("opsloop_actuator_rejected_records_total", "edge.weights records that are not a valid decision")

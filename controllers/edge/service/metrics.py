@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from controllers.metrics import EDGE_FAIL_STATIC
 from prometheus_client import Counter, Gauge, Histogram
 
 WEIGHT = Gauge("opsloop_edge_weight", "Published traffic share of an origin for a listener and edge",
@@ -11,8 +12,7 @@ CAPACITY = Gauge("opsloop_edge_origin_capacity_rps", "Policy capacity of an orig
 LOAD = Gauge("opsloop_edge_origin_load_rps", "Measured request rate the edges send to an origin", ["origin"])
 HEALTHY = Gauge("opsloop_edge_origin_healthy", "1 when the controller considers the origin healthy",
                 ["listener", "origin"])
-FAIL_STATIC = Gauge("opsloop_edge_fail_static", "1 while the controller holds the last good weights",
-                    ["listener", "edge"])
+FAIL_STATIC = EDGE_FAIL_STATIC  # shared definition: controllers/metrics.py
 VERSION = Gauge("opsloop_edge_decision_version", "Version of the last published weights", ["listener"])
 MODE = Gauge("opsloop_edge_mode", "1 for the mode of the last decision", ["listener", "mode"])
 INPUTS_AGE = Gauge("opsloop_edge_inputs_age_seconds", "Age of the demand the last decision used", ["listener"])

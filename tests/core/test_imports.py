@@ -1,0 +1,38 @@
+"""Every module imports, and all of them together in one process: a metric name registered twice
+(two modules defining the same Prometheus metric) fails here instead of in some test's collection."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+
+PACKAGES = ("opsloop", "collectors", "streams", "controllers", "bench")
+
+
+def all_modules() -> list[str]:
+    out = []
+    for pkg_name in PACKAGES:
+        pkg = importlib.import_module(pkg_name)
+        out.append(pkg_name)
+        for info in pkgutil.walk_packages(pkg.__path__, prefix=f"{pkg_name}."):
+            if info.name.endswith("__main__"):
+                continue
+            out.append(info.name)
+    return out
+
+
+def test_every_module_imports_in_one_process() -> None:
+    failures = {}
+    for name in all_modules():
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - collect them all, report at once
+            failures[name] = f"{type(e).__name__}: {e}"
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_packages_have_modules(pkg: str) -> None:
+    assert any(m.startswith(f"{pkg}.") for m in all_modules())
