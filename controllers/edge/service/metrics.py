@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from controllers.metrics import EDGE_FAIL_STATIC
 from prometheus_client import Counter, Gauge, Histogram
+
+from controllers.metrics import EDGE_FAIL_STATIC
 
 WEIGHT = Gauge("opsloop_edge_weight", "Published traffic share of an origin for a listener and edge",
                ["listener", "edge", "origin"])
