@@ -1,10 +1,11 @@
 """Audit trail: one record per paging action, on the ``audit`` topic and as a log line.
 
-Record (JSON, key = finding id)::
+Records are :class:`opsloop.audit.AuditRecord` (the one audit shape of every actuator, also indexed
+into Elasticsearch), keyed by finding id on the topic::
 
     {"schema_version": 1, "time": 1795310400.1, "actor": "opsloop-paging", "action": "page_opened",
-     "finding_id": "...", "alertname": "FirewallUnprotectedPort", "severity": "critical",
-     "labels": {...}, "detail": "..."}
+     "target": "alert:FirewallUnprotectedPort", "mode": "live", "result": "sent",
+     "reason": "...", "labels": {"finding_id": "...", "alertname": "...", "severity": "critical", ...}, "id": "..."}
 
 The audit topic must never stop paging: a failed write is logged and counted, not retried.
 """
@@ -14,8 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-import orjson
-
+from opsloop.audit.record import AuditRecord, build
 from opsloop.log import get_logger
 
 from controllers.paging import metrics
@@ -29,11 +29,16 @@ class _Producer(Protocol):
     def flush(self, timeout: float | None = None) -> None: ...
 
 
+RESULTS = {"page_opened": "sent", "page_delivered": "sent", "page_resolved": "resolved",
+           "page_severity_changed": "sent"}
+
+
 def audit_record(action: str, finding_id: str, labels: dict[str, str], detail: str = "",
-                 now: float | None = None) -> dict[str, Any]:
-    return {"schema_version": 1, "time": time.time() if now is None else now, "actor": ACTOR, "action": action,
-            "finding_id": finding_id, "alertname": labels.get("alertname", ""),
-            "severity": labels.get("severity", ""), "labels": labels, "detail": detail}
+                 now: float | None = None) -> AuditRecord:
+    return build(time=time.time() if now is None else now, actor=ACTOR, action=action,
+                 target=f"alert:{labels.get('alertname') or finding_id}", mode="live",
+                 result=RESULTS.get(action, "sent"), reason=detail[:4000],
+                 labels={**{k: str(v) for k, v in labels.items()}, "finding_id": finding_id})
 
 
 class Auditor:
@@ -42,13 +47,13 @@ class Auditor:
         self.topic = topic
 
     def record(self, action: str, finding_id: str, labels: dict[str, str], detail: str = "") -> None:
-        doc = audit_record(action, finding_id, labels, detail)
-        log.info("audit", action=action, finding_id=finding_id, alertname=doc["alertname"],
-                 severity=doc["severity"], detail=detail)
+        rec = audit_record(action, finding_id, labels, detail)
+        log.info("audit", action=action, finding_id=finding_id, alertname=labels.get("alertname", ""),
+                 severity=labels.get("severity", ""), detail=detail)
         if self.producer is None:
             return
         try:
-            self.producer.send(self.topic, key=finding_id.encode(), value=orjson.dumps(doc))
+            self.producer.send(self.topic, key=finding_id.encode(), value=rec.encode())
         except Exception as e:  # noqa: BLE001 - the audit path must not break paging
             metrics.AUDIT_FAILURES.inc()
             log.error("audit_write_failed", error=str(e), action=action, finding_id=finding_id)

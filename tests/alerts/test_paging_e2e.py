@@ -124,7 +124,7 @@ def test_finding_pages_once_and_resolves(actuator, producer, webhook: WebhookRec
     # Audit trail: one record per action, keyed by the finding id.
     def audit() -> list[str]:
         docs = [orjson.loads(r.value) for r in read_topic(kafka_bootstrap, "audit")]
-        return [d["action"] for d in docs if d["finding_id"] == opened.id]
+        return [d["action"] for d in docs if d.get("labels", {}).get("finding_id") == opened.id]
 
     actions = wait_until(lambda: (a := audit()) and "page_resolved" in a and a, timeout=30, what="audit records")
     assert actions == ["page_opened", "page_delivered", "page_resolved"]

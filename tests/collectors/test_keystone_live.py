@@ -169,7 +169,9 @@ def test_access_log_copytruncate_rotation_on_the_real_uwsgi(keystone_lab):
     session = requests.Session()
     for _ in range(3):
         assert session.get(f"{ks.url}/v3", timeout=30).status_code == 200
-    wait_until(lambda: ks.access_log.read_text().endswith("\n"), timeout=30, what="uWSGI to log")
+    # Each worker writes its own lines: wait for all three, not just for a complete last line.
+    wait_until(lambda: ks.access_log.read_text().count("uri=/v3 ") >= 3 and ks.access_log.read_text().endswith("\n"),
+               timeout=30, what="uWSGI to log the three requests")
     first = collector.collect()
     assert {(m.tags["endpoint"], m.fields["count"]) for m in by_name(first.metrics, "keystone_requests")} == {
         ("/v3", 3)}

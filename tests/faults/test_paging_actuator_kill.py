@@ -54,7 +54,7 @@ def test_sigkilled_actuator_never_pages_twice(stack, tmp_path: Path) -> None:
 
     def opened_in_audit(host: str) -> bool:
         ids = {finding(host, first_seen[host]).id}
-        return any(orjson.loads(r.value).get("finding_id") in ids and orjson.loads(r.value)["action"] ==
+        return any(orjson.loads(r.value).get("labels", {}).get("finding_id") in ids and orjson.loads(r.value)["action"] ==
                    "page_opened" for r in read_topic(bootstrap, "audit"))
 
     with webhook_receiver() as webhook:
