@@ -166,11 +166,16 @@ def test_access_log_copytruncate_rotation_on_the_real_uwsgi(keystone_lab):
     ks = keystone_lab.keystone
     cfg = live_config(keystone_lab, probes={"enabled": False}, uwsgi_stats=None, frontend={"access_logs": []})
     collector = build(cfg)
+    start = ks.access_log.stat().st_size
     session = requests.Session()
     for _ in range(3):
         assert session.get(f"{ks.url}/v3", timeout=30).status_code == 200
-    # Each worker writes its own lines: wait for all three, not just for a complete last line.
-    wait_until(lambda: ks.access_log.read_text().count("uri=/v3 ") >= 3 and ks.access_log.read_text().endswith("\n"),
+
+    def logged_since_start() -> str:
+        return ks.access_log.read_bytes()[start:].decode()
+
+    # Each worker writes its own lines: wait for all three of ours, not just for a complete last line.
+    wait_until(lambda: logged_since_start().count("uri=/v3 ") >= 3 and logged_since_start().endswith("\n"),
                timeout=30, what="uWSGI to log the three requests")
     first = collector.collect()
     assert {(m.tags["endpoint"], m.fields["count"]) for m in by_name(first.metrics, "keystone_requests")} == {
