@@ -104,27 +104,23 @@ def _faust_worker(tmp: Path, bootstrap: str, topic_records: list[tuple[bytes, by
     w = ManagedProcess(name="bench-worker", workdir=tmp / "worker", ready_timeout_s=90,
                        argv=[sys.executable, "-m", "opsloop.cli", "stream", "worker", "--config", str(cfg)],
                        ready=lambda: requests.get(f"http://127.0.0.1:{port}/metrics", timeout=1).ok)
+    # Same conditions as the plain loop: the topic is full before the worker starts, and the clock runs
+    # from the worker's first processed sample to its last (start-up and group join excluded).
+    _produce(bootstrap, Topic.LB.value, topic_records)
     w.start()
     try:
-        # Warm up: one record, processed once the consumer group has its partitions.
-        _produce(bootstrap, Topic.LB.value, topic_records[:1])
-        deadline = time.monotonic() + 120
-        while _samples_total(port) < ROWS and time.monotonic() < deadline:
-            time.sleep(0.2)
-        base = _samples_total(port)
-        _produce(bootstrap, Topic.LB.value, topic_records[1:])
         t_first = None
-        done = base + n_samples - ROWS
+        v = 0.0
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             v = _samples_total(port)
-            if t_first is None and v > base:
-                t_first = time.perf_counter()
-            if v >= done:
+            if t_first is None and v > 0:
+                t_first, v_first = time.perf_counter(), v
+            if v >= n_samples:
                 break
-            time.sleep(0.05)
+            time.sleep(0.02)
         elapsed = time.perf_counter() - (t_first or time.perf_counter())
-        rate = (v - base) / elapsed if elapsed > 0 else 0.0
+        rate = (v - v_first) / elapsed if t_first is not None and elapsed > 0 else 0.0
         rss = _rss_peak_kib(w.read_pid()[0])  # type: ignore[index]
         return rate, rss
     finally:
