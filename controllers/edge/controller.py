@@ -441,20 +441,27 @@ class EdgeController(_Controller):
                 solution.held_edges)
 
 
-class SeedDampedController(_Controller):
-    """The seed's controller: same LP target, each origin's share moved ≤ ``step`` per interval."""
-
-    name = "seed"
+class _SeedController(_Controller):
+    """The seed's controllers: the LP target on the measured demand, then their own way of pushing it."""
 
     def __init__(self, n_edges: int, n_origins: int, settings: SeedSettings | None = None,
                  initial: np.ndarray | None = None) -> None:
         self.settings = settings or SeedSettings()
         super().__init__(n_edges, n_origins, self.settings.stale_after_s, 1.0, initial)
 
-    def _propose(self, obs: Observation):  # type: ignore[override]
+    def _lp_target(self, obs: Observation):  # noqa: ANN202 - (estimate, Solution)
         estimate = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
-        solution = solve(estimate, obs.capacity, obs.latency, obs.healthy, previous=self.weights,
-                         headroom=self.settings.headroom)
+        return estimate, solve(estimate, obs.capacity, obs.latency, obs.healthy, previous=self.weights,
+                               headroom=self.settings.headroom)
+
+
+class SeedDampedController(_SeedController):
+    """The seed's controller: same LP target, each origin's share moved ≤ ``step`` per interval."""
+
+    name = "seed"
+
+    def _propose(self, obs: Observation):  # type: ignore[override]
+        estimate, solution = self._lp_target(obs)
         target = solution.weights
         if self.weights is None:
             proposal = target
@@ -469,19 +476,12 @@ class SeedDampedController(_Controller):
                 solution.held_edges)
 
 
-class UndampedController(_Controller):
+class UndampedController(_SeedController):
     """The seed's first version: push the LP target every interval (oscillates with elastic demand)."""
 
     name = "undamped"
 
-    def __init__(self, n_edges: int, n_origins: int, settings: SeedSettings | None = None,
-                 initial: np.ndarray | None = None) -> None:
-        self.settings = settings or SeedSettings()
-        super().__init__(n_edges, n_origins, self.settings.stale_after_s, 1.0, initial)
-
     def _propose(self, obs: Observation):  # type: ignore[override]
-        estimate = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
-        solution = solve(estimate, obs.capacity, obs.latency, obs.healthy, previous=self.weights,
-                         headroom=self.settings.headroom)
+        estimate, solution = self._lp_target(obs)
         return (solution.weights, solution.weights, estimate, _mode_of(solution.status),
                 "target applied undamped", solution.shed, solution.held_edges)
