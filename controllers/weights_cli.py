@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import signal
 import sys
-import threading
 import time
 from typing import Any
 
 import orjson
 
 from opsloop.config import ConfigError, load_settings
-from opsloop.log import get_logger, setup_logging
+from opsloop.log import setup_logging
 
-log = get_logger("actuator")
 
 EPILOG = """examples:
   opsloop weights run --config opsloop.yaml --edge ams1
@@ -130,7 +127,7 @@ def _audit(settings: Any, kafka: bool) -> Any:
 
 
 def _run(a: argparse.Namespace, settings: Any, config: Any) -> int:
-    from opsloop.metrics import serve_metrics
+    from opsloop.metrics import serve_service_metrics, stop_on_signals
 
     from controllers.actuators.service import ActuatorService
 
@@ -140,16 +137,10 @@ def _run(a: argparse.Namespace, settings: Any, config: Any) -> int:
     except Exception as e:  # noqa: BLE001 - e.g. Kafka unreachable while building the audit producer
         print(f"opsloop weights run: {e}", file=sys.stderr)
         return 2
-    try:
-        srv = serve_metrics(config.metrics_port, config.metrics_bind)
-    except OSError as e:
-        print(f"opsloop weights run: {e}; set controllers.actuator.metrics_port", file=sys.stderr)
+    if serve_service_metrics("opsloop weights run", config.metrics_port, config.metrics_bind,
+                             "controllers.actuator.metrics_port") is None:
         return 2
-    log.info("metrics_serving", address=f"{srv.server_address[0]}:{srv.server_address[1]}")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    service.run(stop)
+    service.run(stop_on_signals())
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import sys
 import threading
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -26,3 +28,24 @@ def serve_metrics(port: int, bind: str = DEFAULT_BIND, registry: CollectorRegist
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name=f"metrics:{port}", daemon=True).start()
     return server
+
+
+def serve_service_metrics(prog: str, port: int, bind: str, setting: str) -> ThreadingHTTPServer | None:
+    """Start a service's /metrics; on a taken port print one line naming it and the setting to change."""
+    try:
+        server = serve_metrics(port, bind)
+    except OSError as e:
+        print(f"{prog}: {e}; set {setting}", file=sys.stderr)
+        return None
+    from opsloop.log import get_logger
+
+    get_logger("metrics").info("metrics_serving", address=f"{server.server_address[0]}:{server.server_address[1]}")
+    return server
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGINT or SIGTERM: long-running services poll it to stop cleanly."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop

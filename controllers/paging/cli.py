@@ -8,16 +8,13 @@ resolved when the finding clears. Settings: the ``controllers.paging`` section o
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from opsloop.config import ConfigError, load_settings
-from opsloop.log import get_logger, setup_logging
-from opsloop.metrics import serve_metrics
+from opsloop.log import setup_logging
+from opsloop.metrics import serve_service_metrics, stop_on_signals
 
-log = get_logger("paging")
 
 EPILOG = """examples:
   opsloop page run --config opsloop.yaml
@@ -90,15 +87,10 @@ def _run(a: argparse.Namespace) -> int:
         print(f"opsloop page: {e}", file=sys.stderr)
         return 2
     setup_logging("opsloop-paging", a.log_level)
-    try:
-        srv = serve_metrics(config.metrics_port, config.metrics_bind)
-    except OSError as e:
-        print(f"opsloop page: {e}; set controllers.paging.metrics_port", file=sys.stderr)
+    if serve_service_metrics("opsloop page", config.metrics_port, config.metrics_bind,
+                             "controllers.paging.metrics_port") is None:
         return 2
-    log.info("metrics_serving", address=f"{srv.server_address[0]}:{srv.server_address[1]}")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     PagingService(config, settings.kafka.bootstrap_servers).run(stop)
     return 0
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import signal
 import sys
-import threading
 
 from pydantic import ValidationError
 
@@ -18,11 +16,10 @@ from opsloop.collect.publisher import Publisher
 from opsloop.collect.runner import run_loop
 from opsloop.collect.types import CollectorUnavailable
 from opsloop.config import ConfigError, load_settings
-from opsloop.log import get_logger, setup_logging
-from opsloop.metrics import serve_metrics
+from opsloop.log import setup_logging
+from opsloop.metrics import serve_service_metrics, stop_on_signals
 from opsloop.wire import describe_validation_error
 
-log = get_logger("collector")
 
 EPILOG = """examples:
   opsloop collect haproxy --config opsloop.yaml --once --stdout     # one round as JSON lines, no Kafka
@@ -80,15 +77,10 @@ def main(argv: list[str] | None = None) -> int:
                               client_id=f"opsloop-collector-{a.name}", spool_max_bytes=rt.spool_max_bytes,
                               send_timeout_s=rt.send_timeout_s)
         if not a.once:
-            try:
-                srv = serve_metrics(rt.metrics_port, rt.metrics_bind)
-                log.info("metrics_serving", address=f"{srv.server_address[0]}:{srv.server_address[1]}")
-            except OSError as e:
-                print(f"opsloop collect: {e}; set collector.metrics_port", file=sys.stderr)
+            if serve_service_metrics("opsloop collect", rt.metrics_port, rt.metrics_bind,
+                                     "collector.metrics_port") is None:
                 return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     try:
         run_loop(collector, interval_s=rt.interval_s, publisher=publisher, stdout=a.stdout, once=a.once,
                  jitter_s=rt.jitter_s, stop=stop)
