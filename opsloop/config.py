@@ -58,6 +58,9 @@ class StreamSettings(_Section):
     batch_size: int = Field(default=2000, ge=1, le=100_000)
     batch_within_s: float = Field(default=0.2, gt=0, le=10)
     producer_linger_s: float = Field(default=0.02, ge=0, le=1)
+    # Longest a consumer fetch waits at the broker for data (Faust fixes 1500 ms, which stalls a
+    # backlog whenever one partition is at its end: streams/runtime/transport.py).
+    fetch_max_wait_ms: int = Field(default=100, ge=1, le=1500)
     log_level: str = "info"
     # How long Kafka waits for a dead worker before handing its partitions to another (Faust's
     # broker_session_timeout): low enough for a quick take-over after a crash.

@@ -14,11 +14,13 @@ from opsloop.metrics import serve_metrics
 from opsloop.topics import ensure_topics
 from opsloop.wire import Topic
 from streams.agents import register_detector_agents
-from streams.edge.agent import register_edge_demand
+from streams.edge.agent import edge_demand_stage
 from streams.lb.rates import LbRates
 from streams.runtime.app import batch_agent, create_app
+from streams.runtime.gc_tuning import tune_gc
 
 log = get_logger("stream.worker")
+LB_AGENT = "lb"
 
 EPILOG = """examples:
   opsloop stream worker --config opsloop.yaml
@@ -29,8 +31,10 @@ EPILOG = """examples:
 def build_app(settings: Settings, app_id: str | None = None) -> faust.App:
     """The app with every agent registered (one place: the data flow reads top to bottom)."""
     app = create_app(settings, app_id)
-    batch_agent(app, "lb-rates", [Topic.LB], LbRates(ttl_s=settings.stream.series_ttl_s), settings)
-    register_edge_demand(app, settings)       # telemetry.lb -> edge.demand (controllers/edge)
+    # telemetry.lb: request-rate gauges, then edge demand from the same rates -> edge.demand (controllers/edge)
+    rates = LbRates(ttl_s=settings.stream.series_ttl_s)
+    demand, send_demand = edge_demand_stage(app, settings, rates)
+    batch_agent(app, LB_AGENT, [Topic.LB], [rates, demand], settings, after_batch=[send_demand])
     register_detector_agents(app, settings)   # firewall, keystone, netperf, power, anomaly -> findings
     return app
 
@@ -87,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - Faust will still create what it needs; say why we could not
         log.warning("topics_not_created", error=str(e))
     app = build_app(settings)
+    tune_gc()
     worker = faust.Worker(app, loglevel=settings.stream.log_level, logging_config=_logging_config(
         settings.stream.log_level), redirect_stdouts=False, quiet=True)
     worker.execute_from_commandline()

@@ -94,10 +94,15 @@ def kafka(data_dir: Path, host: str, port: int, controller_port: int, heap: str 
 
 
 def _kafka_cluster_id() -> str:
-    # KRaft cluster ids are 16 random bytes, url-safe base64 without padding (22 chars).
+    # KRaft cluster ids are 16 random bytes, url-safe base64 without padding (22 chars). Like Kafka's
+    # Uuid.randomUuid, never one starting with "-": the storage tool would read it as an option
+    # (1 start in 64 failed with "argument --cluster-id/-t: expected one argument").
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def _kafka_ready(bootstrap: str) -> bool:

@@ -34,12 +34,12 @@ from faust.types import TP, EventT
 
 from opsloop.config import Settings
 from opsloop.log import get_logger
-from opsloop.wire import Metric, Topic
+from opsloop.wire import Topic
 from streams.agents.base import DetectorHandler
 from streams.agents.findings_sink import FindingsSink
 from streams.runtime import health
 from streams.runtime.app import raw_topic
-from streams.runtime.batch import DeadLetter, process_batch
+from streams.runtime.batch import DeadLetter, FanOut, process_batch
 
 log = get_logger("stream.agents")
 
@@ -76,26 +76,6 @@ def _as_current(event: EventT) -> Iterator[None]:
         _current_event.reset(token)
 
 
-class _AllHandlers:
-    """One batch to every handler; a failing handler does not keep the others from their samples."""
-
-    def __init__(self, name: str, handlers: Sequence[DetectorHandler]) -> None:
-        self.name = name
-        self.handlers = handlers
-
-    def handle(self, metrics: Sequence[Metric], now: float) -> None:
-        failed = []
-        for h in self.handlers:
-            try:
-                h.handle(metrics, now)
-            except Exception as e:  # noqa: BLE001 - reported below; process_batch dead-letters the batch
-                health.ERRORS.labels(h.name).inc()
-                log.error("handler_failed", agent=h.name, error=f"{type(e).__name__}: {e}", exc_info=True)
-                failed.append(f"{h.name}: {type(e).__name__}: {e}")
-        if failed:
-            raise RuntimeError("; ".join(failed))
-
-
 class StatefulAgent:
     """Runs ``DetectorHandler``s as one Faust agent over the union of their topics (module docstring).
 
@@ -114,7 +94,7 @@ class StatefulAgent:
         self.within = settings.stream.batch_within_s
         self.needs_restore = True
         self.deadletter = raw_topic(app, Topic.DEADLETTER)
-        self._all = _AllHandlers(name, self.handlers)
+        self._all = FanOut(name, self.handlers)
 
     @property
     def topics(self) -> list[str]:

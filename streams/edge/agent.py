@@ -1,14 +1,11 @@
-"""The Faust agent of the edge demand aggregator: ``telemetry.lb`` → :class:`DemandAggregator` → ``edge.demand``.
+"""The edge demand stage of the ``lb`` agent: ``telemetry.lb`` → :class:`DemandAggregator` → ``edge.demand``.
 
-It reads the same topic as the ``lb-rates`` agent, which already dead-letters and counts bad
-records; this agent decodes the batch the same way (:func:`decode_messages`) but only uses the
-good samples, so nothing is dead-lettered or counted twice. The records the handler leaves in its
-outbox are sent keyed ``backend|edge``.
+It runs in the same agent as ``lb-rates`` (after it, on the same decoded batch, reading the rates
+that handler computed), so a record is fetched, decoded and dead-lettered once. After each batch
+the records the aggregator left in its outbox are sent keyed ``backend|edge``.
 """
 
 from __future__ import annotations
-
-import time
 
 import faust
 from prometheus_client import Counter
@@ -17,41 +14,28 @@ from opsloop.config import Settings
 from opsloop.log import get_logger
 from opsloop.wire import Topic
 from streams.edge.demand import DemandAggregator
-from streams.runtime.app import raw_topic
-from streams.runtime.batch import decode_messages
+from streams.lb.rates import LbRates
+from streams.runtime.app import AfterBatch, raw_topic
 
 log = get_logger("stream.edge_demand")
-AGENT_NAME = "edge-demand"
 
 PUBLISHED = Counter("opsloop_edge_demand_records_total", "Demand records sent to edge.demand")
-FAILURES = Counter("opsloop_edge_demand_errors_total", "Demand batches or sends that failed", ["stage"])
+FAILURES = Counter("opsloop_edge_demand_errors_total", "Demand records that could not be sent", ["stage"])
 
 
-def register_edge_demand(app: faust.App, settings: Settings) -> DemandAggregator:
-    handler = DemandAggregator(ttl_s=settings.stream.series_ttl_s)
-    source = raw_topic(app, Topic.LB)
+def edge_demand_stage(app: faust.App, settings: Settings, rates: LbRates) -> tuple[DemandAggregator, AfterBatch]:
+    """The demand handler (to run right after ``rates`` on each batch) and the hook that sends its outbox."""
+    handler = DemandAggregator(ttl_s=settings.stream.series_ttl_s, rates=rates)
     sink = raw_topic(app, Topic.EDGE_DEMAND)
-    size, within = settings.stream.batch_size, settings.stream.batch_within_s
 
-    async def agent(stream: faust.StreamT) -> None:
-        async for events in stream.take_events(size, within=within):
-            batch = decode_messages([e.message for e in events])
-            if not batch.metrics:
-                continue
+    async def send_outbox() -> None:
+        # Drained even when the handler failed part-way: a partial outbox is still correct per record.
+        for rec in handler.drain():
             try:
-                handler.handle(batch.metrics, time.time())
-            except Exception as e:  # noqa: BLE001 - a handler bug must not stop the worker
-                FAILURES.labels("handle").inc()
-                log.error("demand_handler_failed", error=f"{type(e).__name__}: {e}", exc_info=True)
-                handler.drain()
-                continue
-            for rec in handler.drain():
-                try:
-                    await sink.send(key=rec.key.encode(), value=rec.encode())
-                    PUBLISHED.inc()
-                except Exception as e:  # noqa: BLE001 - a send failure must not stop the agent
-                    FAILURES.labels("send").inc()
-                    log.error("demand_send_failed", key=rec.key, error=f"{type(e).__name__}: {e}")
+                await sink.send(key=rec.key.encode(), value=rec.encode())
+                PUBLISHED.inc()
+            except Exception as e:  # noqa: BLE001 - a send failure must not stop the agent
+                FAILURES.labels("send").inc()
+                log.error("demand_send_failed", key=rec.key, error=f"{type(e).__name__}: {e}")
 
-    app.agent(source, name=AGENT_NAME)(agent)
-    return handler
+    return handler, send_outbox

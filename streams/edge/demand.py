@@ -84,8 +84,11 @@ class DemandAggregator:
 
     name = "edge-demand"
 
-    def __init__(self, ttl_s: float = 120.0) -> None:
-        self.rates = LbRates(ttl_s=ttl_s)
+    def __init__(self, ttl_s: float = 120.0, rates: LbRates | None = None) -> None:
+        # Standalone it computes its own rates. Given the worker's LbRates, it reads the rates that
+        # handler computed for the same batch (it must run right after it) instead of computing them twice.
+        self._own_rates = rates is None
+        self.rates = LbRates(ttl_s=ttl_s) if rates is None else rates
         self.status: dict[tuple[str, str, str], str] = {}   # (lb, backend, server) -> HAProxy status
         self.outbox: list[EdgeDemand] = []
 
@@ -96,15 +99,14 @@ class DemandAggregator:
                 if isinstance(status, str):
                     lb = m.tags.get("host") or m.tags.get("server") or "unknown"
                     self.status[(lb, m.tags.get("proxy", ""), m.tags.get("sv", ""))] = status
-        fresh = self.rates.handle(metrics, now)
+        fresh = self.rates.handle(metrics, now) if self._own_rates else self.rates.fresh
         touched = sorted({(r.lb, r.proxy) for r in fresh if r.kind in ("server", "backend")})
         out = [rec for lb, backend in touched if (rec := self._record(lb, backend)) is not None]
         self.outbox.extend(out)
         return out
 
     def _record(self, lb: str, backend: str) -> EdgeDemand | None:
-        servers = {sv: r for (l, kind, px, sv), r in self.rates.latest.items()
-                   if l == lb and px == backend and kind == "server"}
+        servers = self.rates.servers(lb, backend)
         origins = {sv: OriginState(rps=max(0.0, r.rate), status=self.status.get((lb, backend, sv), ""),
                                    up=server_up(self.status.get((lb, backend, sv))))
                    for sv, r in servers.items() if math.isfinite(r.rate)}

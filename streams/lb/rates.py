@@ -79,9 +79,18 @@ class LbRates:
         self.ttl_s = ttl_s
         self._last: dict[tuple[str, str, str, str], _Last] = {}
         self.latest: dict[tuple[str, str, str, str], Rate] = {}
+        # (lb, backend) -> server -> latest rate: what a consumer of one backend's servers reads
+        self._servers: dict[tuple[str, str], dict[str, Rate]] = {}
+        # the rates of the last handled batch, for a handler that runs after this one on the same batch
+        self.fresh: list[Rate] = []
         self._last_expiry = 0.0
 
+    def servers(self, lb: str, backend: str) -> dict[str, Rate]:
+        """Latest rate of every server of one backend (a view: do not modify)."""
+        return self._servers.get((lb, backend), {})
+
     def handle(self, metrics: Sequence[Metric], now: float) -> list[Rate]:
+        self.fresh = []
         out: list[Rate] = []
         states: dict[tuple[str, str, str], dict[str, object]] = {}
         for m in metrics:
@@ -106,6 +115,7 @@ class LbRates:
         if now - self._last_expiry >= 1.0:
             self._expire(now)
             self._last_expiry = now
+        self.fresh = out
         return out
 
     def _update(self, m: Metric, now: float, states: dict[tuple[str, str, str], dict[str, object]]) -> Rate | None:
@@ -132,6 +142,8 @@ class LbRates:
         rate = (count - prev.count) / (m.timestamp - prev.ts)
         r = Rate(lb, kind, proxy, sv, rate, m.timestamp)
         self.latest[key] = r
+        if kind == "server":
+            self._servers.setdefault((lb, proxy), {})[sv] = r
         return r
 
     @staticmethod
@@ -148,6 +160,11 @@ class LbRates:
             del self._last[key]
             self.latest.pop(key, None)
             lb, kind, proxy, sv = key
+            servers = self._servers.get((lb, proxy))
+            if kind == "server" and servers is not None:
+                servers.pop(sv, None)
+                if not servers:
+                    del self._servers[(lb, proxy)]
             gauge_removals = {
                 "server": [(SERVER_RATE, (lb, proxy, sv)), (SERVER_WEIGHT, (lb, proxy, sv)), (SERVER_UP, (lb, proxy, sv))],
                 "backend": [(BACKEND_RATE, (lb, proxy))],

@@ -7,21 +7,26 @@ failing inside Faust's deserializer.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Awaitable, Callable, Iterable, Sequence
 
 import faust
 from faust.types import TP
 
 from opsloop.config import Settings
+from opsloop.log import get_logger
 from opsloop.wire import Topic
-from streams.runtime.batch import DeadLetter, Handler, process_batch
+from streams.runtime import health
+from streams.runtime.batch import DeadLetter, FanOut, Handler, process_batch
+from streams.runtime.transport import kafka_transport
+
+log = get_logger("stream")
 
 
 def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
     s = settings.stream
     brokers = ";".join(f"kafka://{b.strip()}" for b in settings.kafka.bootstrap_servers.split(","))
     s.data_dir.mkdir(parents=True, exist_ok=True)  # Faust needs the data dir's parent to exist
-    return faust.App(
+    app = faust.App(
         app_id or s.app_id,
         broker=brokers,
         value_serializer="raw",
@@ -38,6 +43,8 @@ def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
         broker_session_timeout=s.session_timeout_s,
         broker_heartbeat_interval=min(3.0, s.session_timeout_s / 3),
     )
+    app.transport = kafka_transport(app, s.fetch_max_wait_ms)
+    return app
 
 
 def raw_topic(app: faust.App, *topics: Topic | str) -> faust.TopicT:
@@ -46,11 +53,21 @@ def raw_topic(app: faust.App, *topics: Topic | str) -> faust.TopicT:
     return app.topic(*(str(t) for t in topics), value_serializer="raw", key_serializer="raw", internal=True)
 
 
-def batch_agent(app: faust.App, name: str, topics: Iterable[Topic], handler: Handler, settings: Settings) -> None:
-    """Register an agent that feeds ``handler`` batches of valid samples from ``topics``."""
+AfterBatch = Callable[[], Awaitable[None]]
+
+
+def batch_agent(app: faust.App, name: str, topics: Iterable[Topic], handlers: Sequence[Handler], settings: Settings,
+                after_batch: Sequence[AfterBatch] = ()) -> None:
+    """Register one agent that feeds every handler batches of valid samples from ``topics``.
+
+    One agent per source, several handlers in order (:class:`FanOut`): each record is fetched,
+    decoded and, if bad, dead-lettered and counted once. ``after_batch`` hooks run after the
+    handlers (e.g. sending what a handler left in its outbox); a failing hook is logged and counted.
+    """
     source = raw_topic(app, *topics)
     deadletter = raw_topic(app, Topic.DEADLETTER)
     size, within = settings.stream.batch_size, settings.stream.batch_within_s
+    handler: Handler = handlers[0] if len(handlers) == 1 else FanOut(name, handlers)
 
     async def send_deadletter(dl: DeadLetter) -> None:
         await deadletter.send(key=dl.key, value=dl.encode())
@@ -64,5 +81,11 @@ def batch_agent(app: faust.App, name: str, topics: Iterable[Topic], handler: Han
     async def agent(stream: faust.StreamT) -> None:
         async for events in stream.take_events(size, within=within):
             await process_batch(name, [e.message for e in events], handler, send_deadletter, highwater)
+            for hook in after_batch:
+                try:
+                    await hook()
+                except Exception as e:  # noqa: BLE001 - a sink failure must not stop the agent
+                    health.ERRORS.labels(name).inc()
+                    log.error("after_batch_failed", agent=name, error=f"{type(e).__name__}: {e}", exc_info=True)
 
     app.agent(source, name=name)(agent)

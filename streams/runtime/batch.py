@@ -41,6 +41,9 @@ class DecodedBatch:
     records: int = 0
     # (topic, partition) -> highest offset seen in this batch
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    # source topic -> (records, valid samples, newest sample time): the health accounting, counted
+    # per record as it is decoded rather than per sample afterwards
+    per_topic: dict[str, list[float]] = field(default_factory=dict)
 
 
 class RawMessage(Protocol):
@@ -59,6 +62,10 @@ def decode_messages(messages: Iterable[RawMessage]) -> DecodedBatch:
         tp = (msg.topic, msg.partition)
         if msg.offset > out.offsets.get(tp, -1):
             out.offsets[tp] = msg.offset
+        acc = out.per_topic.get(msg.topic)
+        if acc is None:
+            acc = out.per_topic[msg.topic] = [0, 0, 0.0]
+        acc[0] += 1
         value = msg.value
         if value is None:
             out.deadletters.append(DeadLetter("record has no value (tombstone)", msg.topic, msg.partition,
@@ -67,7 +74,10 @@ def decode_messages(messages: Iterable[RawMessage]) -> DecodedBatch:
         if not isinstance(value, (bytes, str)):
             value = bytes(value)
         parsed = parse_record(value)
-        out.metrics.extend(parsed.metrics)
+        if parsed.metrics:
+            out.metrics.extend(parsed.metrics)
+            acc[1] += len(parsed.metrics)
+            acc[2] = max(acc[2], max(m.timestamp for m in parsed.metrics))
         for rej in parsed.rejected:
             raw = value if rej.index is None else rej.raw
             out.deadletters.append(DeadLetter(rej.reason, msg.topic, msg.partition, msg.offset, msg.key, raw))
@@ -82,6 +92,30 @@ class Handler(Protocol):
     def handle(self, metrics: Sequence[Metric], now: float) -> None: ...
 
 
+class FanOut:
+    """Several handlers on one topic's batches, in order: a record is fetched and decoded once.
+
+    A failing handler does not keep the later ones from the batch; the failures are raised together
+    afterwards, so :func:`process_batch` dead-letters the batch once, naming every failed handler.
+    """
+
+    def __init__(self, name: str, handlers: Sequence[Handler]) -> None:
+        self.name = name
+        self.handlers = list(handlers)
+
+    def handle(self, metrics: Sequence[Metric], now: float) -> None:
+        failed = []
+        for h in self.handlers:
+            try:
+                h.handle(metrics, now)
+            except Exception as e:  # noqa: BLE001 - reported below; process_batch dead-letters the batch
+                health.ERRORS.labels(h.name).inc()
+                log.error("handler_failed", agent=h.name, error=f"{type(e).__name__}: {e}", exc_info=True)
+                failed.append(f"{h.name}: {type(e).__name__}: {e}")
+        if failed:
+            raise RuntimeError("; ".join(failed))
+
+
 SendDeadLetter = Callable[[DeadLetter], Awaitable[Any]]
 Highwater = Callable[[str, int], int | None]
 
@@ -91,8 +125,8 @@ async def process_batch(agent: str, messages: Sequence[RawMessage], handler: Han
     """Decode, dead-letter, handle, and account for one batch. Never raises for bad data or a handler bug."""
     t0 = time.perf_counter()
     batch = decode_messages(messages)
-    for topic in {t for t, _ in batch.offsets}:
-        health.RECORDS_IN.labels(topic).inc(sum(1 for m in messages if m.topic == topic))
+    for topic, (records, _, _) in batch.per_topic.items():
+        health.RECORDS_IN.labels(topic).inc(records)
     if batch.metrics:
         try:
             handler.handle(batch.metrics, time.time())
@@ -103,17 +137,11 @@ async def process_batch(agent: str, messages: Sequence[RawMessage], handler: Han
                 DeadLetter(f"handler {agent} failed: {type(e).__name__}: {e}", "", None, None, None, m.to_dict())
                 for m in batch.metrics)
         else:
-            by_topic: dict[str, int] = {}
-            newest: dict[str, float] = {}
-            for m in batch.metrics:
-                t = m.topic.value
-                by_topic[t] = by_topic.get(t, 0) + 1
-                if m.timestamp > newest.get(t, 0.0):
-                    newest[t] = m.timestamp
             now = time.time()
-            for t, n in by_topic.items():
-                health.SAMPLES_IN.labels(t).inc(n)
-                health.EVENT_AGE.labels(t).set(max(0.0, now - newest[t]))
+            for topic, (_, samples, newest) in batch.per_topic.items():
+                if samples:
+                    health.SAMPLES_IN.labels(topic).inc(samples)
+                    health.EVENT_AGE.labels(topic).set(max(0.0, now - newest))
     for dl in batch.deadletters:
         health.DEADLETTERED.labels(dl.topic or "handler").inc()
         log.warning("deadlettered", agent=agent, source_topic=dl.topic, partition=dl.partition, offset=dl.offset,

@@ -119,3 +119,39 @@ def test_demand_equals_sum_of_server_rates(counts, dt) -> None:
     a, b = counts[-1]
     assert len(out) == 1 and out[0].demand_rps == pytest.approx((a + b) / dt)
     assert out[0].demand_rps == pytest.approx(sum(o.rps for o in out[0].origins.values()))
+
+
+def test_sharing_the_workers_rates_gives_the_same_records_as_standalone() -> None:
+    """The worker's ``lb`` agent runs lb-rates then edge-demand on one decoded batch (FanOut)."""
+    from streams.lb.rates import LbRates
+    from streams.runtime.batch import FanOut
+
+    rates = LbRates()
+    shared = DemandAggregator(rates=rates)
+    chain = FanOut("lb", [rates, shared])
+    alone = DemandAggregator()
+    for i, counts in enumerate([(0, 0), (40, 100), (100, 100), (160, 250)]):
+        batch = [server("e1", "be", "near", counts[0], T0 + 2 * i), server("e1", "be", "far", counts[1], T0 + 2 * i),
+                 server("e2", "be", "near", 7 * i, T0 + 2 * i)]
+        chain.handle(batch, T0 + 2 * i)
+        want = alone.handle(batch, T0 + 2 * i)
+        got = shared.drain()
+        alone.drain()
+        assert [r.model_dump() for r in got] == [r.model_dump() for r in want]
+    assert {r.edge for r in got} == {"e1", "e2"} and got[0].demand_rps > 0
+
+
+def test_a_silent_server_leaves_the_demand_after_the_ttl() -> None:
+    from streams.lb.rates import LbRates
+
+    rates = LbRates(ttl_s=10)
+    agg = DemandAggregator(rates=rates)
+    rates.handle([server("e", "be", "a", 0, T0), server("e", "be", "b", 0, T0)], T0)
+    rates.handle([server("e", "be", "a", 10, T0 + 1), server("e", "be", "b", 10, T0 + 1)], T0 + 1)
+    assert set(rates.servers("e", "be")) == {"a", "b"}
+    for t in range(2, 20):   # only "a" keeps reporting; "b" is removed 10 s after it was last seen
+        rates.handle([server("e", "be", "a", 10 + 10 * t, T0 + t)], T0 + t)
+        agg.handle([server("e", "be", "a", 10 + 10 * t, T0 + t)], T0 + t)
+    assert set(rates.servers("e", "be")) == {"a"}
+    (rec,) = agg.drain()[-1:]
+    assert set(rec.origins) == {"a"} and rec.demand_rps == pytest.approx(10.0)

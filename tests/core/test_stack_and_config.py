@@ -121,3 +121,17 @@ def test_stack_cli_up_status_down(tmp_path: Path) -> None:
 def test_stack_settings_default_to_loopback() -> None:
     st = Stack(StackSettings())
     assert st.kafka_bootstrap.startswith("127.0.0.1:") and st.prometheus_url.startswith("http://127.0.0.1:")
+
+
+def test_kafka_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 0xf8.. encodes to "-..." in url-safe base64; kafka-storage would read it as an option.
+    import uuid
+
+    from opsloop.stack import components
+
+    ids = iter([uuid.UUID(bytes=b"\xf8" + b"\x00" * 15), uuid.UUID(bytes=b"\x01" * 16)])
+    monkeypatch.setattr(components.uuid, "uuid4", lambda: next(ids))
+    cid = components._kafka_cluster_id()
+    assert not cid.startswith("-")
+    assert len(cid) == 22
+    assert cid == "AQEBAQEBAQEBAQEBAQEBAQ"

@@ -197,7 +197,10 @@ def test_deleted_chain_pages_and_restore_resolves(paging: Paging, hypervisor, tm
         kept = [line for line in intact.splitlines() if short not in line and tap not in line]
         _sh("ip", "netns", "exec", netns, "iptables-nft-restore", stdin="\n".join(kept) + "\n")
 
-        fired = wait_until(lambda: alerts_delivered(paging.webhook, "firing", hypervisor=hv), timeout=90,
+        # Filtered by alert name: the same change also opens a ruleset-drift finding (a ticket) on this
+        # hypervisor, and which of the two reaches the webhook first is a race.
+        page = {"hypervisor": hv, "alertname": "FirewallUnprotectedPort"}
+        fired = wait_until(lambda: alerts_delivered(paging.webhook, "firing", **page), timeout=90,
                            what="firewall page at the webhook")
         received, alert = fired[0]
         assert alert["receiver_path"] == "/page"
@@ -206,10 +209,10 @@ def test_deleted_chain_pages_and_restore_resolves(paging: Paging, hypervisor, tm
         report(capsys, "deleted firewall chain (iptables)", sample_to_page_s(received, alert))
 
         _sh("ip", "netns", "exec", netns, "iptables-nft-restore", stdin=intact)
-        resolved = wait_until(lambda: alerts_delivered(paging.webhook, "resolved", hypervisor=hv), timeout=90,
+        resolved = wait_until(lambda: alerts_delivered(paging.webhook, "resolved", **page), timeout=90,
                               what="resolve at the webhook after the chain was restored")
         assert resolved[0][1]["labels"]["port"] == victim
-        assert len(alerts_delivered(paging.webhook, "firing", hypervisor=hv)) == 1
+        assert len(alerts_delivered(paging.webhook, "firing", **page)) == 1
         assert scrape_metric(wport, "opsloop_firewall_ports", {"hypervisor": hv, "state": "unprotected"}) == 0.0
     finally:
         collector.stop()

@@ -134,12 +134,12 @@ def test_every_telemetry_topic_deadletters_garbage_and_goes_on(stack, tmp_path: 
             assert want >= len(sent[topic])
             dls = wait_until(lambda: (d := deadletters(stack.kafka_bootstrap, key)) and len(d) >= want and d,
                              timeout=60, what=f"dead letters of {topic.value}")
-            # telemetry.lb has two agents (lb-rates, edge-demand) and each dead-letters what it cannot read:
-            # count distinct dead letters (record position, reason, bad part).
+            # One agent per topic decodes each record once (telemetry.lb feeds lb-rates and edge-demand
+            # from the same decode), so each bad record or sample gives one dead letter; a replay after
+            # a rebalance (at-least-once) may repeat one, hence distinct ones are counted.
             distinct = {(d["partition"], d["offset"], d["reason"], str(d.get("value", d.get("value_b64"))))
                         for d in dls}
             assert len(distinct) == want, (topic, len(distinct), want)
-            assert len(dls) % want == 0, (topic, len(dls), want)
             assert {d["source_topic"] for d in dls} == {topic.value}
             assert all(d["reason"] and d["offset"] is not None for d in dls)
             reasons = " | ".join(d["reason"] for d in dls)

@@ -1,0 +1,24 @@
+"""Garbage-collector settings of the stream worker.
+
+A batch allocates tens of thousands of short-lived objects (decoded samples), which trigger the
+collector often, and a full collection walks every object of the process, Faust's and the agents'
+included. Measured on the stream-stage benchmark: GC took ~20 % of the worker's processing time.
+Freezing what start-up created moves it out of the collector's sight (CPython's ``gc.freeze``,
+meant for exactly this), and a larger first-generation threshold collects once per few thousand
+allocations instead of every 700. Reference counting still frees acyclic garbage at once; only
+cycles wait a little longer.
+"""
+
+from __future__ import annotations
+
+import gc
+
+GEN0_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Call once, after start-up has built the long-lived objects (app, agents, handlers)."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)

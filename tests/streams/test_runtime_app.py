@@ -1,0 +1,60 @@
+"""The Faust app factory: settings that reach Faust's consumer, one decode per topic for several handlers."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytest
+
+from opsloop.config import load_settings
+from opsloop.wire import Metric, metric
+from streams.runtime import health
+from streams.runtime.app import create_app
+from streams.runtime.batch import FanOut
+
+
+def _settings(tmp_path: Path, **stream: Any):
+    return load_settings(None, {"stream": {"data_dir": str(tmp_path / "streams"), **stream}})
+
+
+@pytest.mark.parametrize("wait_ms", [40, 250])
+def test_the_consumer_fetch_wait_comes_from_the_settings(tmp_path: Path, wait_ms: int) -> None:
+    # Faust fixes 1500 ms; streams/runtime/transport.py replaces it. This breaks loudly if a Faust or
+    # aiokafka upgrade moves the place where the consumer is created or where it keeps the value.
+    app = create_app(_settings(tmp_path, fetch_max_wait_ms=wait_ms), app_id="t-fetch-wait")
+
+    async def build() -> Any:
+        return app.consumer._thread._create_worker_consumer(app.transport)
+
+    consumer = asyncio.run(build())
+    assert consumer._fetch_max_wait_ms == wait_ms
+
+
+def test_fetch_wait_is_validated(tmp_path: Path) -> None:
+    from opsloop.config import ConfigError
+
+    with pytest.raises(ConfigError, match="fetch_max_wait_ms"):
+        _settings(tmp_path, fetch_max_wait_ms=0)
+
+
+class _Recorder:
+    def __init__(self, name: str, fail: bool = False) -> None:
+        self.name, self.fail, self.seen = name, fail, []  # type: tuple[str, bool, list[int]]
+
+    def handle(self, metrics: Sequence[Metric], now: float) -> None:
+        self.seen.append(len(metrics))
+        if self.fail:
+            raise ValueError("boom")
+
+
+def test_fan_out_feeds_every_handler_in_order_and_names_the_failed_one() -> None:
+    first, broken, last = _Recorder("first"), _Recorder("broken", fail=True), _Recorder("last")
+    batch = [metric("haproxy", {"stot": i}, {"host": "lb"}, 1_795_000_000.0 + i) for i in range(3)]
+    errors = health.ERRORS.labels("broken")
+    before = errors._value.get()
+    with pytest.raises(RuntimeError, match=r"broken: ValueError: boom"):
+        FanOut("lb", [first, broken, last]).handle(batch, 0.0)
+    assert first.seen == [3] and last.seen == [3]   # the failure did not keep "last" from the batch
+    assert errors._value.get() == before + 1
