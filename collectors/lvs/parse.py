@@ -24,7 +24,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Callable, Literal
 
 STAT_FIELDS = ("connections", "pkts_in", "pkts_out", "bytes_in", "bytes_out")
 RATE_FIELDS = ("cps", "pps_in", "pps_out", "bps_in", "bps_out")
@@ -101,6 +101,30 @@ class IpvsadmListing:
 # -- /proc/net/ip_vs -----------------------------------------------------------------------------
 
 def parse_proc_ip_vs(text: str, source: str = "/proc/net/ip_vs") -> list[Service]:
+    return _parse_service_listing(text, source, _hex_addr_port, mark_base=16, with_flags=True)
+
+
+def parse_ipvsadm_list(text: str, source: str = "ipvsadm -Ln") -> list[Service]:
+    """The plain ``ipvsadm -Ln [--exact]`` listing (weights, not counters): /proc's layout in decimal.
+
+    ipvsadm.c ``print_title``/``print_service_entry``::
+
+        IP Virtual Server version 1.2.1 (size=4096)
+        Prot LocalAddress:Port Scheduler Flags
+          -> RemoteAddress:Port           Forward Weight ActiveConn InActConn
+        TCP  192.168.0.22:3306 wlc persistent 300
+          -> 192.168.82.22:3306           Route   100    248        2
+        FWM  268439552 wlc
+    """
+    return _parse_service_listing(text, source, _dec_addr_port, mark_base=10, with_flags=False)
+
+
+AddrPort = Callable[[str, str, int, str], tuple[str, int, str]]
+
+
+def _parse_service_listing(text: str, source: str, addr_port: AddrPort, mark_base: int,
+                           with_flags: bool) -> list[Service]:
+    """Services and their real servers; /proc/net/ip_vs (hex) and ``ipvsadm -Ln`` (decimal) share it."""
     services: list[Service] = []
     lines = text.splitlines()
     if not lines or not lines[0].startswith("IP Virtual Server version"):
@@ -116,19 +140,20 @@ def parse_proc_ip_vs(text: str, source: str = "/proc/net/ip_vs") -> list[Service
             if len(parts) != 6:
                 raise LvsParseError(source, line_no, raw, "real server line needs address, forward, weight, "
                                                           "active and inactive connections")
-            address, port, family = _hex_addr_port(parts[1], source, line_no, raw)
+            address, port, family = addr_port(parts[1], source, line_no, raw)
             weight, active, inactive = (_int(p, 10, source, line_no, raw) for p in parts[3:6])
             services[-1].reals.append(RealServer(RealKey(address, port, family), parts[2], weight, active, inactive))
         elif parts[0] in _PROTOCOLS or parts[0] == "FWM":
             if len(parts) < 3:
                 raise LvsParseError(source, line_no, raw, "service line needs address and scheduler")
             if parts[0] == "FWM":
-                key = ServiceKey("fwm", fwmark=_int(parts[1], 16, source, line_no, raw))
+                key = ServiceKey("fwm", fwmark=_int(parts[1], mark_base, source, line_no, raw))
             else:
-                address, port, family = _hex_addr_port(parts[1], source, line_no, raw)
+                address, port, family = addr_port(parts[1], source, line_no, raw)
                 key = ServiceKey(parts[0].lower(), address, port, family=family)
             svc = Service(key, parts[2])
-            _service_flags(svc, parts[3:], source, line_no, raw)
+            if with_flags:   # ipvsadm words its flags differently; the actuator does not need them
+                _service_flags(svc, parts[3:], source, line_no, raw)
             services.append(svc)
         else:
             raise LvsParseError(source, line_no, raw, "neither a service nor a real server line")

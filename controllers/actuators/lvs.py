@@ -7,15 +7,7 @@ The batch is ``ipvsadm -R`` restore input, one ``-e`` (edit real server) line pe
 The forwarding method (``-g``/``-m``/``-i``) is repeated from the live listing because an edit
 without it resets the real server to the default (direct routing). ``ipvsadm -R`` is not atomic:
 when it fails, the weights read before are restored with a second ``-R`` and the error raised.
-
-``-Ln`` prints (ipvsadm.c ``print_title``/``print_service_entry``)::
-
-    IP Virtual Server version 1.2.1 (size=4096)
-    Prot LocalAddress:Port Scheduler Flags
-      -> RemoteAddress:Port           Forward Weight ActiveConn InActConn
-    TCP  192.168.0.22:3306 wlc persistent 300
-      -> 192.168.82.22:3306           Route   100    248        2
-    FWM  268439552 wlc
+The ``-Ln`` listing is parsed by :func:`collectors.lvs.parse.parse_ipvsadm_list`.
 """
 
 from __future__ import annotations
@@ -23,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 import subprocess
 
-from collectors.lvs.parse import LvsParseError, RealKey, RealServer, Service, ServiceKey, _dec_addr_port
+from collectors.lvs.parse import LvsParseError, RealKey, RealServer, ServiceKey, parse_ipvsadm_list
 
 from controllers.actuators.base import ActuatorError
 from controllers.actuators.config import LvsTargetConfig
@@ -74,44 +66,6 @@ def service_args(key: ServiceKey) -> list[str]:
     if key.protocol == "fwm":
         return ["-f", str(key.fwmark)]
     return [_PROTO_FLAGS[key.protocol], f"{_host(key.address, key.family)}:{key.port}"]
-
-
-def parse_ipvsadm_list(text: str, source: str = "ipvsadm -Ln") -> list[Service]:
-    """Parse the plain ``ipvsadm -Ln [--exact]`` listing (weights, not counters)."""
-    services: list[Service] = []
-    lines = text.splitlines()
-    if not lines or not lines[0].startswith("IP Virtual Server version"):
-        raise LvsParseError(source, 1, lines[0] if lines else "", "missing 'IP Virtual Server version' header")
-    for line_no, raw in enumerate(lines[1:], start=2):
-        line = raw.strip()
-        if not line or line.startswith("Prot LocalAddress") or line.startswith("-> RemoteAddress"):
-            continue
-        parts = line.split()
-        if parts[0] == "->":
-            if not services:
-                raise LvsParseError(source, line_no, raw, "real server before any service")
-            if len(parts) != 6:
-                raise LvsParseError(source, line_no, raw, "real server line needs address, forward, weight, "
-                                                          "active and inactive connections")
-            address, port, family = _dec_addr_port(parts[1], source, line_no, raw)
-            if not all(p.isdigit() for p in parts[3:6]):
-                raise LvsParseError(source, line_no, raw, "weight and connection counts must be decimal integers")
-            weight, active, inactive = (int(p) for p in parts[3:6])
-            services[-1].reals.append(RealServer(RealKey(address, port, family), parts[2], weight, active, inactive))
-        elif parts[0] in ("TCP", "UDP", "SCTP", "FWM"):
-            if len(parts) < 3:
-                raise LvsParseError(source, line_no, raw, "service line needs address and scheduler")
-            if parts[0] == "FWM":
-                if not parts[1].isdigit():
-                    raise LvsParseError(source, line_no, raw, "firewall mark must be decimal")
-                key = ServiceKey("fwm", fwmark=int(parts[1]))
-            else:
-                address, port, family = _dec_addr_port(parts[1], source, line_no, raw)
-                key = ServiceKey(parts[0].lower(), address, port, family=family)
-            services.append(Service(key, parts[2]))  # flags (persistent, ops, ...) are not needed here
-        else:
-            raise LvsParseError(source, line_no, raw, "neither a service nor a real server line")
-    return services
 
 
 class LvsTarget:

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from collectors.lvs import Config, build
 from collectors.lvs.collector import LvsCollector
-from collectors.lvs.parse import (LvsParseError, RealKey, ServiceKey, parse_ipvsadm, parse_proc_ip_vs,
-                                  parse_proc_ip_vs_stats)
+from collectors.lvs.parse import (LvsParseError, RealKey, ServiceKey, parse_ipvsadm, parse_ipvsadm_list,
+                                  parse_proc_ip_vs, parse_proc_ip_vs_stats)
 from collectors.lvs.rates import RateTracker, counter_increase
 from opsloop.collect.types import CollectorUnavailable
 
@@ -243,7 +243,7 @@ _FIXTURES = [p.read_text() for p in (PROC, PROC_STATS, STATS[0], RATE)]
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("TCPUDFWM->[]:0123456789ABCDEFabcdef .\nKMGIPVSrsion()")), max_size=300))
 def test_fuzz_parsers_on_garbage(text):
-    for parser in (parse_proc_ip_vs, parse_proc_ip_vs_stats, parse_ipvsadm):
+    for parser in (parse_proc_ip_vs, parse_proc_ip_vs_stats, parse_ipvsadm, parse_ipvsadm_list):
         try:
             parser(text)
         except LvsParseError:
@@ -256,7 +256,7 @@ def test_fuzz_parsers_on_mutated_recordings(which, pos, cut, junk):
     base = _FIXTURES[which]
     pos %= len(base)
     text = base[:pos] + junk + base[pos + cut:]
-    for parser in (parse_proc_ip_vs, parse_proc_ip_vs_stats, parse_ipvsadm):
+    for parser in (parse_proc_ip_vs, parse_proc_ip_vs_stats, parse_ipvsadm, parse_ipvsadm_list):
         try:
             parser(text)
         except LvsParseError as e:
