@@ -2,8 +2,9 @@
 
 Real components: Kafka (KRaft), an HAProxy edge in front of two origins (near capped at 40 req/s),
 the haproxy collector (1 s), the stream worker (edge-demand agent), the edge control service (1 s
-interval), the HAProxy applier (``opsloop weights run``), a paced traffic generator. Each sample:
-settle at 30 req/s (everything fits the near origin), step to 80 req/s, and time until HAProxy's
+interval), the HAProxy applier (``opsloop weights run``), a paced traffic
+generator. Each sample: settle at 30 req/s (everything fits the near origin), step to 80 req/s at a
+random moment of the collection round, and time until HAProxy's
 near weight (read back with ``get weight`` every 20 ms) changes. Timestamps in between give the
 breakdown: step → first ``edge.demand`` record showing the rise (collection + rate + stream),
 → first new ``edge.weights`` version (control interval wait + decision + publish),
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import secrets
 import statistics
 import sys
@@ -162,6 +164,7 @@ def _measure(samples: int, tmp: Path, stack: Stack) -> list[dict[str, float]]:
 
         gen = TrafficGenerator(f"http://127.0.0.1:{spec.frontend_port}/", LOW, workers=8).start()
         out = []
+        phase = random.Random(20261122)
         for _ in range(samples):
             gen.set_rate(LOW)
             # settled: the version has not moved for 4 intervals and HAProxy carries it
@@ -179,6 +182,9 @@ def _measure(samples: int, tmp: Path, stack: Stack) -> list[dict[str, float]]:
                 raise RuntimeError(f"the loop did not settle at {LOW} req/s: {status()}")
             before_share, before_version = _near_share(hap), status()["version"]
             before_weight = hap.get_weight(BACKEND, "near")[0]
+            # A real change comes at any moment of the collection round: without a random phase every
+            # step would land at the same point of the loop (just after a tick) and bias the figure.
+            time.sleep(phase.uniform(0.0, COLLECT_S))
             t0 = time.monotonic()
             gen.set_rate(HIGH)
             t_applied = None
@@ -219,7 +225,7 @@ def _measure(samples: int, tmp: Path, stack: Stack) -> list[dict[str, float]]:
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
-    samples = 3 if quick else 8
+    samples = 5 if quick else 12
     with tempfile.TemporaryDirectory(prefix="opsloop-bench-control-") as d:
         tmp = Path(d)
         stack = Stack(StackSettings(data_dir=tmp / "stack", kafka_port=free_port(), kafka_controller_port=free_port(),

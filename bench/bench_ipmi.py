@@ -146,9 +146,12 @@ def run(quick: bool = False) -> list[dict]:
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     base = f"sequential, {SEQUENTIAL_SUBSET} BMCs ({int(SEQUENTIAL_SUBSET * DEAD_SHARE)} dead)"
     return [
+        # The target is for the 200-BMC fleet: in --quick's one short round the dead BMCs' timeouts
+        # are most of the elapsed time, so the quick figure is reported, not judged.
         _row(f"BMC reads/min ({count} BMCs, {dead} dead, concurrency {CONCURRENCY})", conc["reads_per_min"],
-             base, seq["reads_per_min"], "reads/min", f">= {TARGET_READS_PER_MIN:g}",
-             conc["reads_per_min"] >= TARGET_READS_PER_MIN),
+             base, seq["reads_per_min"], "reads/min",
+             f">= {TARGET_READS_PER_MIN:g}" + (" (full run only)" if quick else ""),
+             None if quick else conc["reads_per_min"] >= TARGET_READS_PER_MIN),
         _row("BMC attempts/min (incl. dead)", conc["attempts_per_min"], base, seq["attempts_per_min"],
              "attempts/min", "", None),
         _row("peak ipmitool processes (sampled every 5 ms)", peak["peak"], "concurrency bound", CONCURRENCY,

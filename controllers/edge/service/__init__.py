@@ -1,6 +1,6 @@
 """`opsloop edge run`: the edge-weight control service (issue 7): topology API + controller loop.
 
-Data flow: ``telemetry.lb`` → stream worker's ``edge-demand`` agent (:mod:`streams.edge`) →
+Data flow: ``telemetry.lb`` → stream worker's ``lb`` agent (its ``edge-demand`` handler, :mod:`streams.edge`) →
 ``edge.demand`` → **this service** (every ``interval_s``: observation → ``EdgeController`` →
 ``edge.weights`` + ``findings`` + gauges) → actuators (``controllers/actuators``) → load balancers.
 
