@@ -119,6 +119,7 @@ class Hypervisor:
         self.ports_file.write_text(json.dumps([{"port_id": p.port_id, "vm": f"vm{i}"} for i, p in enumerate(self.ports)]))
         self.intact = filter_table(self.ports)
         self.restore()
+        _sh("ip", "netns", "exec", self.netns, "ip6tables-nft-restore", stdin=filter_table(self.ports, family="ipv6"))
 
     def restore(self, text: str | None = None) -> None:
         _sh("ip", "netns", "exec", self.netns, "iptables-nft-restore", stdin=text or self.intact)

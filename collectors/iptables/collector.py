@@ -18,7 +18,9 @@ from collectors.iptables.privilege import looks_like_permission_error, missing_n
 from opsloop.collect.tool import ToolMissing, ToolResult, ToolTimeout, run_tool
 from collectors.iptables.versions import UNKNOWN, dpkg_query_argv, parse_versions
 
-SAVE_TOOLS = {"legacy": "iptables-legacy-save", "nft": "iptables-nft-save"}
+SAVE_TOOLS = {("ipv4", "legacy"): "iptables-legacy-save", ("ipv4", "nft"): "iptables-nft-save",
+              ("ipv6", "legacy"): "ip6tables-legacy-save", ("ipv6", "nft"): "ip6tables-nft-save"}
+Source = tuple[str, str]   # (family, backend)
 _ERR_PREVIEW = 200
 
 
@@ -35,7 +37,7 @@ class TargetResult:
 
 
 class IptablesCollector:
-    """Reads iptables-save (legacy and/or nft) per target and reports per-port protection."""
+    """Reads iptables-save and ip6tables-save (legacy and/or nft) per target and reports per-port protection."""
 
     name = "iptables"
 
@@ -96,34 +98,37 @@ class IptablesCollector:
         except PortsError as e:
             raise TargetFailed("parse", str(e)) from None
 
-    def _read_rulesets(self, target: Target) -> dict[str, Ruleset]:
+    def _read_rulesets(self, target: Target) -> dict[Source, Ruleset]:
+        return {src: r for family in self.config.families for src, r in self._read_family(target, family).items()}
+
+    def _read_family(self, target: Target, family: str) -> dict[Source, Ruleset]:
         backends = ["legacy", "nft"] if self.config.backend == "auto" else [self.config.backend]
-        read: dict[str, Ruleset] = {}
+        read: dict[Source, Ruleset] = {}
         for backend in backends:
-            argv = self._in_netns(target, [SAVE_TOOLS[backend]])
+            tool = SAVE_TOOLS[(family, backend)]
+            argv = self._in_netns(target, [tool])
             try:
-                res = self._run([*self.config.command_prefix, *argv], what=SAVE_TOOLS[backend])
+                res = self._run([*self.config.command_prefix, *argv], what=tool)
             except TargetFailed as e:
                 if e.kind == "tool" and self.config.backend == "auto":
                     continue  # backend not installed: it cannot hold rules either
                 raise
-            self._check_save_result(res, backend)
+            self._check_save_result(res, tool)
             try:
-                read[backend] = parse_ruleset(res.stdout)
+                read[(family, backend)] = parse_ruleset(res.stdout)
             except RulesetParseError as e:
-                raise TargetFailed("parse", f"{SAVE_TOOLS[backend]} output: {e}") from None
+                raise TargetFailed("parse", f"{tool} output: {e}") from None
         if not read:
-            raise TargetFailed("tool", "neither iptables-legacy-save nor iptables-nft-save could be run: "
-                                       "install the iptables package")
+            tools = " nor ".join(SAVE_TOOLS[(family, b)] for b in backends)
+            raise TargetFailed("tool", f"neither {tools} could be run: install the iptables package")
         if self.config.backend == "auto":
-            with_rules = {b: r for b, r in read.items() if not r.empty}
+            with_rules = {src: r for src, r in read.items() if not r.empty}
             return with_rules or read
         return read
 
-    def _check_save_result(self, res: ToolResult, backend: str) -> None:
+    def _check_save_result(self, res: ToolResult, tool: str) -> None:
         if res.returncode == 0:
             return
-        tool = SAVE_TOOLS[backend]
         if "Cannot open network namespace" in res.stderr:
             raise TargetFailed("unreachable", _preview(res.stderr))
         if looks_like_permission_error(res.stderr):
@@ -144,14 +149,18 @@ class IptablesCollector:
 
     # -- metrics ----------------------------------------------------------------------------
 
-    def _port_metrics(self, target: Target, ports: list[VmPort], rulesets: dict[str, Ruleset],
+    def _port_metrics(self, target: Target, ports: list[VmPort], rulesets: dict[Source, Ruleset],
                       ts: float) -> list[Metric]:
         out = []
         for port in ports:
-            # Both backends' tables are evaluated by the kernel: protection in either one suffices.
-            statuses = {b: analyze_port(r, self.config.chain_prefix, port.port_id, port.device)
-                        for b, r in rulesets.items()}
-            backend, status = max(statuses.items(), key=lambda bs: _rank(bs[1]))
+            # Per family, both backends' tables are evaluated by the kernel: protection in either suffices.
+            # Across families every one must protect the port: IPv6 traffic never meets iptables' rules.
+            by_family: dict[str, tuple[str, PortStatus]] = {}
+            for family in self.config.families:
+                statuses = {b: analyze_port(r, self.config.chain_prefix, port.port_id, port.device)
+                            for (f, b), r in rulesets.items() if f == family}
+                by_family[family] = max(statuses.items(), key=lambda bs: _rank(bs[1]))
+            family, (backend, status) = min(by_family.items(), key=lambda fs: _rank(fs[1][1]))
             tags = {"host": target.host, "port_id": port.port_id, "device": port.device, "vm": port.vm}
             if port.tenant:
                 tags["tenant"] = port.tenant
@@ -164,25 +173,29 @@ class IptablesCollector:
                 "spoof_rules": status.spoof_rules,
                 "ingress_default_drop": int(status.ingress_default_drop),
                 "backend": backend,
+                "family": family,   # the family the fields above describe: the weakest one
             }
+            for f, (_, st) in by_family.items():
+                fields[f"protected_{f}"] = int(st.protected)
             if status.reason:
-                fields["reason"] = status.reason
+                fields["reason"] = f"{family}: {status.reason}" if len(by_family) > 1 else status.reason
             try:
                 out.append(metric("iptables_vm_port", fields, tags, ts))
             except WireError as e:  # a tag value from the ports list the wire format refuses
                 raise TargetFailed("parse", f"port {port.port_id}: {e}") from None
         return out
 
-    def _ruleset_metric(self, target: Target, ports: list[VmPort], rulesets: dict[str, Ruleset],
+    def _ruleset_metric(self, target: Target, ports: list[VmPort], rulesets: dict[Source, Ruleset],
                         port_metrics: list[Metric], ts: float) -> Metric:
         protected = sum(int(m.fields["protected"]) for m in port_metrics if m.name == "iptables_vm_port")
-        pairs = list(rulesets.items())
+        pairs = [(f"{family}/{backend}", r) for (family, backend), r in sorted(rulesets.items())]
         return metric("iptables_ruleset", {
             "fingerprint": fingerprint(pairs),
             "base_fingerprint": fingerprint(pairs, exclude_ports_with_prefix=self.config.chain_prefix),
             "rules": sum(r.rule_count for r in rulesets.values()),
             "chains": sum(r.chain_count for r in rulesets.values()),
-            "backend": "+".join(sorted(rulesets)),
+            "backend": "+".join(sorted({b for _, b in rulesets})),
+            "families": "+".join(sorted({f for f, _ in rulesets})),
             "ports_expected": len(ports),
             "ports_protected": protected,
             "ports_unprotected": len(ports) - protected,

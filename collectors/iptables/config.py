@@ -28,6 +28,9 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     backend: Literal["auto", "legacy", "nft"] = "auto"
+    # Neutron programs every port's security group in iptables and ip6tables alike; a port is protected
+    # only when it is in each family read here. Drop ipv6 only on hypervisors with IPv6 disabled.
+    families: list[Literal["ipv4", "ipv6"]] = Field(default_factory=lambda: ["ipv4", "ipv6"], min_length=1)
     chain_prefix: str = Field(default="neutron-openvswi", min_length=1, max_length=24,
                               pattern=r"^[A-Za-z0-9_-]+$")
     timeout_s: float = Field(default=10.0, gt=0, le=300)

@@ -9,6 +9,7 @@ state outside iptables (ipset ``--match-set``) are left out so that it restores 
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 from collectors.iptables.analyze import default_device, port_chains
@@ -21,9 +22,29 @@ class LayoutPort:
     mac: str
     allow_tcp: tuple[int, ...] = (22,)
 
+    @property
+    def ip6(self) -> str:
+        """A global address (fd00:9::/64) and the link-local one, both from the MAC (EUI-64)."""
+        return _eui64("fd00:9::/64", self.mac)
 
-def filter_table(ports: list[LayoutPort], prefix: str = "neutron-openvswi", host_rules: tuple[str, ...] = ()) -> str:
-    """The ``*filter`` table for these ports. ``host_rules`` are extra ``-A ...`` lines (drift)."""
+    @property
+    def link_local(self) -> str:
+        return _eui64("fe80::/64", self.mac)
+
+
+def _eui64(prefix: str, mac: str) -> str:
+    b = [int(x, 16) for x in mac.split(":")]
+    b[0] ^= 0x02   # the universal/local bit flips in an EUI-64 interface id
+    iid = int.from_bytes(bytes(b[:3] + [0xFF, 0xFE] + b[3:]), "big")
+    return str(ipaddress.IPv6Address(int(ipaddress.IPv6Network(prefix).network_address) | iid))
+
+
+def filter_table(ports: list[LayoutPort], prefix: str = "neutron-openvswi", host_rules: tuple[str, ...] = (),
+                 family: str = "ipv4") -> str:
+    """The ``*filter`` table for these ports, for ``iptables-restore`` (ipv4) or ``ip6tables-restore``
+    (ipv6: Neutron's ICMPv6/DHCPv6 rules). ``host_rules`` are extra ``-A ...`` lines (drift)."""
+    if family not in ("ipv4", "ipv6"):
+        raise ValueError(f"family {family!r}: expected ipv4 or ipv6")
     p = prefix
     chains = ["neutron-filter-top", f"{p}-FORWARD", f"{p}-INPUT", f"{p}-OUTPUT", f"{p}-local",
               f"{p}-sg-chain", f"{p}-sg-fallback"]
@@ -48,18 +69,32 @@ def filter_table(ports: list[LayoutPort], prefix: str = "neutron-openvswi", host
             f"-A {p}-sg-chain -m physdev --physdev-out {tap} --physdev-is-bridged {to_vm} -j {c.ingress}",
             f"-A {p}-sg-chain -m physdev --physdev-in {tap} --physdev-is-bridged {to_vm} -j {c.egress}",
         ]
-        lines += [f"-A {c.ingress} -m state --state RELATED,ESTABLISHED -j RETURN",
-                  f"-A {c.ingress} -s 10.0.0.2/32 -p udp -m udp --sport 67 --dport 68 -j RETURN"]
+        if family == "ipv4":
+            lines += [f"-A {c.ingress} -m state --state RELATED,ESTABLISHED -j RETURN",
+                      f"-A {c.ingress} -s 10.0.0.2/32 -p udp -m udp --sport 67 --dport 68 -j RETURN"]
+        else:
+            lines += [f"-A {c.ingress} -m state --state RELATED,ESTABLISHED -j RETURN"]
+            lines += [f"-A {c.ingress} -p ipv6-icmp -m icmp6 --icmpv6-type {t} -j RETURN" for t in (130, 134, 135, 136)]
+            lines += [f"-A {c.ingress} -s fe80::/64 -p udp -m udp --sport 547 --dport 546 -j RETURN"]
         lines += [f"-A {c.ingress} -p tcp -m tcp --dport {port_no} -j RETURN" for port_no in port.allow_tcp]
         lines += [f"-A {c.ingress} -m state --state INVALID -j DROP",
-                  f"-A {c.ingress} -j {p}-sg-fallback",
-                  f"-A {c.egress} -s 0.0.0.0/32 -d 255.255.255.255/32 -p udp -m udp --sport 68 --dport 67 -j RETURN",
-                  f"-A {c.egress} -j {c.spoof}",
-                  f"-A {c.egress} -p udp -m udp --sport 67 --dport 68 -j DROP",
-                  f"-A {c.egress} -m state --state RELATED,ESTABLISHED -j RETURN",
-                  f"-A {c.egress} -j RETURN",
-                  f"-A {c.spoof} -s {port.ip}/32 -m mac --mac-source {port.mac} -j RETURN",
-                  f"-A {c.spoof} -j DROP"]
+                  f"-A {c.ingress} -j {p}-sg-fallback"]
+        if family == "ipv4":
+            lines += [f"-A {c.egress} -s 0.0.0.0/32 -d 255.255.255.255/32 -p udp -m udp --sport 68 --dport 67 -j RETURN",
+                      f"-A {c.egress} -j {c.spoof}",
+                      f"-A {c.egress} -p udp -m udp --sport 67 --dport 68 -j DROP"]
+            spoof = [f"-A {c.spoof} -s {port.ip}/32 -m mac --mac-source {port.mac} -j RETURN"]
+        else:
+            lines += [f"-A {c.egress} -s ::/128 -d ff02::/16 -p ipv6-icmp -m icmp6 --icmpv6-type {t} -j RETURN"
+                      for t in (131, 135, 143)]
+            lines += [f"-A {c.egress} -j {c.spoof}",
+                      f"-A {c.egress} -p ipv6-icmp -m icmp6 --icmpv6-type 134 -j DROP",   # no router adverts from VMs
+                      f"-A {c.egress} -p udp -m udp --sport 547 --dport 546 -j DROP"]
+            spoof = [f"-A {c.spoof} -s {port.ip6}/128 -m mac --mac-source {port.mac} -j RETURN",
+                     f"-A {c.spoof} -s {port.link_local}/128 -m mac --mac-source {port.mac} -j RETURN"]
+        lines += [f"-A {c.egress} -m state --state RELATED,ESTABLISHED -j RETURN",
+                  f"-A {c.egress} -j RETURN"]
+        lines += [*spoof, f"-A {c.spoof} -j DROP"]
     lines += [f"-A {p}-sg-chain -j ACCEPT",
               f'-A {p}-sg-fallback -m comment --comment "Default drop rule for unmatched traffic." -j DROP',
               "COMMIT", ""]

@@ -47,6 +47,12 @@ class Hypervisor:
     def restore(self, text: str) -> None:
         _sh("ip", "netns", "exec", self.netns, f"iptables-{self.backend}-restore", stdin=text)
 
+    def save6(self) -> str:
+        return _sh("ip", "netns", "exec", self.netns, f"ip6tables-{self.backend}-save")
+
+    def restore6(self, text: str) -> None:
+        _sh("ip", "netns", "exec", self.netns, f"ip6tables-{self.backend}-restore", stdin=text)
+
     def target(self) -> dict:
         return {"host": self.host, "netns": self.netns, "ports_file": str(self.ports_file)}
 
@@ -69,6 +75,7 @@ def hypervisors(tmp_path):
         hv.ports_file.write_text(json.dumps([{"port_id": p.port_id, "vm": f"{host}-vm{i}", "tenant": "acme"}
                                              for i, p in enumerate(ports)]))
         hv.restore(filter_table(ports))
+        hv.restore6(filter_table(ports, family="ipv6"))   # Neutron programs both families
         return hv
 
     yield make_hv
@@ -245,3 +252,38 @@ def _gone_or_zombie(pid: int) -> bool:
         time.sleep(0.05)
     return False
 
+
+
+def test_a_port_open_over_ipv6_only_is_unprotected(hypervisors):
+    """IPv6 traffic never meets iptables' rules: chains gone from ip6tables alone expose the VM."""
+    hv = hypervisors("hv6")
+    ports = _ports(_collect(hv))
+    assert all(p["protected"] == 1 and p["protected_ipv4"] == 1 and p["protected_ipv6"] == 1 for p in ports.values())
+
+    victim = hv.ports[0].port_id
+    short, tap = victim[:10], f"tap{victim[:11]}"
+    kept = [line for line in hv.save6().splitlines() if short not in line and tap not in line]
+    hv.restore6("\n".join(kept) + "\n")
+    assert short in hv.save()          # IPv4 untouched
+
+    rnd = _collect(hv)
+    assert rnd.errors == []
+    got = _ports(rnd)[victim]
+    assert got["protected"] == 0 and got["protected_ipv4"] == 1 and got["protected_ipv6"] == 0
+    assert got["family"] == "ipv6" and got["reason"].startswith("ipv6: ingress chain")
+    assert _ports(rnd)[hv.ports[1].port_id]["protected"] == 1
+    assert _rulesets(rnd)["hv6"]["ports_unprotected"] == 1
+    assert _rulesets(rnd)["hv6"]["families"] == "ipv4+ipv6"
+    # A hypervisor with IPv6 disabled is configured to read IPv4 only.
+    only4 = _ports(_collect(hv, families=["ipv4"]))[victim]
+    assert only4["protected"] == 1 and "protected_ipv6" not in only4
+
+
+def test_recorded_ip6tables_nft_save_is_read_as_protected():
+    """Output recorded from the real ip6tables-nft-save 1.8.9 after restoring the IPv6 layout."""
+    from collectors.iptables.analyze import analyze_port
+    from collectors.iptables.parse import parse_ruleset
+
+    text = (REPO / "collectors/iptables/testdata/neutron-1port.ip6tables-nft-save.txt").read_text()
+    status = analyze_port(parse_ruleset(text), PREFIX, "aaaaaaaa-1111-4222-8333-444455556666", "tapaaaaaaaa-11")
+    assert status.protected and status.spoof_rules == 3

@@ -175,6 +175,7 @@ def hypervisor(tmp_path: Path) -> Iterator[dict[str, Any]]:
         ports_file.write_text(json.dumps([{"port_id": p.port_id, "vm": f"vm{i}", "tenant": "acme"}
                                           for i, p in enumerate(ports)]))
         _sh("ip", "netns", "exec", netns, "iptables-nft-restore", stdin=filter_table(ports))
+        _sh("ip", "netns", "exec", netns, "ip6tables-nft-restore", stdin=filter_table(ports, family="ipv6"))
         yield {"host": host, "netns": netns, "ports": ports, "ports_file": ports_file}
     finally:
         subprocess.run(["ip", "netns", "del", netns], capture_output=True, timeout=30)
