@@ -118,9 +118,9 @@ class ControlLoop:
                   "checks_down": sorted(down), "capacity_rps": dict(zip(state.origins, capacity.tolist())),
                   "origin_load_rps": load, "inputs_age_s": age, "edges_reporting": seen}
         for o, rps in load.items():
-            M.LOAD.labels(o).set(rps)
+            M.LOAD.labels(state.name, o).set(rps)
         for j, o in enumerate(state.origins):
-            M.CAPACITY.labels(o).set(float(capacity[j]))
+            M.CAPACITY.labels(state.name, o).set(float(capacity[j]))
             M.HEALTHY.labels(state.name, o).set(1.0 if healthy[j] else 0.0)
         if seen < len(state.edges) and age <= stale_after:
             return None, status   # not every edge heard from yet: do not plan on zero demand
