@@ -131,6 +131,7 @@ def _measure(samples: int, tmp: Path, stack: Stack) -> list[dict[str, float]]:
         "collectors": {"haproxy": {"instances": {lb: str(spec.admin_socket)}}},
         "controllers": {
             "edge": {"interval_s": CONTROL_S, "metrics_port": ports["edge_metrics"],
+                     "overrides_file": str(tmp / "edge-overrides.json"),
                      "api": {"port": ports["api"], "token_file": str(tmp / "token")},
                      # the generator is open loop: its rate does not react to latency
                      "controller": {"elasticity": 0.0, "stale_after_s": 10},

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 def service(bootstrap: str, listener: str, edge: str) -> EdgeService:
     settings = Settings.model_validate({"kafka": {"bootstrap_servers": bootstrap}})
     cfg = EdgeServiceSettings.model_validate({
-        "interval_s": 1, "api": {"enabled": False}, "controller": {"stale_after_s": 3},
+        "interval_s": 1, "api": {"enabled": False}, "controller": {"stale_after_s": 3}, "overrides_file": None,
         "topology": {"listeners": [{
             "name": listener, "backend": f"be-{listener}", "edges": [{"name": edge}],
             "origins": [{"name": "near", "capacity_rps": 40}, {"name": "far", "capacity_rps": 1000}],

@@ -174,7 +174,7 @@ def test_closed_loop_holds_capacity_moves_off_unhealthy_origin_and_back(stack, l
     api_port = free_port()
     config, doc = pipeline_config(tmp_path, stack, {"haproxy": {"instances": {lb: str(lab_edge.admin_socket)}}})
     doc["controllers"] = {"edge": {
-        "interval_s": 1.0, "metrics_port": free_port(),
+        "interval_s": 1.0, "metrics_port": free_port(), "overrides_file": str(tmp_path / "edge-overrides.json"),
         "api": {"port": api_port, "token_file": str(tmp_path / "edge.token")},
         "controller": {"stale_after_s": 10},
         "topology": {"listeners": [{

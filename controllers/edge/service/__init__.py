@@ -27,6 +27,7 @@ from controllers.edge.service.config import (EdgeServiceSettings, read_token, re
 from controllers.edge.service.inputs import DemandBook, DemandConsumer
 from controllers.edge.service.kafka_io import DecisionPublisher, recover_decisions
 from controllers.edge.service.loop import ControlLoop
+from controllers.edge.service.overrides import OverridesError, load_overrides
 from controllers.edge.service.store import TopologyStore
 from opsloop.audit import AuditLog
 from opsloop.config import ConfigError, Settings, load_settings
@@ -49,6 +50,7 @@ config (opsloop.yaml):
       metrics_port: 29107
       api: {bind: 127.0.0.1, port: 29108, token_file: /etc/opsloop/edge.token}
       controller: {headroom: 0.05, stale_after_s: 30}
+      overrides_file: .run/edge/overrides.json   # API changes kept across restarts (null: not kept)
 
 API (bearer token): GET /v1/status, GET|PUT /v1/listeners/L/origins/O/{capacity,health},
 PUT /v1/listeners/L/edges/E/latency/O, GET /v1/listeners/L/weights; spec at /openapi.json.
@@ -64,7 +66,7 @@ class EdgeService:
         self.cfg = cfg
         self.topology = resolve_topology(cfg, config_dir)
         self.audit = AuditLog.from_settings(settings)
-        self.store = TopologyStore(self.topology, self.audit)
+        self.store = TopologyStore(self.topology, self.audit, cfg.overrides_file)
         self.book = DemandBook()
         self.token = token
         self.publisher: DecisionPublisher | None = None
@@ -164,15 +166,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"opsloop edge: {e}", file=sys.stderr)
         return 2
     if args.command == "check":
+        try:
+            kept = load_overrides(cfg.overrides_file).count() if cfg.overrides_file is not None else 0
+        except OverridesError as e:
+            print(f"opsloop edge: {e}", file=sys.stderr)
+            return 2
         print(f"ok: {len(topology.listeners)} listener(s): "
               + ", ".join(f"{lst.name} ({len(lst.edges)} edges, {len(lst.origins)} origins)"
-                          for lst in topology.listeners))
+                          for lst in topology.listeners)
+              + f"; {kept} API override(s) kept in {cfg.overrides_file}")
         return 0
     setup_logging("opsloop-edge", args.log_level)
     try:
         server = serve_metrics(cfg.metrics_port, cfg.metrics_bind)
         service = EdgeService(settings, cfg, config_dir).start()
-    except (OSError, ConfigError) as e:
+    except (OSError, ConfigError, OverridesError) as e:
         print(f"opsloop edge: {e}", file=sys.stderr)
         return 2
     log.info("started", metrics=f"{server.server_address[0]}:{server.server_address[1]}", interval_s=cfg.interval_s,

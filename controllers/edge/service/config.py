@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from controllers.edge.controller import ControllerSettings
 from controllers.edge.model import Edge, Listener, Origin, Topology
-from opsloop.config import ConfigError, Settings
+from opsloop.config import DEFAULT_RUN_DIR, ConfigError, Settings
 from opsloop.wire import describe_validation_error
 
 SECTION = "edge"
@@ -108,6 +108,8 @@ class EdgeServiceSettings(_Strict):
     api: ApiSettings = Field(default_factory=ApiSettings)
     controller: dict[str, Any] = Field(default_factory=dict)  # ControllerSettings (interval_s set from above)
     recover: bool = True                          # resume version and weights from edge.weights
+    # API changes survive restarts here (an overlay on the topology file; null: not kept)
+    overrides_file: Path | None = DEFAULT_RUN_DIR / "edge" / "overrides.json"
     publish_findings: bool = True
 
     @model_validator(mode="after")

@@ -4,7 +4,8 @@ Thread-safe (the API server thread writes, the control loop reads a consistent s
 Every change is validated against the same model as the file (a capacity must be a finite number
 ≥ 0, names must exist) and audited (``opsloop.audit.AuditLog``) with before/after and the actor.
 Health has an *override*: ``None`` follows the load balancers' checks (and the file's ``healthy``),
-``True``/``False`` pins it (an operator draining an origin).
+``True``/``False`` pins it (an operator draining an origin). With an overrides file the changes
+survive a restart (:mod:`controllers.edge.service.overrides`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,19 @@ import copy
 import math
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from prometheus_client import Counter
+
 from controllers.edge.service.config import ListenerSpec, TopologySpec
+from controllers.edge.service.overrides import Overrides, load_overrides, save_overrides
 from opsloop.audit import AuditLog
+from opsloop.log import get_logger
+
+log = get_logger("controller.edge.store")
+SAVE_FAILURES = Counter("opsloop_edge_overrides_save_failures_total",
+                        "Edge API changes applied but not written to the overrides file")
 
 ACTOR = "api.edge"
 
@@ -45,12 +55,17 @@ def _number(field: str, value: Any, allow_inf: bool = False) -> float:
 
 
 class TopologyStore:
-    def __init__(self, topology: TopologySpec, audit: AuditLog | None = None) -> None:
+    def __init__(self, topology: TopologySpec, audit: AuditLog | None = None,
+                 overrides_file: Path | None = None) -> None:
         self._topology = topology.model_copy(deep=True)
         self._overrides: dict[str, dict[str, bool]] = {lst.name: {} for lst in topology.listeners}
         self._lock = threading.Lock()
         self.audit = audit or AuditLog()
         self.changes = 0
+        self.overrides_file = overrides_file
+        self._saved = Overrides()
+        if overrides_file is not None:
+            self._restore(load_overrides(overrides_file))
 
     # -- reads ------------------------------------------------------------------------------
     def listener_names(self) -> list[str]:
@@ -85,6 +100,8 @@ class TopologyStore:
             before = {"capacity_rps": o.capacity_rps}
             o.capacity_rps = value
             self.changes += 1
+            self._saved.capacity_rps.setdefault(listener, {})[origin] = value
+            self._persist()
         self._audit(actor, "edge.topology.capacity", listener, origin, before, {"capacity_rps": value}, reason)
         return self.origin(listener, origin)
 
@@ -101,6 +118,8 @@ class TopologyStore:
             else:
                 overrides[origin] = healthy
             self.changes += 1
+            self._saved.health[listener] = dict(overrides)
+            self._persist()
         self._audit(actor, "edge.topology.health", listener, origin, before, {"health_override": healthy}, reason)
         return self.origin(listener, origin)
 
@@ -119,10 +138,68 @@ class TopologyStore:
             else:
                 row[origin] = value
             self.changes += 1
+            self._saved.latency_ms.setdefault(listener, {}).setdefault(edge, {})[origin] = \
+                None if math.isinf(value) else value
+            self._persist()
         self._audit(actor, "edge.topology.latency", listener, f"{edge}->{origin}", before,
                     {"latency_ms": None if math.isinf(value) else value}, reason, edge=edge)
         return {"listener": listener, "edge": edge, "origin": origin,
                 "latency_ms": None if math.isinf(value) else value}
+
+    # -- overrides file ---------------------------------------------------------------------
+    def _persist(self) -> None:
+        """Under the lock: write every API change so far (the change itself stands either way)."""
+        if self.overrides_file is None:
+            return
+        try:
+            save_overrides(self.overrides_file, self._saved)
+        except OSError as e:
+            SAVE_FAILURES.inc()
+            log.error("overrides_not_saved", file=str(self.overrides_file), error=str(e),
+                      consequence="the change applies now but a restart would undo it")
+
+    def _restore(self, saved: Overrides) -> None:
+        """Apply the overrides that still fit the topology file; skip (and say) the others."""
+        applied, skipped = 0, []
+        for listener, origins in saved.capacity_rps.items():
+            for origin, value in origins.items():
+                try:
+                    self._origin(self._listener(listener), origin).capacity_rps = value
+                    self._saved.capacity_rps.setdefault(listener, {})[origin] = value
+                    applied += 1
+                except TopologyError as e:
+                    skipped.append(f"capacity {listener}/{origin}: {e}")
+        for listener, pins in saved.health.items():
+            for origin, healthy in pins.items():
+                try:
+                    self._origin(self._listener(listener), origin)
+                    self._overrides[listener][origin] = healthy
+                    self._saved.health.setdefault(listener, {})[origin] = healthy
+                    applied += 1
+                except TopologyError as e:
+                    skipped.append(f"health {listener}/{origin}: {e}")
+        for listener, edges in saved.latency_ms.items():
+            for edge, origins in edges.items():
+                for origin, ms in origins.items():
+                    try:
+                        spec = self._listener(listener)
+                        if edge not in {e.name for e in spec.edges}:
+                            raise TopologyError(f"edge {edge!r} not in listener {listener!r}")
+                        self._origin(spec, origin)
+                    except TopologyError as e:
+                        skipped.append(f"latency {listener}/{edge}->{origin}: {e}")
+                        continue
+                    row = spec.latency_ms.setdefault(edge, {})
+                    if ms is None:
+                        row.pop(origin, None)
+                    else:
+                        row[origin] = ms
+                    self._saved.latency_ms.setdefault(listener, {}).setdefault(edge, {})[origin] = ms
+                    applied += 1
+        if applied or skipped:
+            log.info("overrides_restored", file=str(self.overrides_file), applied=applied, skipped=len(skipped))
+        for reason in skipped:
+            log.warning("override_skipped", file=str(self.overrides_file), reason=reason)
 
     # -- helpers ----------------------------------------------------------------------------
     def _listener(self, name: str) -> ListenerSpec:

@@ -1,0 +1,74 @@
+"""Changes made through the edge API, kept in a file so that a restart does not undo them.
+
+The topology file stays the operator's (often managed by configuration management, so the service
+never rewrites it); API changes are an overlay on top of it: capacities, pinned health and latencies
+per listener, written atomically (temporary file, fsync, rename) after every change and applied on
+start. The topology file decides what exists: an overlay entry naming a listener, edge or origin no
+longer in it is skipped with a warning. An overlay that cannot be read stops the start with an error
+naming the file, because starting without it could, for example, send traffic to an origin an
+operator had drained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from opsloop.wire import describe_validation_error
+
+VERSION = 1
+
+
+class OverridesError(ValueError):
+    """The overrides file exists but cannot be used (the message names it and what to do)."""
+
+
+class Overrides(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = VERSION
+    capacity_rps: dict[str, dict[str, float]] = Field(default_factory=dict)          # listener -> origin -> rps
+    health: dict[str, dict[str, bool]] = Field(default_factory=dict)                  # listener -> origin -> pinned
+    latency_ms: dict[str, dict[str, dict[str, float | None]]] = Field(default_factory=dict)  # listener -> edge -> origin
+
+    def count(self) -> int:
+        return (sum(len(v) for v in self.capacity_rps.values()) + sum(len(v) for v in self.health.values())
+                + sum(len(o) for e in self.latency_ms.values() for o in e.values()))
+
+
+def load_overrides(path: Path) -> Overrides:
+    if not path.exists():
+        return Overrides()
+    hint = f"fix or delete {path} to start from the topology file alone"
+    try:
+        doc: Any = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise OverridesError(f"edge API overrides {path}: cannot be read ({e}); {hint}") from None
+    try:
+        out = Overrides.model_validate(doc)
+    except ValidationError as e:
+        raise OverridesError(f"edge API overrides {path}: {describe_validation_error(e)}; {hint}") from None
+    if out.version != VERSION:
+        raise OverridesError(f"edge API overrides {path}: version {out.version} unsupported (expected {VERSION}); "
+                             f"{hint}")
+    return out
+
+
+def save_overrides(path: Path, overrides: Overrides) -> None:
+    """Atomic: a crash leaves the previous file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(overrides.model_dump_json(indent=2))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

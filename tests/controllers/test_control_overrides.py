@@ -1,0 +1,88 @@
+"""Edge API changes survive a restart: an overlay file on top of the topology file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from controllers.edge.service.config import TopologySpec
+from controllers.edge.service.overrides import OverridesError, load_overrides
+from controllers.edge.service.store import TopologyStore
+from opsloop.audit import AuditLog
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.records: list = []
+
+    def submit(self, record) -> None:
+        self.records.append(record)
+
+
+def topology(origins=("near", "far")) -> TopologySpec:
+    return TopologySpec.model_validate({"listeners": [{
+        "name": "web", "edges": [{"name": "ams"}, {"name": "fra"}],
+        "origins": [{"name": o, "capacity_rps": 40 if o == "near" else 1000} for o in origins],
+        "latency_ms": {"ams": {o: 2 for o in origins}, "fra": {o: 20 for o in origins}}}]})
+
+
+def test_api_changes_are_back_after_a_restart_and_are_not_audited_twice(tmp_path: Path) -> None:
+    path = tmp_path / "edge" / "overrides.json"
+    first = TopologyStore(topology(), AuditLog(), path)
+    first.set_capacity("web", "near", 55, reason="new hardware")
+    first.set_health("web", "far", False, reason="drained for maintenance")
+    first.set_latency("web", "fra", "near", float("inf"))     # no path any more
+    first.set_latency("web", "ams", "far", 7.5)
+    assert not [p for p in path.parent.iterdir() if p.name != "overrides.json"]   # no temporary left
+
+    rec = Recorder()
+    second = TopologyStore(topology(), AuditLog([rec]), path)
+    assert second.origin("web", "near")["capacity_rps"] == 55
+    assert second.origin("web", "far")["health_override"] is False
+    spec = second.snapshot("web").spec
+    assert "near" not in spec.latency_ms["fra"] and spec.latency_ms["ams"]["far"] == 7.5
+    assert rec.records == []               # restoring is not a new change
+    # Clearing a pin is kept as well.
+    second.set_health("web", "far", None)
+    assert TopologyStore(topology(), AuditLog(), path).origin("web", "far")["health_override"] is None
+
+
+def test_overrides_for_what_the_topology_file_no_longer_has_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "overrides.json"
+    store = TopologyStore(topology(("near", "far", "old")), AuditLog(), path)
+    store.set_capacity("web", "old", 5)
+    store.set_capacity("web", "near", 60)
+    restored = TopologyStore(topology(("near", "far")), AuditLog(), path)
+    assert restored.origin("web", "near")["capacity_rps"] == 60
+    # the next save drops what no longer exists
+    restored.set_capacity("web", "far", 900)
+    assert json.loads(path.read_text())["capacity_rps"] == {"web": {"near": 60.0, "far": 900.0}}
+
+
+@pytest.mark.parametrize("content,expected", [
+    ("{not json", "cannot be read"),
+    ('{"version": 1, "capacity_rps": {"web": {"near": "lots"}}}', "capacity_rps.web.near"),
+    ('{"version": 9}', "version 9 unsupported"),
+])
+def test_an_unusable_overrides_file_stops_the_start_naming_it(tmp_path: Path, content: str, expected: str) -> None:
+    path = tmp_path / "overrides.json"
+    path.write_text(content)
+    with pytest.raises(OverridesError, match=expected) as e:
+        TopologyStore(topology(), AuditLog(), path)
+    assert str(path) in str(e.value) and "delete" in str(e.value)
+    with pytest.raises(OverridesError):
+        load_overrides(path)
+
+
+def test_a_failed_save_keeps_the_change_and_counts_it(tmp_path: Path) -> None:
+    from prometheus_client import REGISTRY
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    store = TopologyStore(topology(), AuditLog(), blocker / "overrides.json")
+    before = REGISTRY.get_sample_value("opsloop_edge_overrides_save_failures_total") or 0.0
+    store.set_capacity("web", "near", 33)
+    assert store.origin("web", "near")["capacity_rps"] == 33
+    assert REGISTRY.get_sample_value("opsloop_edge_overrides_save_failures_total") == before + 1
