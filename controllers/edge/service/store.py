@@ -96,12 +96,8 @@ class TopologyStore:
                      actor: str = ACTOR) -> dict[str, Any]:
         value = _number("capacity_rps", capacity_rps)
         with self._lock:
-            o = self._origin(self._listener(listener), origin)
-            before = {"capacity_rps": o.capacity_rps}
-            o.capacity_rps = value
-            self.changes += 1
-            self._saved.capacity_rps.setdefault(listener, {})[origin] = value
-            self._persist()
+            before = self._apply_capacity(listener, origin, value)
+            self._changed()
         self._audit(actor, "edge.topology.capacity", listener, origin, before, {"capacity_rps": value}, reason)
         return self.origin(listener, origin)
 
@@ -110,45 +106,59 @@ class TopologyStore:
         if healthy is not None and not isinstance(healthy, bool):
             raise TopologyError(f"healthy: expected true, false or null (follow the checks), got {healthy!r}")
         with self._lock:
-            self._origin(self._listener(listener), origin)
-            overrides = self._overrides[listener]
-            before = {"health_override": overrides.get(origin)}
-            if healthy is None:
-                overrides.pop(origin, None)
-            else:
-                overrides[origin] = healthy
-            self.changes += 1
-            self._saved.health[listener] = dict(overrides)
-            self._persist()
+            before = self._apply_health(listener, origin, healthy)
+            self._changed()
         self._audit(actor, "edge.topology.health", listener, origin, before, {"health_override": healthy}, reason)
         return self.origin(listener, origin)
 
     def set_latency(self, listener: str, edge: str, origin: str, latency_ms: Any, reason: str = "",
                     actor: str = ACTOR) -> dict[str, Any]:
         value = _number("latency_ms", latency_ms, allow_inf=True)
+        ms = None if math.isinf(value) else value   # infinite: no path
         with self._lock:
-            spec = self._listener(listener)
-            if edge not in {e.name for e in spec.edges}:
-                raise TopologyError(f"edge {edge!r} not in listener {listener!r}", 404)
-            self._origin(spec, origin)
-            row = spec.latency_ms.setdefault(edge, {})
-            before = {"latency_ms": row.get(origin)}
-            if math.isinf(value):
-                row.pop(origin, None)  # no path
-            else:
-                row[origin] = value
-            self.changes += 1
-            self._saved.latency_ms.setdefault(listener, {}).setdefault(edge, {})[origin] = \
-                None if math.isinf(value) else value
-            self._persist()
+            before = self._apply_latency(listener, edge, origin, ms)
+            self._changed()
         self._audit(actor, "edge.topology.latency", listener, f"{edge}->{origin}", before,
-                    {"latency_ms": None if math.isinf(value) else value}, reason, edge=edge)
-        return {"listener": listener, "edge": edge, "origin": origin,
-                "latency_ms": None if math.isinf(value) else value}
+                    {"latency_ms": ms}, reason, edge=edge)
+        return {"listener": listener, "edge": edge, "origin": origin, "latency_ms": ms}
+
+    # -- one change, applied and remembered for the overrides file (under the lock) ---------
+    def _apply_capacity(self, listener: str, origin: str, value: float) -> dict[str, Any]:
+        o = self._origin(self._listener(listener), origin)
+        before = {"capacity_rps": o.capacity_rps}
+        o.capacity_rps = value
+        self._saved.capacity_rps.setdefault(listener, {})[origin] = value
+        return before
+
+    def _apply_health(self, listener: str, origin: str, healthy: bool | None) -> dict[str, Any]:
+        self._origin(self._listener(listener), origin)
+        overrides = self._overrides[listener]
+        before = {"health_override": overrides.get(origin)}
+        if healthy is None:
+            overrides.pop(origin, None)
+        else:
+            overrides[origin] = healthy
+        self._saved.health[listener] = dict(overrides)
+        return before
+
+    def _apply_latency(self, listener: str, edge: str, origin: str, ms: float | None) -> dict[str, Any]:
+        spec = self._listener(listener)
+        if edge not in {e.name for e in spec.edges}:
+            raise TopologyError(f"edge {edge!r} not in listener {listener!r}", 404)
+        self._origin(spec, origin)
+        row = spec.latency_ms.setdefault(edge, {})
+        before = {"latency_ms": row.get(origin)}
+        if ms is None:
+            row.pop(origin, None)
+        else:
+            row[origin] = ms
+        self._saved.latency_ms.setdefault(listener, {}).setdefault(edge, {})[origin] = ms
+        return before
 
     # -- overrides file ---------------------------------------------------------------------
-    def _persist(self) -> None:
-        """Under the lock: write every API change so far (the change itself stands either way)."""
+    def _changed(self) -> None:
+        """Under the lock: count the change and write every API change so far (it stands either way)."""
+        self.changes += 1
         if self.overrides_file is None:
             return
         try:
@@ -159,45 +169,22 @@ class TopologyStore:
                       consequence="the change applies now but a restart would undo it")
 
     def _restore(self, saved: Overrides) -> None:
-        """Apply the overrides that still fit the topology file; skip (and say) the others."""
-        applied, skipped = 0, []
-        for listener, origins in saved.capacity_rps.items():
-            for origin, value in origins.items():
-                try:
-                    self._origin(self._listener(listener), origin).capacity_rps = value
-                    self._saved.capacity_rps.setdefault(listener, {})[origin] = value
-                    applied += 1
-                except TopologyError as e:
-                    skipped.append(f"capacity {listener}/{origin}: {e}")
-        for listener, pins in saved.health.items():
-            for origin, healthy in pins.items():
-                try:
-                    self._origin(self._listener(listener), origin)
-                    self._overrides[listener][origin] = healthy
-                    self._saved.health.setdefault(listener, {})[origin] = healthy
-                    applied += 1
-                except TopologyError as e:
-                    skipped.append(f"health {listener}/{origin}: {e}")
-        for listener, edges in saved.latency_ms.items():
-            for edge, origins in edges.items():
-                for origin, ms in origins.items():
-                    try:
-                        spec = self._listener(listener)
-                        if edge not in {e.name for e in spec.edges}:
-                            raise TopologyError(f"edge {edge!r} not in listener {listener!r}")
-                        self._origin(spec, origin)
-                    except TopologyError as e:
-                        skipped.append(f"latency {listener}/{edge}->{origin}: {e}")
-                        continue
-                    row = spec.latency_ms.setdefault(edge, {})
-                    if ms is None:
-                        row.pop(origin, None)
-                    else:
-                        row[origin] = ms
-                    self._saved.latency_ms.setdefault(listener, {}).setdefault(edge, {})[origin] = ms
-                    applied += 1
-        if applied or skipped:
-            log.info("overrides_restored", file=str(self.overrides_file), applied=applied, skipped=len(skipped))
+        """Apply the overrides that still fit the topology file (not audited again); skip and name the others."""
+        changes = ([(f"capacity {lst}/{o}", lambda lst=lst, o=o, v=v: self._apply_capacity(lst, o, v))
+                    for lst, origins in saved.capacity_rps.items() for o, v in origins.items()]
+                   + [(f"health {lst}/{o}", lambda lst=lst, o=o, h=h: self._apply_health(lst, o, h))
+                      for lst, pins in saved.health.items() for o, h in pins.items()]
+                   + [(f"latency {lst}/{e}->{o}", lambda lst=lst, e=e, o=o, ms=ms: self._apply_latency(lst, e, o, ms))
+                      for lst, edges in saved.latency_ms.items() for e, row in edges.items() for o, ms in row.items()])
+        skipped = []
+        for what, apply in changes:
+            try:
+                apply()
+            except TopologyError as e:
+                skipped.append(f"{what}: {e}")
+        if changes:
+            log.info("overrides_restored", file=str(self.overrides_file), applied=len(changes) - len(skipped),
+                     skipped=len(skipped))
         for reason in skipped:
             log.warning("override_skipped", file=str(self.overrides_file), reason=reason)
 
