@@ -26,12 +26,11 @@ def kafka_transport(app: faust.App, fetch_max_wait_ms: int) -> driver.Transport:
             consumer._fetch_max_wait_ms = fetch_max_wait_ms
             return consumer
 
-    class Consumer(driver.Consumer):
+    class WorkerConsumer(driver.Consumer):
         def _new_consumer_thread(self) -> ConsumerThread:
             return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     class Transport(driver.Transport):
-        pass
+        Consumer = WorkerConsumer
 
-    Transport.Consumer = Consumer
     return Transport(app.conf.broker_consumer, app)

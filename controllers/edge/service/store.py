@@ -138,7 +138,6 @@ class TopologyStore:
             overrides.pop(origin, None)
         else:
             overrides[origin] = healthy
-        self._saved.health[listener] = dict(overrides)
         return before
 
     def _apply_latency(self, listener: str, edge: str, origin: str, ms: float | None) -> dict[str, Any]:
@@ -161,8 +160,10 @@ class TopologyStore:
         self.changes += 1
         if self.overrides_file is None:
             return
+        # Pinned health is exactly the API's pins (the file's own health lives in the topology).
+        health = {name: dict(pins) for name, pins in self._overrides.items() if pins}
         try:
-            save_overrides(self.overrides_file, self._saved)
+            save_overrides(self.overrides_file, self._saved.model_copy(update={"health": health}))
         except OSError as e:
             SAVE_FAILURES.inc()
             log.error("overrides_not_saved", file=str(self.overrides_file), error=str(e),
