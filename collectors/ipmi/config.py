@@ -32,7 +32,7 @@ class _Strict(BaseModel):
 
 
 class Metadata(_Strict):
-    """What the power stream needs to turn watts into cost per usable TB (seed 000)."""
+    """What the power stream needs to turn watts into cost per usable TB ("(Ceph) storage (server) power usage")."""
 
     generation: str | None = Field(default=None, max_length=40)
     raw_capacity_tb: float | None = Field(default=None, ge=0)

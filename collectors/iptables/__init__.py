@@ -1,6 +1,6 @@
 """iptables state collector: are the VMs' Neutron security-group chains present and reachable?
 
-Signal 4 of DESIGN.md (seed 000, "Temporary elevated reachability"): per VM port, whether its
+Signal 4 of docs/design.md ("Temporary elevated reachability", see docs/sources.md): per VM port, whether its
 security-group chains exist and are jumped to on the tap device's FORWARD path; per hypervisor,
 a ruleset fingerprint and package versions so that drift between hypervisors shows.
 """

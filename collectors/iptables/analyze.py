@@ -18,7 +18,7 @@ physdev conditions for this device and stops at an unconditional ACCEPT/DROP/REJ
 blanket ``-A FORWARD -j ACCEPT`` inserted before Neutron's jump shadows every port. Other
 match conditions (addresses, conntrack state, ...) are assumed to be able to match.
 
-Seed 000's incident ("temporary elevated reachability") is exactly the case of present-looking
+The incident of "Temporary elevated reachability" is exactly the case of present-looking
 configuration with the chains or the jumps gone; both make the port unprotected here.
 """
 

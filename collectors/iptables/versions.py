@@ -1,4 +1,4 @@
-"""Versions of the packages whose mismatch caused seed 000's incident (iptables, Neutron agent).
+"""Versions of the packages whose mismatch caused the incident of "Temporary elevated reachability" (iptables, Neutron agent).
 
 Default source is ``dpkg-query -W -f '${Package}\t${Version}\t${db:Status-Abbrev}\n' PKG...``:
 dpkg prints the installed ones and exits 1 for the rest ("no packages found matching"); a

@@ -1,5 +1,5 @@
 """Keystone load collector (signal 3): active token/S3-signature probes, uWSGI stats and access log,
-and the S3 front end's nginx log (per-credential load, the seeds' small-request p95). See README.md."""
+and the S3 front end's nginx log (per-credential load, the source documents' small-request p95). See README.md."""
 
 from __future__ import annotations
 

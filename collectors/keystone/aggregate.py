@@ -49,7 +49,7 @@ class _CredentialStats:
 
 def frontend_metrics(records: list[FrontendRecord], host: str, local_keys: frozenset[str], top_n: int,
                      small_limit: int, window_s: float, timestamp: float) -> list[Metric]:
-    """``s3_frontend_requests`` (round totals, seeds' small-request p95) and ``s3_frontend_credential``
+    """``s3_frontend_requests`` (round totals, the source documents' small-request p95) and ``s3_frontend_credential``
     (per access key, heaviest first, ``rank`` 1 = heaviest)."""
     small_latencies = [r.request_time_ms for r in records if r.is_small(small_limit)]
     signed = [r for r in records if r.access_key is not None]

@@ -29,10 +29,10 @@ class FrontendConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     access_logs: list[Path] = Field(default_factory=list)
-    # Keys provisioned locally in RadosGW (the seed's workaround): their requests are not Keystone-backed.
+    # Keys provisioned locally in RadosGW (the operators' workaround): their requests are not Keystone-backed.
     local_access_keys: list[str] = Field(default_factory=list)
     top_credentials: int = Field(default=20, ge=1, le=1000, description="per-credential series kept per round")
-    small_request_bytes: int = Field(default=65536, ge=1, description="the seeds' 'small request' limit")
+    small_request_bytes: int = Field(default=65536, ge=1, description="the source documents' 'small request' limit")
 
 
 class Config(BaseModel):

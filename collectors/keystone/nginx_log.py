@@ -43,7 +43,7 @@ class FrontendRecord:
     access_key: str | None   # None for anonymous (unsigned) requests
 
     def is_small(self, limit: int = 65536) -> bool:
-        """The seed's "small" request: both body_bytes_sent and request_length below the limit."""
+        """The source document's "small" request: both body_bytes_sent and request_length below the limit."""
         return self.body_bytes_sent < limit and self.request_length < limit
 
 

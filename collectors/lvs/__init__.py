@@ -1,5 +1,5 @@
 """LVS request-rate collector: per virtual service and real server, connections, packets and bytes
-as counters and per-second rates, weights and scheduler (signal 5 of DESIGN.md, seed 003).
+as counters and per-second rates, weights and scheduler (signal 5 of docs/design.md).
 
 Metric names and tags follow Telegraf's ``inputs.ipvs`` (``ipvs_virtual_server``,
 ``ipvs_real_server``) so that both feed the same streams.

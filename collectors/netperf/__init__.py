@@ -1,4 +1,4 @@
-"""netperf throughput collector: the seeds' measurement (N parallel TCP_STREAM streams to a target set,
+"""netperf throughput collector: the source documents' measurement (N parallel TCP_STREAM streams to a target set,
 summed per run, repeated R times; mean/min/max/stddev in Gb/s), with ``netperf`` or ``iperf3 -J``.
 
 See README.md in this folder. ``build(Config(...)).collect()`` measures every due target set once.

@@ -1,4 +1,4 @@
-"""The throughput collector: one round measures every due target set, the seeds' way.
+"""The throughput collector: one round measures every due target set, the source documents' way.
 
 Per run, every stream of the set starts at once (one process each, bounded by ``max_processes``) and
 the streams' throughputs are added up; the run is repeated R times and the set reports the mean, min,

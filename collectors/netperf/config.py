@@ -1,7 +1,7 @@
-"""Configuration of the throughput collector: target sets measured the way the seeds did it.
+"""Configuration of the throughput collector: target sets measured the way the source documents did it.
 
-A *target set* is what one figure of the seeds is: N parallel TCP_STREAM streams to a set of hosts,
-summed per run, repeated R times (seed 001: six VMs, ten runs). Labels describe the configuration
+A *target set* is what one figure of the source documents is: N parallel TCP_STREAM streams to a set of hosts,
+summed per run, repeated R times ("multi-queue virtio-net": six VMs, ten runs). Labels describe the configuration
 under test (``queues: 8``, ``kernel: 4.4.0-36-generic``) and travel as tags, so a regression can be
 compared like for like.
 """
@@ -73,7 +73,7 @@ class TargetSet(BaseModel):
     streams_per_target: int = Field(default=1, ge=1, le=64)
     # Whole seconds: netperf reads "-l 0.5" as "-l 0", which never ends.
     run_s: int = Field(default=10, ge=1, le=3600, description="length of one stream (netperf -l, iperf3 -t)")
-    repetitions: int = Field(default=10, ge=1, le=100, description="runs per measurement (the seeds: 10)")
+    repetitions: int = Field(default=10, ge=1, le=100, description="runs per measurement (the source documents: 10)")
     labels: dict[str, str] = Field(default_factory=dict, description="tags, e.g. queues, kernel")
     interval_s: float | None = Field(default=None, gt=0,
                                      description="measure this set at most this often (None: every round)")

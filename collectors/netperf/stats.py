@@ -1,4 +1,4 @@
-"""Summary statistics of a measurement's runs (the seeds report the mean of ten summed runs)."""
+"""Summary statistics of a measurement's runs (the source documents report the mean of ten summed runs)."""
 
 from __future__ import annotations
 

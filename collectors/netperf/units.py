@@ -49,5 +49,5 @@ def to_bits_per_second(value: float, unit: str) -> float:
 
 
 def to_gbps(bits_per_second: float) -> float:
-    """Gb/s, decimal, as the seeds report (3.57 Gb/s = 3.57e9 bits/s)."""
+    """Gb/s, decimal, as the source documents report (3.57 Gb/s = 3.57e9 bits/s)."""
     return bits_per_second / BITS_PER_GIGABIT

@@ -1,6 +1,6 @@
 """Run a fleet of simulated BMCs in the foreground and write the collector's inventory for it.
 
-The fleet follows seed 000: generations 1/2/3 drawing 248/205/155 W, every fourth BMC without
+The fleet follows "(Ceph) storage (server) power usage": generations 1/2/3 drawing 248/205/155 W, every fourth BMC without
 DCMI (read by SDR). Stops all simulators (by PID) on Ctrl-C or SIGTERM.
 """
 

@@ -1,10 +1,10 @@
-"""The S3 path of the seeds, on loopback: client -> nginx (front end, access log) -> gateway -> Keystone.
+"""The S3 path of the source documents, on loopback: client -> nginx (front end, access log) -> gateway -> Keystone.
 
 RadosGW cannot run here, so :class:`S3Gateway` stands in for it in the one respect that matters to
 this collector: for every signed request it recomputes the SigV4 string-to-sign and asks Keystone
 ``POST /v3/s3tokens`` (with a service-role token) whether the signature is valid, answering 200 or
 403. Anonymous requests are served without Keystone. ``?size=N`` makes the response N bytes long
-so tests can produce "small" and large requests in the seeds' sense.
+so tests can produce "small" and large requests in the source documents' sense.
 
 nginx is the real Debian nginx with the documented ``log_format s3_keystone``.
 """
