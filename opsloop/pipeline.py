@@ -2,31 +2,39 @@
 
 Starts, in order: the stack (Kafka KRaft, Alertmanager, Prometheus), the lab edge (HAProxy in front of
 two toy origins, "near" with a capacity and "far" with more latency) and a light traffic generator,
-then the stream worker and the HAProxy collector. Prints where to look, runs until Ctrl-C (or
-`opsloop run --stop` / `make stop` from another shell), and stops every process by its PID.
+then the stream worker, the collectors, paging and the edge loop. Prints where to look and runs until
+Ctrl-C (or `opsloop run --stop` / `make stop` from another shell, which ends this process too), and
+stops every process by its PID. While it runs it supervises its children: one that dies is restarted
+with back-off (at most 5 restarts of one child in 5 minutes; then everything stops, naming it).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable
 
 import yaml
 
 from opsloop.config import DEFAULT_RUN_DIR, REPO_ROOT, ConfigError, Settings, load_settings
 from opsloop.lab.edge import EdgeSpec, OriginSpec, haproxy_process, origin_process
-from opsloop.stack import ManagedProcess, Stack, StackError
+from opsloop.log import setup_logging
+from opsloop.stack import ManagedProcess, Stack, StackError, free_port
+from opsloop.stack.process import pid_alive, write_pidfile
+from opsloop.stack.supervisor import RestartBudgetExceeded, Supervisor
 
 EPILOG = """examples:
   opsloop run                       # default loopback ports; Ctrl-C stops everything
   opsloop run --config opsloop.yaml --traffic-rate 50
-  opsloop run --stop                # from another shell (what `make stop` does)
+  opsloop run --stop                # from another shell (what `make stop` does); ends `opsloop run` too
+  opsloop run --max-restarts 3 --restart-window 60   # a tighter restart budget per child
 """
 
 LAB_FRONTEND_PORT = 28080
@@ -38,6 +46,31 @@ ACTUATOR_METRICS_PORT = 29105
 EDGE_METRICS_PORT = 29107
 EDGE_API_PORT = 29108
 SIMULATED_BMCS = 6
+
+
+@dataclass(frozen=True)
+class LabPorts:
+    """The loopback ports of the lab and of the services the config does not place (the defaults: make run)."""
+
+    frontend: int = LAB_FRONTEND_PORT
+    near: int = LAB_ORIGINS[0].port
+    far: int = LAB_ORIGINS[1].port
+    pager: int = PAGER_PORT
+    ipmi_metrics: int = IPMI_METRICS_PORT
+    paging_metrics: int = PAGING_METRICS_PORT
+    actuator_metrics: int = ACTUATOR_METRICS_PORT
+    edge_metrics: int = EDGE_METRICS_PORT
+    edge_api: int = EDGE_API_PORT
+
+    @classmethod
+    def free(cls) -> "LabPorts":
+        """Free ports for every field (tests and the soak, next to a running `make run`)."""
+        return cls(**{f: free_port() for f in cls.__dataclass_fields__})
+
+    def origins(self) -> list[OriginSpec]:
+        near, far = LAB_ORIGINS
+        return [OriginSpec(near.name, self.near, capacity=near.capacity, latency_ms=near.latency_ms),
+                OriginSpec(far.name, self.far, capacity=far.capacity, latency_ms=far.latency_ms)]
 
 
 def _py(*args: str) -> list[str]:
@@ -55,43 +88,44 @@ def _opsloop(name: str, run_dir: Path, *args: str, port: int | None = None) -> M
                           ready=_metrics_ready(port) if port else None, ready_timeout_s=90)
 
 
-def pipeline_processes(settings: Settings, config_path: Path, run_dir: Path, traffic_rate: float) -> list[ManagedProcess]:
-    """Everything after the stack, in start order (the data flow, left to right)."""
+def pipeline_processes(settings: Settings, config_path: Path, run_dir: Path, traffic_rate: float,
+                       ports: LabPorts = LabPorts()) -> list[ManagedProcess]:
+    """Everything after the stack, in start order (the data flow, left to right). Building the list has no
+    side effects, so `opsloop run --stop` derives what to stop from it."""
     cfg = str(config_path)
     lab = run_dir / "lab"
-    spec = EdgeSpec(lab, LAB_FRONTEND_PORT, list(LAB_ORIGINS))
+    spec = EdgeSpec(lab, ports.frontend, ports.origins())
     bmc_dir, inventory = run_dir / "bmcs", run_dir / "bmcs" / "inventory.yaml"
-    inventory.unlink(missing_ok=True)
     procs = [origin_process(o, lab) for o in spec.origins]
     procs += [
         haproxy_process(spec),
         ManagedProcess(name="traffic", workdir=run_dir / "traffic",
-                       argv=_py("opsloop.lab.traffic", "--url", f"http://127.0.0.1:{LAB_FRONTEND_PORT}/",
+                       argv=_py("opsloop.lab.traffic", "--url", f"http://127.0.0.1:{ports.frontend}/",
                                 "--rate", str(traffic_rate))),
         ManagedProcess(name="bmcs", workdir=bmc_dir, ready=inventory.exists, ready_timeout_s=120,
                        argv=_py("collectors.ipmi.bmcsim", "--count", str(SIMULATED_BMCS), "--dir", str(bmc_dir / "state"),
                                 "--inventory", str(inventory))),
         ManagedProcess(name="pager", workdir=run_dir / "pager",
-                       argv=_py("opsloop.lab.pager", "--port", str(PAGER_PORT), "--out", str(run_dir / "pager" / "pages.jsonl"))),
+                       argv=_py("opsloop.lab.pager", "--port", str(ports.pager), "--out", str(run_dir / "pager" / "pages.jsonl"))),
         _opsloop("stream-worker", run_dir, "stream", "worker", "--config", cfg, port=settings.stream.metrics_port),
         _opsloop("collector-haproxy", run_dir, "collect", "haproxy", "--config", cfg, port=settings.collector.metrics_port),
-        _opsloop("collector-ipmi", run_dir, "collect", "ipmi", "--config", cfg, "--metrics-port", str(IPMI_METRICS_PORT),
-                 port=IPMI_METRICS_PORT),
-        _opsloop("paging", run_dir, "page", "run", "--config", cfg, "--metrics-port", str(PAGING_METRICS_PORT),
-                 "--state-file", str(run_dir / "paging" / "state.json"), port=PAGING_METRICS_PORT),
-        _opsloop("edge-control", run_dir, "edge", "run", "--config", cfg, port=EDGE_METRICS_PORT),
-        _opsloop("actuator", run_dir, "weights", "run", "--config", cfg, port=ACTUATOR_METRICS_PORT),
+        _opsloop("collector-ipmi", run_dir, "collect", "ipmi", "--config", cfg, "--metrics-port", str(ports.ipmi_metrics),
+                 port=ports.ipmi_metrics),
+        _opsloop("paging", run_dir, "page", "run", "--config", cfg, "--metrics-port", str(ports.paging_metrics),
+                 "--state-file", str(run_dir / "paging" / "state.json"), port=ports.paging_metrics),
+        _opsloop("edge-control", run_dir, "edge", "run", "--config", cfg, port=ports.edge_metrics),
+        _opsloop("actuator", run_dir, "weights", "run", "--config", cfg, port=ports.actuator_metrics),
     ]
     return procs
 
 
-PROCESS_NAMES = ("actuator", "edge-control", "paging", "collector-ipmi", "collector-haproxy", "stream-worker", "pager", "bmcs", "traffic")
-LAB_PROCESS_NAMES = ("haproxy", "origin-near", "origin-far")
-SCRAPE_TARGETS = {"collector-ipmi": IPMI_METRICS_PORT, "paging": PAGING_METRICS_PORT,
-                  "edge-control": EDGE_METRICS_PORT, "actuator": ACTUATOR_METRICS_PORT}
+def scrape_targets(ports: LabPorts = LabPorts()) -> dict[str, int]:
+    """Services whose /metrics port the config does not name (Prometheus learns them at start)."""
+    return {"collector-ipmi": ports.ipmi_metrics, "paging": ports.paging_metrics,
+            "edge-control": ports.edge_metrics, "actuator": ports.actuator_metrics}
 
 
-def effective_config(base: Path | None, run_dir: Path) -> tuple[Settings, Path]:
+def effective_config(base: Path | None, run_dir: Path, ports: LabPorts = LabPorts()) -> tuple[Settings, Path]:
     """The user's config (or defaults) plus the lab's addresses, written where the processes read it."""
     doc: dict = (yaml.safe_load(base.read_text()) if base else {}) or {}
     collectors = doc.setdefault("collectors", {})
@@ -112,10 +146,10 @@ def effective_config(base: Path | None, run_dir: Path) -> tuple[Settings, Path]:
         token.chmod(0o600)
     controllers.setdefault("edge", {
         "interval_s": 5.0, "topology_file": str(REPO_ROOT / "controllers" / "edge" / "topology.yaml"),
-        "metrics_port": EDGE_METRICS_PORT, "api": {"port": EDGE_API_PORT, "token_file": str(token)}})
+        "metrics_port": ports.edge_metrics, "api": {"port": ports.edge_api, "token_file": str(token)}})
     controllers.setdefault("actuator", {
         "mode": "live", "stale_after_s": 30, "store_dir": str(run_dir / "actuator" / "store"),
-        "metrics_port": ACTUATOR_METRICS_PORT,
+        "metrics_port": ports.actuator_metrics,
         "targets": [{"kind": "haproxy", "edge": "lab-edge", "listener": "web",
                      "socket": str(run_dir / "lab" / "haproxy.sock"), "backend": "be_web",
                      "servers": {"near": "near", "far": "far"}}]})
@@ -124,7 +158,7 @@ def effective_config(base: Path | None, run_dir: Path) -> tuple[Settings, Path]:
     return load_settings(path), path
 
 
-def alertmanager_config(run_dir: Path) -> Path:
+def alertmanager_config(run_dir: Path, ports: LabPorts = LabPorts()) -> Path:
     """alerts/alertmanager.yml with every receiver pointed at the lab pager (a dummy PagerDuty key)."""
     from controllers.paging.amconfig import write_alertmanager_config
 
@@ -133,16 +167,37 @@ def alertmanager_config(run_dir: Path) -> Path:
     key.write_text("lab-routing-key\n")
     key.chmod(0o600)
     return write_alertmanager_config(run_dir / "pager" / "alertmanager.yml",
-                                     webhook_url=f"http://127.0.0.1:{PAGER_PORT}", routing_key_file=key,
+                                     webhook_url=f"http://127.0.0.1:{ports.pager}", routing_key_file=key,
                                      timings={"group_wait": "5s", "group_interval": "30s", "repeat_interval": "1h"})
 
 
-def stop_all(run_dir: Path, settings: Settings | None = None) -> None:
-    for n in PROCESS_NAMES:
-        ManagedProcess(name=n, argv=[], workdir=run_dir / n).stop()
-    for n in LAB_PROCESS_NAMES:
-        ManagedProcess(name=n, argv=[], workdir=run_dir / "lab").stop()
-    Stack((settings or load_settings(None)).stack).down()
+def stop_all(run_dir: Path, settings: Settings, config_path: Path, ports: LabPorts = LabPorts()) -> None:
+    """Stop every pipeline process (the list `opsloop run` starts, in reverse), then the stack."""
+    for proc in reversed(pipeline_processes(settings, config_path, run_dir, 0.0, ports)):
+        proc.stop()
+    Stack(settings.stack).down()
+
+
+def run_pidfile(run_dir: Path) -> ManagedProcess:
+    """The handle on a running `opsloop run` itself: `opsloop run --stop` signals it by this pidfile."""
+    return ManagedProcess(name="opsloop-run", argv=[], workdir=run_dir)
+
+
+def stop_running(run_dir: Path, settings: Settings, config_path: Path, timeout_s: float = 180.0) -> None:
+    """End a running `opsloop run` (it stops its children and exits), then stop whatever is left by PID."""
+    rec = run_pidfile(run_dir).read_pid()
+    if rec is not None and pid_alive(*rec) and rec[0] != os.getpid():
+        print(f"asking opsloop run (pid {rec[0]}) to stop ...", flush=True)
+        os.kill(rec[0], signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while pid_alive(*rec) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if pid_alive(*rec):  # killed, or its supervisor would restart what we stop next
+            print(f"opsloop run (pid {rec[0]}) still running after {timeout_s:.0f} s; killing it and stopping "
+                  "its children", file=sys.stderr, flush=True)
+            os.kill(rec[0], signal.SIGKILL)
+    stop_all(run_dir, settings, config_path)
+    run_pidfile(run_dir).pidfile.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,52 +208,88 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--traffic-rate", type=float, default=60.0, help="requests/s through the lab edge")
     p.add_argument("--stop", action="store_true", help="stop a pipeline started by another `opsloop run`")
     p.add_argument("--duration", type=float, default=0, help="run this many seconds, then stop (0 = until Ctrl-C)")
+    p.add_argument("--free-ports", action="store_true",
+                   help="free loopback ports for the lab and the services the config does not place (tests)")
+    p.add_argument("--max-restarts", type=int, default=5, help="restarts of one child allowed within the window")
+    p.add_argument("--restart-window", type=float, default=300.0, help="the restart budget's window, seconds")
     a = p.parse_args(argv)
+    ports = LabPorts.free() if a.free_ports and not a.stop else LabPorts()
     try:
-        settings, config_path = effective_config(a.config, a.run_dir)
+        settings, config_path = effective_config(a.config, a.run_dir, ports)
     except ConfigError as e:
         print(f"opsloop run: {e}", file=sys.stderr)
         return 2
     if a.stop:
-        stop_all(a.run_dir, settings)
+        stop_running(a.run_dir, settings, config_path)
         print("pipeline stopped")
         return 0
+    me = run_pidfile(a.run_dir)
+    if me.running():
+        print(f"opsloop run: already running (pid {me.read_pid()[0]}, {me.pidfile}); "  # type: ignore[index]
+              "`opsloop run --stop` stops it", file=sys.stderr)
+        return 1
+    write_pidfile(me.pidfile, os.getpid())
+    try:
+        return _run(a, settings, config_path, ports)
+    finally:
+        me.pidfile.unlink(missing_ok=True)
+
+
+def _run(a: argparse.Namespace, settings: Settings, config_path: Path, ports: LabPorts) -> int:
+    setup_logging("opsloop-run")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    stack = Stack(settings.stack, alertmanager_config=alertmanager_config(a.run_dir))
+    stack = Stack(settings.stack, alertmanager_config=alertmanager_config(a.run_dir, ports))
+    (a.run_dir / "bmcs" / "inventory.yaml").unlink(missing_ok=True)  # the BMC simulator's readiness signal
+    children: list[ManagedProcess] = []
     try:
         print("starting the stack (Kafka, Alertmanager, Prometheus) ...", flush=True)
-        stack.up()
-        for name, port in SCRAPE_TARGETS.items():
+        children += stack.up()
+        for name, port in scrape_targets(ports).items():
             stack.add_scrape_target(name, f"127.0.0.1:{port}")
-        for proc in pipeline_processes(settings, config_path, a.run_dir, a.traffic_rate):
+        for proc in pipeline_processes(settings, config_path, a.run_dir, a.traffic_rate, ports):
+            if stop.is_set():
+                break
             print(f"starting {proc.name} ...", flush=True)
             proc.start()
+            children.append(proc)
     except StackError as e:
         print(f"opsloop run: {e}", file=sys.stderr)
-        stop_all(a.run_dir, settings)
+        stop_all(a.run_dir, settings, config_path)
         return 1
+    if stop.is_set():
+        print("stopping ...", flush=True)
+        stop_all(a.run_dir, settings, config_path)
+        return 0
     s = settings
     print(f"""
 opsloop is running.
   Prometheus     {stack.prometheus_url}/graph?g0.expr=opsloop_lb_server_request_rate
   Alertmanager   {stack.alertmanager_url}
   Kafka          {stack.kafka_bootstrap}   (topics telemetry.*, findings, edge.weights, telemetry.deadletter)
-  lab edge       http://127.0.0.1:{LAB_FRONTEND_PORT}/  (HAProxy; origins near :28081, far :28082)
-  /metrics       stream worker :{s.stream.metrics_port} · haproxy collector :{s.collector.metrics_port} · ipmi collector :{IPMI_METRICS_PORT} · paging :{PAGING_METRICS_PORT}
+  lab edge       http://127.0.0.1:{ports.frontend}/  (HAProxy; origins near :{ports.near}, far :{ports.far})
+  /metrics       stream worker :{s.stream.metrics_port} · haproxy collector :{s.collector.metrics_port} · ipmi collector :{ports.ipmi_metrics} · paging :{ports.paging_metrics}
   BMCs           {SIMULATED_BMCS} simulated BMCs (ipmi_sim); set one's power: write watts to {a.run_dir}/bmcs/state/<host>/watts
-  edge loop      controller :{EDGE_METRICS_PORT} (API :{EDGE_API_PORT}, token in {a.run_dir}/edge-api.token) · actuator :{ACTUATOR_METRICS_PORT}
+  edge loop      controller :{ports.edge_metrics} (API :{ports.edge_api}, token in {a.run_dir}/edge-api.token) · actuator :{ports.actuator_metrics}
                  weights: opsloop weights show --config {a.run_dir}/opsloop.yaml --edge lab-edge
-  pages          {a.run_dir}/pager/pages.jsonl (Alertmanager → lab pager on :{PAGER_PORT})
+  pages          {a.run_dir}/pager/pages.jsonl (Alertmanager → lab pager on :{ports.pager})
   logs           {a.run_dir}/*/ and {s.stack.data_dir}/*/
 Ctrl-C (or `make stop` in another shell) stops everything.
 """, flush=True)
+    supervisor = Supervisor(children, max_restarts=a.max_restarts, window_s=a.restart_window)
     deadline = time.monotonic() + a.duration if a.duration else None
+    code = 0
     while not stop.wait(1.0):
         if deadline and time.monotonic() > deadline:
             break
+        try:
+            supervisor.check()
+        except RestartBudgetExceeded as e:
+            print(f"opsloop run: {e}\nstopping everything.", file=sys.stderr, flush=True)
+            code = 1
+            break
     print("stopping ...", flush=True)
-    stop_all(a.run_dir, settings)
+    stop_all(a.run_dir, settings, config_path)
     print("stopped", flush=True)
-    return 0
+    return code

@@ -66,6 +66,13 @@ def pid_alive(pid: int, start_time: str | None = None) -> bool:
     return start_time is None or stat[19] == start_time
 
 
+def write_pidfile(path: Path, pid: int, argv: list[str] | None = None) -> None:
+    """PID and start time (so a reused PID is recognised), written whole: temp file, then rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(orjson.dumps({"pid": pid, "start_time": _proc_start_time(pid), "argv": argv or []}))
+    tmp.rename(path)
+
+
 @dataclass
 class ManagedProcess:
     name: str
@@ -115,8 +122,7 @@ class ManagedProcess:
             raise StackError(f"{self.name}: cannot execute {self.argv[0]}; run `make setup`") from None
         finally:
             log.close()
-        self.pidfile.write_bytes(orjson.dumps({"pid": self.proc.pid, "start_time": _proc_start_time(self.proc.pid),
-                                               "argv": self.argv}))
+        write_pidfile(self.pidfile, self.proc.pid, self.argv)
         self.wait_ready()
 
     def wait_ready(self) -> None:
