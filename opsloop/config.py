@@ -1,23 +1,46 @@
 """One validated configuration file for every opsloop service, with sane defaults.
 
-The file is YAML; every section is optional. ``opsloop config check FILE`` validates it and prints
-the effective configuration. Collector sections (``collectors.<name>``) are validated by the
-collector's own ``Config`` model (``collectors/<name>/__init__.py``), so the one file is checked
-as a whole, and an error names the section, field and value.
+The file is YAML; every section is optional. Where it is read from: the ``--config`` option, else
+``$OPSLOOP_CONFIG``, else ``/etc/opsloop/opsloop.yaml`` if it exists, else the defaults. Any setting can
+be overridden from the environment as ``OPSLOOP__<SECTION>__<KEY>=value`` (e.g. a secret:
+``OPSLOOP__CONTROLLERS__PAGING__ALERTMANAGER_URLS``), so secrets need not sit in the file.
+
+Section names say where the code lives: ``kafka``, ``stack``, ``stream`` (the Faust runtime) and
+``collector`` are the core's own; ``collectors.<name>`` is validated by the collector's ``Config`` model
+(``collectors/<name>/__init__.py``); the stage sections (``streams.detectors``, ``controllers.edge``,
+``controllers.actuator``, ``controllers.paging``, ``audit``) are registered by name under the
+``opsloop.config_sections`` entry-point group in pyproject.toml, so the core validates the whole file
+without importing a stage by hand. ``opsloop config check FILE`` reports every error, one per line with
+its path; old section names are accepted with a deprecation warning.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+import os
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from opsloop.validation import error_lines
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUN_DIR = REPO_ROOT / ".run"
 LOOPBACK = "127.0.0.1"
+CONFIG_ENV = "OPSLOOP_CONFIG"
+DEFAULT_CONFIG_PATH = Path("/etc/opsloop/opsloop.yaml")
+ENV_PREFIX = "OPSLOOP__"
+SECTION_GROUP = "opsloop.config_sections"
+# Groups whose keys are registered sections: a key nobody registered is an error, not silently ignored.
+SECTION_GROUPS = ("streams", "controllers")
+# Old section name -> new one: still read, with a deprecation warning.
+DEPRECATED_SECTIONS = {"controllers.detectors": "streams.detectors", "controllers.audit": "audit"}
+
+log = logging.getLogger("opsloop.config")
 
 
 class ConfigError(ValueError):
@@ -86,7 +109,26 @@ class Settings(_Section):
     stream: StreamSettings = Field(default_factory=StreamSettings)
     collector: CollectorRuntimeSettings = Field(default_factory=CollectorRuntimeSettings)
     collectors: dict[str, Any] = Field(default_factory=dict)
+    streams: dict[str, Any] = Field(default_factory=dict)
     controllers: dict[str, Any] = Field(default_factory=dict)
+    audit: dict[str, Any] = Field(default_factory=dict)
+    _warnings: list[str] = PrivateAttr(default_factory=list)
+
+    def section(self, path: str) -> dict[str, Any]:
+        """The raw mapping of a registered stage section (``"controllers.edge"``), ``{}`` when absent.
+
+        Also finds a section given under its deprecated name (settings built in code, not by
+        :func:`load_settings`, which moves them)."""
+        for where in (path, *(old for old, new in DEPRECATED_SECTIONS.items() if new == path)):
+            value = _get_path(self.model_dump(include={where.split(".")[0]}), where)
+            if value:
+                return dict(value)
+        return {}
+
+    @property
+    def warnings(self) -> list[str]:
+        """Deprecation warnings from loading (old section names)."""
+        return list(self._warnings)
 
     @field_validator("collectors")
     @classmethod
@@ -97,9 +139,7 @@ class Settings(_Section):
             try:
                 out[name] = model.model_validate(section or {})
             except ValidationError as e:
-                from opsloop.wire import describe_validation_error
-
-                raise ValueError(describe_validation_error(e, prefix=f"{name}.")) from None
+                raise ValueError("; ".join(error_lines(e, prefix=f"collectors.{name}."))) from None
         return out
 
 
@@ -114,11 +154,28 @@ def collector_config_model(name: str) -> type[BaseModel]:
     return model
 
 
-def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
-    """Read and validate the config file (or the defaults when ``path`` is None)."""
-    doc: dict[str, Any] = {}
+def registered_sections() -> dict[str, type[BaseModel]]:
+    """Section path -> its model, from the ``opsloop.config_sections`` entry points."""
+    return {ep.name: ep.load() for ep in entry_points(group=SECTION_GROUP)}
+
+
+def config_path(path: str | Path | None) -> Path | None:
+    """The file to read: the given one, else ``$OPSLOOP_CONFIG``, else the default path if it exists."""
     if path is not None:
-        p = Path(path)
+        return Path(path)
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV])
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
+
+
+def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                  discover: bool = True) -> Settings:
+    """Read and validate the whole config file, every section; the defaults when there is none.
+
+    ``discover=False`` skips ``$OPSLOOP_CONFIG`` and the default path (the defaults, or ``path``)."""
+    p = config_path(path) if discover else (Path(path) if path is not None else None)
+    doc: dict[str, Any] = {}
+    if p is not None:
         try:
             text = p.read_text()
         except OSError as e:
@@ -130,15 +187,146 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {p}: top level must be a mapping, got {type(loaded).__name__}")
         doc = loaded or {}
+    doc = _deep_merge(doc, env_overrides(os.environ))
     if overrides:
         doc = _deep_merge(doc, overrides)
-    try:
-        return Settings.model_validate(doc)
-    except ValidationError as e:
-        from opsloop.wire import describe_validation_error
+    where = f"config file {p}" if p else "configuration"
+    doc, warnings = _migrate_deprecated(doc)
+    errors = validation_errors(doc)
+    if errors:
+        raise ConfigError(f"{where}: {len(errors)} error{'s' if len(errors) > 1 else ''}:\n  " + "\n  ".join(errors))
+    settings = Settings.model_validate(doc)
+    for w in warnings:
+        log.warning("%s: %s", where, w)   # services log it; `config check` shows it on stderr
+    settings._warnings = warnings
+    return settings
 
-        where = f"config file {path}" if path else "configuration"
-        raise ConfigError(f"{where}: {describe_validation_error(e)}") from None
+
+def validation_errors(doc: dict[str, Any]) -> list[str]:
+    """Every error of the document, one ``path: reason`` line each (empty when valid)."""
+    errors: list[str] = []
+    base = {k: v for k, v in doc.items() if k != "collectors"}
+    try:
+        Settings.model_validate(base)
+    except ValidationError as e:
+        errors += error_lines(e)
+    collectors = doc.get("collectors") or {}
+    if not isinstance(collectors, dict):
+        errors.append(f"collectors: must be a mapping of collector name to settings (got {type(collectors).__name__})")
+        collectors = {}
+    for name, section in collectors.items():
+        try:
+            model = collector_config_model(name)
+        except ValueError as e:
+            errors.append(f"collectors.{name}: {e}")
+            continue
+        try:
+            model.model_validate(section or {})
+        except ValidationError as e:
+            errors += error_lines(e, prefix=f"collectors.{name}.")
+    sections = registered_sections()
+    for group in SECTION_GROUPS:
+        given = doc.get(group) or {}
+        if not isinstance(given, dict):
+            continue   # reported by the base model
+        known = sorted(n.split(".", 1)[1] for n in sections if n.startswith(f"{group}."))
+        for name in given:
+            if f"{group}.{name}" not in sections:
+                errors.append(f"{group}.{name}: unknown section (known: {', '.join(known)})")
+    for path, model in sections.items():
+        section = _get_path(doc, path)
+        if section is None:
+            continue
+        try:
+            model.model_validate(section)
+        except ValidationError as e:
+            errors += error_lines(e, prefix=f"{path}.")
+    return errors
+
+
+def defaults_document() -> dict[str, Any]:
+    """Every setting with its default, stage sections included (a required setting shows as ``null``)."""
+    doc = Settings().model_dump(mode="json")
+    for path, model in sorted(registered_sections().items()):
+        node = doc
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = _model_defaults(model)
+    return doc
+
+
+def _model_defaults(model: type[BaseModel]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        if field.is_required():
+            out[name] = None
+            continue
+        value = field.get_default(call_default_factory=True)
+        out[name] = value.model_dump(mode="json") if isinstance(value, BaseModel) else _jsonable(value)
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return value
+
+
+def env_overrides(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
+    """``OPSLOOP__A__B=value`` -> ``{"a": {"b": value}}``; the value is read as a YAML scalar or list."""
+    doc: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or len(key) == len(ENV_PREFIX):
+            continue
+        parts = [part.lower() for part in key[len(ENV_PREFIX):].split("__")]
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+        node = doc
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"environment {key}: {'.'.join(parts[:-1])} is set as a value and a section")
+        node[parts[-1]] = value
+    return doc
+
+
+def _migrate_deprecated(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    warnings = []
+    for old, new in DEPRECATED_SECTIONS.items():
+        value = _get_path(doc, old)
+        if value is None:
+            continue
+        if _get_path(doc, new) is not None:
+            raise ConfigError(f"both {old} (the old name) and {new} are set: keep only {new}")
+        old_group, old_name = old.split(".", 1)
+        doc = {**doc, old_group: {k: v for k, v in doc[old_group].items() if k != old_name}}
+        doc = _deep_merge(doc, _nest(new, value))
+        warnings.append(f"section {old} is deprecated: rename it to {new}")
+    return doc, warnings
+
+
+def _get_path(doc: dict[str, Any], path: str) -> Any:
+    node: Any = doc
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _nest(path: str, value: Any) -> dict[str, Any]:
+    for part in reversed(path.split(".")):
+        value = {part: value}
+    return value
 
 
 def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`opsloop config check FILE`: validate the one config file and print the effective settings."""
+"""`opsloop config check|defaults`: validate the one config file (every section) or print every default."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import sys
 
 import yaml
 
-from opsloop.config import ConfigError, load_settings
+from opsloop.config import CONFIG_ENV, DEFAULT_CONFIG_PATH, ConfigError, defaults_document, load_settings
 
-EPILOG = """examples:
-  opsloop config check opsloop.yaml
-  opsloop config defaults > opsloop.yaml     # every setting with its default
+EPILOG = f"""examples:
+  opsloop config check opsloop.yaml          # every error on its own line, with its path; exit 2 if any
+  opsloop config check                       # ${CONFIG_ENV}, else {DEFAULT_CONFIG_PATH}
+  opsloop config defaults > opsloop.yaml     # every setting with its default (required ones are null)
+  OPSLOOP__CONTROLLERS__PAGING__RESEND_INTERVAL_S=30 opsloop config check opsloop.yaml
 """
 
 
@@ -19,12 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="opsloop config", description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("check", help="validate FILE")
-    c.add_argument("file")
-    sub.add_parser("defaults", help="print the defaults as YAML")
+    c = sub.add_parser("check", help="validate FILE and print the effective settings")
+    c.add_argument("file", nargs="?", help=f"config file (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG_PATH})")
+    sub.add_parser("defaults", help="print every setting with its default, as YAML")
     a = p.parse_args(argv)
+    if a.cmd == "defaults":
+        print(yaml.safe_dump(defaults_document(), sort_keys=False), end="")
+        return 0
     try:
-        settings = load_settings(a.file if a.cmd == "check" else None)
+        settings = load_settings(a.file)
     except ConfigError as e:
         print(f"opsloop config: {e}", file=sys.stderr)
         return 2

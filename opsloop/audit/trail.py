@@ -55,9 +55,9 @@ class AuditSettings(BaseModel):
     @classmethod
     def from_settings(cls, settings: Settings) -> "AuditSettings":
         try:
-            return cls.model_validate(settings.controllers.get(SECTION) or {})
+            return cls.model_validate(settings.section(SECTION))
         except ValidationError as e:
-            raise AuditError(f"controllers.{SECTION}: {describe_validation_error(e)}") from None
+            raise AuditError(f"{SECTION}: {describe_validation_error(e)}") from None
 
 
 class AuditLog:

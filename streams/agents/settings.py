@@ -151,8 +151,8 @@ class DetectorsSettings(_Strict):
 
 
 def detectors_settings(settings: Settings) -> DetectorsSettings:
-    """Validate ``controllers.detectors``; a ValueError names the field and value."""
+    """Validate ``streams.detectors`` (formerly ``controllers.detectors``); a ValueError names the field and value."""
     try:
-        return DetectorsSettings.model_validate(settings.controllers.get(SECTION) or {})
+        return DetectorsSettings.model_validate(settings.section(f"streams.{SECTION}"))
     except ValidationError as e:
-        raise ValueError("controllers." + describe_validation_error(e, prefix=f"{SECTION}.")) from None
+        raise ValueError(describe_validation_error(e, prefix=f"streams.{SECTION}.")) from None

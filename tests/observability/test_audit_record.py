@@ -17,7 +17,7 @@ from opsloop.audit.cli import main as audit_main
 from opsloop.audit.indexer import ElasticsearchIndexer
 from opsloop.audit.search import parse_duration, parse_time, render, why_query, WhyAnswer
 from opsloop.audit.templates import AUDIT_TEMPLATE, load_template
-from opsloop.config import load_settings
+from opsloop.config import ConfigError, Settings, load_settings
 
 T0 = datetime(2026, 11, 22, 3, 12, 4, tzinfo=timezone.utc).timestamp()
 
@@ -140,9 +140,12 @@ def test_settings_section_and_errors() -> None:
                                                            "max_buffered": 7}}})
     log = AuditLog.from_settings(s, start=False)
     assert isinstance(log.sinks[0], ElasticsearchIndexer) and log.sinks[0].max_buffered == 7
-    bad = load_settings(overrides={"controllers": {"audit": {"max_buffered": 0}}})
-    with pytest.raises(AuditError, match="controllers.audit: max_buffered"):
-        AuditSettings.from_settings(bad)
+    # The whole file is validated at load (every section), so a bad audit section stops the start ...
+    with pytest.raises(ConfigError, match=r"audit\.max_buffered: Input should be greater than or equal to 1"):
+        load_settings(overrides={"audit": {"max_buffered": 0}})
+    # ... and settings built in code are still checked where the section is used.
+    with pytest.raises(AuditError, match="audit: max_buffered"):
+        AuditSettings.from_settings(Settings(audit={"max_buffered": 0}))
 
 
 def test_a_failing_sink_does_not_fail_the_actuator() -> None:

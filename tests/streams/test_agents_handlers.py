@@ -304,7 +304,7 @@ def test_anomaly_max_series_bound_and_settings_errors() -> None:
                                                        "max_series": 2}))
     h.handle([metric("ipmi_power", {"watts": 1.0}, {"host": f"h{i}"}, T0) for i in range(5)], T0)
     assert len(h.series) == 2
-    with pytest.raises(ValueError, match="controllers.detectors.anomaly.series.0.metric"):
+    with pytest.raises(ValueError, match="streams.detectors.anomaly.series.0.metric"):
         detectors_settings(Settings(controllers={"detectors": {"anomaly": {"series": [{"metric": "nope",
                                                                                         "field": "x"}]}}}))
     with pytest.raises(ValueError, match="power.defaults.protection"):
