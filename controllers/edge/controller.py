@@ -61,7 +61,7 @@ Why it is stable (no sustained oscillation, overshoot within the 5 % band)
   strictly monotonically; the guarantee that holds is the one that matters for safety — relaxing
   never pushes an origin over capacity.
 
-:class:`SeedDampedController` is the seed's law for comparison (target from the same LP, every
+:class:`FixedStepController` is the seed's law for comparison (target from the same LP, every
 origin's share moved at most ``step`` = 2 % per interval); :class:`UndampedController` applies the
 target at once (the seed's first version, which never settled).
 """
@@ -107,8 +107,8 @@ class ControllerSettings(BaseModel):
         return self
 
 
-class SeedSettings(BaseModel):
-    """Tunables of :class:`SeedDampedController` (the seed used 2 % per 15 s, no headroom)."""
+class FixedStepSettings(BaseModel):
+    """Tunables of :class:`FixedStepController` (the seed used 2 % per 15 s, no headroom)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -441,12 +441,12 @@ class EdgeController(_Controller):
                 solution.held_edges)
 
 
-class _SeedController(_Controller):
+class _LPTargetController(_Controller):
     """The seed's controllers: the LP target on the measured demand, then their own way of pushing it."""
 
-    def __init__(self, n_edges: int, n_origins: int, settings: SeedSettings | None = None,
+    def __init__(self, n_edges: int, n_origins: int, settings: FixedStepSettings | None = None,
                  initial: np.ndarray | None = None) -> None:
-        self.settings = settings or SeedSettings()
+        self.settings = settings or FixedStepSettings()
         super().__init__(n_edges, n_origins, self.settings.stale_after_s, 1.0, initial)
 
     def _lp_target(self, obs: Observation):  # noqa: ANN202 - (estimate, Solution)
@@ -455,10 +455,10 @@ class _SeedController(_Controller):
                                headroom=self.settings.headroom)
 
 
-class SeedDampedController(_SeedController):
+class FixedStepController(_LPTargetController):
     """The seed's controller: same LP target, each origin's share moved ≤ ``step`` per interval."""
 
-    name = "seed"
+    name = "fixed-step"
 
     def _propose(self, obs: Observation):  # type: ignore[override]
         estimate, solution = self._lp_target(obs)
@@ -476,7 +476,7 @@ class SeedDampedController(_SeedController):
                 solution.held_edges)
 
 
-class UndampedController(_SeedController):
+class UndampedController(_LPTargetController):
     """The seed's first version: push the LP target every interval (oscillates with elastic demand)."""
 
     name = "undamped"

@@ -43,11 +43,19 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controllers.edge.controller import (ControllerSettings, EdgeController, Observation,
-                                         SeedDampedController, SeedSettings, UndampedController,
+from controllers.edge.controller import (ControllerSettings, EdgeController, FixedStepController,
+                                         FixedStepSettings, Observation, UndampedController,
                                          _Controller)
 
-CONTROLLER_KINDS = ("ours", "seed", "undamped")
+# "fixed-step-headroom": the fixed-step baseline planned with our controller's headroom, so a
+# comparison does not credit the headroom alone
+CONTROLLER_KINDS = ("ours", "fixed-step", "fixed-step-headroom", "undamped")
+KIND_ALIASES = {"seed": "fixed-step"}  # the name the 2 %-per-interval baseline had before
+BASELINES = ("fixed-step", "fixed-step-headroom")
+
+
+def canonical_kind(kind: str) -> str:
+    return KIND_ALIASES.get(kind, kind)
 _FAILED_LATENCY_MS = 1000.0  # a request to an unhealthy/unreachable origin: a timeout
 
 
@@ -80,7 +88,9 @@ class Event(BaseModel):
     at: float = Field(ge=0.0, allow_inf_nan=False)
     label: str = ""
     demand: dict[str, float] | None = None            # edge -> new base_rps
-    demand_scale: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    # one factor for every edge's base_rps, or a factor per edge
+    demand_scale: float | dict[str, float] | None = None
+    ramp_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)  # demand change spread over
     capacity: dict[str, float] | None = None          # origin -> new capacity_rps
     health: dict[str, bool] | None = None             # origin -> healthy
     latency: dict[str, dict[str, float]] | None = None  # edge -> origin -> ms
@@ -102,6 +112,13 @@ class Targets(BaseModel):
     oscillation_load: float = Field(default=0.05, ge=0.0)
     settle_band: float = Field(default=0.02, gt=0.0)
     steady_intervals: int = Field(default=4, ge=2)
+    # 95th percentile of the excess over capacity outside the transients after a step (noise, flaps)
+    excess_p95: float = Field(default=0.05, ge=0.0)
+    churn: float = Field(default=0.03, ge=0.0)        # mean traffic share moved per interval
+    # against the fixed-step baselines of the same run (with and without our headroom):
+    overload_ratio: float = Field(default=0.10, ge=0.0)  # overload-seconds ≤ ratio × baseline's …
+    overload_slack_s: float = Field(default=0.0, ge=0.0)  # … + this (a baseline with ~0 overload)
+    latency_ratio: float = Field(default=1.10, gt=0.0)   # mean latency ≤ ratio × baseline's
 
 
 class Scenario(BaseModel):
@@ -117,12 +134,17 @@ class Scenario(BaseModel):
     noise: float = Field(default=0.0, ge=0.0, le=0.5)
     client_tau_s: float = Field(default=2.0, ge=0.0)
     overload_slowdown: float = Field(default=1.0, ge=0.0)
+    # true demand noise (what clients send, unlike ``noise`` which only blurs the measurement):
+    # every edge's base rate × (1 + demand_noise·N(0,1)), redrawn every demand_noise_period_s
+    demand_noise: float = Field(default=0.0, ge=0.0, le=0.5)
+    demand_noise_period_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    health_detection_delay_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     origins: list[SimOrigin] = Field(min_length=1)
     edges: list[SimEdge] = Field(min_length=1)
     events: list[Event] = Field(default_factory=list)
     controllers: list[str] = Field(default_factory=lambda: ["ours", "seed"], min_length=1)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
-    seed_controller: SeedSettings = Field(default_factory=SeedSettings)
+    seed_controller: FixedStepSettings = Field(default_factory=FixedStepSettings)  # fixed-step
     targets: Targets = Field(default_factory=Targets)
 
     @model_validator(mode="after")
@@ -162,6 +184,19 @@ class Scenario(BaseModel):
             where = f"events[{i}] (at {ev.at})"
             if ev.at > self.duration_s:
                 raise ValueError(f"{where}.at: after duration_s {self.duration_s!r}")
+            if isinstance(ev.demand_scale, dict):
+                for edge, factor in ev.demand_scale.items():
+                    if edge not in edges:
+                        raise ValueError(f"{where}.demand_scale: unknown edge {edge!r} (edges: {edges})")
+                    if not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 0:
+                        raise ValueError(f"{where}.demand_scale[{edge!r}]: expected a factor >= 0, "
+                                         f"got {factor!r}")
+            elif ev.demand_scale is not None and (not math.isfinite(ev.demand_scale)
+                                                  or ev.demand_scale < 0):
+                raise ValueError(f"{where}.demand_scale: expected a factor >= 0, got {ev.demand_scale!r}")
+            if ev.ramp_s is not None and ev.demand is None and ev.demand_scale is None:
+                raise ValueError(f"{where}.ramp_s: only ramps a demand change (give demand or "
+                                 f"demand_scale)")
             for edge in (ev.demand or {}):
                 if edge not in edges:
                     raise ValueError(f"{where}.demand: unknown edge {edge!r} (edges: {edges})")
@@ -184,9 +219,9 @@ class Scenario(BaseModel):
                 raise ValueError(f"{where}: changes nothing (give demand, demand_scale, capacity, "
                                  f"health, latency or stale_for_s)")
         for kind in self.controllers:
-            if kind not in CONTROLLER_KINDS:
+            if canonical_kind(kind) not in CONTROLLER_KINDS:
                 raise ValueError(f"controllers: unknown controller {kind!r} "
-                                 f"(known: {', '.join(CONTROLLER_KINDS)})")
+                                 f"(known: {', '.join(CONTROLLER_KINDS)}; 'seed' = fixed-step)")
         return self
 
 
@@ -250,14 +285,18 @@ def _initial_weights(scn: Scenario, latency: np.ndarray, healthy: np.ndarray) ->
 
 def make_controller(kind: str, scn: Scenario, initial: np.ndarray) -> _Controller:
     n_edges, n_origins = initial.shape
+    kind = canonical_kind(kind)
     if kind == "ours":
         settings = scn.controller.model_copy(update={"interval_s": scn.interval_s})
         return EdgeController(n_edges, n_origins, settings, initial=initial)
-    seed_settings = scn.seed_controller.model_copy(update={"interval_s": scn.interval_s})
-    if kind == "seed":
-        return SeedDampedController(n_edges, n_origins, seed_settings, initial=initial)
+    fixed = scn.seed_controller.model_copy(update={"interval_s": scn.interval_s})
+    if kind == "fixed-step":
+        return FixedStepController(n_edges, n_origins, fixed, initial=initial)
+    if kind == "fixed-step-headroom":
+        fixed = fixed.model_copy(update={"headroom": scn.controller.headroom})
+        return FixedStepController(n_edges, n_origins, fixed, initial=initial)
     if kind == "undamped":
-        return UndampedController(n_edges, n_origins, seed_settings, initial=initial)
+        return UndampedController(n_edges, n_origins, fixed, initial=initial)
     raise ScenarioError(f"unknown controller {kind!r} (known: {', '.join(CONTROLLER_KINDS)})")
 
 
@@ -276,14 +315,27 @@ class _Plant:
             self.reference = np.min(self.latency + self.service[None, :], axis=1)
         self.rates = np.zeros(len(scn.edges))
         self.loads = np.zeros(len(scn.origins))
+        self.ramp_from: np.ndarray = self.base.copy()
+        self.ramp_to: np.ndarray | None = None
+        self.ramp_at, self.ramp_s = 0.0, 1.0
+        self.demand_factor = np.ones(len(scn.edges))  # true demand noise in force
 
     def apply(self, ev: Event) -> None:
         edges = [e.name for e in self.scn.edges]
         origins = [o.name for o in self.scn.origins]
-        if ev.demand_scale is not None:
-            self.base = self.base * ev.demand_scale
+        target = self.ramp_to if self.ramp_to is not None else self.base.copy()
+        if isinstance(ev.demand_scale, dict):
+            for edge, factor in ev.demand_scale.items():
+                target[edges.index(edge)] *= factor
+        elif ev.demand_scale is not None:
+            target = target * ev.demand_scale
         for edge, rps in (ev.demand or {}).items():
-            self.base[edges.index(edge)] = rps
+            target[edges.index(edge)] = rps
+        if ev.ramp_s:  # linear from the rate now to the new one over ramp_s
+            self.ramp_from, self.ramp_to = self.base.copy(), target
+            self.ramp_at, self.ramp_s = ev.at, ev.ramp_s
+        else:
+            self.base, self.ramp_to = target, None
         for origin, cap in (ev.capacity or {}).items():
             self.capacity[origins.index(origin)] = cap
         for origin, ok in (ev.health or {}).items():
@@ -291,6 +343,15 @@ class _Plant:
         for edge, row in (ev.latency or {}).items():
             for origin, ms in row.items():
                 self.latency[edges.index(edge), origins.index(origin)] = ms
+
+    def ramp(self, t: float) -> None:
+        """Base demand at time ``t`` while a ramp is under way."""
+        if self.ramp_to is None:
+            return
+        frac = min(1.0, max(0.0, (t - self.ramp_at) / self.ramp_s))
+        self.base = self.ramp_from + (self.ramp_to - self.ramp_from) * frac
+        if frac >= 1.0:
+            self.ramp_to = None
 
     def _route(self, weights: np.ndarray, rates: np.ndarray) -> tuple[np.ndarray, float]:
         working = np.isfinite(self.latency) & self.healthy[None, :]
@@ -314,7 +375,7 @@ class _Plant:
 
     def advance(self, weights: np.ndarray, dt: float) -> tuple[np.ndarray, float, np.ndarray]:
         latency = self.client_latency(weights)
-        wanted = self.base * (self.reference / np.maximum(latency, 1e-9)) ** self.elasticity
+        wanted = self.base * self.demand_factor * (self.reference / np.maximum(latency, 1e-9)) ** self.elasticity
         lag = 1.0 if self.scn.client_tau_s == 0 else 1.0 - math.exp(-dt / self.scn.client_tau_s)
         self.rates = self.rates + (wanted - self.rates) * lag
         self.loads, failed = self._route(weights, self.rates)
@@ -332,6 +393,10 @@ def simulate(scn: Scenario, kind: str) -> Run:
     per_tick = int(round(scn.interval_s / scn.dt_s))
     n_ticks = n_steps // per_tick
     noise = 1.0 + scn.noise * rng.standard_normal((n_ticks + 1, len(scn.edges)))
+    # true demand noise from its own stream: adding it leaves the measurement noise sequence alone
+    demand_rng = np.random.default_rng([scn.seed, 1])
+    noise_period = max(1, int(round((scn.demand_noise_period_s or scn.interval_s) / scn.dt_s)))
+    delay_steps = int(round(scn.health_detection_delay_s / scn.dt_s))
     events = sorted(scn.events, key=lambda ev: ev.at)
     next_event = 0
     n_e, n_o = len(scn.edges), len(scn.origins)
@@ -353,6 +418,10 @@ def simulate(scn: Scenario, kind: str) -> Run:
             if ev.stale_for_s is not None:
                 stale_until = max(stale_until, ev.at + ev.stale_for_s)
             next_event += 1
+        plant.ramp(t + scn.dt_s)
+        if scn.demand_noise > 0 and i % noise_period == 0:
+            draw = demand_rng.standard_normal(len(scn.edges))
+            plant.demand_factor = np.clip(1.0 + scn.demand_noise * draw, 0.0, None)
         loads[i], failed[i], lat[i] = plant.advance(weights, scn.dt_s)
         caps[i], health[i], rates[i] = plant.capacity, plant.healthy, plant.rates
         counted += plant.rates * scn.dt_s
@@ -365,9 +434,11 @@ def simulate(scn: Scenario, kind: str) -> Run:
                 measured, age = last_fresh[1], now - last_fresh[0]
             else:
                 last_fresh, age = (now, measured), 0.0
+            # health as the checks report it: what it was health_detection_delay_s ago
+            seen_health = health[i - delay_steps] if i >= delay_steps else health[0]
             decision = ctrl.step(Observation(now=now, demand=measured, capacity=plant.capacity.copy(),
                                              latency=plant.latency.copy(),
-                                             healthy=plant.healthy.copy(), inputs_age_s=age))
+                                             healthy=seen_health.copy(), inputs_age_s=age))
             weights = decision.weights
             tick_times.append(now)
             tick_weights.append(weights.copy())
@@ -420,7 +491,15 @@ def phase_metrics(scn: Scenario, run: Run, t0: float, t1: float) -> dict[str, An
     # load over capacity; a (near-)zero capacity with load is simply "far over" (1e6), not inf
     ratio = np.where(caps > 1e-9, loads / np.maximum(caps, 1e-9), np.where(loads > 1e-9, 1e6, 0.0))
     ratio = np.where(healthy, ratio, 0.0)
-    worst = ratio.max(axis=1) if len(ratio) else np.zeros(0)
+    total_rate = run.rates[in_phase].sum(axis=1)
+    healthy_cap = np.where(healthy, caps, 0.0).sum(axis=1)
+    feasible = bool(len(total_rate) == 0 or total_rate[-1] <= healthy_cap[-1] * (1 + 1e-9))
+    # demand above all healthy capacity: judged against the common overload factor (every origin
+    # loaded alike is the fair share of the shortfall), not against capacity
+    common = np.maximum(1.0, loads.sum(axis=1) / np.maximum(healthy_cap, 1e-9)) if not feasible \
+        else np.ones(len(times))
+    judged = ratio / common[:, None] if len(ratio) else ratio
+    worst = judged.max(axis=1) if len(judged) else np.zeros(0)
     steady_s = tg.steady_intervals * scn.interval_s
     over = worst > 1.0 + tg.tolerance + 1e-9
     if not over.any():
@@ -435,11 +514,14 @@ def phase_metrics(scn: Scenario, run: Run, t0: float, t1: float) -> dict[str, An
     first_tick = t0 + scn.interval_s - (t0 % scn.interval_s)
     per_tick = int(round(scn.interval_s / scn.dt_s))
     overshoot: float | None = None
+    overshoot_p95: float | None = None
     run_ok = 0
     for idx in range(len(times)):
         run_ok = run_ok + 1 if not over[idx] and times[idx] > first_tick + 1e-9 else 0
         if run_ok >= per_tick:
-            overshoot = float(max(0.0, worst[idx - per_tick + 1:].max() - 1.0))
+            after = worst[idx - per_tick + 1:]
+            overshoot = float(max(0.0, after.max() - 1.0))
+            overshoot_p95 = float(max(0.0, np.quantile(after, 0.95) - 1.0))
             break
     # weights: ticks inside the phase (weights in force after each tick)
     tick_in = (run.tick_times > t0 + 1e-9) & (run.tick_times <= t1 + 1e-9)
@@ -471,33 +553,104 @@ def phase_metrics(scn: Scenario, run: Run, t0: float, t1: float) -> dict[str, An
         means = tail[-n_full * per_tick:].reshape(n_full, per_tick, -1).mean(axis=1)
         osc_l = _oscillation(np.where(np.isfinite(means), means, 0.0))
     overload = ((ratio > 1.0 + 1e-9) * scn.dt_s).sum(axis=0)
-    total_rate = run.rates[in_phase].sum(axis=1)
-    healthy_cap = np.where(healthy, caps, 0.0).sum(axis=1)
-    feasible = bool(len(total_rate) == 0 or total_rate[-1] <= healthy_cap[-1] * (1 + 1e-9))
-    return {"time_to_capacity_s": to_cap, "overshoot": overshoot, "settle_s": settle,
-            "oscillation_weight": osc_w, "oscillation_load": osc_l,
+    moved = 0.5 * np.abs(np.diff(traffic, axis=0)).sum(axis=1) if len(traffic) > 1 else np.zeros(0)
+    return {"time_to_capacity_s": to_cap, "overshoot": overshoot, "overshoot_p95": overshoot_p95,
+            "settle_s": settle, "oscillation_weight": osc_w, "oscillation_load": osc_l,
+            "churn": float(moved.mean()) if len(moved) else 0.0,
             "overload_s": {o.name: float(v) for o, v in zip(scn.origins, overload)},
             "feasible": feasible}
 
 
-def _violations(scn: Scenario, phases: list[dict[str, Any]]) -> list[str]:
+def _long_enough(scn: Scenario, ph: dict[str, Any]) -> bool:
+    """A phase that lasts past the settling allowance plus one interval is judged on its own; a
+    shorter one (a flap every interval, a noise draw) is judged by the run's excess quantile."""
+    limit = scn.targets.capacity_within_intervals * scn.interval_s
+    return ph["end_s"] - ph["start_s"] >= limit + scn.interval_s - 1e-9
+
+
+def run_metrics(scn: Scenario, run: Run, phases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whole-run figures: excess quantile outside step transients, churn, requests within capacity."""
+    limit = scn.targets.capacity_within_intervals * scn.interval_s
+    ratio = np.where(run.capacity > 1e-9, run.loads / np.maximum(run.capacity, 1e-9),
+                     np.where(run.loads > 1e-9, 1e6, 0.0))
+    ratio = np.where(run.healthy, ratio, 0.0)
+    healthy_cap = np.where(run.healthy, run.capacity, 0.0).sum(axis=1)
+    common = np.ones(len(run.times))
+    transient = np.zeros(len(run.times), dtype=bool)
+    for ph in phases:
+        inside = (run.times > ph["start_s"] + 1e-9) & (run.times <= ph["end_s"] + 1e-9)
+        if not ph["metrics"]["feasible"]:
+            common[inside] = np.maximum(1.0, run.loads[inside].sum(axis=1)
+                                        / np.maximum(healthy_cap[inside], 1e-9))
+        if _long_enough(scn, ph):
+            transient |= inside & (run.times <= ph["start_s"] + limit + 1e-9)
+    excess = np.clip((ratio / common[:, None]).max(axis=1) - 1.0, 0.0, None)
+    # overload judged: above capacity, or in a shortfall above the common factor (+ tolerance)
+    band = np.where(common > 1.0, common * (1.0 + scn.targets.tolerance), 1.0)
+    judged_overload = float(((ratio > band[:, None] + 1e-9) * scn.dt_s).sum())
+    judged = excess[~transient]
+    rates = run.rates[np.clip(np.round(run.tick_times / scn.dt_s).astype(int) - 1, 0,
+                              len(run.times) - 1)] if len(run.tick_times) else np.zeros((0, 0))
+    churn = 0.0
+    if len(run.tick_times):
+        # the listener's traffic share per origin before and after each tick
+        share = lambda w: np.einsum("ke,keo->ko", rates, w) / np.maximum(rates.sum(axis=1), 1e-9)[:, None]
+        moved = 0.5 * np.abs(share(run.tick_weights[1:]) - share(run.tick_weights[:-1])).sum(axis=1)
+        churn = float(moved.mean())
+    within = np.minimum(run.loads, run.capacity) * run.healthy
+    return {"excess_p95": float(np.quantile(judged, 0.95)) if len(judged) else 0.0,
+            "judged_overload_s": judged_overload,
+            "churn": churn,
+            "served_within_capacity": float(within.sum() * scn.dt_s),
+            "served_over_capacity": float((run.loads * run.healthy - within).sum() * scn.dt_s)}
+
+
+def _violations(scn: Scenario, phases: list[dict[str, Any]], whole: dict[str, Any]) -> list[str]:
     tg = scn.targets
     out = []
     limit = tg.capacity_within_intervals * scn.interval_s
     for ph in phases:
         m, name = ph["metrics"], ph["label"]
-        if not m["feasible"]:
-            continue  # total capacity too short: shedding is fair, not a control failure
-        if m["time_to_capacity_s"] is None or m["time_to_capacity_s"] > limit + 1e-9:
-            out.append(f"{name}: origins not within capacity+{tg.tolerance:.0%} after "
-                       f"{tg.capacity_within_intervals:g} intervals ({m['time_to_capacity_s']})")
-        if m["overshoot"] is None or m["overshoot"] > tg.overshoot + 1e-9:
-            out.append(f"{name}: overshoot {m['overshoot']} > {tg.overshoot}")
+        against = "capacity" if m["feasible"] else "the common overload factor"
+        if _long_enough(scn, ph):
+            if m["time_to_capacity_s"] is None or m["time_to_capacity_s"] > limit + 1e-9:
+                out.append(f"{name}: origins not within {against}+{tg.tolerance:.0%} after "
+                           f"{tg.capacity_within_intervals:g} intervals ({m['time_to_capacity_s']})")
+            if m["overshoot"] is None or m["overshoot"] > tg.overshoot + 1e-9:
+                out.append(f"{name}: overshoot {m['overshoot']} > {tg.overshoot} (over {against})")
         if m["oscillation_weight"] > tg.oscillation_weight + 1e-9:
             out.append(f"{name}: weights oscillate by {m['oscillation_weight']:.3f}")
         if m["oscillation_load"] > tg.oscillation_load + 1e-9:
             out.append(f"{name}: load oscillates by {m['oscillation_load']:.3f} of capacity")
+    if whole["excess_p95"] > tg.excess_p95 + 1e-9:
+        out.append(f"95th-percentile excess over capacity outside step transients "
+                   f"{whole['excess_p95']:.3f} > {tg.excess_p95}")
+    if whole["churn"] > tg.churn + 1e-9:
+        out.append(f"churn {whole['churn']:.3f} of the traffic per interval > {tg.churn}")
     return out
+
+
+def compare_with_baselines(scn: Scenario, summary: dict[str, Any],
+                           baselines: dict[str, dict[str, Any]]) -> None:
+    """Judge ``summary`` (ours) against the fixed-step baselines of the same run, in place."""
+    tg = scn.targets
+    ours_overload = summary["judged_overload_s"]
+    summary["baselines"] = {}
+    for kind, base in baselines.items():
+        base_overload = base["judged_overload_s"]
+        allowed = tg.overload_ratio * base_overload + tg.overload_slack_s
+        summary["baselines"][kind] = {"overload_s": base_overload,
+                                      "mean_latency_ms": base["mean_latency_ms"],
+                                      "failed_requests": base["failed_requests"]}
+        if ours_overload > allowed + 1e-9:
+            summary["violations"].append(
+                f"overload-seconds (judged) {ours_overload:g} > {tg.overload_ratio:g} × {kind}'s "
+                f"{base_overload:g} + {tg.overload_slack_s:g}s")
+        if summary["mean_latency_ms"] > tg.latency_ratio * base["mean_latency_ms"] + 1e-9:
+            summary["violations"].append(
+                f"mean latency {summary['mean_latency_ms']:.1f} ms > {tg.latency_ratio:g} × "
+                f"{kind}'s {base['mean_latency_ms']:.1f} ms")
+    summary["meets_targets"] = not summary["violations"]
 
 
 def summarize(scn: Scenario, run: Run) -> dict[str, Any]:
@@ -514,7 +667,8 @@ def summarize(scn: Scenario, run: Run) -> dict[str, Any]:
 
     overload = {o.name: float(sum(m["overload_s"][o.name] for m in ms)) for o in scn.origins}
     requests = run.rates.sum(axis=1) * scn.dt_s
-    violations = _violations(scn, phases)
+    whole = run_metrics(scn, run, phases)
+    violations = _violations(scn, phases, whole)
     return {
         "controller": run.controller,
         "time_to_capacity_s": worst("time_to_capacity_s"),
@@ -526,6 +680,7 @@ def summarize(scn: Scenario, run: Run) -> dict[str, Any]:
         "mean_latency_ms": float((run.latency * run.rates).sum() / max(run.rates.sum(), 1e-9)),
         "requests": float(requests.sum()),
         "failed_requests": float(run.failed.sum() * scn.dt_s),
+        **whole,
         "meets_targets": not violations,
         "violations": violations,
         "phases": phases,
@@ -544,13 +699,24 @@ def trajectories(scn: Scenario, run: Run) -> dict[str, Any]:
         "time_s": run.times.tolist(),
         "origin_load_rps": {o: run.loads[:, j].round(3).tolist() for j, o in enumerate(origins)},
         "origin_capacity_rps": {o: run.capacity[:, j].tolist() for j, o in enumerate(origins)},
+        "origin_healthy": {o: run.healthy[:, j].tolist() for j, o in enumerate(origins)},
+        "origin_served_within_capacity_rps": {
+            o: (np.minimum(run.loads[:, j], run.capacity[:, j]) * run.healthy[:, j]).round(3).tolist()
+            for j, o in enumerate(origins)},
         "edge_rate_rps": {e: run.rates[:, i].round(3).tolist() for i, e in enumerate(edges)},
     }
 
 
 def run_scenario(scn: Scenario, controllers: list[str] | None = None
                  ) -> tuple[dict[str, dict[str, Any]], dict[str, Run]]:
-    """Run every controller of the scenario (or ``controllers``) on the same plant and noise."""
+    """Run every controller of the scenario (or ``controllers``) on the same plant and noise.
+
+    ``ours`` is also judged against both fixed-step baselines (run here when not asked for)."""
     kinds = controllers or scn.controllers
     runs = {kind: simulate(scn, kind) for kind in kinds}
-    return {kind: summarize(scn, run) for kind, run in runs.items()}, runs
+    summaries = {kind: summarize(scn, run) for kind, run in runs.items()}
+    if "ours" in summaries:
+        by_kind = {canonical_kind(k): v for k, v in summaries.items()}
+        baselines = {b: by_kind.get(b) or summarize(scn, simulate(scn, b)) for b in BASELINES}
+        compare_with_baselines(scn, summaries["ours"], baselines)
+    return summaries, runs

@@ -13,14 +13,14 @@ import json
 import sys
 from typing import Any
 
-from controllers.edge.sim import (CONTROLLER_KINDS, Run, Scenario, ScenarioError, load_scenario,
-                                  run_scenario, trajectories)
+from controllers.edge.sim import (CONTROLLER_KINDS, Run, Scenario, ScenarioError, canonical_kind,
+                                  load_scenario, run_scenario, trajectories)
 
 EPILOG = """examples:
   opsloop sim --scenario controllers/edge/scenarios/seed_experiment.yaml
   opsloop sim --scenario controllers/edge/scenarios/origin_failure.yaml --json > result.json
   opsloop sim --scenario controllers/edge/scenarios/demand_surge.yaml --plot surge.png
-  opsloop sim --scenario my.yaml --controllers ours,seed,undamped
+  opsloop sim --scenario my.yaml --controllers ours,fixed-step,fixed-step-headroom,undamped
 
 scenario format: controllers/edge/README.md
 """
@@ -59,7 +59,12 @@ def render_table(scn: Scenario, summaries: dict[str, dict[str, Any]]) -> str:
         verdict = "meets targets" if summ["meets_targets"] else "MISSES targets"
         lines.append(f"{kind:<10} {verdict}; mean latency {summ['mean_latency_ms']:.1f} ms, "
                      f"{summ['requests']:.0f} requests, {summ['failed_requests']:.0f} failed, "
-                     f"overload-s {sum(summ['overload_s'].values()):g}")
+                     f"overload-s {sum(summ['overload_s'].values()):g}, excess p95 "
+                     f"{summ['excess_p95']:.1%}, churn {summ['churn']:.1%}/interval")
+        for base, b in summ.get("baselines", {}).items():
+            lines.append(f"{'':<10}   vs {base}: overload-s (judged) {b['overload_s']:g} vs ours "
+                         f"{summ['judged_overload_s']:g}, mean latency "
+                         f"{b['mean_latency_ms']:.1f} ms, {b['failed_requests']:.0f} failed")
         for violation in summ["violations"]:
             lines.append(f"{'':<10}   - {violation}")
     return "\n".join(lines)
@@ -109,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plot", metavar="PNG", help="write a plot of load and weights to PNG")
     parser.add_argument("--controllers", metavar="LIST",
                         help=f"comma-separated, from {', '.join(CONTROLLER_KINDS)} "
-                             "(default: the scenario's list)")
+                             "('seed' = fixed-step; default: the scenario's list)")
     return parser
 
 
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds = None
         if args.controllers:
             kinds = [k.strip() for k in args.controllers.split(",") if k.strip()]
-            unknown = [k for k in kinds if k not in CONTROLLER_KINDS]
+            unknown = [k for k in kinds if canonical_kind(k) not in CONTROLLER_KINDS]
             if unknown or not kinds:
                 raise ScenarioError(f"--controllers: unknown controller(s) {unknown!r} "
                                     f"(known: {', '.join(CONTROLLER_KINDS)})")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from controllers.edge.controller import (ControllerSettings, EdgeController, Observation,
-                                         SeedDampedController, UndampedController, enforce_safety,
+                                         FixedStepController, UndampedController, enforce_safety,
                                          usable_mask)
 from controllers.edge.model import Mode
 from tests.controllers.test_edge_strategies import problems
@@ -76,7 +76,7 @@ def test_guard_moves_off_unhealthy_at_once_and_bounds_the_rest():
 def test_controller_sequences_keep_the_safety_rules(problem, demand_factors):
     demand, capacity, latency, healthy, previous = problem
     for ctrl in (EdgeController(*latency.shape, initial=previous),
-                 SeedDampedController(*latency.shape, initial=previous),
+                 FixedStepController(*latency.shape, initial=previous),
                  UndampedController(*latency.shape, initial=previous)):
         last = previous
         for k, factor in enumerate(demand_factors):
@@ -84,7 +84,7 @@ def test_controller_sequences_keep_the_safety_rules(problem, demand_factors):
             decision = ctrl.step(_obs(demand * factor, capacity, latency, health, now=15.0 * k))
             _check_rows(decision.weights, latency, health)
             usable = usable_mask(latency, health)
-            bound = 0.02 if isinstance(ctrl, SeedDampedController) else ctrl.max_step
+            bound = 0.02 if isinstance(ctrl, FixedStepController) else ctrl.max_step
             _check_step_bound(last, decision.weights, usable, bound)
             for rec in decision.records("l", [f"e{i}" for i in range(len(demand))],
                                         [f"o{j}" for j in range(len(capacity))]):
