@@ -49,7 +49,8 @@ from typing import Any
 
 DAY_S = 86400.0
 WEEK_S = 7 * DAY_S
-STATE_VERSION = 1
+STATE_VERSION = 2
+NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,15 @@ class DetectorConfig:
     shift_points: int = 5            # consecutive same-sign outliers that make a level shift
     index_step_s: float = 3600.0     # seconds per step when timestamps are sample numbers (< 1e8)
     error_rate: float = 0.02         # max smoothing of the models' absolute errors (model selection)
+    rel_floor: float = 1e-3          # scale floor relative to |level|: a flat reading is not infinitely tight
+    long_rate: float = 0.001         # long-window mean/variance smoothing (about 1000 points)
+    short_rate: float = 1.0          # short-window mean smoothing (1 = the point itself; tuned on SKAB)
+    long_z0: float = 4.0             # long-window z below this scores 0
+    long_clip: float = 4.0           # long-window updates clipped at this many long scales
+    event_score: float = 0.5         # a score at least this opens an event; later points score 0 ...
+    calm_points: int = 5             # ... until this many consecutive points are back in band (z < band_z)
+    band_z: float = 2.5
+    refractory: int = 100            # and at least this many points after the alarm
 
 
 class StreamingDetector:
@@ -80,6 +90,7 @@ class StreamingDetector:
         "gamma", "w_gamma", "level0", "scale0", "level1", "scale1", "err0", "err1", "quantum", "x_prev",
         "tail_q", "run0", "run0_x", "run0_xx", "run1", "run1_x", "run1_xx", "err_rate", "d_off", "d_scale", "d_cnt", "d_last",
         "d_vis", "w_off", "w_cnt", "w_last", "w_vis", "last",
+        "l_mean", "l_var", "s_mean", "event", "calm", "since",
     )
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
@@ -115,6 +126,10 @@ class StreamingDetector:
         self.w_last: list[float] = []
         self.w_vis: list[int] = []
         self.last: tuple[float, float, float, float, str] = (0.0, 0.0, 0.0, 0.0, "warmup")
+        self.l_mean = self.l_var = self.s_mean = 0.0   # long-window mean/variance, short-window mean
+        self.event = False               # an alarm was scored and the series is not yet back in band
+        self.calm = 0                    # consecutive in-band points during an event
+        self.since = 0                   # points since the event's alarm
 
     # ----------------------------------------------------------------------------------- scoring
     def update(self, timestamp: float, value: float) -> float:
@@ -132,15 +147,13 @@ class StreamingDetector:
             t *= cfg.index_step_s
         if n == 1:
             self.t_first = self.t_last = t
-            self.level0 = self.level1 = self.x_prev = x
+            self.level0 = self.level1 = self.x_prev = self.l_mean = self.s_mean = x
             self.last = (x, x, 0.0, 0.0, "warmup")
             return 0.0
 
         dx = x - self.x_prev
         if dx < 0.0:
             dx = -dx
-        if 0.0 < dx < self.quantum:
-            self.quantum = dx
         self.x_prev = x
         step = t - self.t_last
         if step > 0.0:
@@ -156,7 +169,7 @@ class StreamingDetector:
         scale0 = self.scale0
         scale1 = self.scale1
         floor = 0.5 * self.quantum if self.quantum != math.inf else 0.0
-        rel = 1e-4 * (level0 if level0 >= 0.0 else -level0)
+        rel = cfg.rel_floor * (level0 if level0 >= 0.0 else -level0)
         if rel > floor:
             floor = rel
         if floor < 1e-12:
@@ -221,6 +234,18 @@ class StreamingDetector:
             z = z0
             expected, band, model = level0, s0, "level"
 
+        # Long + short windows: the short-window mean under the long-window distribution catches
+        # what the fast models absorb (a shift smaller than their band, a slow drift).
+        lm = self.l_mean
+        lsd = math.sqrt(self.l_var)
+        if lsd < floor:
+            lsd = floor
+        sm = self.s_mean + cfg.short_rate * (x - self.s_mean)
+        self.s_mean = sm
+        zl = (sm - lm if sm >= lm else lm - sm) / lsd
+        if use_season:
+            zl = 0.0     # the long window holds the daily cycle: a busy hour is not a shift
+
         # Score (after warm-up), calibrated by this series' own tail.
         score = 0.0
         if n > cfg.warmup_points:
@@ -229,11 +254,29 @@ class StreamingDetector:
             if ze > cfg.z0:
                 u = (ze - cfg.z0) / cfg.z_width
                 score = 1.0 - math.exp(-u * u)
+            if zl > cfg.long_z0:
+                u = (zl - cfg.long_z0) / cfg.z_width
+                sl = 1.0 - math.exp(-u * u)
+                if sl > score:
+                    score = sl
             zc = z if z < 10.0 else 10.0
             q = self.tail_q
             # Robbins-Monro quantile step: moves up by (1-p) on exceedance, down by p otherwise.
             q += 0.05 * ((1.0 - cfg.tail_quantile) if zc > q else -cfg.tail_quantile)
             self.tail_q = q if q > 0.5 else 0.5
+            # One alarm per event: after an alarm the series scores 0 until it is back in band.
+            if self.event:
+                self.since += 1
+                if ze < cfg.band_z and zl * cfg.z0 < cfg.band_z * cfg.long_z0:
+                    self.calm += 1
+                    if self.calm >= cfg.calm_points and self.since >= cfg.refractory:
+                        self.event = False
+                else:
+                    self.calm = 0
+                score = 0.0
+            elif score >= cfg.event_score:
+                self.event = True
+                self.since = self.calm = 0
         self.last = (x, expected, band, z, model)
 
         # ------------------------------------------------------------------------------- learn
@@ -305,6 +348,21 @@ class StreamingDetector:
                 if t - self.w_last[w] > 0.5 * WEEK_S:
                     self.w_vis[w] += 1
                 self.w_last[w] = t
+
+        # The resolution of the values is learned from ordinary steps only: the jump out of a flat
+        # reading must not become the series' resolution (and so its noise floor).
+        if 0.0 < dx < self.quantum and (warm or z0 < cfg.shift_z):
+            self.quantum = dx
+        la = cfg.long_rate if cfg.long_rate > 1.0 / n else 1.0 / n
+        d = x - lm
+        if not warm:
+            lim = cfg.long_clip * lsd
+            if d > lim:
+                d = lim
+            elif d < -lim:
+                d = -lim
+        self.l_mean = lm + la * d
+        self.l_var += la * (d * d - self.l_var)
 
         # Level shift: per model, a run of same-sign outliers re-anchors the level to the run's mean.
         if not warm:
@@ -384,6 +442,11 @@ class StreamingDetector:
         self.d_last, self.d_vis = [-math.inf] * nd, [0] * nd
         self.w_off, self.w_cnt, self.w_last, self.w_vis = [0.0] * nw, [0] * nw, [-math.inf] * nw, [0] * nw
 
+    @property
+    def in_event(self) -> bool:
+        """True from an alarm until the series is back in its band (the finding stays open meanwhile)."""
+        return self.event
+
     # ------------------------------------------------------------------------------ explanation
     def explain(self) -> dict[str, Any]:
         """The last point: observed, expected value, band (expected +- z0 scales), z, model used."""
@@ -426,7 +489,7 @@ class StreamingDetector:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "StreamingDetector":
-        if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
+        if not isinstance(doc, dict) or doc.get("version") not in (1, STATE_VERSION):
             raise ValueError(f"detector state: unsupported or missing version (got {doc.get('version')!r}"
                              if isinstance(doc, dict) else "detector state: expected a JSON object")
         known = {f.name for f in fields(DetectorConfig)}
@@ -435,6 +498,8 @@ class StreamingDetector:
         for name in cls.__slots__:
             if name == "cfg":
                 continue
+            if name not in doc and name in NEW_IN_V2 and doc["version"] == 1:
+                continue     # a version-1 state: the long window starts from the fast model's level
             if name not in doc:
                 raise ValueError(f"detector state: missing field {name!r}")
             v = doc[name]
@@ -445,6 +510,9 @@ class StreamingDetector:
             elif name == "last":
                 v = tuple(v)
             setattr(det, name, v)
+        if doc["version"] == 1:
+            det.l_mean = det.s_mean = det.level0
+            det.l_var = det.scale0 * det.scale0
         return det
 
 

@@ -106,7 +106,7 @@ def ipmi_power(seed: int = 3) -> Scenario:
     a = 2 * 1440 + 300                                  # 2 h at +40 W (failing PSU / fans)
     for i in range(a, a + 120):
         vs[i] += 40.0
-    windows += [(a, a + 10), (a + 120, a + 130)]
+    windows += [(a, a + 119)]      # one event: the fault; its end is the return to normal, not a new one
     b = 3 * 1440 + 600                                  # drained: idle 136 W, then disks in standby 82 W
     for i in range(b, n):
         vs[i] = (136.0 if i < b + 240 else 82.0) + rng.gauss(0, 1.5)
@@ -124,7 +124,7 @@ def netperf_throughput(seed: int = 4) -> Scenario:
     a = 20 * 24
     for i in range(a, a + 24):
         vs[i] = 3.57 + rng.gauss(0, 0.05)
-    return Scenario("netperf_throughput", ts, vs, [(a, a + 4), (a + 24, a + 28)],
+    return Scenario("netperf_throughput", ts, vs, [(a, a + 23)],
                     "netperf 8.42 Gb/s, regression to 3.57 Gb/s (old kernel) for one day")
 
 
