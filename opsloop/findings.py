@@ -3,6 +3,11 @@
 A finding is keyed by ``id`` (detector + where): re-publishing the same id updates it (last_seen,
 observed, score); ``cleared=True`` closes it. The paging actuator turns open critical/warning
 findings into Alertmanager alerts and their clearing into resolves.
+
+Every finding carries an absolute ``runbook`` link: a detector may name its own page with an
+absolute URL; anything else (empty, or a path relative to nothing in particular) becomes the
+section of its finding type in ``docs/runbooks/`` under the configured runbook base URL
+(``opsloop.runbooks``), the same link its alert rule carries.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import hashlib
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from opsloop.runbooks import finding_runbook_url
 
 
 class Severity(str, enum.Enum):
@@ -38,6 +45,12 @@ class Finding(BaseModel):
     cleared: bool = False
     runbook: str = ""
     dashboard: str = ""
+
+    @model_validator(mode="after")
+    def _runbook_link(self) -> "Finding":
+        if not self.runbook.startswith(("http://", "https://")):
+            self.runbook = finding_runbook_url(self.detector)
+        return self
 
     @property
     def id(self) -> str:

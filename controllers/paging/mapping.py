@@ -5,7 +5,7 @@ alert however often it is re-sent): ``alertname`` from the detector (``firewall.
 -> ``FirewallUnprotectedPort``), ``severity``, ``signal`` (the detector's family), ``detector``,
 ``source="opsloop-paging"`` and the finding's where-labels (``hypervisor``, ``vm``, ``host`` ...).
 Annotations: summary, description (observed vs expected and the explanation), what, observed,
-expected, explanation, runbook, dashboard, finding_id, first_seen.
+expected, explanation, runbook_url, dashboard_url (the names the alert rules use), finding_id, first_seen.
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ def annotations_for(finding: Finding, links: Links) -> dict[str, str]:
         "observed": observed,
         "expected": expected,
         "explanation": finding.explanation,
-        "runbook": runbook_url(finding, links),
-        "dashboard": dashboard_url(finding, links),
+        "runbook_url": runbook_url(finding, links),
+        "dashboard_url": dashboard_url(finding, links),
         "finding_id": finding.id,
         "first_seen": iso(finding.first_seen),
     }
@@ -126,7 +126,7 @@ def iso(ts: float) -> str:
 def postable(labels: dict[str, str], annotations: dict[str, str], starts_at: float, ends_at: float) -> dict[str, Any]:
     """One element of the ``POST /api/v2/alerts`` body."""
     return {"labels": labels, "annotations": annotations, "startsAt": iso(starts_at), "endsAt": iso(ends_at),
-            "generatorURL": annotations.get("dashboard", "")}
+            "generatorURL": annotations.get("dashboard_url", "")}
 
 
 SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}

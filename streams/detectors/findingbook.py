@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from opsloop.findings import Finding, Severity
+from opsloop.runbooks import finding_runbook_url
 
-RUNBOOK_BASE = "https://runbooks.example/opsloop"
 DASHBOARD_BASE = "https://grafana.example/d"
 DEFAULT_REFRESH_S = 300.0
 # Offline users (replay, evaluation) never drain the outbox: keep only the newest events.
@@ -35,10 +35,10 @@ def where_key(detector: str, where: dict[str, str]) -> str:
 
 
 def runbook_url(detector: str, given: str = "") -> str:
-    """An absolute runbook link; relative paths of the detectors become the runbook site's page."""
+    """An absolute runbook link; otherwise the finding type's section in docs/runbooks (opsloop.runbooks)."""
     if given.startswith(("http://", "https://")):
         return given
-    return f"{RUNBOOK_BASE}/{detector}"
+    return finding_runbook_url(detector)
 
 
 def dashboard_url(detector: str) -> str:

@@ -85,7 +85,7 @@ def test_finding_pages_once_and_resolves(actuator, producer, webhook: WebhookRec
     ann = alert["annotations"]
     assert ann["summary"].endswith("observed chain absent, expected chain present")
     assert ann["description"].startswith("Observed: chain absent. Expected: chain present.")
-    assert ann["runbook"].startswith("https://") and ann["dashboard"].startswith("https://")
+    assert ann["runbook_url"].startswith("https://") and ann["dashboard_url"].startswith("http")
     assert ann["finding_id"] == opened.id
     # PagerDuty Events v2: the routing key came from the file, never from argv or the config text.
     pd = wait_until(lambda: [d for d in webhook.at("/pagerduty") if hv in json.dumps(d.body)], timeout=30,

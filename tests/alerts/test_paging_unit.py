@@ -19,6 +19,7 @@ from controllers.paging.mapping import Links, alertname_for, annotations_for, la
 from controllers.paging.service import PagingService, decode_finding
 from opsloop.config import Settings
 from opsloop.findings import Finding, Severity
+from opsloop.runbooks import finding_runbook_url
 
 LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 T0 = 1_795_310_400.0
@@ -65,8 +66,10 @@ def test_annotations_say_observed_expected_and_link() -> None:
     assert a["summary"] == ("VM port without its security-group chain (hypervisor=hv-3, port=p1, vm=web-1): "
                             "observed chain absent, expected chain present")
     assert a["description"].startswith("Observed: chain absent. Expected: chain present.")
-    assert a["runbook"] == "https://rb.test/opsloop/runbooks/firewall.md"
-    assert a["dashboard"] == ("https://grafana.test/d/opsloop-firewall/firewall-coverage"
+    # a relative runbook is replaced by the finding type's section in docs/runbooks
+    assert a["runbook_url"] == finding_runbook_url("firewall.unprotected_port")
+    assert a["runbook_url"].endswith("/firewall.md#firewall-unprotected-port")
+    assert a["dashboard_url"] == ("https://grafana.test/d/opsloop-firewall/firewall-coverage"
                               "?var-hypervisor=hv-3&var-port=p1&var-vm=web-1")
     assert a["finding_id"] == finding().id
 

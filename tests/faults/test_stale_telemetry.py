@@ -84,7 +84,7 @@ def test_stale_samples_fire_the_stale_data_alert_and_fresh_ones_resolve_it(stack
             alert = fired[0]
             assert alert["labels"]["severity"] == "warning" and alert["labels"]["signal"] == "pipeline"
             assert alert["annotations"]["summary"].startswith(f"{Topic.IPMI}: newest sample is 1h")
-            assert alert["annotations"]["runbook"].startswith("https://")
+            assert alert["annotations"]["runbook_url"].endswith("/pipeline.md#opsloop-stale-data")
             assert scrape_metric(wport, "opsloop_stream_sample_age_seconds", {"topic": Topic.IPMI.value}) >= 3600
 
             # Fresh samples again: the alert resolves at the webhook.

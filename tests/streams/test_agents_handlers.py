@@ -72,7 +72,7 @@ def test_firewall_unprotected_port_opens_once_across_restart_and_clears() -> Non
     assert gauge("opsloop_firewall_ports", hypervisor="hv-a", role="default", state="protected") == 1.0
     [f] = h.open_findings()
     assert f.severity is Severity.CRITICAL and "no ingress chain" in f.explanation
-    assert f.runbook == "https://runbooks.example/opsloop/firewall.unprotected_port"
+    assert f.runbook.startswith("https://") and f.runbook.endswith("/firewall.md#firewall-unprotected-port")
 
     h2 = restarted(h)
     h2.handle(iptables_round("hv-a", T0 + 60, {"p1": False, "p2": True}), T0 + 60)
