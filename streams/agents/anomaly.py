@@ -9,9 +9,10 @@ Per series the state is the detector's ``to_dict()`` plus the series' finding bo
 time of its last point: a restarted worker continues scoring at once (no second warm-up), and a
 replayed point (at-least-once delivery after a crash) is skipped instead of being learned twice.
 
-Finding ``anomaly.<metric>.<field>`` (warning) when a point scores at least ``open_score``;
-refreshed while points stay unusual, cleared after ``clear_after`` consecutive points below
-``clear_score``. Gauges ``opsloop_anomaly_score``, ``opsloop_anomaly_expected``,
+Finding ``anomaly.<metric>.<field>`` (warning) when a point scores at least ``open_score``. The
+detector scores one event once, so the finding stays open while the detector reports the series out
+of its band (``in_event``) and is cleared after ``clear_after`` consecutive points back in band and
+below ``clear_score``. Gauges ``opsloop_anomaly_score``, ``opsloop_anomaly_expected``,
 ``opsloop_anomaly_lower`` and ``opsloop_anomaly_upper`` {metric, field, series} show the band.
 """
 
@@ -130,7 +131,9 @@ class AnomalyHandler(DetectorHandler):
         cfg = self.settings
         detector = f"anomaly.{s.spec_metric}.{s.spec_field}"
         is_open = s.book.is_open(detector, s.where)
-        if score >= cfg.open_score or (is_open and score >= cfg.clear_score):
+        # The detector scores an event once; the finding stays open while the detector says the
+        # series is still out of its band (or the score is still above clear_score).
+        if score >= cfg.open_score or (is_open and (score >= cfg.clear_score or s.detector.in_event)):
             s.calm = 0
             if is_open and score < cfg.open_score:
                 return   # still unusual, not enough to refresh the observation

@@ -264,17 +264,23 @@ class StreamingDetector:
             # Robbins-Monro quantile step: moves up by (1-p) on exceedance, down by p otherwise.
             q += 0.05 * ((1.0 - cfg.tail_quantile) if zc > q else -cfg.tail_quantile)
             self.tail_q = q if q > 0.5 else 0.5
-            # One alarm per event: after an alarm the series scores 0 until it is back in band.
+            # One alarm per event: after an alarm the series scores 0 until it is back in band
+            # (calm_points in a row); then, until `refractory` points after the alarm, scores are
+            # damped (a new excursion must be larger to alarm again), after that fully re-armed.
             if self.event:
                 self.since += 1
+                if self.calm < cfg.calm_points:
+                    score = 0.0
+                elif self.since < cfg.refractory:
+                    f = self.since / cfg.refractory
+                    score *= f * f
+                else:
+                    self.event = False
                 if ze < cfg.band_z and zl * cfg.z0 < cfg.band_z * cfg.long_z0:
                     self.calm += 1
-                    if self.calm >= cfg.calm_points and self.since >= cfg.refractory:
-                        self.event = False
                 else:
                     self.calm = 0
-                score = 0.0
-            elif score >= cfg.event_score:
+            if score >= cfg.event_score:
                 self.event = True
                 self.since = self.calm = 0
         self.last = (x, expected, band, z, model)
@@ -444,8 +450,8 @@ class StreamingDetector:
 
     @property
     def in_event(self) -> bool:
-        """True from an alarm until the series is back in its band (the finding stays open meanwhile)."""
-        return self.event
+        """True after an alarm while the series is still outside its band (the finding stays open)."""
+        return self.event and self.calm == 0
 
     # ------------------------------------------------------------------------------ explanation
     def explain(self) -> dict[str, Any]:
