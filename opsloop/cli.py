@@ -15,12 +15,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("opsloop.pipeline:main", "the whole pipeline on this machine: stack, lab edge, collectors, streams"),
     "collect": ("opsloop.collect.cli:main", "run one collector (collectors/<name>/) on an interval or --once"),
     "stream": ("streams.cli:main", "stream processing: `opsloop stream worker`"),
-    "detect": ("streams.detectors.cli:main", "anomaly detection tools: `opsloop detect replay`"),
+    "detect": ("streams.detectors.cli:main", "anomaly detection: `opsloop detect replay`, `opsloop detect evaluate`"),
     "sim": ("controllers.edge.sim_cli:main", "closed-loop edge-weight simulator (ours vs the seed's damping)"),
     "edge": ("controllers.edge.service:main", "edge-weight control service: controller loop + topology API"),
     "weights": ("controllers.weights_cli:main", "edge weights: run the applier, show, history, apply, rollback"),
     "page": ("controllers.paging.cli:main", "paging actuator: findings -> Alertmanager alerts (run, render-config)"),
     "audit": ("opsloop.audit.cli:main", "audit trail: why did the weights of edge X change at 03:12?"),
+    "logs": ("opsloop.audit.logs_cli:main", "service logs from the journal: `opsloop logs search --unit opsloop-edge`"),
     "config": ("opsloop.config_cli:main", "validate a config file and print the effective settings"),
 }
 
