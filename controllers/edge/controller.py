@@ -68,8 +68,10 @@ target at once (the seed's first version, which never settled).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -98,9 +100,24 @@ class ControllerSettings(BaseModel):
     deadband: float = Field(default=0.005, ge=0.0, lt=0.5)
     hot_margin: float = Field(default=0.03, ge=0.0, le=0.05)
     shed_headroom: float = Field(default=0.10, ge=0.0, lt=0.5)
+    # demand: plan on this upper quantile of the measured demand's interval-to-interval variability
+    demand_quantile: float = Field(default=0.95, ge=0.5, lt=1.0)
+    variability_window: int = Field(default=8, ge=3, le=100)
+    max_uplift: float = Field(default=0.30, ge=0.0, le=1.0)
+    anticipate_ramp: bool = True
+    # a returning origin (HAProxy slowstart, Envoy outlier-ejection back-off): held down for
+    # hold_down_intervals × backoff^(flaps-1) (≤ hold_down_max_intervals), then its capacity ramps
+    # in over slowstart_intervals; its flap count is forgotten after it stayed up that long
+    hold_down_intervals: float = Field(default=2.0, ge=0.0, le=1000.0)
+    hold_down_backoff: float = Field(default=2.0, ge=1.0, le=10.0)
+    hold_down_max_intervals: float = Field(default=8.0, ge=0.0, le=10000.0)
+    slowstart_intervals: float = Field(default=4.0, ge=0.0, le=1000.0)
 
     @model_validator(mode="after")
     def _steps(self) -> "ControllerSettings":
+        if self.hold_down_max_intervals < self.hold_down_intervals:
+            raise ValueError(f"hold_down_max_intervals: must be >= hold_down_intervals "
+                             f"({self.hold_down_intervals!r}), got {self.hold_down_max_intervals!r}")
         if self.relax_step > self.max_step:
             raise ValueError(f"relax_step: must not exceed max_step ({self.max_step!r}), "
                              f"got {self.relax_step!r}")
@@ -128,6 +145,9 @@ class Observation:
     latency: np.ndarray         # [E, O] ms, inf = no path
     healthy: np.ndarray         # [O] bool
     inputs_age_s: float = 0.0   # age of the oldest input this decision relies on
+    # [O] mean time an origin took to answer over the interval (queue + service, no network), when
+    # the telemetry has it: lets the controller predict how much faster relieved clients come back
+    origin_latency_ms: np.ndarray | None = None
 
 
 @dataclass
@@ -244,6 +264,9 @@ def _validate(obs: Observation, n_edges: int, n_origins: int) -> None:
                          f"latency ({n_edges}, {n_origins}), healthy ({n_origins},); got "
                          f"{np.shape(obs.demand)}, {np.shape(obs.capacity)}, "
                          f"{np.shape(obs.latency)}, {np.shape(obs.healthy)}")
+    if obs.origin_latency_ms is not None and np.shape(obs.origin_latency_ms) != (n_origins,):
+        raise ValueError(f"observation.origin_latency_ms: expected shape ({n_origins},), got "
+                         f"{np.shape(obs.origin_latency_ms)}")
     if not np.isfinite(obs.inputs_age_s) or obs.inputs_age_s < 0:
         raise ValueError(f"observation.inputs_age_s: expected a finite number >= 0, "
                          f"got {obs.inputs_age_s!r}")
@@ -311,8 +334,47 @@ def _mode_of(status: str) -> Mode:
             "fallback": Mode.FALLBACK}[status]
 
 
+class HoldDown:
+    """Per-origin flap tracking: a returning origin earns traffic back only after it stays healthy
+    (hold-down, doubling with every flap, like Envoy's outlier-ejection back-off) and then ramps
+    in (HAProxy ``slowstart``). :meth:`update` gives each origin's usable fraction of capacity."""
+
+    def __init__(self, n_origins: int, settings: ControllerSettings) -> None:
+        self.s = settings
+        self.up: np.ndarray | None = None
+        self.flaps = np.zeros(n_origins, dtype=int)
+        self.until = np.full(n_origins, -math.inf)      # hold-down ends
+        self.changed_at = np.full(n_origins, -math.inf)  # last health change seen
+
+    def update(self, now: float, healthy: np.ndarray) -> np.ndarray:
+        s, interval = self.s, self.s.interval_s
+        if self.up is None:  # the first view is the starting state, not a recovery
+            self.up = healthy.copy()
+            return np.ones(len(healthy))
+        back = healthy & ~self.up
+        moved = back | (~healthy & self.up)
+        # an origin that stayed put for the longest hold-down has its flaps forgotten
+        quiet = now - self.changed_at > s.hold_down_max_intervals * interval
+        self.flaps[back & quiet] = 0
+        self.flaps[back] += 1
+        hold = np.minimum(s.hold_down_intervals * s.hold_down_backoff ** (self.flaps - 1),
+                          s.hold_down_max_intervals) * interval
+        self.until[back] = now + hold[back]
+        self.changed_at[moved] = now
+        self.up = healthy.copy()
+        ramp_s = s.slowstart_intervals * interval
+        # the first tick after the hold-down already gets one interval's worth of the ramp
+        ramp = np.ones(len(healthy)) if ramp_s <= 0 else \
+            np.clip((now - self.until + interval) / ramp_s, 0.0, 1.0)
+        return np.where(now < self.until - 1e-9, 0.0, ramp)
+
+    def held(self, now: float) -> np.ndarray:
+        return now < self.until - 1e-9
+
+
 class EdgeController(_Controller):
-    """Our controller: shed at once, relax with a worst-case-elastic prediction (module docstring)."""
+    """Our controller: shed jointly and at once, relax with a worst-case-elastic prediction, plan
+    on an upper quantile of demand, hold down flapping origins (module docstring)."""
 
     name = "ours"
 
@@ -321,17 +383,36 @@ class EdgeController(_Controller):
         self.settings = settings or ControllerSettings()
         super().__init__(n_edges, n_origins, self.settings.stale_after_s, self.settings.max_step,
                          initial)
-        self._demand_history: deque[np.ndarray] = deque(maxlen=self.settings.demand_window)
+        s = self.settings
+        self._demand_history: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=s.demand_window + 2)
+        # per interval, per edge: log change of the demand between intervals on the same weights
+        self._changes: deque[np.ndarray] = deque(maxlen=s.variability_window)
         self._predicted_demand: np.ndarray | None = None
+        self._z = NormalDist().inv_cdf(s.demand_quantile)
+        self.hold_down = HoldDown(n_origins, s)
+        self._over_last = np.zeros(n_origins, dtype=bool)
+        self._service_base: np.ndarray | None = None  # lowest origin response time seen (unloaded)
+        self._service_now: np.ndarray | None = None
 
-    def _mean_latency(self, weights: np.ndarray, latency: np.ndarray) -> np.ndarray:
+    # -- latency and demand models ------------------------------------------------------------
+    def _mean_latency(self, weights: np.ndarray, latency: np.ndarray,
+                      service: np.ndarray | None = None) -> np.ndarray:
+        """Mean latency an edge's clients see at ``weights``: network + the origins' response
+        time (``service`` [O] when observed, else the ``latency_floor_ms`` allowance)."""
         finite = np.where(np.isfinite(latency), latency, 0.0)
-        return (weights * finite).sum(axis=1) + self.settings.latency_floor_ms
+        if service is None:
+            return (weights * finite).sum(axis=1) + self.settings.latency_floor_ms
+        return (weights * (finite + service[None, :])).sum(axis=1)
+
+    def _latency_now(self, latency: np.ndarray) -> np.ndarray:
+        return self._mean_latency(self.weights, latency, self._service_now)
 
     def _predicted_demand_at(self, weights: np.ndarray, demand: np.ndarray,
                              latency_now: np.ndarray, latency: np.ndarray) -> np.ndarray:
-        """Worst-case demand at ``weights``: grows as latency falls, never assumed to fall."""
-        growth = np.maximum(1.0, latency_now / np.maximum(self._mean_latency(weights, latency), _EPS))
+        """Worst-case demand at ``weights``: grows as latency falls (relieved origins answer at
+        their unloaded speed), never assumed to fall."""
+        new = self._mean_latency(weights, latency, self._service_base)
+        growth = np.maximum(1.0, latency_now / np.maximum(new, _EPS))
         return demand * growth ** self.settings.elasticity
 
     def _predicted_load(self, weights: np.ndarray, demand: np.ndarray, latency_now: np.ndarray,
@@ -339,21 +420,119 @@ class EdgeController(_Controller):
         predicted = self._predicted_demand_at(weights, demand, latency_now, latency)
         return (weights * predicted[:, None]).sum(axis=0)
 
+    def _observe_service(self, obs: Observation) -> None:
+        if obs.origin_latency_ms is None:
+            self._service_now = self._service_base = None
+            return
+        now = np.clip(np.nan_to_num(np.asarray(obs.origin_latency_ms, dtype=float)), 0.0, None)
+        self._service_now = now
+        self._service_base = now.copy() if self._service_base is None \
+            else np.minimum(self._service_base, np.where(now > 0, now, self._service_base))
+
+    def _demand_estimate(self, measured: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(estimate, uplift): the max of the last ``demand_window`` measurements, plus the rise
+        of a ramp for one interval, times an uplift so the plan covers the ``demand_quantile``
+        of the interval-to-interval variability (beyond what the headroom already covers).
+
+        The variability is measured only between intervals that ran on the same weights: a
+        change our own move caused (clients reacting to latency) is not noise."""
+        s = self.settings
+        hist = list(self._demand_history)
+        if hist and self.weights is not None:
+            last, last_rows = hist[-1]
+            same = np.isclose(self.weights, last_rows, atol=1e-3).all(axis=1)
+            change = np.log(np.maximum(measured, 1e-9)) - np.log(np.maximum(last, 1e-9))
+            self._changes.append(np.where(same & (last > 0) & (measured > 0), change, np.nan))
+        rows = self.weights.copy() if self.weights is not None else np.zeros((len(measured), 1))
+        self._demand_history.append((measured, rows))
+        recent = np.stack([m for m, _ in self._demand_history])
+        estimate = recent[-s.demand_window:].max(axis=0)
+        uplift = np.zeros(len(measured))
+        if s.anticipate_ramp and len(self._changes) >= 2:
+            # two rises in a row on unchanged weights: a ramp, expect one more interval of it
+            d1, d2 = self._changes[-1], self._changes[-2]
+            rising = np.nan_to_num(d1) > 0.0
+            rising &= np.nan_to_num(d2) > 0.0
+            slope = np.where(rising, (recent[-1] - recent[-3]) / 2, 0.0)
+            estimate = estimate + slope
+        if self._changes:
+            rel = np.stack(self._changes)
+            enough = (~np.isnan(rel)).sum(axis=0) >= 3
+            if enough.any():
+                with np.errstate(all="ignore"):
+                    center = np.nanmedian(rel[:, enough], axis=0)
+                    # median absolute deviation: robust to a step and to a steady ramp
+                    mad = np.nanmedian(np.abs(rel[:, enough] - center), axis=0)
+                sigma = 1.4826 * mad / math.sqrt(2.0)
+                uplift[enough] = np.clip(self._z * sigma - s.headroom, 0.0, s.max_uplift)
+        return estimate * (1.0 + uplift), uplift
+
+    def _plan(self, estimate: np.ndarray, capacity: np.ndarray, latency: np.ndarray,
+              healthy: np.ndarray, headroom: float):
+        """The LP target, re-planned on the demand the clients would send at it (a relieved
+        origin's clients come back faster): a short fixed-point iteration."""
+        s = self.settings
+        latency_now = self._latency_now(latency) if self.weights is not None else None
+        demand = estimate
+        for _ in range(3):
+            sol = solve(demand, capacity, latency, healthy, previous=self.weights,
+                        headroom=headroom, stickiness_ms=s.stickiness_ms)
+            if latency_now is None:
+                return sol, demand
+            rebound = np.maximum(estimate, self._predicted_demand_at(sol.weights, estimate,
+                                                                     latency_now, latency))
+            if np.allclose(rebound, demand, rtol=0.01, atol=1e-6):
+                return sol, demand
+            demand = rebound
+        return sol, demand
+
+    def _bounded_shed(self, current: np.ndarray, estimate: np.ndarray, capacity: np.ndarray,
+                      latency: np.ndarray, healthy: np.ndarray, plan_healthy: np.ndarray
+                      ) -> np.ndarray:
+        """The joint shed plan (deeper headroom), made to fit the per-interval step bound: where
+        an edge cannot move its whole planned share off an origin in one step, the origin's
+        planned capacity is lowered by what stays and the LP takes the rest from other edges."""
+        s = self.settings
+        headroom = max(s.shed_headroom, s.headroom)
+        limit = capacity * (1.0 - headroom)
+        cap = capacity.copy()
+        target = current
+        for _ in range(4):
+            sol, planned = self._plan(estimate, cap, latency, plan_healthy, headroom)
+            target = sol.weights
+            reached = enforce_safety(current, target, latency, healthy, s.max_step)
+            excess = (reached * planned[:, None]).sum(axis=0) - limit
+            stuck = plan_healthy & (excess > 1e-6 + 1e-3 * limit)
+            if not stuck.any() or sol.status != "optimal":
+                break
+            cap = np.where(stuck, np.clip(cap - excess, 0.0, None), cap)
+        return target
+
     def _propose(self, obs: Observation):  # type: ignore[override]
         s = self.settings
         measured = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
-        self._demand_history.append(measured)
-        estimate = np.max(np.stack(self._demand_history), axis=0)
+        estimate, uplift = self._demand_estimate(measured)
         if self._predicted_demand is not None:
             # the last interval's average still contains the clients' transient after our last
             # move: never plan below what we predicted for the weights now in force
             estimate = np.maximum(estimate, self._predicted_demand)
         self._predicted_demand = None
+        self._observe_service(obs)
         capacity = np.asarray(obs.capacity, dtype=float)
         latency = np.asarray(obs.latency, dtype=float)
         healthy = np.asarray(obs.healthy, dtype=bool)
-        solution = solve(estimate, capacity, latency, healthy, previous=self.weights,
-                         headroom=s.headroom, stickiness_ms=s.stickiness_ms)
+        # hold-down: a returning origin is planned as absent, then with a ramping capacity;
+        # an edge that has nothing else healthy may use it at once
+        usable_fraction = self.hold_down.update(float(obs.now), healthy)
+        plan_healthy = healthy & (usable_fraction > 0)
+        stranded = usable_mask(latency, healthy).any(axis=1) & \
+            ~usable_mask(latency, plan_healthy).any(axis=1)
+        if stranded.any():
+            rescue = healthy & np.isfinite(latency[stranded]).any(axis=0)
+            plan_healthy |= rescue
+            usable_fraction = np.where(rescue, 1.0, usable_fraction)
+        plan_capacity = capacity * np.where(plan_healthy, usable_fraction, 1.0)
+        solution, planned = self._plan(estimate, plan_capacity, latency, plan_healthy, s.headroom)
         target = solution.weights
         mode = _mode_of(solution.status)
         if self.weights is None:  # first decision: nothing to damp against
@@ -362,27 +541,34 @@ class EdgeController(_Controller):
 
         usable = usable_mask(latency, healthy)
         current = strip_unusable(self.weights, target, usable, latency)
-        cap_plan = capacity * (1.0 - s.headroom)
+        cap_plan = plan_capacity * (1.0 - s.headroom)
         load = (current * estimate[:, None]).sum(axis=0)
-        hot = healthy & (load > capacity * (1 + s.hot_margin) + 1e-9)
-        if hot.any() and s.shed_headroom > s.headroom:
-            # shed deeper than the plan: clients of a relieved origin speed up (its overload
-            # latency goes away) and come back with more requests; relaxing climbs back later
-            deeper = solve(estimate, capacity, latency, healthy, previous=self.weights,
-                           headroom=s.shed_headroom, stickiness_ms=s.stickiness_ms)
-            target = deeper.weights
+        over = healthy & (load > capacity + 1e-9)
+        # hot: over capacity by more than the noise margin, or over it a second interval running
+        hot = over & ((load > capacity * (1 + s.hot_margin) + 1e-9) | self._over_last)
+        self._over_last = over
+        joint = False
+        if hot.any():
+            # shed deeper than the plan, and move every edge at once toward the joint plan: the
+            # edge that makes room on an origin moves in the same step as the one shed onto it
+            target = self._bounded_shed(current, estimate, plan_capacity, latency, healthy,
+                                        plan_healthy)
+            joint = True
         delta = target - current
 
-        # shed part: every decrease on a hot origin at once, on a warm one (above capacity, within
-        # the hot margin) a relax_gain fraction of it; the freed share spread over the increases
-        warm = healthy & ~hot & (load > capacity + 1e-9)
-        gain = np.where(hot, 1.0, np.where(warm, s.relax_gain, 0.0))
-        cut = np.where(delta < 0, -delta * gain[None, :], 0.0)
-        rise = np.clip(delta, 0.0, None)
-        rise_total = rise.sum(axis=1)
-        freed = cut.sum(axis=1)
-        spread = np.divide(freed, rise_total, out=np.zeros_like(freed), where=rise_total > _EPS)
-        shed_move = -cut + rise * spread[:, None]
+        if joint:
+            shed_move = delta
+        else:
+            # an origin above capacity but within the margin (warm): a relax_gain fraction of
+            # the decrease, the freed share spread over the increases
+            warm = over & ~hot
+            gain = np.where(warm, s.relax_gain, 0.0)
+            cut = np.where(delta < 0, -delta * gain[None, :], 0.0)
+            rise = np.clip(delta, 0.0, None)
+            rise_total = rise.sum(axis=1)
+            freed = cut.sum(axis=1)
+            spread = np.divide(freed, rise_total, out=np.zeros_like(freed), where=rise_total > _EPS)
+            shed_move = -cut + rise * spread[:, None]
         after_shed = current + shed_move
         relax = delta - shed_move
 
@@ -392,10 +578,13 @@ class EdgeController(_Controller):
         finite_latency = np.where(np.isfinite(latency), latency, 0.0)
         latency_gain = float((estimate[:, None] * relax * finite_latency).sum())
         # hysteresis: an origin between its plan (capacity·(1-h)) and its capacity is left alone;
-        # only moves that lower latency (toward nearer origins) are worth making when nothing is hot
-        if biggest > s.deadband and latency_gain < 0:
+        # a move is only worth making when it lowers latency (toward nearer origins) or takes
+        # load off an origin that is above its plan (a ramp, a held-down origin's ramp-in)
+        above_plan = healthy & (load > cap_plan + 1e-9)
+        relieves = bool((np.where(relax < 0, -relax, 0.0)[:, above_plan]).sum() > s.deadband)
+        if biggest > s.deadband and (latency_gain < 0 or relieves):
             beta_max = min(s.relax_gain, s.relax_step / biggest)
-            latency_now = self._mean_latency(self.weights, latency)
+            latency_now = self._latency_now(latency)
             ceiling = np.maximum(cap_plan, self._predicted_load(after_shed, estimate, latency_now,
                                                                 latency))
 
@@ -419,17 +608,27 @@ class EdgeController(_Controller):
             if beta * biggest < s.deadband:
                 beta = 0.0
         proposal = after_shed + beta * relax
-        if beta > 0:
+        if beta > 0 or joint:
             self._predicted_demand = self._predicted_demand_at(
-                proposal, estimate, self._mean_latency(self.weights, latency), latency)
+                proposal, estimate, self._latency_now(latency), latency)
 
         parts = []
+        warm = over & ~hot
         if warm.any():
             names = ", ".join(f"#{o} {load[o]:.0f}/{capacity[o]:.0f} req/s" for o in np.flatnonzero(warm))
             parts.append(f"easing off origin(s) above capacity {names}")
         if hot.any():
             names = ", ".join(f"#{o} {load[o]:.0f}/{capacity[o]:.0f} req/s" for o in np.flatnonzero(hot))
-            parts.append(f"shed off overloaded origin(s) {names}")
+            parts.append(f"shed off overloaded origin(s) {names}, every edge moved jointly")
+        held = self.hold_down.held(float(obs.now)) & healthy
+        if held.any():
+            parts.append(f"holding down returning origin(s) {', '.join(f'#{o}' for o in np.flatnonzero(held))}")
+        ramping = healthy & ~held & (usable_fraction < 1.0)
+        if ramping.any():
+            parts.append("ramping in origin(s) " + ", ".join(
+                f"#{o} at {usable_fraction[o]:.0%} of capacity" for o in np.flatnonzero(ramping)))
+        if (uplift > 0).any():
+            parts.append(f"demand planned {uplift.max():.0%} above the estimate (its variability)")
         if beta > 0:
             parts.append(f"relax toward target, step {beta:.2f} of the gap")
         if not parts:

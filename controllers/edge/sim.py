@@ -362,6 +362,7 @@ class _Plant:
         # load over capacity, bounded: a zero-capacity origin with load counts as 100× overloaded
         rho = np.clip(self.loads / np.maximum(self.capacity, 1e-9), 0.0, 100.0)
         service = self.service * (1.0 + self.scn.overload_slowdown * np.clip(rho - 1.0, 0.0, None))
+        self.service_now = service
         working = np.isfinite(self.latency) & self.healthy[None, :]
         per_pair = np.where(working, self.latency + service[None, :], _FAILED_LATENCY_MS)
         return (weights * per_pair).sum(axis=1)
@@ -408,8 +409,9 @@ def simulate(scn: Scenario, kind: str) -> Run:
     failed = np.zeros(n_steps)
     tick_times, tick_weights, modes, reasons = [], [weights.copy()], [], []
     counted = np.zeros(n_e)
+    answered = np.zeros(n_o)  # origin response time × requests, for the interval's mean
     stale_until = -1.0
-    last_fresh: tuple[float, np.ndarray] | None = None
+    last_fresh: tuple[float, np.ndarray, np.ndarray] | None = None
     for i in range(n_steps):
         t = i * scn.dt_s
         while next_event < len(events) and events[next_event].at < t + scn.dt_s - 1e-9:
@@ -425,20 +427,25 @@ def simulate(scn: Scenario, kind: str) -> Run:
         loads[i], failed[i], lat[i] = plant.advance(weights, scn.dt_s)
         caps[i], health[i], rates[i] = plant.capacity, plant.healthy, plant.rates
         counted += plant.rates * scn.dt_s
+        answered += plant.service_now * np.maximum(loads[i], 1e-9) * scn.dt_s
         if (i + 1) % per_tick == 0:
             now = (i + 1) * scn.dt_s
             k = (i + 1) // per_tick
             measured = counted / scn.interval_s * noise[k]
             counted = np.zeros(n_e)
+            # origin response time over the interval, request-weighted (what an LB's timers show)
+            weight = np.maximum(loads[i + 1 - per_tick:i + 1], 1e-9).sum(axis=0) * scn.dt_s
+            origin_ms, answered = answered / weight, np.zeros(n_o)
             if now <= stale_until and last_fresh is not None:
-                measured, age = last_fresh[1], now - last_fresh[0]
+                measured, age, origin_ms = last_fresh[1], now - last_fresh[0], last_fresh[2]
             else:
-                last_fresh, age = (now, measured), 0.0
+                last_fresh, age = (now, measured, origin_ms), 0.0
             # health as the checks report it: what it was health_detection_delay_s ago
             seen_health = health[i - delay_steps] if i >= delay_steps else health[0]
             decision = ctrl.step(Observation(now=now, demand=measured, capacity=plant.capacity.copy(),
                                              latency=plant.latency.copy(),
-                                             healthy=seen_health.copy(), inputs_age_s=age))
+                                             healthy=seen_health.copy(), inputs_age_s=age,
+                                             origin_latency_ms=origin_ms))
             weights = decision.weights
             tick_times.append(now)
             tick_weights.append(weights.copy())
