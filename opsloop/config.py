@@ -90,6 +90,13 @@ class StreamSettings(_Section):
     session_timeout_s: float = Field(default=10.0, ge=6, le=300)
     # A series silent for this long is dropped from the exported gauges (stale, not zero).
     series_ttl_s: float = Field(default=120.0, gt=0)
+    # A sample stamped further ahead of the worker's clock than this is dead-lettered: a clock far
+    # in the future would otherwise pin every series it touches (later samples look like replays).
+    max_clock_skew_s: float = Field(default=300.0, gt=0)
+    # Bound on the keys each stream handler keeps (hosts, series, servers); beyond it the least
+    # recently seen are dropped and counted, as are keys silent for state_ttl_s.
+    max_state_keys: int = Field(default=20_000, ge=1)
+    state_ttl_s: float = Field(default=3600.0, gt=0)
 
 
 class CollectorRuntimeSettings(_Section):

@@ -20,6 +20,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from opsloop.runbooks import finding_runbook_url
+from opsloop.wire import label_string
 
 
 class Severity(str, enum.Enum):
@@ -54,8 +55,8 @@ class Finding(BaseModel):
 
     @property
     def id(self) -> str:
-        labels = ",".join(f"{k}={v}" for k, v in sorted(self.where.items()))
-        return hashlib.sha1(f"{self.detector}|{labels}".encode()).hexdigest()[:16]
+        # label_string escapes , = | \ in keys and values: unambiguous, and unchanged for plain values.
+        return hashlib.sha1(f"{self.detector}|{label_string(self.where)}".encode()).hexdigest()[:16]
 
     def encode(self) -> bytes:
         doc: dict[str, Any] = self.model_dump(mode="json")

@@ -154,6 +154,19 @@ def series_key(name: str, tags: Mapping[str, str]) -> str:
     return name
 
 
+_LABEL_ESCAPES = str.maketrans({"\\": "\\\\", ",": "\\,", "=": "\\=", "|": "\\|"})
+
+
+def label_string(labels: Mapping[str, str], skip: Iterable[str] = ()) -> str:
+    """``k=v`` pairs in key order joined by ``,``, with ``\\ , = |`` escaped by a backslash.
+
+    Unambiguous (``{"host": "a,port=1"}`` and ``{"host": "a", "port": "1"}`` differ) and, for
+    values without those characters, the same text as the plain join: ids built from it stay put."""
+    skipped = frozenset(skip)
+    return ",".join(f"{str(k).translate(_LABEL_ESCAPES)}={str(v).translate(_LABEL_ESCAPES)}"
+                    for k, v in sorted(labels.items()) if k not in skipped)
+
+
 def describe_validation_error(e: ValidationError, prefix: str = "") -> str:
     parts = []
     for err in e.errors(include_url=False):
@@ -189,6 +202,7 @@ class Parsed:
     metrics: list[Metric] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
+    batch: bool = False   # the record was a batch (samples are named metrics.<i>.)
 
 
 _BATCH_KEYS = frozenset({"metrics", "schema_version"})
@@ -223,10 +237,10 @@ def parse_document(doc: Any) -> Parsed:
             return Parsed(rejected=[Rejected(f"metrics: expected a list (got {type(items).__name__})", doc)])
         # Fast path: the whole batch in one call into pydantic-core; per sample only when it fails.
         try:
-            return Parsed(metrics=_BATCH.validate_python(items), schema_version=version)
+            return Parsed(metrics=_BATCH.validate_python(items), schema_version=version, batch=True)
         except ValidationError:
             pass
-        out = Parsed(schema_version=version)
+        out = Parsed(schema_version=version, batch=True)
         for i, item in enumerate(items):
             _validate_into(item, out, index=i, prefix=f"metrics.{i}.")
         return out

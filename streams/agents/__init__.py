@@ -43,6 +43,9 @@ def register_detector_agents(app: faust.App, settings: Settings) -> list[Detecto
     from streams.agents.stateful import detector_agent, findings_sink, state_table
 
     handlers = detector_handlers(detectors_settings(settings))
+    for h in handlers:
+        h.bound_state(max_clock_skew_s=settings.stream.max_clock_skew_s, state_ttl_s=settings.stream.state_ttl_s,
+                      max_state_keys=settings.stream.max_state_keys)
     if handlers:
         detector_agent(app, handlers, settings, state_table(app), findings_sink(app))
     return handlers

@@ -10,21 +10,32 @@ and restore them after a restart or rebalance:
 * ``state_of(key)``: the JSON-able state of one key (None: delete it);
 * ``restore(states)``: replace the in-memory state with what the table holds;
 * ``drain_outbox()``: (event, finding) pairs for the findings sink (see ``FindingBook``).
+
+State is bounded: a key not seen for ``state_ttl_s`` (receive time) or, past ``max_state_keys``,
+the least recently seen one is dropped (``forget``: its state, its gauge children, and its open
+findings cleared), deleted from the table and counted in
+``opsloop_stream_state_dropped_total{handler, reason="ttl"|"cap"}``. A replay guard (the last event
+time of a series) never blocks a series when it lies beyond the clock skew: one sample with a
+broken clock, or a state restored from one, must not make every later reading look like a replay.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from opsloop.findings import Finding
 from opsloop.log import get_logger
 from opsloop.wire import Metric, Topic
+from streams.bounded import STATE_KEYS, Recency, count_dropped, drop_children
 from streams.detectors.findingbook import FindingBook
+from streams.runtime.batch import DEFAULT_MAX_CLOCK_SKEW_S
+
+__all__ = ["DetectorHandler", "Publication", "drop_children", "log", "number"]
 
 log = get_logger("stream.agents")
 
 Publication = tuple[str, Finding]   # (event: opened/updated/refreshed/cleared, finding)
-
 
 def number(fields: Mapping[str, Any], *names: str) -> float | None:
     """The first of ``names`` that is a real number in ``fields`` (bools are not numbers here)."""
@@ -45,16 +56,60 @@ class DetectorHandler:
         self._touched: set[str] = set()
         self._outbox: list[Publication] = []
         self.rejected = 0   # samples of the right name that an adapter could not read
+        self.max_clock_skew_s = DEFAULT_MAX_CLOCK_SKEW_S
+        self._seen: Recency[str] = Recency()   # state keys by receive time they were last touched
+        self._now = time.time()
+
+    def bound_state(self, *, max_clock_skew_s: float, state_ttl_s: float, max_state_keys: int) -> None:
+        """Apply the stream section's bounds (``stream.max_clock_skew_s``, ``state_ttl_s``, ``max_state_keys``)."""
+        self.max_clock_skew_s = max_clock_skew_s
+        self._seen.ttl_s, self._seen.cap = state_ttl_s, max_state_keys
 
     # ---------------------------------------------------------------- the contract (agent loop)
     def handle(self, metrics: Sequence[Metric], now: float) -> None:
+        self._now = now
         self.process(metrics, now)
+        self._expire(now)
         for book in self.books():
-            for event, finding in book.drain():
-                self._outbox.append((event, finding))
-                key = self.key_of_finding(finding)
-                if key is not None:
-                    self._touched.add(key)
+            self._collect(book)
+
+    @staticmethod
+    def is_replay(ts: float, last: float | None) -> bool:
+        """``ts`` does not advance past ``last``: an at-least-once replay, already counted."""
+        return last is not None and ts <= last
+
+    def trusted_time(self, ts: float, what: str) -> float | None:
+        """A restored event time, or None when it lies beyond the wall clock plus the allowed skew.
+
+        The stream stage rejects such samples; a state written before it did (or by a worker with a
+        broken clock) must not make every later sample of the series look like a replay."""
+        limit = time.time() + self.max_clock_skew_s
+        if ts <= limit:
+            return ts
+        log.warning("restored_time_in_future", handler=self.name, what=what, timestamp=ts,
+                    ahead_s=round(ts - limit + self.max_clock_skew_s, 1))
+        return None
+
+    @property
+    def _bounded(self) -> bool:
+        """Whether this handler can drop keys (implements ``forget``); others bound themselves."""
+        return type(self).forget is not DetectorHandler.forget
+
+    def _expire(self, now: float) -> None:
+        if not self._bounded:
+            return
+        victims = self._seen.expired(now)
+        for key, reason in victims:
+            try:
+                self.forget(key, now, reason)
+            except Exception as e:  # noqa: BLE001 - a forget bug must not stop the batch; the key is gone anyway
+                log.error("state_forget_failed", handler=self.name, key=key, error=f"{type(e).__name__}: {e}")
+            self._touched.add(key)   # state_of(key) is None now: the table entry is deleted
+        if victims:
+            count_dropped(self.name, victims)
+            log.info("state_dropped", handler=self.name, keys=len(victims),
+                     reasons=sorted({r for _, r in victims}), kept=len(self._seen))
+        STATE_KEYS.labels(self.name).set(len(self._seen))
 
     def touched(self) -> set[str]:
         out, self._touched = self._touched, set()
@@ -70,7 +125,11 @@ class DetectorHandler:
     def restore(self, states: Mapping[str, Mapping[str, Any]]) -> None:
         """Replace all in-memory state with ``states`` (key -> state_of(key) as stored)."""
         self.reset()
+        self._seen.clear()
+        now = time.time()
         for key, state in states.items():
+            if self._bounded:
+                self._seen.seen(key, now)   # restored keys age from the restore
             try:
                 self.restore_key(key, state)
             except (KeyError, TypeError, ValueError) as e:
@@ -100,5 +159,30 @@ class DetectorHandler:
     def after_restore(self) -> None:
         """Hook: refresh derived gauges once every key is back."""
 
+    def forget(self, key: str, now: float, reason: str) -> None:
+        """Drop all state of ``key`` (its gauge children too) and clear its open findings.
+
+        Afterwards ``state_of(key)`` must return None, so the table entry is deleted."""
+        raise NotImplementedError
+
+    def clear_findings_of(self, label: str, value: str, now: float, reason: str) -> None:
+        """Clear every open finding whose ``where[label] == value`` (its key's state is being dropped)."""
+        why = (f"no telemetry for {self._seen.ttl_s:g} s: state dropped" if reason == "ttl"
+               else f"state dropped: more than {self._seen.cap} keys")
+        for book in self.books():
+            for f in book.open_findings():
+                if f.where.get(label) == value:
+                    book.clear(f.detector, f.where, now, why)
+            self._collect(book)   # now: the book may go with the key's state
+
+    def _collect(self, book: FindingBook) -> None:
+        for event, finding in book.drain():
+            self._outbox.append((event, finding))
+            key = self.key_of_finding(finding)
+            if key is not None:
+                self._touched.add(key)
+
     def touch(self, key: str) -> None:
         self._touched.add(key)
+        if self._bounded:
+            self._seen.seen(key, self._now)

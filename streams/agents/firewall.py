@@ -21,7 +21,7 @@ from prometheus_client import Gauge
 
 from opsloop.findings import Finding
 from opsloop.wire import Metric, Topic
-from streams.agents.base import DetectorHandler
+from streams.agents.base import DetectorHandler, drop_children
 from streams.agents.settings import FirewallSettings
 from streams.detectors.findingbook import FindingBook
 from streams.detectors.firewall import (FINGERPRINT_DRIFT, PACKAGE_DRIFT, FirewallDetector, HypervisorReport,
@@ -60,6 +60,13 @@ class FirewallHandler(DetectorHandler):
             self._show(report)
         self._show_drift()
 
+    def forget(self, key: str, now: float, reason: str) -> None:
+        self.clear_findings_of("hypervisor", key, now, reason)
+        self.detector.latest.pop(key, None)
+        self._roles_shown.pop(key, None)
+        for gauge in (PORTS, DRIFT, REPORT_TS):
+            drop_children(gauge, hypervisor=key)
+
     def books(self) -> Iterable[FindingBook]:
         return (self.detector.book,)
 
@@ -74,6 +81,9 @@ class FirewallHandler(DetectorHandler):
 
     def restore_key(self, key: str, state: Mapping[str, Any]) -> None:
         self.detector.restore_part(key, state)
+        rep = self.detector.latest.get(key)
+        if rep is not None and self.trusted_time(rep.timestamp, f"report of {key}") is None:
+            del self.detector.latest[key]   # else every later round would look older than it
 
     def after_restore(self) -> None:
         for rep in self.detector.latest.values():

@@ -24,8 +24,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from prometheus_client import Gauge
 
 from opsloop.findings import Finding
-from opsloop.wire import Metric, Topic
-from streams.agents.base import DetectorHandler, log, number
+from opsloop.wire import Metric, Topic, label_string
+from streams.agents.base import DetectorHandler, drop_children, log, number
 from streams.agents.settings import KeystoneSettings
 from streams.detectors.findingbook import FindingBook
 from streams.detectors.keystone import (OTHER_CREDENTIALS, HeavyHitterDetector, LatencyRegimeDetector,
@@ -90,9 +90,9 @@ class KeystoneHandler(DetectorHandler):
             if not host or m.name not in ("keystone_probe", "keystone_requests", "s3_frontend_credential",
                                           "s3_frontend_requests"):
                 continue
-            series = m.name + "|" + ",".join(f"{k}={v}" for k, v in sorted(m.tags.items()) if k != "host")
+            series = m.name + "|" + label_string(m.tags, skip=("host",))
             st = self._host(host)
-            if m.timestamp <= st.last_ts.get(series, float("-inf")):
+            if self.is_replay(m.timestamp, st.last_ts.get(series)):
                 continue   # replayed after a crash: already counted
             try:
                 if m.name == "s3_frontend_credential":
@@ -166,6 +166,13 @@ class KeystoneHandler(DetectorHandler):
         self._shown_credentials[host] = shown
 
     # --------------------------------------------------------------------------- state
+    def forget(self, key: str, now: float, reason: str) -> None:
+        self.clear_findings_of("host", key, now, reason)
+        self.hosts.pop(key, None)
+        self._shown_credentials.pop(key, None)
+        for gauge in (P95_ROUND, P95_WINDOW, REGIME, SHARE, WINDOW_TOTAL):
+            drop_children(gauge, host=key)
+
     def books(self) -> Iterable[FindingBook]:
         return [b for st in self.hosts.values() for b in st.books()]
 
@@ -182,7 +189,8 @@ class KeystoneHandler(DetectorHandler):
     def restore_key(self, key: str, state: Mapping[str, Any]) -> None:
         st = HostState({k: LatencyRegimeDetector.from_dict(v) for k, v in state["regimes"].items()},
                        HeavyHitterDetector.from_dict(state["heavy"]), SmallRequestP95Detector.from_dict(state["p95"]),
-                       {str(k): float(v) for k, v in state.get("last_ts", {}).items()})
+                       {str(k): t for k, v in state.get("last_ts", {}).items()
+                        if (t := self.trusted_time(float(v), f"last round of {k}")) is not None})
         for book in st.books():
             book.refresh_s = self.refresh_s
         self.hosts[key] = st

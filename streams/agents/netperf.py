@@ -17,7 +17,7 @@ from prometheus_client import Gauge
 
 from opsloop.findings import Finding
 from opsloop.wire import Metric, Topic
-from streams.agents.base import DetectorHandler, log
+from streams.agents.base import DetectorHandler, drop_children, log
 from streams.agents.settings import NetperfSettings
 from streams.detectors.findingbook import FindingBook
 from streams.detectors.netperf import NetperfDetector, NetperfResult, result_from_metric
@@ -60,7 +60,7 @@ class NetperfHandler(DetectorHandler):
             if r is None:
                 continue
             series = "|".join(r.where.values())
-            if r.timestamp <= self.last_ts.get(series, float("-inf")):
+            if self.is_replay(r.timestamp, self.last_ts.get(series)):
                 continue   # replayed after a crash: already in the baseline
             self.last_ts[series] = r.timestamp
             det = self.detectors.get(r.target_set)
@@ -90,6 +90,15 @@ class NetperfHandler(DetectorHandler):
             self._speedup_shown[key] = qs
             SPEEDUP.labels(r.target_set, r.label, *qs).set(ratio)
 
+    def forget(self, key: str, now: float, reason: str) -> None:
+        self.clear_findings_of("target_set", key, now, reason)
+        self.detectors.pop(key, None)
+        prefix = key + "|"
+        self.last_ts = {s: t for s, t in self.last_ts.items() if not s.startswith(prefix)}
+        self._speedup_shown = {k: v for k, v in self._speedup_shown.items() if k[0] != key}
+        for gauge in (THROUGHPUT, BASELINE, RATIO, SPEEDUP):
+            drop_children(gauge, target_set=key)
+
     def books(self) -> Iterable[FindingBook]:
         return [d.book for d in self.detectors.values()]
 
@@ -112,4 +121,5 @@ class NetperfHandler(DetectorHandler):
         det = NetperfDetector.from_dict(state["detector"])
         det.book.refresh_s = self.refresh_s
         self.detectors[key] = det
-        self.last_ts.update({str(s): float(t) for s, t in state.get("last_ts", {}).items()})
+        self.last_ts.update({str(s): t for s, v in state.get("last_ts", {}).items()
+                             if (t := self.trusted_time(float(v), f"last result of {s}")) is not None})

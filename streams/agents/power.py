@@ -20,7 +20,7 @@ from prometheus_client import Gauge
 
 from opsloop.findings import Finding
 from opsloop.wire import Metric, Topic
-from streams.agents.base import DetectorHandler, log
+from streams.agents.base import DetectorHandler, drop_children, log
 from streams.agents.settings import PowerSettings
 from streams.detectors.findingbook import FindingBook
 from streams.detectors.power import POWER_METRICS, PowerDetector, ServerSpec, power_reading, spec_from_tags
@@ -71,7 +71,7 @@ class PowerHandler(DetectorHandler):
 
     def process(self, metrics: Sequence[Metric], now: float) -> None:
         det = self.detector
-        generations: set[str] = set()
+        generations: dict[str, float] = {}   # generation -> newest event time in this batch
         for m in metrics:
             if m.name not in POWER_METRICS:
                 continue
@@ -84,19 +84,39 @@ class PowerHandler(DetectorHandler):
             if reading is None:
                 continue
             host, watts = reading
-            if m.timestamp <= self.last_ts.get(host, float("-inf")):
+            if self.is_replay(m.timestamp, self.last_ts.get(host)):
                 continue   # replayed after a crash: already counted
             self.last_ts[host] = m.timestamp
             spec = self.spec_for(host, m.tags)
-            if spec is not None and det.inventory.get(host) != spec:
+            old = det.inventory.get(host)
+            if spec is not None and old != spec:
+                if old is not None and (old.generation, old.protection) != (spec.generation, spec.protection):
+                    self._hide_host(host)   # its gauges carry the old labels
                 det.inventory[host] = spec
-            det.update({"host": host, "watts": watts, "timestamp": m.timestamp})
+            # The generation comparison once per generation and batch, below, not per sample.
+            det.update({"host": host, "watts": watts, "timestamp": m.timestamp}, deviation=False)
             self.touch(host)
             self._show_host(host)
             if host in det.inventory:
-                generations.add(det.inventory[host].generation)
-        for g in generations:
+                g = det.inventory[host].generation
+                generations[g] = max(generations.get(g, m.timestamp), m.timestamp)
+        for g, ts in generations.items():
+            det.deviation(g, ts)
             self._show_generation(g)
+
+    def forget(self, key: str, now: float, reason: str) -> None:
+        spec = self.detector.inventory.get(key)
+        self.clear_findings_of("host", key, now, reason)
+        self._hide_host(key)
+        self.detector.forget(key)
+        self.last_ts.pop(key, None)
+        if spec is not None:
+            self._show_generation(spec.generation)
+
+    @staticmethod
+    def _hide_host(host: str) -> None:
+        for gauge in (WATTS, KWH, EUR, EUR_TB):
+            drop_children(gauge, host=host)
 
     def _show_host(self, host: str) -> None:
         det = self.detector
@@ -119,6 +139,8 @@ class PowerHandler(DetectorHandler):
                  and (w := det.mean_watts(h)) is not None]
         if means:
             GEN_MEDIAN.labels(generation).set(statistics.median(means))
+        else:
+            drop_children(GEN_MEDIAN, generation=generation)
 
     def books(self) -> Iterable[FindingBook]:
         return (self.detector.book,)
@@ -139,7 +161,9 @@ class PowerHandler(DetectorHandler):
     def restore_key(self, key: str, state: Mapping[str, Any]) -> None:
         self.detector.restore_part(key, state)
         if state.get("last_ts") is not None:
-            self.last_ts[key] = float(state["last_ts"])
+            last = self.trusted_time(float(state["last_ts"]), f"last reading of {key}")
+            if last is not None:
+                self.last_ts[key] = last
 
     def after_restore(self) -> None:
         for host in self.detector.sums:

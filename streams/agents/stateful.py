@@ -92,6 +92,7 @@ class StatefulAgent:
         self.sink = sink
         self.size = settings.stream.batch_size
         self.within = settings.stream.batch_within_s
+        self.max_clock_skew_s = settings.stream.max_clock_skew_s
         self.needs_restore = True
         self.deadletter = raw_topic(app, Topic.DEADLETTER)
         self._all = FanOut(name, self.handlers)
@@ -158,7 +159,7 @@ class StatefulAgent:
         owner: dict[tuple[DetectorHandler, str], EventT] = {}
         for group in groups.values():
             await process_batch(self.name, [e.message for e in group], self._all, self._send_deadletter,
-                                self._highwater)
+                                self._highwater, max_clock_skew_s=self.max_clock_skew_s)
             for h in self.handlers:
                 for key in h.touched():
                     owner[(h, key)] = group[-1]

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from opsloop.findings import Finding, Severity
+from opsloop.wire import label_string
 from opsloop.runbooks import finding_runbook_url
 
 DASHBOARD_BASE = "https://grafana.example/d"
@@ -31,7 +32,7 @@ OPENED, UPDATED, REFRESHED, CLEARED = "opened", "updated", "refreshed", "cleared
 
 
 def where_key(detector: str, where: dict[str, str]) -> str:
-    return detector + "|" + ",".join(f"{k}={v}" for k, v in sorted(where.items()))
+    return detector + "|" + label_string(where)
 
 
 def runbook_url(detector: str, given: str = "") -> str:

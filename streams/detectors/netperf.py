@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from opsloop.findings import Finding, Severity
-from opsloop.wire import Metric
+from opsloop.wire import Metric, label_string
 
 from .findingbook import FindingBook
 
@@ -67,7 +67,7 @@ class NetperfResult:
     def from_metric(cls, m: Metric) -> "NetperfResult":
         doc: dict[str, Any] = {**m.tags, **m.fields, "timestamp": m.timestamp}
         if m.name == SET_METRIC and "label" not in m.tags:
-            doc["label"] = ",".join(f"{k}={v}" for k, v in sorted(m.tags.items()) if k not in _NOT_LABELS)
+            doc["label"] = label_string(m.tags, skip=_NOT_LABELS)
         return cls.from_mapping(doc)
 
     @property

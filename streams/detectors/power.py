@@ -102,13 +102,17 @@ class PowerDetector:
         self.sums: dict[str, list[float]] = {}          # host -> [mean watts, samples]
         self.utilisation: dict[str, float] = {}
         self.book = FindingBook()
+        self.deviation_work = 0   # servers compared so far (what a test counts instead of timing)
 
     def mean_watts(self, host: str) -> float | None:
         s = self.sums.get(host)
         return s[0] if s and s[1] else None
 
-    def update(self, sample: Metric | Mapping[str, Any]) -> list[Finding]:
-        """One power reading: Metric ipmi_power{host} watts, or {"host", "watts", "timestamp"[, "utilisation"]}."""
+    def update(self, sample: Metric | Mapping[str, Any], deviation: bool = True) -> list[Finding]:
+        """One power reading: Metric ipmi_power{host} watts, or {"host", "watts", "timestamp"[, "utilisation"]}.
+
+        ``deviation=False`` leaves the generation comparison to one :meth:`deviation` call per
+        generation and batch: per sample it costs the generation's size (quadratic per round)."""
         if isinstance(sample, Metric):
             doc: dict[str, Any] = {**sample.tags, **sample.fields, "timestamp": sample.timestamp}
         else:
@@ -127,7 +131,8 @@ class PowerDetector:
         spec = self.inventory.get(host)
         if spec is None or s[1] < self.min_samples:
             return []
-        return self._cost(spec, now) + self._idle(spec, now) + self._deviation(spec.generation, now)
+        out = self._cost(spec, now) + self._idle(spec, now)
+        return out + self.deviation(spec.generation, now) if deviation else out
 
     def cost_row(self, spec: ServerSpec, watts: float) -> dict[str, Any]:
         energy = energy_kwh_per_year(watts)
@@ -174,9 +179,11 @@ class PowerDetector:
         done = self.book.clear(IDLE, where, now, "in use again")
         return [done] if done else []
 
-    def _deviation(self, generation: str, now: float) -> list[Finding]:
+    def deviation(self, generation: str, now: float) -> list[Finding]:
+        """Compare every in-service server of ``generation`` with the generation's median draw."""
         hosts = [h for h, s in self.inventory.items() if s.generation == generation and s.in_service
                  and self.sums.get(h, [0, 0])[1] >= self.min_samples]
+        self.deviation_work += len(hosts)
         if len(hosts) < self.min_generation_size:
             return []
         means = {h: self.mean_watts(h) or 0.0 for h in hosts}
@@ -222,6 +229,12 @@ class PowerDetector:
             return None
         return {"spec": asdict(spec) if spec else None, "sums": self.sums.get(host),
                 "utilisation": self.utilisation.get(host), "book": book.to_dict()}
+
+    def forget(self, host: str) -> None:
+        """Drop everything known about ``host`` (its open findings are the caller's to clear first)."""
+        self.inventory.pop(host, None)
+        self.sums.pop(host, None)
+        self.utilisation.pop(host, None)
 
     def restore_part(self, host: str, doc: Mapping[str, Any]) -> None:
         if doc.get("spec"):

@@ -9,7 +9,10 @@ keep-alive a session carries many requests — and ``stot`` (sessions) otherwise
 Rate = Δcount / Δt between two samples of the same series, using event timestamps. A counter
 that goes down means the load balancer restarted (or was reloaded): that interval is skipped, never
 reported as a negative rate. A sample whose timestamp does not advance (a duplicate from an
-at-least-once replay) is ignored. Series silent for ``ttl_s`` are removed from the gauges.
+at-least-once replay) is ignored. Series silent for ``ttl_s`` (receive time: a sample stamped in
+the future stops refreshing its series, so it cannot pin it) are forgotten and removed from the
+gauges, and so are the least recently seen beyond ``max_series``; both counted in
+``opsloop_stream_state_dropped_total{handler="lb-rates"}``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Sequence
 from prometheus_client import Counter, Gauge
 
 from opsloop.wire import Metric
+from streams.bounded import DEFAULT_MAX_STATE_KEYS, STATE_KEYS, Recency, count_dropped
 
 HRSP_FIELDS = ("hrsp_1xx", "hrsp_2xx", "hrsp_3xx", "hrsp_4xx", "hrsp_5xx", "hrsp_other")
 # Stock Telegraf inputs.haproxy renames hrsp_* to http_response.*.
@@ -75,15 +79,18 @@ class LbRates:
 
     name = "lb-rates"
 
-    def __init__(self, ttl_s: float = 120.0) -> None:
+    def __init__(self, ttl_s: float = 120.0, max_series: int = DEFAULT_MAX_STATE_KEYS) -> None:
         self.ttl_s = ttl_s
+        # series by the receive time of their last accepted sample; what expiry and the cap act on
+        self._recent: Recency[tuple[str, str, str, str]] = Recency(ttl_s, max_series)
+        # the series the last handled batch dropped, for a handler running after this one
+        self.dropped: list[tuple[str, str, str, str]] = []
         self._last: dict[tuple[str, str, str, str], _Last] = {}
         self.latest: dict[tuple[str, str, str, str], Rate] = {}
         # (lb, backend) -> server -> latest rate: what a consumer of one backend's servers reads
         self._servers: dict[tuple[str, str], dict[str, Rate]] = {}
         # the rates of the last handled batch, for a handler that runs after this one on the same batch
         self.fresh: list[Rate] = []
-        self._last_expiry = 0.0
 
     def servers(self, lb: str, backend: str) -> dict[str, Rate]:
         """Latest rate of every server of one backend (a view: do not modify)."""
@@ -112,9 +119,7 @@ class LbRates:
                 FRONTEND_RATE.labels(lb, proxy).set(r.rate)
         for (lb, proxy, sv), fields in states.items():
             self._server_state(lb, proxy, sv, fields)
-        if now - self._last_expiry >= 1.0:
-            self._expire(now)
-            self._last_expiry = now
+        self._expire(now)
         self.fresh = out
         return out
 
@@ -131,10 +136,15 @@ class LbRates:
             states[(lb, proxy, sv)] = m.fields
         count = request_count(m.fields)
         if count is None:
+            if kind == "server":
+                self._recent.seen(key, now)   # its weight/up gauges expire with it
             return None
         prev = self._last.get(key)
-        self._last[key] = _Last(m.timestamp, count, now) if prev is None or m.timestamp > prev.ts else prev
-        if prev is None or m.timestamp <= prev.ts:
+        if prev is not None and m.timestamp <= prev.ts:
+            return None
+        self._last[key] = _Last(m.timestamp, count, now)
+        self._recent.seen(key, now)
+        if prev is None:
             return None
         if count < prev.count:
             COUNTER_RESETS.labels(lb).inc()
@@ -156,8 +166,15 @@ class LbRates:
             SERVER_UP.labels(lb, proxy, sv).set(1.0 if status.upper().startswith("UP") else 0.0)
 
     def _expire(self, now: float) -> None:
-        for key in [k for k, v in self._last.items() if now - v.seen_at > self.ttl_s]:
-            del self._last[key]
+        self.dropped = []
+        expired = self._recent.expired(now)
+        if not expired:
+            return
+        count_dropped(self.name, expired)
+        STATE_KEYS.labels(self.name).set(len(self._recent))
+        for key, _ in expired:
+            self.dropped.append(key)
+            self._last.pop(key, None)
             self.latest.pop(key, None)
             lb, kind, proxy, sv = key
             servers = self._servers.get((lb, proxy))

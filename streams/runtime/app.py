@@ -80,7 +80,8 @@ def batch_agent(app: faust.App, name: str, topics: Iterable[Topic], handlers: Se
 
     async def agent(stream: faust.StreamT) -> None:
         async for events in stream.take_events(size, within=within):
-            await process_batch(name, [e.message for e in events], handler, send_deadletter, highwater)
+            await process_batch(name, [e.message for e in events], handler, send_deadletter, highwater,
+                                max_clock_skew_s=settings.stream.max_clock_skew_s)
             for hook in after_batch:
                 try:
                     await hook()

@@ -13,8 +13,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
 
+import orjson
+from prometheus_client import Counter
+
 from opsloop.log import get_logger
-from opsloop.wire import Metric, deadletter_record, parse_record
+from opsloop.wire import Metric, Parsed, Rejected, deadletter_record, parse_record
 from streams.runtime import health
 
 log = get_logger("stream")
@@ -54,9 +57,28 @@ class RawMessage(Protocol):
     value: bytes
 
 
-def decode_messages(messages: Iterable[RawMessage]) -> DecodedBatch:
-    """Decode raw Kafka messages; bad records/samples become dead letters, good samples are kept in order."""
+# Bounds of one record's dead letter: a 1 MB record with 20,000 bad samples gives one dead letter
+# naming the first few reasons and carrying a bounded excerpt, not 20,000 records.
+DEADLETTER_REASONS = 5
+DEADLETTER_SAMPLES = 20
+DEADLETTER_SAMPLE_CHARS = 2000
+DEFAULT_MAX_CLOCK_SKEW_S = 300.0
+
+REJECTED_SAMPLES = Counter("opsloop_stream_rejected_samples_total",
+                           "Samples dropped at decode, by why (invalid: fails the wire format; "
+                           "future: stamped beyond stream.max_clock_skew_s ahead of the worker's clock)",
+                           ["topic", "reason"])
+
+
+def decode_messages(messages: Iterable[RawMessage], now: float | None = None,
+                    max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S) -> DecodedBatch:
+    """Decode raw Kafka messages; bad records/samples become dead letters, good samples are kept in order.
+
+    A sample stamped more than ``max_clock_skew_s`` after ``now`` is rejected like an invalid one.
+    Each record yields at most one dead letter, however many of its samples were bad.
+    """
     out = DecodedBatch()
+    latest_ok = (time.time() if now is None else now) + max_clock_skew_s
     for msg in messages:
         out.records += 1
         tp = (msg.topic, msg.partition)
@@ -74,14 +96,63 @@ def decode_messages(messages: Iterable[RawMessage]) -> DecodedBatch:
         if not isinstance(value, (bytes, str)):
             value = bytes(value)
         parsed = parse_record(value)
-        if parsed.metrics:
-            out.metrics.extend(parsed.metrics)
-            acc[1] += len(parsed.metrics)
-            acc[2] = max(acc[2], max(m.timestamp for m in parsed.metrics))
-        for rej in parsed.rejected:
-            raw = value if rej.index is None else rej.raw
-            out.deadletters.append(DeadLetter(rej.reason, msg.topic, msg.partition, msg.offset, msg.key, raw))
+        rejected = parsed.rejected
+        if rejected:
+            REJECTED_SAMPLES.labels(msg.topic, "invalid").inc(len(rejected))
+        good = parsed.metrics
+        if good and max(m.timestamp for m in good) > latest_ok:
+            good, future = _split_future(parsed, latest_ok, max_clock_skew_s)
+            REJECTED_SAMPLES.labels(msg.topic, "future").inc(len(future))
+            rejected = rejected + future
+        if good:
+            out.metrics.extend(good)
+            acc[1] += len(good)
+            acc[2] = max(acc[2], max(m.timestamp for m in good))
+        if rejected:
+            out.deadletters.append(_record_deadletter(msg, value, rejected, len(good)))
     return out
+
+
+def _split_future(parsed: Parsed, latest_ok: float, skew: float) -> tuple[list[Metric], list[Rejected]]:
+    """The samples stamped no later than ``latest_ok``, and a rejection naming each one that is."""
+    bad_indices = {r.index for r in parsed.rejected}
+    # Position of each valid sample in the record (the parser drops the invalid ones from the list).
+    positions = [i for i in range(len(parsed.metrics) + len(bad_indices)) if i not in bad_indices]
+    good: list[Metric] = []
+    future: list[Rejected] = []
+    for m, i in zip(parsed.metrics, positions):
+        if m.timestamp <= latest_ok:
+            good.append(m)
+            continue
+        where = f"metrics.{i}.timestamp" if parsed.batch else "timestamp"
+        future.append(Rejected(
+            f"{where}: {m.timestamp!r} is {m.timestamp - latest_ok + skew:.0f} s ahead of the stream worker's "
+            f"clock (more than stream.max_clock_skew_s = {skew:g}); check the source's clock (name {m.name!r})",
+            m.to_dict(), i if parsed.batch else None))
+    return good, future
+
+
+def _record_deadletter(msg: RawMessage, value: bytes | str, rejected: list[Rejected], kept: int) -> DeadLetter:
+    """One dead letter for all that was wrong with one record: the first reasons and a bounded excerpt."""
+    if len(rejected) == 1:
+        rej = rejected[0]
+        raw = value if rej.index is None else _excerpt(rej.raw)
+        return DeadLetter(rej.reason, msg.topic, msg.partition, msg.offset, msg.key, raw)
+    reasons = "; ".join(r.reason for r in rejected[:DEADLETTER_REASONS])
+    more = len(rejected) - DEADLETTER_REASONS
+    reason = (f"{len(rejected)} of {len(rejected) + kept} samples rejected ({kept} kept): {reasons}"
+              + (f"; ... and {more} more" if more > 0 else ""))
+    excerpt = {"rejected_samples": len(rejected), "kept_samples": kept,
+               "first_rejected": [{"index": r.index, "reason": r.reason[:300], "sample": _excerpt(r.raw)}
+                                  for r in rejected[:DEADLETTER_SAMPLES]]}
+    return DeadLetter(reason, msg.topic, msg.partition, msg.offset, msg.key, excerpt)
+
+
+def _excerpt(raw: Any) -> Any:
+    text = orjson.dumps(raw, default=str)
+    if len(text) <= DEADLETTER_SAMPLE_CHARS:
+        return raw
+    return text[:DEADLETTER_SAMPLE_CHARS].decode("utf-8", "backslashreplace") + "..."
 
 
 class Handler(Protocol):
@@ -121,10 +192,11 @@ Highwater = Callable[[str, int], int | None]
 
 
 async def process_batch(agent: str, messages: Sequence[RawMessage], handler: Handler,
-                        send_deadletter: SendDeadLetter, highwater: Highwater | None = None) -> DecodedBatch:
+                        send_deadletter: SendDeadLetter, highwater: Highwater | None = None,
+                        max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S) -> DecodedBatch:
     """Decode, dead-letter, handle, and account for one batch. Never raises for bad data or a handler bug."""
     t0 = time.perf_counter()
-    batch = decode_messages(messages)
+    batch = decode_messages(messages, max_clock_skew_s=max_clock_skew_s)
     for topic, (records, _, _) in batch.per_topic.items():
         health.RECORDS_IN.labels(topic).inc(records)
     if batch.metrics:

@@ -7,6 +7,7 @@ the topic (old demand is useless after a restart) and keeps one record per key.
 from __future__ import annotations
 
 import threading
+import time
 
 from kafka import KafkaConsumer, TopicPartition
 
@@ -24,7 +25,12 @@ class DemandBook:
         self.received = 0
         self.rejected = 0
 
-    def update(self, rec: EdgeDemand) -> None:
+    def update(self, rec: EdgeDemand, received_at: float | None = None) -> None:
+        # Age counts from the receive time too: a record stamped in the future (a skewed clock)
+        # is kept as received now, so it ages and goes stale instead of pinning the book forever.
+        received_at = time.time() if received_at is None else received_at
+        if rec.timestamp > received_at:
+            rec = rec.model_copy(update={"timestamp": received_at})
         key = (rec.backend, rec.edge)
         with self._lock:
             self.received += 1
