@@ -1,9 +1,10 @@
 """Running the real Telegraf (built by setup.d/60-telegraf.sh) on opsloop's sample configs in tests.
 
-The sample configs in collectors/telegraf/ take their addresses from environment variables, so the
-tests run the very files operators copy. ``run_once`` adds an ``outputs.file`` with the same JSON
-settings as the configs' ``outputs.kafka`` and selects it with ``--output-filter``: one gather, the
-records as opsloop would receive them, no broker needed.
+The configs in collectors/telegraf/ (``telegraf.conf``: the agent and its Kafka output; ``telegraf.d/``:
+one snippet per input) take their addresses from environment variables, so the tests run the very files
+operators copy: every run loads ``telegraf.conf`` first, then the snippets. ``run_once`` adds an
+``outputs.file`` with the same JSON settings as the ``outputs.kafka`` and selects it with
+``--output-filter``: one gather, the records as opsloop would receive them, no broker needed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 TELEGRAF = REPO / ".cache" / "telegraf" / "telegraf"
 SETUP_SCRIPT = REPO / "setup.d" / "60-telegraf.sh"
 CONFIG_DIR = REPO / "collectors" / "telegraf"
+AGENT_CONFIG = CONFIG_DIR / "telegraf.conf"
+SNIPPET_DIR = CONFIG_DIR / "telegraf.d"
 IPMITOOL_WRAPPER = CONFIG_DIR / "ipmitool-opsloop"
 VERSION = "1.37.2"
 
@@ -40,13 +43,20 @@ def ensure_telegraf() -> Path:
 
 
 def sample_config(name: str) -> Path:
-    return CONFIG_DIR / f"telegraf-{name}.conf"
+    """The input snippet ``telegraf.d/<name>.conf`` (loaded after :data:`AGENT_CONFIG`)."""
+    return SNIPPET_DIR / f"{name}.conf"
 
 
 def telegraf_argv(configs: list[Path], *args: str, command: tuple[str, ...] = ()) -> list[str]:
-    """``command`` is a subcommand such as ("config", "check"): it goes before the flags."""
-    argv = [str(ensure_telegraf()), *command, "--strict-env-handling"]
+    """``command`` is a subcommand such as ("config", "check"): it goes before the flags.
+
+    The agent config comes first, as operators load it; ``configs`` are snippets (or a directory,
+    passed as ``--config-directory``)."""
+    argv = [str(ensure_telegraf()), *command, "--strict-env-handling", "--config", str(AGENT_CONFIG)]
     for c in configs:
+        if c.is_dir():
+            argv += ["--config-directory", str(c)]
+            continue
         argv += ["--config", str(c)]
     return argv + list(args)
 

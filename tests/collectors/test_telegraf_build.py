@@ -17,9 +17,10 @@ import pytest
 
 from collectors.iptables.neutron_layout import LayoutPort, filter_table
 from opsloop.haproxy_api import HaproxyAPI
-from opsloop.wire import Topic
-from tests.collectors.telegraf_lab import (CONFIG_DIR, SETUP_SCRIPT, TELEGRAF, VERSION, ensure_telegraf,
-                                           parse_all, run_once, run_telegraf, sample_config)
+from opsloop.wire import Topic, parse_record
+from tests.helpers import read_topic, wait_until
+from tests.collectors.telegraf_lab import (AGENT_CONFIG, CONFIG_DIR, SETUP_SCRIPT, SNIPPET_DIR, TELEGRAF, VERSION,
+                                           ensure_telegraf, parse_all, run_once, run_telegraf, sample_config)
 
 pytestmark = pytest.mark.integration
 
@@ -56,11 +57,21 @@ def test_sample_config_passes_telegrafs_own_check(name: str) -> None:
 
 @pytest.mark.parametrize("name", SAMPLES)
 def test_sample_config_routes_by_tag_and_writes_seconds(name: str) -> None:
-    """outputs.kafka: topic from the opsloop_topic tag (set on the input), JSON with 1 s timestamps."""
+    """The snippet tags its input with its topic; the one agent file routes by that tag, JSON in seconds."""
     text = sample_config(name).read_text()
     assert f'opsloop_topic = "{TOPIC_OF_SAMPLE[name].value}"' in text
-    assert 'topic_tag = "opsloop_topic"' in text
-    assert 'data_format = "json"' in text and 'json_timestamp_units = "1s"' in text
+    tables = [line.strip() for line in text.splitlines() if line.startswith("[")]
+    assert "[agent]" not in tables and not any(x.startswith("[[outputs.") for x in tables), "a snippet must not carry an agent or output"
+    agent = AGENT_CONFIG.read_text()
+    assert agent.splitlines().count("[[outputs.kafka]]") == 1 and 'topic_tag = "opsloop_topic"' in agent
+    assert 'data_format = "json"' in agent and 'json_timestamp_units = "1s"' in agent
+
+
+def test_the_agent_with_every_snippet_passes_telegrafs_own_check() -> None:
+    """What operators run: the agent file plus the whole snippet directory."""
+    res = run_telegraf([SNIPPET_DIR], {}, command=("config", "check"))
+    assert res.returncode == 0, res.stderr[-1500:]
+    assert sorted(p.stem for p in SNIPPET_DIR.glob("*.conf")) == sorted(SAMPLES)
 
 
 def test_a_misspelt_option_is_reported_by_name(tmp_path: Path) -> None:
@@ -75,7 +86,7 @@ def test_haproxy_sample_gathers_the_lab_edge_in_our_collectors_shape(lab_edge, t
     lab_edge.start()
     HaproxyAPI(lab_edge.admin_socket).set_weight("be_web", "near", 37)
     lb = f"edge-{uuid.uuid4().hex[:6]}"
-    env = {"OPSLOOP_HAPROXY_SOCKET": str(lab_edge.admin_socket), "OPSLOOP_LB_NAME": lb}
+    env = {"OPSLOOP_HAPROXY_SOCKET": str(lab_edge.admin_socket), "OPSLOOP_HOST_NAME": lb}
     records, res = run_once(sample_config("haproxy"), env, tmp_path)
     assert res.returncode == 0, res.stderr[-1500:]
     metrics = parse_all(records)
@@ -90,6 +101,32 @@ def test_haproxy_sample_gathers_the_lab_edge_in_our_collectors_shape(lab_edge, t
     near = rows[("server", "be_web", "near")]
     assert near.fields["weight"] == 37 and rows[("server", "be_web", "far")].fields["weight"] == 100
     assert str(near.fields["status"]).startswith("UP")
+
+
+def test_agent_with_every_snippet_sends_each_record_once_to_kafka(stack, lab_edge, tmp_path: Path) -> None:
+    """The production invocation (agent file + the whole telegraf.d) against the real broker: each HAProxy
+    row reaches telemetry.lb once. Two snippets each carrying an [[outputs.kafka]] sent every metric twice.
+    The other inputs (in-band IPMI, host iptables, IPVS) have nothing to read here and report errors."""
+    lab_edge.start()
+    lb = f"edge-multi-{uuid.uuid4().hex[:6]}"
+    env = {"OPSLOOP_KAFKA_BROKERS": stack.kafka_bootstrap, "OPSLOOP_HAPROXY_SOCKET": str(lab_edge.admin_socket),
+           "OPSLOOP_HOST_NAME": lb, "OPSLOOP_NEUTRON_PREFIX": f"absent-{lb}"}
+    res = run_telegraf([SNIPPET_DIR], env, "--once", timeout=120)
+    assert "Loaded inputs: haproxy ipmi_sensor iptables ipvs\n" in res.stderr, res.stderr[-1500:]
+    assert "Loaded outputs: kafka\n" in res.stderr, res.stderr[-1500:]     # one output, however many snippets
+    rows: dict[tuple[str, str, str, float], int] = {}
+
+    def arrived() -> bool:
+        rows.clear()
+        for rec in read_topic(stack.kafka_bootstrap, Topic.LB.value, timeout_s=20):
+            for m in parse_record(rec.value).metrics:
+                if m.tags.get("host") == lb:
+                    k = (m.tags["type"], m.tags["proxy"], m.tags["sv"], m.timestamp)
+                    rows[k] = rows.get(k, 0) + 1
+        return len({k[:3] for k in rows}) >= 4
+    wait_until(arrived, timeout=60, what=f"HAProxy rows of {lb} on telemetry.lb")
+    assert set(rows.values()) == {1}, {k: n for k, n in rows.items() if n != 1}
+    assert {("server", "be_web", "near"), ("server", "be_web", "far")} <= {k[:3] for k in rows}
 
 
 # --- iptables: a Neutron-shaped "hypervisor" in a network namespace ---------------------------------------
@@ -116,7 +153,7 @@ def _restore(ns: str, ruleset: str) -> None:
 
 def test_iptables_sample_reads_neutron_chains_but_merges_ports(hypervisor_ns: str, tmp_path: Path) -> None:
     _restore(hypervisor_ns, filter_table(PORTS))
-    env = {"OPSLOOP_HYPERVISOR": "hv-17"}
+    env = {"OPSLOOP_HOST_NAME": "hv-17"}
     prefix = ["ip", "netns", "exec", hypervisor_ns]
     records, res = run_once(sample_config("iptables"), env, tmp_path, prefix=prefix)
     assert res.returncode == 0, res.stderr[-1500:]
@@ -152,7 +189,7 @@ def test_iptables_sample_without_neutron_chains_reports_an_error_not_silence(hyp
 def test_ipvs_sample_on_a_kernel_without_ipvs_gathers_nothing(tmp_path: Path) -> None:
     """No ip_vs here: Telegraf's input finds no services and says nothing (README: alert on absent data)."""
     assert not Path("/proc/net/ip_vs").exists()
-    records, res = run_once(sample_config("ipvs"), {"OPSLOOP_EDGE_NAME": "edge-ams-1"}, tmp_path)
+    records, res = run_once(sample_config("ipvs"), {"OPSLOOP_HOST_NAME": "edge-ams-1"}, tmp_path)
     assert res.returncode == 0, res.stderr[-1500:]
     assert records == []
 
@@ -160,4 +197,4 @@ def test_ipvs_sample_on_a_kernel_without_ipvs_gathers_nothing(tmp_path: Path) ->
 def test_every_sample_config_is_documented_in_the_readme() -> None:
     readme = (CONFIG_DIR / "README.md").read_text()
     for name in SAMPLES:
-        assert f"telegraf-{name}.conf" in readme
+        assert f"telegraf.d/{name}.conf" in readme

@@ -46,7 +46,7 @@ def test_telegraf_haproxy_records_become_the_same_request_rates(stack, lab_edge,
     collector = start_collector("haproxy", tmp_path, config, doc, stack)
     telegraf = telegraf_process("telegraf-haproxy", sample_config("haproxy"), {
         "OPSLOOP_KAFKA_BROKERS": stack.kafka_bootstrap, "OPSLOOP_HAPROXY_SOCKET": str(lab_edge.admin_socket),
-        "OPSLOOP_LB_NAME": tg_lb, "OPSLOOP_TELEGRAF_INTERVAL": "1s", "OPSLOOP_TELEGRAF_FLUSH_INTERVAL": "1s",
+        "OPSLOOP_HOST_NAME": tg_lb, "OPSLOOP_TELEGRAF_INTERVAL": "1s", "OPSLOOP_TELEGRAF_FLUSH_INTERVAL": "1s",
     }, tmp_path / "telegraf")
     telegraf.start()
     gen = TrafficGenerator(lab_edge.url, RATE, workers=6).start()

@@ -29,7 +29,7 @@ def bmc(tmp_path_factory: pytest.TempPathFactory) -> Iterator:  # type: ignore[t
 
 
 def _env(bmc, host: str, **extra: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    return {"OPSLOOP_IPMI_HOST": host, "OPSLOOP_IPMI_BMC": f"{bmc.spec.username}:@lanplus(127.0.0.1:{bmc.port})",
+    return {"OPSLOOP_HOST_NAME": host, "OPSLOOP_IPMI_BMC": f"{bmc.spec.username}:@lanplus(127.0.0.1:{bmc.port})",
             "OPSLOOP_IPMI_PATH": str(IPMITOOL_WRAPPER), "OPSLOOP_IPMI_PASSWORD_FILE": str(bmc.password_file),
             **extra}
 
