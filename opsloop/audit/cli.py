@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _es_url(args: argparse.Namespace) -> str:
+def es_url_from_args(args: argparse.Namespace) -> str:
+    """--es, else controllers.audit.elasticsearch_url in --config, else the local default."""
     if args.es:
         return str(args.es)
     if args.config:
@@ -61,7 +62,7 @@ def _es_url(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        url = _es_url(args)
+        url = es_url_from_args(args)
         if args.command == "install-templates":
             from elasticsearch import Elasticsearch
 

@@ -34,27 +34,27 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_time(text: str) -> datetime:
+def parse_time(text: str, flag: str = "--at") -> datetime:
     """ISO 8601 (``2026-11-22T03:12``, ``...03:12:30Z``, ``...+01:00``); without a zone it is UTC."""
     try:
         t = datetime.fromisoformat(text.strip().replace(" ", "T", 1))
         t = t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
     except (ValueError, OverflowError):
-        raise ValueError(f"--at {text!r}: not an ISO 8601 time; expected e.g. 2026-11-22T03:12 (UTC) or "
+        raise ValueError(f"{flag} {text!r}: not an ISO 8601 time; expected e.g. 2026-11-22T03:12 (UTC) or "
                          f"2026-11-22T04:12+01:00") from None
     if not MIN_YEAR <= t.year <= MAX_YEAR:
-        raise ValueError(f"--at {text!r}: year {t.year} is outside {MIN_YEAR}..{MAX_YEAR}")
+        raise ValueError(f"{flag} {text!r}: year {t.year} is outside {MIN_YEAR}..{MAX_YEAR}")
     return t
 
 
-def parse_duration(text: str) -> timedelta:
-    """``10m``, ``90s``, ``1h``, ``2d`` or plain seconds."""
+def parse_duration(text: str, flag: str = "--window") -> timedelta:
+    """``10m``, ``90s``, ``1h``, ``2d`` or plain seconds; errors name ``flag``."""
     m = _DURATION.match(text)
     if m is None:
-        raise ValueError(f"--window {text!r}: expected a duration such as 10m, 90s, 1h")
+        raise ValueError(f"{flag} {text!r}: expected a duration such as 10m, 90s, 1h")
     value = float(m.group(1)) * _UNITS[m.group(2) or "s"]
     if not 0 < value <= MAX_WINDOW.total_seconds():
-        raise ValueError(f"--window {text!r}: must be longer than zero and at most {MAX_WINDOW.days} days")
+        raise ValueError(f"{flag} {text!r}: must be longer than zero and at most {MAX_WINDOW.days} days")
     return timedelta(seconds=value)
 
 
