@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import platform
 import sys
@@ -60,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", help="comma-separated module suffixes (e.g. stream,detect)")
+    p.add_argument("--skab", metavar="DIR", help="SKAB data directory for bench_detect (or OPSLOOP_SKAB_DIR)")
     a = p.parse_args(argv)
+    if a.skab:
+        os.environ["OPSLOOP_SKAB_DIR"] = a.skab
     names = modules()
     if a.only:
         wanted = {f"bench_{x.strip()}" for x in a.only.split(",")}

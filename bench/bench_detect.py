@@ -19,6 +19,8 @@ from collections import deque
 from typing import Any
 
 from streams.detectors.anomaly import StreamingDetector
+from streams.detectors.evaluate_corpora import SKAB_ENV, LabelledSeries, load_skab, scenario_corpus, skab_dir, synthetic
+from streams.detectors.evaluate_windows import all_profiles
 from streams.detectors.evaluation import evaluate
 from streams.detectors.firewall import UNPROTECTED, FirewallDetector
 from streams.detectors.keystone import HEAVY, REGIME, HeavyHitterDetector, LatencyRegimeDetector
@@ -27,10 +29,11 @@ from streams.detectors.power import PowerDetector, ServerSpec
 from streams.detectors.scenarios import Scenario, all_scenarios
 
 THRESHOLD = 0.5
+ROLLING_WINDOW = 500
 
 
-def rolling_z_scores(values: list[float], window: int = 100, z_alarm: float = 4.0) -> list[float]:
-    """The baseline: rolling mean/std z-score over the previous `window` points, as a 0/1 score."""
+def rolling_z(values: list[float], window: int = 500) -> list[float]:
+    """|z| of each value under the mean/std of the previous `window` values (0 for the first 10)."""
     buf: deque[float] = deque()
     s = ss = 0.0
     out = []
@@ -40,7 +43,7 @@ def rolling_z_scores(values: list[float], window: int = 100, z_alarm: float = 4.
             mean = s / n
             var = ss / n - mean * mean
             sd = math.sqrt(var) if var > 1e-12 else 1e-6
-            out.append(1.0 if abs(x - mean) / sd > z_alarm else 0.0)
+            out.append(abs(x - mean) / sd)
         else:
             out.append(0.0)
         buf.append(x)
@@ -51,6 +54,11 @@ def rolling_z_scores(values: list[float], window: int = 100, z_alarm: float = 4.
             s -= old
             ss -= old * old
     return out
+
+
+def rolling_z_scores(values: list[float], window: int = 100, z_alarm: float = 4.0) -> list[float]:
+    """The event-level baseline: rolling z-score over the previous `window` points, as a 0/1 score."""
+    return [1.0 if z > z_alarm else 0.0 for z in rolling_z(values, window)]
 
 
 def _row(benchmark: str, metric: str, value: float, baseline: str, baseline_value: float, unit: str,
@@ -103,6 +111,70 @@ def _quality(scenarios: list[Scenario]) -> list[dict[str, Any]]:
         if s.windows:
             rows.append(_row(name, "mean_delay", e.mean_delay_s, "rolling z-score", b.mean_delay_s, "s",
                              "small", None))
+    return rows
+
+
+# ----------------------------------------------------------------------------- window scores
+def _opsloop_scores(ts: list[float], vs: list[float]) -> list[float]:
+    upd = StreamingDetector().update
+    return [upd(t, v) for t, v in zip(ts, vs)]
+
+
+def _rolling_scores(ts: list[float], vs: list[float]) -> list[float]:
+    return [z / (1.0 + z) for z in rolling_z(vs, ROLLING_WINDOW)]      # monotone in |z|, in [0, 1)
+
+
+def _river_scores(ts: list[float], vs: list[float]) -> list[float]:
+    """river's HalfSpaceTrees (Tan et al. 2011) on the min-max scaled value and its first difference."""
+    from river import anomaly, compose, preprocessing
+
+    model = compose.Pipeline(preprocessing.MinMaxScaler(),
+                             anomaly.HalfSpaceTrees(n_trees=10, height=8, window_size=250, seed=42))
+    out, prev = [], vs[0] if vs else 0.0
+    for v in vs:
+        f = {"x": v, "dx": v - prev}
+        prev = v
+        out.append(model.score_one(f))
+        model.learn_one(f)
+    return out
+
+
+DETECTORS = {"opsloop": _opsloop_scores, f"rolling z-score ({ROLLING_WINDOW})": _rolling_scores,
+             "river HalfSpaceTrees": _river_scores}
+
+
+def corpus_scores(corpus: list[LabelledSeries], detector: Any) -> list[tuple[str, list[float], list[tuple[int, int]]]]:
+    """(name, row scores, windows) per series; multichannel series (SKAB) take the max over channels."""
+    out = []
+    for s in corpus:
+        channels = list(s.channels.values()) or [s.values]
+        per = [detector(s.timestamps, ch) for ch in channels]
+        out.append((s.name, [max(r) for r in zip(*per)] if len(per) > 1 else per[0], s.windows))
+    return out
+
+
+def corpora(quick: bool, skab: str | None = None) -> dict[str, list[LabelledSeries]]:
+    out = {"synthetic": synthetic(n=1500 if quick else 3000), "scenarios": scenario_corpus()}
+    d = skab_dir(skab)
+    if d is not None:
+        out["skab"] = load_skab(d)
+    return out
+
+
+def _window_scores(quick: bool, skab: str | None = None) -> list[dict[str, Any]]:
+    rows = []
+    found = corpora(quick, skab)
+    if "skab" not in found:
+        rows.append({"benchmark": "anomaly.window_score.skab", "metric": "not run",
+                     "value": f"set {SKAB_ENV} (or --skab DIR) to the SKAB directory", "ok": None})
+    for name, corpus in found.items():
+        results = {d: all_profiles(corpus_scores(corpus, fn)) for d, fn in DETECTORS.items()}
+        ours = results["opsloop"]
+        for base in list(DETECTORS)[1:]:
+            for mine, theirs in zip(ours, results[base]):
+                rows.append(_row(f"anomaly.window_score.{name}", mine.profile, mine.score, base, theirs.score,
+                                 "score (0 = silent, 100 = perfect)", "above the same-run baseline",
+                                 mine.score > theirs.score))
     return rows
 
 
@@ -217,15 +289,25 @@ def _power() -> list[dict[str, Any]]:
                  "<= 0.01 (the seed's rounding)", worst <= 0.01)]
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False, skab: str | None = None) -> list[dict[str, Any]]:
     scenarios = all_scenarios()
     rows = _throughput(scenarios, repeat=1 if quick else 3)
+    rows += _window_scores(quick, skab)
     rows += _quality(scenarios)
     rows += _firewall() + _netperf() + _keystone() + _power()
     return rows
 
 
 if __name__ == "__main__":
-    for r in run(quick=True):
-        print(f"{r['benchmark']:36s} {r['metric']:20s} {r['value']:>12} vs {r['baseline_value']:>12} "
-              f"({r['baseline']}) {r['unit']:8s} ok={r['ok']}")
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.bench_detect", epilog="examples:\n"
+                                 "  python -m bench.bench_detect --quick\n"
+                                 f"  python -m bench.bench_detect --skab /data/skab    # or {SKAB_ENV}=/data/skab",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--skab", help=f"SKAB directory (default: ${SKAB_ENV}); never copied into the repository")
+    a = ap.parse_args()
+    for r in run(quick=a.quick, skab=a.skab):
+        print(f"{r['benchmark']:36s} {r['metric']:20s} {r.get('value')!s:>12} vs {r.get('baseline_value', '')!s:>12} "
+              f"({r.get('baseline', '')}) {r.get('unit', '')} ok={r['ok']}")
