@@ -477,8 +477,8 @@ class EdgeController(_Controller):
         for _ in range(3):
             sol = solve(demand, capacity, latency, healthy, previous=self.weights,
                         headroom=headroom, stickiness_ms=s.stickiness_ms)
-            if latency_now is None:
-                return sol, demand
+            if latency_now is None or sol.status != "optimal":
+                return sol, demand  # in a shortfall the origins stay loaded: no relief to expect
             rebound = np.maximum(estimate, self._predicted_demand_at(sol.weights, estimate,
                                                                      latency_now, latency))
             if np.allclose(rebound, demand, rtol=0.01, atol=1e-6):
@@ -494,24 +494,27 @@ class EdgeController(_Controller):
         planned capacity is lowered by what stays and the LP takes the rest from other edges."""
         s = self.settings
         headroom = max(s.shed_headroom, s.headroom)
-        limit = capacity * (1.0 - headroom)
         cap = capacity.copy()
         target = current
         for _ in range(4):
             sol, planned = self._plan(estimate, cap, latency, plan_healthy, headroom)
             target = sol.weights
             reached = enforce_safety(current, target, latency, healthy, s.max_step)
-            excess = (reached * planned[:, None]).sum(axis=0) - limit
-            stuck = plan_healthy & (excess > 1e-6 + 1e-3 * limit)
-            if not stuck.any() or sol.status != "optimal":
+            # what the bounded step leaves on an origin beyond what the plan put there (in a
+            # shortfall too: there the plan is the common overload factor)
+            wanted = (target * planned[:, None]).sum(axis=0)
+            excess = (reached * planned[:, None]).sum(axis=0) - wanted
+            stuck = plan_healthy & (excess > 1e-6 + 1e-3 * np.maximum(wanted, 1.0))
+            if not stuck.any():
                 break
-            cap = np.where(stuck, np.clip(cap - excess, 0.0, None), cap)
+            cap = np.where(stuck, np.clip(cap - excess / (1.0 - headroom), 0.0, None), cap)
         return target
 
     def _propose(self, obs: Observation):  # type: ignore[override]
         s = self.settings
         measured = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
         estimate, uplift = self._demand_estimate(measured)
+        measured_estimate = estimate
         if self._predicted_demand is not None:
             # the last interval's average still contains the clients' transient after our last
             # move: never plan below what we predicted for the weights now in force
@@ -608,9 +611,10 @@ class EdgeController(_Controller):
             if beta * biggest < s.deadband:
                 beta = 0.0
         proposal = after_shed + beta * relax
-        if beta > 0 or joint:
+        if (beta > 0 or joint) and solution.status == "optimal":
+            # from the measurements, not from the last prediction: predictions must not compound
             self._predicted_demand = self._predicted_demand_at(
-                proposal, estimate, self._latency_now(latency), latency)
+                proposal, measured_estimate, self._latency_now(latency), latency)
 
         parts = []
         warm = over & ~hot

@@ -594,7 +594,13 @@ def run_metrics(scn: Scenario, run: Run, phases: list[dict[str, Any]]) -> dict[s
     excess = np.clip((ratio / common[:, None]).max(axis=1) - 1.0, 0.0, None)
     # overload judged: above capacity, or in a shortfall above the common factor (+ tolerance)
     band = np.where(common > 1.0, common * (1.0 + scn.targets.tolerance), 1.0)
-    judged_overload = float(((ratio > band[:, None] + 1e-9) * scn.dt_s).sum())
+    # … from the first tick after each change on: before it no controller can have reacted, and
+    # every controller pays that dead time alike
+    dead = np.zeros(len(run.times), dtype=bool)
+    for ph in phases:
+        first_tick = (math.floor(ph["start_s"] / scn.interval_s + 1e-9) + 1) * scn.interval_s
+        dead |= (run.times > ph["start_s"] + 1e-9) & (run.times <= first_tick + 1e-9)
+    judged_overload = float(((ratio[~dead] > band[~dead, None] + 1e-9) * scn.dt_s).sum())
     judged = excess[~transient]
     rates = run.rates[np.clip(np.round(run.tick_times / scn.dt_s).astype(int) - 1, 0,
                               len(run.times) - 1)] if len(run.tick_times) else np.zeros((0, 0))
@@ -605,8 +611,17 @@ def run_metrics(scn: Scenario, run: Run, phases: list[dict[str, Any]]) -> dict[s
         moved = 0.5 * np.abs(share(run.tick_weights[1:]) - share(run.tick_weights[:-1])).sum(axis=1)
         churn = float(moved.mean())
     within = np.minimum(run.loads, run.capacity) * run.healthy
+    # latency where the weights are a free choice: in a shortfall the fair share of the excess
+    # fixes them (a controller that overloads the near origins instead looks faster there)
+    feasible = np.ones(len(run.times), dtype=bool)
+    for ph in phases:
+        if not ph["metrics"]["feasible"]:
+            feasible &= ~((run.times > ph["start_s"] + 1e-9) & (run.times <= ph["end_s"] + 1e-9))
+    rates, lat = run.rates[feasible], run.latency[feasible]
+    feasible_latency = float((lat * rates).sum() / max(rates.sum(), 1e-9)) if feasible.any() else 0.0
     return {"excess_p95": float(np.quantile(judged, 0.95)) if len(judged) else 0.0,
             "judged_overload_s": judged_overload,
+            "mean_latency_feasible_ms": feasible_latency,
             "churn": churn,
             "served_within_capacity": float(within.sum() * scn.dt_s),
             "served_over_capacity": float((run.loads * run.healthy - within).sum() * scn.dt_s)}
@@ -645,18 +660,21 @@ def compare_with_baselines(scn: Scenario, summary: dict[str, Any],
     summary["baselines"] = {}
     for kind, base in baselines.items():
         base_overload = base["judged_overload_s"]
+        base_ms = base["mean_latency_feasible_ms"]
         allowed = tg.overload_ratio * base_overload + tg.overload_slack_s
         summary["baselines"][kind] = {"overload_s": base_overload,
                                       "mean_latency_ms": base["mean_latency_ms"],
+                                      "mean_latency_feasible_ms": base_ms,
                                       "failed_requests": base["failed_requests"]}
         if ours_overload > allowed + 1e-9:
             summary["violations"].append(
                 f"overload-seconds (judged) {ours_overload:g} > {tg.overload_ratio:g} × {kind}'s "
                 f"{base_overload:g} + {tg.overload_slack_s:g}s")
-        if summary["mean_latency_ms"] > tg.latency_ratio * base["mean_latency_ms"] + 1e-9:
+        ours_ms, base_ms = summary["mean_latency_feasible_ms"], base["mean_latency_feasible_ms"]
+        if ours_ms > tg.latency_ratio * base_ms + 1e-9:
             summary["violations"].append(
-                f"mean latency {summary['mean_latency_ms']:.1f} ms > {tg.latency_ratio:g} × "
-                f"{kind}'s {base['mean_latency_ms']:.1f} ms")
+                f"mean latency outside shortfalls {ours_ms:.1f} ms > {tg.latency_ratio:g} × "
+                f"{kind}'s {base_ms:.1f} ms")
     summary["meets_targets"] = not summary["violations"]
 
 
