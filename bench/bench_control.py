@@ -34,6 +34,7 @@ import requests
 import yaml
 from kafka import KafkaConsumer, TopicPartition
 
+from controllers.edge.service.api_token import create_token_file
 from opsloop.config import StackSettings
 from opsloop.haproxy_api import HaproxyAPI
 from opsloop.lab.edge import EdgeSpec, OriginSpec, haproxy_process, origin_process
@@ -120,7 +121,7 @@ def _measure(samples: int, tmp: Path, stack: Stack) -> list[dict[str, float]]:
     procs[-1].start()
     lb = "bench-edge"
     token = secrets.token_hex(24)
-    (tmp / "token").write_text(token)
+    create_token_file(tmp / "token", token)  # the service refuses a token file others can read
     ports = {k: free_port() for k in ("worker", "collector", "edge_metrics", "api", "actuator")}
     cfg = tmp / "opsloop.yaml"
     cfg.write_text(yaml.safe_dump({

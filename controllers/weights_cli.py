@@ -204,7 +204,8 @@ def _operator(a: argparse.Namespace, settings: Any, config: Any) -> int:
         if a.command == "apply":
             shares = parse_weights(a.weights)
             # recorded under the current version; it does not raise the version the controller must exceed
-            decision = EdgeWeights(version=act.store.high_water() or 0, listener=act.listener, edge=a.edge, weights=shares,
+            epoch, version = act.store.high_stamp() or (0, 0)
+            decision = EdgeWeights(version=version, epoch=epoch, listener=act.listener, edge=a.edge, weights=shares,
                                    computed_at=time.time(), reason=a.reason)
             res = act.apply(decision, manual=True)
         else:

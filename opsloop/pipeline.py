@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import signal
 import sys
 import threading
@@ -142,8 +141,9 @@ def effective_config(base: Path | None, run_dir: Path, ports: LabPorts = LabPort
     # The closed loop over the lab edge: controller (topology = the lab) and the HAProxy actuator.
     token = run_dir / "edge-api.token"
     if not token.exists():
-        token.write_text(secrets.token_urlsafe(24) + "\n")
-        token.chmod(0o600)
+        from controllers.edge.service.api_token import create_token_file
+
+        create_token_file(token)  # 0600 from creation
     controllers.setdefault("edge", {
         "interval_s": 5.0, "topology_file": str(REPO_ROOT / "controllers" / "edge" / "topology.yaml"),
         "metrics_port": ports.edge_metrics, "api": {"port": ports.edge_api, "token_file": str(token)}})

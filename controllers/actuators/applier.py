@@ -3,18 +3,22 @@
 Order of the checks for ``apply(decision)`` (each outcome audited, counted, logged):
 
 1. not this target's listener/edge, or an origin with a share > 0 the target does not serve -> ``refused``;
-2. ``computed_at`` older than ``stale_after_s`` -> ``held`` (fail static: the live weights stay);
-3. version lower than the highest applied -> ``stale_version``; equal and fully applied -> ``noop``
-   (nothing written);
+2. ``computed_at`` further in the future than ``max_clock_skew_s`` -> ``refused`` (a wrong clock
+   must not make a decision look fresh); older than ``stale_after_s`` -> ``held`` (fail static);
+3. stamp ``(epoch, version)`` lower than the highest applied -> ``stale_version``; equal and fully
+   applied -> ``noop`` (nothing written); an unreadable history -> ``held`` (fail static);
 4. read the live weights (unreachable -> ``failed``, retried by the service with back-off);
-5. bounded step from the live shares (an origin with share 0 that the LB reports DOWN is released
-   at once), integer mapping; all-zero weights -> ``refused`` and the live weights held;
+5. the decision (or the step-bounded weights) gives nothing to the origins the LB does not report
+   DOWN -> ``refused`` and the live weights held ("never all-zero" counts only servers that can
+   serve); bounded step from the live shares (an origin with share 0 that the LB reports DOWN is
+   released at once), integer mapping;
 6. dry-run -> ``dry_run`` (nothing written); shadow -> ``shadow`` and ``opsloop_actuator_shadow_diff``;
 7. write as one batch, read back, compare (different -> ``mismatch``), store the entry -> ``applied``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -25,7 +29,7 @@ from controllers.actuators import metrics
 from controllers.actuators.base import ActuatorError, ApplyResult, Target
 from controllers.actuators.mapping import MappingError, to_integer_weights, to_shares
 from controllers.actuators.safety import bound_step, reaches, share_difference
-from controllers.actuators.store import Entry, WeightStore
+from controllers.actuators.store import Entry, StoreError, WeightStore
 from controllers.edge.model import EdgeWeights
 
 log = get_logger("actuator")
@@ -36,7 +40,7 @@ _MODES = {"live": AuditMode.LIVE, "dry-run": AuditMode.DRY_RUN, "shadow": AuditM
 class EdgeActuator:
     def __init__(self, target: Target, edge: str, listener: str, store: WeightStore, audit: AuditLog, *,
                  mode: str = "live", max_step: float = 0.5, stale_after_s: float = 60.0, weight_total: int | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 max_clock_skew_s: float = 5.0, clock: Callable[[], float] = time.time) -> None:
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
         self.target = target
@@ -47,6 +51,7 @@ class EdgeActuator:
         self.mode = mode
         self.max_step = max_step
         self.stale_after_s = stale_after_s
+        self.max_clock_skew_s = max_clock_skew_s
         self.weight_total = weight_total or target.max_weight
         self.clock = clock
         self._noop_audited: int | None = None  # a controller re-sends its version every tick: audit one noop
@@ -77,18 +82,26 @@ class EdgeActuator:
                 "refused", decision.version, "decision would set every server to weight 0; holding the last good "
                                              "weights"))
         age = now - decision.computed_at
+        if -age > self.max_clock_skew_s:
+            return self._done(decision, ApplyResult(
+                "refused", decision.version, f"computed_at is {-age:.1f}s in the future (> max_clock_skew_s "
+                                             f"{self.max_clock_skew_s}): a controller clock is wrong; holding the "
+                                             "last good weights"))
         if age > self.stale_after_s:
             return self._done(decision, ApplyResult(
                 "held", decision.version, f"decision computed {age:.1f}s ago > stale_after_s {self.stale_after_s}: "
                                           "holding the last good weights (fail static)", stale=True))
         if self.mode == "live" and not manual:
-            high = self.store.high_water()
-            last = self.store.last()
-            if high is not None and decision.version < high:
+            try:
+                high = self.store.high_stamp()
+                last = self.store.last()
+            except StoreError as e:
+                return self._store_failed(decision, e)
+            if high is not None and decision.stamp < high:
                 return self._done(decision, ApplyResult(
-                    "stale_version", decision.version, f"version {decision.version} is older than the applied "
-                                                       f"version {high}"))
-            if high is not None and decision.version == high and last is not None \
+                    "stale_version", decision.version, f"version {decision.version} (epoch {decision.epoch}) is "
+                                                       f"older than the applied version {high[1]} (epoch {high[0]})"))
+            if high is not None and decision.stamp == high and last is not None \
                     and (last.complete or last.action != "apply"):
                 return self._done(decision, ApplyResult(
                     "noop", decision.version, f"version {decision.version} already applied", after=last.weights))
@@ -100,6 +113,10 @@ class EdgeActuator:
             before = None
         live_shares = to_shares(before) if before else {}
         down = self._down() if before else set()
+        if down and math.fsum(v for o, v in shares.items() if o not in down) <= 0:
+            return self._done(decision, ApplyResult(
+                "refused", decision.version, f"decision gives every share to origin(s) the load balancer reports "
+                                             f"DOWN {sorted(down)}; holding the last good weights", before=before))
         releasable = {o for o in down if shares.get(o, 0.0) <= 0.0}
         stepped = bound_step(live_shares, shares, self.max_step, releasable) if before else dict(shares)
         complete = reaches(stepped, shares, tol=1e-6)
@@ -107,10 +124,10 @@ class EdgeActuator:
             ints = to_integer_weights(stepped, self.weight_total)
         except MappingError as e:
             return self._done(decision, ApplyResult("refused", decision.version, str(e), before=before))
-        if sum(ints.values()) <= 0:
+        if _serving(ints, down) <= 0:
             return self._done(decision, ApplyResult(
-                "refused", decision.version, "decision would set every server to weight 0; holding the last good "
-                                             "weights", before=before, after=ints))
+                "refused", decision.version, "decision would set every server that is not DOWN to weight 0; "
+                                             "holding the last good weights", before=before, after=ints))
         note = "" if complete else f"; step bounded by max_step {self.max_step} (more steps to the decision)"
         released = f"; released DOWN origin(s) {sorted(releasable)}" if releasable and before else ""
         if self.mode == "dry-run":
@@ -131,10 +148,13 @@ class EdgeActuator:
         result = self._verify(decision, before, ints, stepped, complete)
         if result is not None:
             return result
-        self.store.append(Entry(version=decision.version, weights=ints, shares=stepped, decision=shares,
-                                complete=complete, computed_at=decision.computed_at,
-                                action="manual" if manual else "apply",
-                                reason=(decision.reason + note + released)[:500]))
+        try:
+            self.store.append(Entry(version=decision.version, epoch=decision.epoch, weights=ints, shares=stepped,
+                                    decision=shares, complete=complete, computed_at=decision.computed_at,
+                                    action="manual" if manual else "apply",
+                                    reason=(decision.reason + note + released)[:500]))
+        except StoreError as e:  # the weights are live; without a record the next decision cannot be ordered
+            return self._store_failed(decision, e, before=before, after=ints)
         self._publish_weights(ints, decision.version)
         why = decision.reason or "decision"
         if ints == before:
@@ -170,9 +190,17 @@ class EdgeActuator:
         return self._done(decision, ApplyResult("failed", version, f"{error.kind}: {error}", before=before,
                                                 after=after, error=str(error)[:1000]), version=version)
 
+    def _store_failed(self, decision: EdgeWeights | None, error: StoreError, before: dict[str, int] | None = None,
+                      after: dict[str, int] | None = None) -> ApplyResult:
+        """The history cannot be read or written: fail static (the service opens a finding)."""
+        metrics.ERRORS.labels(self.edge, "store").inc()
+        version = decision.version if decision is not None else None
+        return self._done(decision, ApplyResult("held", version, f"weight history unusable, holding the live "
+                                                                 f"weights (fail static): {error}", before=before,
+                                                after=after, stale=True, error=str(error)[:1000]))
+
     def _publish_weights(self, ints: dict[str, int], version: int) -> None:
-        for origin, w in ints.items():
-            metrics.WEIGHT.labels(self.edge, self.listener, origin).set(w)
+        metrics.set_family(metrics.WEIGHT, (self.edge, self.listener), ints)
         metrics.VERSION.labels(self.edge, self.listener).set(version)
 
     # -- drift ----------------------------------------------------------------------------------
@@ -180,7 +208,12 @@ class EdgeActuator:
         """Put the last stored weights back when the LB drifted (HAProxy restarted with its config
         weights, a hand-made ``set weight``). None when nothing is stored, the LB matches, or the mode
         is not live; an unreachable LB only counts an error (the next apply or reconcile retries)."""
-        last = self.store.last()
+        try:
+            last = self.store.last()
+        except StoreError as e:
+            metrics.ERRORS.labels(self.edge, "store").inc()
+            log.warning("reconcile_skipped", edge=self.edge, listener=self.listener, error=str(e)[:300])
+            return None
         if last is None or self.mode != "live":
             return None
         want = {o: int(last.weights.get(o, 0)) for o in self.target.origins}
@@ -189,7 +222,7 @@ class EdgeActuator:
         except ActuatorError as e:
             metrics.ERRORS.labels(self.edge, e.kind).inc()
             return None
-        if live == want or sum(want.values()) <= 0:
+        if live == want or _serving(want, self._down()) <= 0:
             return None
         try:
             self.target.write(want)
@@ -207,7 +240,10 @@ class EdgeActuator:
     # -- hold / rollback -----------------------------------------------------------------------
     def hold(self, reason: str) -> ApplyResult:
         """Fail static without a decision to blame (none arrived for stale_after_s): audited once per call."""
-        last = self.store.last()
+        try:
+            last = self.store.last()
+        except StoreError:
+            last = None
         return self._done(None, ApplyResult("held", last.version if last else None, reason,
                                             after=last.weights if last else None, stale=True))
 
@@ -233,8 +269,9 @@ class EdgeActuator:
                                   action="edge.weights.rollback")
             entry = found[-1]
         ints = {o: int(entry.weights.get(o, 0)) for o in self.target.origins}
-        if sum(ints.values()) <= 0:
-            return self._done(None, ApplyResult("refused", entry.version, "version would zero every server"),
+        if _serving(ints, self._down()) <= 0:
+            return self._done(None, ApplyResult("refused", entry.version, "version would zero every server that "
+                                                                          "is not DOWN"),
                               action="edge.weights.rollback")
         why = reason or f"operator rollback to version {entry.version}"
         if self.mode != "live":
@@ -250,8 +287,8 @@ class EdgeActuator:
         bad = self._verify(None, before, ints, entry.shares, True, version=entry.version)
         if bad is not None:
             return bad
-        self.store.append(Entry(version=entry.version, weights=ints, shares=entry.shares, decision=entry.decision,
-                                complete=True, action="rollback", reason=why[:500]))
+        self.store.append(Entry(version=entry.version, epoch=entry.epoch, weights=ints, shares=entry.shares,
+                                decision=entry.decision, complete=True, action="rollback", reason=why[:500]))
         self._publish_weights(ints, entry.version)
         return self._done(None, ApplyResult("rolled_back", entry.version, why, before=before, after=ints,
                                             shares=entry.shares), action="edge.weights.rollback")
@@ -277,3 +314,8 @@ class EdgeActuator:
         level("weights_" + res.result, edge=self.edge, listener=self.listener, version=res.version,
               before=res.before, after=res.after, reason=reason[:500])
         return res
+
+
+def _serving(weights: dict[str, int], down: set[str]) -> int:
+    """Total weight on origins the load balancer does not report DOWN (what can carry traffic)."""
+    return sum(w for o, w in weights.items() if o not in down)

@@ -5,6 +5,7 @@
         mode: live                 # live | dry-run | shadow
         max_step: 0.5              # largest share change per origin per apply
         stale_after_s: 60          # decisions older than this (computed_at) are held (fail static)
+        max_clock_skew_s: 5        # decisions computed further in the future are refused
         store_dir: .run/actuator   # versioned history of applied weights (JSON lines)
         targets:
           - {edge: ams1, listener: web, kind: haproxy, socket: /run/haproxy/admin.sock,
@@ -87,6 +88,8 @@ class ActuatorConfig(BaseModel):
     mode: Literal["live", "dry-run", "shadow"] = "live"
     max_step: float = Field(default=0.5, gt=0.0, le=1.0)
     stale_after_s: float = Field(default=60.0, gt=0)
+    # a decision computed further in the future than this is refused (a controller's clock is wrong)
+    max_clock_skew_s: float = Field(default=5.0, ge=0, le=3600)
     store_dir: Path = DEFAULT_RUN_DIR / "actuator"
     history_max: int = Field(default=200, ge=2, le=100_000)
     topic: str = Field(default=Topic.EDGE_WEIGHTS.value, min_length=1)

@@ -8,7 +8,8 @@ from controllers.metrics import EDGE_FAIL_STATIC
 
 APPLIES = Counter("opsloop_actuator_applies_total", "Decisions handled by result",
                   ["edge", "listener", "result"])
-ERRORS = Counter("opsloop_actuator_errors_total", "Actuator errors (unreachable target, command, mismatch, ...)",
+ERRORS = Counter("opsloop_actuator_errors_total",
+                 "Actuator errors (unreachable target, command, mismatch, store = weight history unusable, ...)",
                  ["edge", "kind"])
 SHADOW_DIFF = Gauge("opsloop_actuator_shadow_diff",
                     "Shadow mode: fraction of traffic the decision would move vs the live weights (0..1)",
@@ -16,5 +17,24 @@ SHADOW_DIFF = Gauge("opsloop_actuator_shadow_diff",
 FAIL_STATIC = EDGE_FAIL_STATIC  # shared definition: controllers/metrics.py
 WEIGHT = Gauge("opsloop_actuator_weight", "Integer weight last written per origin", ["edge", "listener", "origin"])
 VERSION = Gauge("opsloop_actuator_applied_version", "Decision version last applied", ["edge", "listener"])
+REFUSED_IN_A_ROW = Gauge("opsloop_actuator_refused_decisions",
+                         "Decisions refused in a row (stale version, clock skew, all-zero, only DOWN origins) since "
+                         "the last one applied or found already live; alerted by EdgeActuatorRefusingDecisions",
+                         ["edge", "listener"])
 REJECTED = Counter("opsloop_actuator_rejected_records_total", "edge.weights records that are not a valid decision")
 ASSIGNED = Gauge("opsloop_actuator_assigned_partitions", "edge.weights partitions assigned to this actuator")
+
+
+def set_family(gauge: Gauge, prefix: tuple[str, ...], values: dict[str, float]) -> None:
+    """Set ``gauge{prefix..., last}`` for each item of ``values`` and remove the children under
+    ``prefix`` whose last label is no longer there (a gauge must not keep every label it ever saw)."""
+    n = len(prefix)
+    for labels in [s.labels for m in gauge.collect() for s in m.samples]:
+        key = tuple(labels[name] for name in gauge._labelnames)  # noqa: SLF001 - order of the label names
+        if key[:n] == prefix and key[n] not in values:
+            try:
+                gauge.remove(*key)
+            except KeyError:
+                pass
+    for last, value in values.items():
+        gauge.labels(*prefix, last).set(value)

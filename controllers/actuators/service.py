@@ -9,9 +9,16 @@ skipped without decoding. Per (listener, edge) only the newest decision of a pol
   only when nothing is pending, so a restart re-reads what was not applied (replays are no-ops);
 * drift: every ``reconcile_interval_s`` the LB is read and the last applied weights are put back if
   they differ (HAProxy restarted with its config weights), audited ``edge.weights.reconcile``;
-* fail static: a decision older than ``stale_after_s``, or none for ``stale_after_s``, holds the
-  live weights, sets ``opsloop_edge_fail_static{listener,edge}`` to 1 and opens an
-  ``edge.fail_static`` finding; a fresh decision clears both.
+* fail static: a decision older than ``stale_after_s``, none *applied or already live* for
+  ``stale_after_s`` (refused decisions -- stale version, clock skew, all-zero, only DOWN origins --
+  do not count as fresh), or a weight history that cannot be read or written holds the live
+  weights, sets ``opsloop_edge_fail_static{listener,edge}`` to 1 and opens an ``edge.fail_static``
+  finding; a decision applied (or found live) clears both;
+* refusals in a row are exported as ``opsloop_actuator_refused_decisions{edge,listener}`` (alert
+  ``EdgeActuatorRefusingDecisions``): a controller restarted at a lower version without a new
+  epoch, or one with a wrong clock, is visible at once instead of leaving old weights silently;
+* slots are isolated: an error in one listener's apply (a damaged history, a bug) holds that
+  listener and is counted; the other listeners go on.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ from controllers.edge.model import EdgeWeights
 
 log = get_logger("actuator.service")
 FAIL_STATIC_DETECTOR = "edge.fail_static"
+# Results that show the controller's decisions reach the LB: only these refresh freshness.
+FRESH_RESULTS = frozenset({"applied", "noop", "dry_run", "shadow"})
+REFUSALS = frozenset({"refused", "stale_version"})
 
 
 def make_target(cfg: HaproxyTargetConfig | LvsTargetConfig) -> Target:
@@ -53,7 +63,8 @@ def make_actuator(config: ActuatorConfig, cfg: HaproxyTargetConfig | LvsTargetCo
                   mode: str | None = None) -> EdgeActuator:
     store = WeightStore(config.store_dir, cfg.edge, cfg.listener, config.history_max)
     return EdgeActuator(make_target(cfg), cfg.edge, cfg.listener, store, audit, mode=mode or config.mode,
-                        max_step=config.max_step, stale_after_s=config.stale_after_s, weight_total=cfg.weight_total)
+                        max_step=config.max_step, stale_after_s=config.stale_after_s, weight_total=cfg.weight_total,
+                        max_clock_skew_s=config.max_clock_skew_s)
 
 
 def decode_decision(raw: bytes | None) -> EdgeWeights:
@@ -75,6 +86,7 @@ class _Slot:
     last_fresh: float = field(default_factory=time.time)
     fail_static_since: float | None = None
     next_reconcile: float = 0.0
+    refused_in_a_row: int = 0
 
 
 class ActuatorService:
@@ -98,6 +110,7 @@ class ActuatorService:
             for t in config.targets if t.edge in self.edges}
         for listener, edge in self.slots:
             metrics.FAIL_STATIC.labels(listener, edge).set(0)
+            metrics.REFUSED_IN_A_ROW.labels(edge, listener).set(0)
 
     # -- wiring ----------------------------------------------------------------------------------
     def connect(self) -> None:
@@ -133,23 +146,34 @@ class ActuatorService:
             if slot is None:
                 log.warning("decision_without_target", listener=d.listener, edge=d.edge, version=d.version)
                 continue
-            if slot.pending is None or d.version >= slot.pending.version:
+            if slot.pending is None or d.stamp >= slot.pending.stamp:
                 slot.pending = d
                 queued += 1
         return queued
 
     def tick(self, now: float) -> None:
-        """Apply what is pending (when its back-off allows), then check for fail static."""
-        for (listener, edge), slot in self.slots.items():
-            if slot.pending is not None and now >= slot.retry_at:
-                res = slot.actuator.apply(slot.pending)
-                self._after_apply(slot, res, now)
-            elif slot.pending is None and self.config.reconcile_interval_s and now >= slot.next_reconcile:
-                slot.next_reconcile = now + self.config.reconcile_interval_s
-                slot.actuator.reconcile()
-            if slot.fail_static_since is None and now - slot.last_fresh > self.config.stale_after_s:
-                self._enter_fail_static(slot, now, f"no fresh decision for {now - slot.last_fresh:.1f}s "
-                                                   f"> stale_after_s {self.config.stale_after_s}", audit=True)
+        """Apply what is pending (when its back-off allows), then check for fail static. One slot's
+        error holds that slot (fail static, counted) and never stops the others."""
+        for slot in self.slots.values():
+            try:
+                self._tick_slot(slot, now)
+            except Exception as e:  # noqa: BLE001 - isolate the listeners of this edge
+                metrics.ERRORS.labels(slot.actuator.edge, "internal").inc()
+                log.error("slot_failed", edge=slot.actuator.edge, listener=slot.actuator.listener,
+                          error=f"{type(e).__name__}: {e}"[:500], exc_info=True)
+                slot.pending = None   # the next decision tries again
+                self._enter_fail_static(slot, now, f"actuator error: {type(e).__name__}: {e}"[:500], audit=False)
+
+    def _tick_slot(self, slot: _Slot, now: float) -> None:
+        if slot.pending is not None and now >= slot.retry_at:
+            res = slot.actuator.apply(slot.pending)
+            self._after_apply(slot, res, now)
+        elif slot.pending is None and self.config.reconcile_interval_s and now >= slot.next_reconcile:
+            slot.next_reconcile = now + self.config.reconcile_interval_s
+            slot.actuator.reconcile()
+        if slot.fail_static_since is None and now - slot.last_fresh > self.config.stale_after_s:
+            self._enter_fail_static(slot, now, f"no decision applied for {now - slot.last_fresh:.1f}s "
+                                               f"> stale_after_s {self.config.stale_after_s}", audit=True)
 
     def _after_apply(self, slot: _Slot, res: ApplyResult, now: float) -> None:
         if res.retry:
@@ -161,16 +185,22 @@ class ActuatorService:
         slot.pending = None
         slot.delay_s = 0.0
         slot.retry_at = 0.0
+        a = slot.actuator
+        if res.result in REFUSALS:
+            slot.refused_in_a_row += 1
+            metrics.REFUSED_IN_A_ROW.labels(a.edge, a.listener).set(slot.refused_in_a_row)
         if res.stale:
             self._enter_fail_static(slot, now, res.reason, audit=False)  # the apply audited "held" already
-        elif res.result != "refused":
+        elif res.result in FRESH_RESULTS:
             slot.last_fresh = now
+            slot.refused_in_a_row = 0
+            metrics.REFUSED_IN_A_ROW.labels(a.edge, a.listener).set(0)
             self._leave_fail_static(slot, now)
 
     def _finding(self, slot: _Slot, now: float, reason: str, cleared: bool) -> None:
         a = slot.actuator
         first = slot.fail_static_since or now
-        f = Finding(detector=FAIL_STATIC_DETECTOR, what="edge weights held (fail static): no fresh decision",
+        f = Finding(detector=FAIL_STATIC_DETECTOR, what="edge weights held (fail static)",
                     where={"listener": a.listener, "edge": a.edge}, observed=round(now - slot.last_fresh, 1),
                     expected=self.config.stale_after_s, severity=Severity.WARNING, explanation=reason[:1000],
                     first_seen=first, last_seen=now, cleared=cleared,

@@ -4,7 +4,15 @@ One file per (edge, listener): ``<store_dir>/<edge>/<listener>.jsonl``, one entr
 rollback. It answers "which version is live" (idempotence: the same version again is a no-op, an
 older one is refused) and "what was live before" (rollback). Writers (the service and the
 ``opsloop weights`` CLI) take an exclusive ``flock`` so an entry is never interleaved; the file is
-compacted to the newest ``history_max`` entries by an atomic rewrite.
+compacted to the newest ``history_max`` entries by an atomic rewrite (temporary file, fsync, rename).
+
+Versions are ordered by their stamp ``(epoch, version)`` (see :class:`controllers.edge.model.EdgeWeights`);
+an entry written before epochs existed has epoch 0.
+
+A crash mid-write leaves a *torn tail*: bytes after the last newline. Reads ignore it, and the next
+append cuts it off first, so the new entry starts on a line of its own. A complete line that is not an
+entry is damage: :class:`StoreError` names the file and the line, and the service holds the live
+weights (fail static) rather than guess which version is live.
 """
 
 from __future__ import annotations
@@ -13,14 +21,19 @@ import fcntl
 import os
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
-from contextlib import contextmanager
 
 import orjson
 
+from opsloop.log import get_logger
+
+log = get_logger("actuator.store")
 _SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+Stamp = tuple[int, int]   # (epoch, version): the order of decisions
 
 
 class StoreError(ValueError):
@@ -38,14 +51,28 @@ class Entry:
     applied_at: float = field(default_factory=time.time)
     computed_at: float | None = None
     reason: str = ""
+    epoch: int = 0                     # generation of the controller that made the decision
+
+    @property
+    def stamp(self) -> Stamp:
+        return (self.epoch, self.version)
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "Entry":
-        return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+        entry = cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+        if not isinstance(entry.version, int) or not isinstance(entry.epoch, int) \
+                or not isinstance(entry.weights, dict):
+            raise TypeError("version/epoch must be integers and weights an object")
+        return entry
 
 
 def _safe(name: str) -> str:
     return _SAFE.sub("_", name) or "_"
+
+
+def _complete_part(data: bytes) -> bytes:
+    """``data`` up to and including its last newline (what was fully written)."""
+    return data[:data.rfind(b"\n") + 1]
 
 
 class WeightStore:
@@ -55,8 +82,12 @@ class WeightStore:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a") as lock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(self.path.with_suffix(".lock"), "a")
+        except OSError as e:
+            raise StoreError(f"{self.path}: cannot open the history ({e.strerror or e})") from None
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -65,19 +96,24 @@ class WeightStore:
 
     def _read(self) -> list[Entry]:
         try:
-            text = self.path.read_bytes()
+            data = self.path.read_bytes()
         except FileNotFoundError:
             return []
+        except OSError as e:
+            raise StoreError(f"{self.path}: cannot read the history ({e.strerror or e})") from None
         entries = []
-        for i, line in enumerate(text.splitlines(), start=1):
+        # a torn tail (after the last newline) is an entry that never completed: not part of the history
+        for i, line in enumerate(_complete_part(data).splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                entries.append(Entry.from_dict(orjson.loads(line)))
+                doc = orjson.loads(line)
+                if not isinstance(doc, dict):
+                    raise TypeError(f"a JSON {type(doc).__name__}, not an object")
+                entries.append(Entry.from_dict(doc))
             except (orjson.JSONDecodeError, TypeError, KeyError) as e:
-                if i == len(text.splitlines()):
-                    continue  # a torn last line (crash mid-write): the entry never completed
-                raise StoreError(f"{self.path} line {i}: not a history entry ({e})") from None
+                raise StoreError(f"{self.path} line {i}: not a history entry ({e}); move the file aside to "
+                                 "start a fresh history (the live weights are held until then)") from None
         return entries
 
     def history(self) -> list[Entry]:
@@ -88,10 +124,15 @@ class WeightStore:
         h = self.history()
         return h[-1] if h else None
 
+    def high_stamp(self) -> Stamp | None:
+        """The highest (epoch, version) of a decision applied (rollbacks and manual applies do not raise it)."""
+        stamps = [e.stamp for e in self.history() if e.action == "apply"]
+        return max(stamps) if stamps else None
+
     def high_water(self) -> int | None:
-        """The highest decision version applied (rollbacks do not lower it)."""
-        versions = [e.version for e in self.history() if e.action == "apply"]
-        return max(versions) if versions else None
+        """The version of :meth:`high_stamp` (for display)."""
+        stamp = self.high_stamp()
+        return stamp[1] if stamp else None
 
     def get(self, version: int) -> Entry | None:
         for e in reversed(self.history()):
@@ -101,12 +142,40 @@ class WeightStore:
 
     def append(self, entry: Entry) -> None:
         with self._locked():
-            with open(self.path, "ab") as f:
-                f.write(orjson.dumps(asdict(entry)) + b"\n")
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                self._cut_torn_tail()
+                with open(self.path, "ab") as f:
+                    f.write(orjson.dumps(asdict(entry)) + b"\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as e:
+                raise StoreError(f"{self.path}: cannot append to the history ({e.strerror or e})") from None
             entries = self._read()
             if len(entries) > self.max_entries:
-                tmp = self.path.with_suffix(".tmp")
-                tmp.write_bytes(b"".join(orjson.dumps(asdict(e)) + b"\n" for e in entries[-self.max_entries:]))
-                os.replace(tmp, self.path)  # atomic: the old or the new history, never half
+                self._rewrite(entries[-self.max_entries:])
+
+    def _cut_torn_tail(self) -> None:
+        """Under the lock: drop bytes after the last newline (a crash mid-append) before appending."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size == 0:
+            return
+        with open(self.path, "r+b") as f:
+            f.seek(max(0, size - 1))
+            if f.read(1) == b"\n":
+                return
+            keep = len(_complete_part(self.path.read_bytes()))
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        log.warning("history_torn_tail_cut", file=str(self.path), bytes_dropped=size - keep)
+
+    def _rewrite(self, entries: list[Entry]) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(b"".join(orjson.dumps(asdict(e)) + b"\n" for e in entries))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)  # atomic: the old or the new history, never half

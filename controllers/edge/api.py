@@ -4,7 +4,11 @@ time, read the current weights and decision status. OpenAPI 3 spec at ``GET /ope
 * Bearer token (``Authorization: Bearer <token>``) on every ``/v1`` route, compared in constant time
   (:func:`hmac.compare_digest`); 401 without it. The token is read from a file or the environment by
   the service and never logged. ``/openapi.json`` is public (it holds no data).
-* Binds loopback by default (``controllers.edge.api.bind``).
+* Binds loopback by default (``controllers.edge.api.bind``). A slow or idle client is cut off after
+  ``timeout_s`` (socket timeout); at most ``max_connections`` are served at once, more get 503 at
+  once; the token is checked before the body is read (an unauthenticated client cannot make the
+  server read 64 KiB); the request line is logged as its path only (no query string, no
+  ``user:password@`` of an absolute URL).
 * Every change goes through :class:`~controllers.edge.service.store.TopologyStore`, which validates
   it and writes an audit record (before/after, reason). The next controller interval uses it.
 
@@ -15,18 +19,25 @@ from __future__ import annotations
 
 import hmac
 import re
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import orjson
+from prometheus_client import Counter
 
 from controllers.edge.service.store import TopologyError, TopologyStore
 from opsloop.log import get_logger
 
 log = get_logger("controller.edge.api")
 MAX_BODY = 64 * 1024
+TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 32
 _NAME = r"([^/]+)"
+REFUSED = Counter("opsloop_edge_api_refused_connections_total",
+                  "Edge API connections answered 503 because max_connections were open")
 
 
 def _origin_schema() -> dict[str, Any]:
@@ -77,9 +88,11 @@ def openapi_spec() -> dict[str, Any]:
                         "responses": {**origin_ok, **common}}},
             "/v1/listeners/{listener}/origins/{origin}/health": {
                 "get": {"summary": "origin health", "parameters": lo, "responses": {**origin_ok, **common}},
-                "put": {"summary": "pin the origin's health (null: follow the load balancers' checks)",
+                "put": {"summary": "pin the origin's health (null: follow the load balancers' checks; true does "
+                                   "not override a load balancer's DOWN unless force is true)",
                         "parameters": lo,
-                        "requestBody": body({"healthy": {"type": ["boolean", "null"]}}, ["healthy"]),
+                        "requestBody": body({"healthy": {"type": ["boolean", "null"]},
+                                             "force": {"type": "boolean", "default": False}}, ["healthy"]),
                         "responses": {**origin_ok, **common}}},
             "/v1/listeners/{listener}/edges/{edge}/latency/{origin}": {"put": {
                 "summary": "set edge→origin latency (ms; null = no path)",
@@ -121,7 +134,7 @@ class EdgeApi:
             ("PUT", re.compile(lo + r"/capacity$"), lambda body, l, o: store.set_capacity(
                 l, o, _field(body, "capacity_rps"), _reason(body))),
             ("PUT", re.compile(lo + r"/health$"), lambda body, l, o: store.set_health(
-                l, o, _field(body, "healthy"), _reason(body))),
+                l, o, _field(body, "healthy", optional=("force",)), _reason(body), force=body.get("force", False))),
             ("PUT", re.compile(rf"^/v1/listeners/{_NAME}/edges/{_NAME}/latency/{_NAME}$"),
              lambda body, l, e, o: store.set_latency(l, e, o, _latency(body), _reason(body))),
         ]
@@ -135,8 +148,11 @@ class EdgeApi:
             return False
         return hmac.compare_digest(header[len("Bearer "):].strip().encode(), self._token)
 
+    def needs_token(self, path: str) -> bool:
+        return request_path(path).startswith("/v1/")
+
     def dispatch(self, method: str, path: str, auth: str | None, raw: bytes) -> tuple[int, Any]:
-        path = path.split("?", 1)[0]
+        path = request_path(path)
         if method == "GET" and path == "/openapi.json":
             return 200, openapi_spec()
         if not path.startswith("/v1/"):
@@ -163,40 +179,53 @@ class EdgeApi:
         return 404, {"error": f"no such path {path!r} (see /openapi.json)"}
 
     # -- server ------------------------------------------------------------------------------
-    def serve(self, bind: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    def serve(self, bind: str = "127.0.0.1", port: int = 0, timeout_s: float = TIMEOUT_S,
+              max_connections: int = MAX_CONNECTIONS) -> ThreadingHTTPServer:
         api = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = timeout_s   # socket timeout: a slow or idle client cannot hold a thread forever
 
             def log_message(self, format: str, *args: object) -> None:  # no header/token leakage
                 pass
 
             def _handle(self, method: str) -> None:
+                path = request_path(self.path)
                 try:
                     length = int(self.headers.get("Content-Length") or 0)
                 except ValueError:
                     length = -1
-                if length < 0:
+                if api.needs_token(self.path) and not api.authorized(self.headers.get("Authorization")):
+                    status, doc = 401, {"error": "missing or wrong bearer token"}
+                    self.close_connection = length != 0   # the unread body must not be taken for a request
+                elif length < 0:
                     status, doc = 400, {"error": "Content-Length: not a non-negative integer"}
                     self.close_connection = True
                 elif length > MAX_BODY:
                     status, doc = 413, {"error": f"body larger than {MAX_BODY} bytes"}
                     self.close_connection = True
                 else:
-                    raw = self.rfile.read(length) if length > 0 else b""
+                    try:
+                        raw = self.rfile.read(length) if length > 0 else b""
+                    except (TimeoutError, socket.timeout):
+                        log.warning("api_body_timeout", method=method, path=path, timeout_s=timeout_s)
+                        self.close_connection = True
+                        return
                     try:
                         status, doc = api.dispatch(method, self.path, self.headers.get("Authorization"), raw)
                     except Exception as e:  # noqa: BLE001 - a bug answers 500, never kills the server
-                        log.error("api_error", path=self.path, error=f"{type(e).__name__}: {e}")
+                        log.error("api_error", method=method, path=path, error=f"{type(e).__name__}: {e}"[:500])
                         status, doc = 500, {"error": "internal error"}
-                log.info("api_request", method=method, path=self.path.split("?", 1)[0], status=status)
+                log.info("api_request", method=method, path=path, status=status)
                 payload = orjson.dumps(doc)
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 if status == 401:
                     self.send_header("WWW-Authenticate", 'Bearer realm="opsloop-edge"')
+                if self.close_connection:
+                    self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(payload)
 
@@ -213,10 +242,9 @@ class EdgeApi:
                 self._handle("DELETE")
 
         try:
-            server = ThreadingHTTPServer((bind, port), Handler)
+            server = _BoundedServer((bind, port), Handler, max_connections)
         except OSError as e:
             raise OSError(e.errno, f"cannot serve the edge API on {bind}:{port}: {e.strerror}") from None
-        server.daemon_threads = True
         threading.Thread(target=server.serve_forever, name=f"edge-api:{port}", daemon=True).start()
         self.server = server
         return server
@@ -232,6 +260,49 @@ class EdgeApi:
             self.server.server_close()
 
 
+_BUSY_BODY = b'{"error": "too many open connections"}'
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+         + f"Content-Length: {len(_BUSY_BODY)}\r\n\r\n".encode() + _BUSY_BODY)
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` at once: the next one gets 503 at once."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            REFUSED.inc()
+            try:
+                request.settimeout(1.0)
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def request_path(target: str) -> str:
+    """The path of a request target, for routing and logs: no query string, and for an absolute URL
+    (``http://user:password@host/v1/...``) no scheme, host or credentials."""
+    return urlsplit(target).path if "://" in target or target.startswith("//") else target.split("?", 1)[0]
+
+
 def _parse_body(raw: bytes) -> dict[str, Any]:
     try:
         doc = orjson.loads(raw) if raw else None
@@ -242,10 +313,10 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     return doc
 
 
-def _field(body: dict[str, Any], name: str) -> Any:
+def _field(body: dict[str, Any], name: str, optional: tuple[str, ...] = ()) -> Any:
     if name not in body:
         raise ApiError(400, f"body: missing field {name!r}")
-    unknown = sorted(set(body) - {name, "reason"})
+    unknown = sorted(set(body) - {name, "reason", *optional})
     if unknown:
         raise ApiError(400, f"body: unknown field(s) {unknown!r}")
     return body[name]

@@ -1,4 +1,5 @@
-"""Domain model of the edge-weight control problem (DESIGN.md, seed 003).
+"""Domain model of the edge-weight control problem (source document: "Building A Smarter AWS Global
+Accelerator", see docs/sources.md).
 
 A *listener* (an anycast address:port) is served by *edges* (load balancers in edge sites) that
 forward each request to one of the listener's *origins*. Per origin we know its capacity (req/s) and
@@ -23,6 +24,33 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 SCHEMA_VERSION = 1
 SHARE_SUM_TOLERANCE = 1e-6
+# Bounds of the inputs the scheduler's LP can work with. A latency above a minute is not a path a
+# request should take (write null: no path); numbers near 1e20 make the LP fail every tick.
+MAX_CAPACITY_RPS = 1e9
+MAX_LATENCY_MS = 60_000.0
+
+
+def _check_number(field: str, value: Any, *, allow_inf: bool = False, maximum: float = math.inf) -> float:
+    """``value`` as a float when it is a finite number in ``[0, maximum]`` (``inf`` too when
+    ``allow_inf``); else ValueError naming ``field`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field}: expected a number, got {value!r}")
+    v = float(value)
+    if math.isnan(v) or v < 0 or (math.isinf(v) and not allow_inf):
+        raise ValueError(f"{field}: expected a finite number >= 0, got {value!r}")
+    if math.isfinite(v) and v > maximum:
+        raise ValueError(f"{field}: {value!r} is above the largest accepted value {maximum:g}")
+    return v
+
+
+def check_capacity(field: str, value: Any) -> float:
+    """The one validator of an origin's capacity (topology file, API, overrides file)."""
+    return _check_number(field, value, maximum=MAX_CAPACITY_RPS)
+
+
+def check_latency(field: str, value: Any) -> float:
+    """The one validator of an edge→origin latency in ms (``inf``: no path)."""
+    return _check_number(field, value, allow_inf=True, maximum=MAX_LATENCY_MS)
 
 
 class Origin(BaseModel):
@@ -31,8 +59,13 @@ class Origin(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=200)
-    capacity_rps: float = Field(ge=0.0, allow_inf_nan=False)
+    capacity_rps: float
     healthy: bool = True
+
+    @field_validator("capacity_rps", mode="before")
+    @classmethod
+    def _capacity(cls, value: Any) -> float:
+        return check_capacity("capacity_rps", value)
 
 
 class Edge(BaseModel):
@@ -62,13 +95,6 @@ class Listener(BaseModel):
         return self
 
 
-def _check_number(field: str, value: float, *, allow_inf: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{field}: expected a number, got {value!r}")
-    if math.isnan(value) or value < 0 or (math.isinf(value) and not allow_inf):
-        raise ValueError(f"{field}: expected a finite number >= 0, got {value!r}")
-
-
 class Topology(BaseModel):
     """One listener's inputs: latency matrix (ms; ``inf`` or missing = no path) and demand (req/s)."""
 
@@ -89,7 +115,7 @@ class Topology(BaseModel):
                 if origin not in origins:
                     raise ValueError(f"latency_ms[{edge!r}]: unknown origin {origin!r} "
                                      f"(origins: {sorted(origins)})")
-                _check_number(f"latency_ms[{edge!r}][{origin!r}]", ms, allow_inf=True)
+                check_latency(f"latency_ms[{edge!r}][{origin!r}]", ms)
         for edge, rps in self.demand_rps.items():
             if edge not in edges:
                 raise ValueError(f"demand_rps: unknown edge {edge!r} (edges: {sorted(edges)})")
@@ -131,12 +157,20 @@ class EdgeWeights(BaseModel):
 
     ``version`` increases whenever the published weights change, so applying the same version twice
     is a no-op for an actuator. ``shed`` reports a shortfall (``{"rps": ..., "fraction": ...}``).
+
+    ``epoch`` is the generation of the controller instance that made the decision: each start of the
+    edge control service takes a new, higher one (its start time in ms, above every epoch it recovered
+    from ``edge.weights``). Actuators order decisions by ``(epoch, version)``, so a controller that
+    restarts at a lower version (history lost, recovery cut short) still wins over its predecessor,
+    and a predecessor that keeps running is refused (``stale_version``, alerted). Records without it
+    (older controllers) have epoch 0.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCHEMA_VERSION
     version: int = Field(ge=0)
+    epoch: int = Field(default=0, ge=0)
     listener: str = Field(min_length=1)
     edge: str = Field(min_length=1)
     weights: dict[str, float] = Field(min_length=1)
@@ -173,6 +207,11 @@ class EdgeWeights(BaseModel):
         for key, amount in value.items():
             _check_number(f"shed[{key!r}]", amount)
         return value
+
+    @property
+    def stamp(self) -> tuple[int, int]:
+        """The order of decisions: ``(epoch, version)``."""
+        return (self.epoch, self.version)
 
     def encode(self) -> bytes:
         return orjson.dumps(self.model_dump(mode="json"))

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from controllers.edge.service import main
+from controllers.edge.service.api_token import create_token_file
 from controllers.edge.service.config import (ConfigError, EdgeServiceSettings, load_topology, read_token,
                                              ApiSettings)
 
@@ -52,7 +53,7 @@ def test_section_needs_exactly_one_topology_and_valid_controller_settings() -> N
 
 def test_token_from_file_or_env_and_too_short_refused(tmp_path: Path, monkeypatch) -> None:
     f = tmp_path / "tok"
-    f.write_text("s3cret-s3cret-s3cret\n")
+    create_token_file(f, "s3cret-s3cret-s3cret")
     assert read_token(ApiSettings(token_file=f)) == "s3cret-s3cret-s3cret"
     monkeypatch.setenv("OPSLOOP_EDGE_API_TOKEN", "short")
     with pytest.raises(ConfigError, match="shorter than 16") as e:

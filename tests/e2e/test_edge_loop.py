@@ -27,6 +27,7 @@ import requests
 from kafka import KafkaConsumer, TopicPartition
 
 from controllers.edge.model import EdgeWeights
+from controllers.edge.service.api_token import create_token_file
 from opsloop.haproxy_api import HaproxyAPI, parse_show_stat
 from opsloop.lab.traffic import TrafficGenerator
 from opsloop.stack import ManagedProcess, free_port
@@ -170,7 +171,7 @@ def test_closed_loop_holds_capacity_moves_off_unhealthy_origin_and_back(stack, l
     lab_edge.start(capacities={"near": NEAR_CAPACITY})
     lb = unique("edge")
     token = secrets.token_hex(24)
-    (tmp_path / "edge.token").write_text(token)
+    create_token_file(tmp_path / "edge.token", token)  # the service refuses a token file others can read
     api_port = free_port()
     config, doc = pipeline_config(tmp_path, stack, {"haproxy": {"instances": {lb: str(lab_edge.admin_socket)}}})
     doc["controllers"] = {"edge": {

@@ -155,6 +155,9 @@ def resolve_topology(cfg: EdgeServiceSettings, base: Path | None = None) -> Topo
 def read_token(api: ApiSettings) -> str:
     """The API bearer token (file first, then environment); never logged."""
     if api.token_file is not None:
+        from controllers.edge.service.api_token import check_private
+
+        check_private(api.token_file, "controllers.edge.api.token_file")
         try:
             token = api.token_file.read_text().strip()
         except OSError as e:

@@ -1,7 +1,7 @@
 """Kafka side of the service: publishing decisions and findings, recovering the last decision.
 
-Restart recovery reads ``edge.weights`` from the beginning and keeps the highest version per
-``listener|edge`` key, so a restarted controller continues the version sequence (actuators refuse
+Restart recovery reads ``edge.weights`` from the beginning and keeps the highest ``(epoch, version)``
+per ``listener|edge`` key, so a restarted controller continues the version sequence (actuators refuse
 older versions) and damps from the weights in force, not from scratch.
 """
 
@@ -52,7 +52,7 @@ class DecisionPublisher:
 
 def recover_decisions(bootstrap: str, topic: str = Topic.EDGE_WEIGHTS.value,
                       timeout_s: float = 15.0) -> dict[tuple[str, str], EdgeWeights]:
-    """The highest-version record per (listener, edge) currently in ``topic``."""
+    """The record with the highest ``(epoch, version)`` per (listener, edge) currently in ``topic``."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                              client_id="opsloop-edge-recover")
     out: dict[tuple[str, str], EdgeWeights] = {}
@@ -74,7 +74,7 @@ def recover_decisions(bootstrap: str, topic: str = Topic.EDGE_WEIGHTS.value,
                         log.warning("recover_record_rejected", offset=r.offset, error=str(e)[:200])
                         continue
                     key = (rec.listener, rec.edge)
-                    if key not in out or rec.version >= out[key].version:
+                    if key not in out or rec.stamp >= out[key].stamp:
                         out[key] = rec
         return out
     finally:

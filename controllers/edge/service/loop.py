@@ -11,8 +11,14 @@ service start): one silent edge makes the listener hold — the conservative rea
 telemetry → hold". Until every edge has reported once, and while the inputs are not yet stale, the
 loop waits instead of planning on zero demand.
 
-Origin health = the API override when set, else the file's ``healthy`` AND no edge with fresh
-telemetry sees the server ``DOWN``/``MAINT``.
+Origin health = the file's ``healthy`` AND no edge with fresh telemetry sees the server
+``DOWN``/``MAINT``; an API pin ``false`` drains it; a pin ``true`` overrides the file but not a load
+balancer's DOWN (traffic sent to a server the LB marks DOWN goes nowhere) unless pinned with
+``force``.
+
+Every record carries this instance's ``epoch`` (its start time in ms, above every epoch recovered
+from ``edge.weights``): actuators order decisions by ``(epoch, version)``, so a restart that lost
+the version sequence still moves the edge, and an older instance still running is refused.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ class ListenerState:
 class ControlLoop:
     def __init__(self, store: TopologyStore, book: DemandBook, settings: ControllerSettings, publish: Publish,
                  recovered: dict[tuple[str, str], EdgeWeights] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, epoch: int | None = None) -> None:
         self.store = store
         self.book = book
         self.settings = settings
@@ -63,6 +69,8 @@ class ControlLoop:
         self.started_at = clock()
         self.lock = threading.Lock()   # the API reads status while the loop writes it
         self.listeners: dict[str, ListenerState] = {}
+        newest = max((r.epoch for r in (recovered or {}).values()), default=-1)
+        self.epoch = epoch if epoch is not None else max(int(self.started_at * 1000), newest + 1)
         for name in store.listener_names():
             spec = store.snapshot(name).spec
             edges, origins = [e.name for e in spec.edges], [o.name for o in spec.origins]
@@ -110,12 +118,15 @@ class ControlLoop:
                     load[origin] += o.rps
                 if age <= stale_after and not o.up:
                     down.add(origin)
-        healthy = np.array([snap.health_override.get(o, bool(file_healthy[j]) and o not in down)
-                            for j, o in enumerate(state.origins)], dtype=bool)
+        healthy = np.array([_healthy(snap.health_override.get(o), bool(file_healthy[j]), o in down,
+                                     o in snap.health_forced) for j, o in enumerate(state.origins)], dtype=bool)
         age = max(ages) if ages else 0.0
+        pinned_but_down = sorted(o for o in down
+                                 if snap.health_override.get(o) is True and o not in snap.health_forced)
         status = {"demand_rps": dict(zip(state.edges, demand.tolist())),
                   "healthy": dict(zip(state.origins, healthy.tolist())),
-                  "checks_down": sorted(down), "capacity_rps": dict(zip(state.origins, capacity.tolist())),
+                  "checks_down": sorted(down), "pinned_up_but_down": pinned_but_down,
+                  "capacity_rps": dict(zip(state.origins, capacity.tolist())),
                   "origin_load_rps": load, "inputs_age_s": age, "edges_reporting": seen}
         for o, rps in load.items():
             M.LOAD.labels(state.name, o).set(rps)
@@ -153,7 +164,8 @@ class ControlLoop:
                                      "tick": state.ticks, "version": state.controller.version}
             return None
         decision = state.controller.step(obs)
-        records = decision.records(state.name, state.edges, state.origins)
+        records = [r.model_copy(update={"epoch": self.epoch})
+                   for r in decision.records(state.name, state.edges, state.origins)]
         findings = self._findings(state, decision, now)
         self.publish(records, findings)
         self._export(state, decision, records)
@@ -161,7 +173,8 @@ class ControlLoop:
         with self.lock:
             state.last, state.last_records = decision, records
             state.last_status = {**status, "mode": decision.mode.value, "reason": decision.reason,
-                                 "tick": state.ticks, "version": decision.version, "changed": decision.changed,
+                                 "tick": state.ticks, "version": decision.version, "epoch": self.epoch,
+                                 "changed": decision.changed,
                                  "computed_at": now,
                                  "weights": {r.edge: r.weights for r in records},
                                  "shed_rps": float(decision.shed_rps.sum())}
@@ -202,3 +215,12 @@ class ControlLoop:
         with self.lock:
             state = self.listeners[listener]
             return [r.model_dump(mode="json") for r in state.last_records]
+
+
+def _healthy(pin: bool | None, file_healthy: bool, checks_down: bool, forced: bool) -> bool:
+    """An origin's health for the controller (see the module doc)."""
+    if pin is None:
+        return file_healthy and not checks_down
+    if pin is False:
+        return False
+    return not checks_down or forced

@@ -6,7 +6,10 @@ per listener, written atomically (temporary file, fsync, rename) after every cha
 start. The topology file decides what exists: an overlay entry naming a listener, edge or origin no
 longer in it is skipped with a warning. An overlay that cannot be read stops the start with an error
 naming the file, because starting without it could, for example, send traffic to an origin an
-operator had drained.
+operator had drained. Values are validated by the same functions as the topology file and the API
+(:func:`controllers.edge.model.check_capacity`, :func:`~controllers.edge.model.check_latency`): a NaN,
+negative, infinite or absurd capacity in the file stops the start naming the field, instead of
+failing every controller tick after it.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from controllers.edge.model import check_capacity, check_latency
 from opsloop.wire import describe_validation_error
 
 VERSION = 1
@@ -35,6 +39,23 @@ class Overrides(BaseModel):
     capacity_rps: dict[str, dict[str, float]] = Field(default_factory=dict)          # listener -> origin -> rps
     health: dict[str, dict[str, bool]] = Field(default_factory=dict)                  # listener -> origin -> pinned
     latency_ms: dict[str, dict[str, dict[str, float | None]]] = Field(default_factory=dict)  # listener -> edge -> origin
+    health_forced: dict[str, list[str]] = Field(default_factory=dict)   # listener -> origins pinned up over DOWN
+
+    @model_validator(mode="after")
+    def _values(self) -> "Overrides":
+        for lst, origins in self.capacity_rps.items():
+            for o, v in origins.items():
+                check_capacity(f"capacity_rps[{lst!r}][{o!r}]", v)
+        for lst, edges in self.latency_ms.items():
+            for e, row in edges.items():
+                for o, ms in row.items():
+                    if ms is not None:
+                        check_latency(f"latency_ms[{lst!r}][{e!r}][{o!r}]", ms)
+        for lst, origins in self.health_forced.items():
+            for o in origins:
+                if self.health.get(lst, {}).get(o) is not True:
+                    raise ValueError(f"health_forced[{lst!r}]: {o!r} is forced up but not pinned healthy")
+        return self
 
     def count(self) -> int:
         return (sum(len(v) for v in self.capacity_rps.values()) + sum(len(v) for v in self.health.values())

@@ -1,11 +1,14 @@
 """The run-time source of truth: the topology as loaded, plus every change made through the API.
 
 Thread-safe (the API server thread writes, the control loop reads a consistent snapshot per tick).
-Every change is validated against the same model as the file (a capacity must be a finite number
-≥ 0, names must exist) and audited (``opsloop.audit.AuditLog``) with before/after and the actor.
+Every change is validated by the same functions as the topology file and the overrides file
+(:func:`controllers.edge.model.check_capacity`, :func:`~controllers.edge.model.check_latency`: finite,
+≥ 0, bounded; names must exist) and audited (``opsloop.audit.AuditLog``) with before/after and the actor.
 Health has an *override*: ``None`` follows the load balancers' checks (and the file's ``healthy``),
-``True``/``False`` pins it (an operator draining an origin). With an overrides file the changes
-survive a restart (:mod:`controllers.edge.service.overrides`).
+``False`` pins it down (an operator draining an origin), ``True`` pins it up over the file's
+``healthy`` but not over a load balancer reporting the server DOWN -- unless ``force`` is set too
+(an operator who knows the check is wrong). With an overrides file the changes survive a restart
+(:mod:`controllers.edge.service.overrides`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from controllers.edge.model import check_capacity, check_latency
 from controllers.edge.service.config import ListenerSpec, TopologySpec
 from controllers.edge.service.overrides import Overrides, load_overrides, save_overrides
 from opsloop.audit import AuditLog
@@ -43,15 +47,14 @@ class TopologyError(ValueError):
 class ListenerSnapshot:
     spec: ListenerSpec
     health_override: dict[str, bool]   # origin -> pinned health
+    health_forced: frozenset[str] = frozenset()  # origins pinned up even over a DOWN from the checks
 
 
-def _number(field: str, value: Any, allow_inf: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TopologyError(f"{field}: expected a number, got {value!r}")
-    v = float(value)
-    if math.isnan(v) or v < 0 or (math.isinf(v) and not allow_inf):
-        raise TopologyError(f"{field}: expected a finite number >= 0, got {value!r}")
-    return v
+def _checked(check: Any, field: str, value: Any) -> float:
+    try:
+        return float(check(field, value))
+    except ValueError as e:
+        raise TopologyError(str(e)) from None
 
 
 class TopologyStore:
@@ -59,6 +62,7 @@ class TopologyStore:
                  overrides_file: Path | None = None) -> None:
         self._topology = topology.model_copy(deep=True)
         self._overrides: dict[str, dict[str, bool]] = {lst.name: {} for lst in topology.listeners}
+        self._forced: dict[str, set[str]] = {lst.name: set() for lst in topology.listeners}
         self._lock = threading.Lock()
         self.audit = audit or AuditLog()
         self.changes = 0
@@ -75,7 +79,8 @@ class TopologyStore:
     def snapshot(self, listener: str) -> ListenerSnapshot:
         with self._lock:
             spec = self._listener(listener)
-            return ListenerSnapshot(spec.model_copy(deep=True), dict(self._overrides[listener]))
+            return ListenerSnapshot(spec.model_copy(deep=True), dict(self._overrides[listener]),
+                                    frozenset(self._forced[listener]))
 
     def topology(self) -> dict[str, Any]:
         with self._lock:
@@ -83,18 +88,20 @@ class TopologyStore:
             for lst in doc["listeners"]:
                 for origin in lst["origins"]:
                     origin["health_override"] = self._overrides[lst["name"]].get(origin["name"])
+                    origin["health_forced"] = origin["name"] in self._forced[lst["name"]]
             return doc
 
     def origin(self, listener: str, origin: str) -> dict[str, Any]:
         with self._lock:
             o = self._origin(self._listener(listener), origin)
             return {"listener": listener, "origin": o.name, "capacity_rps": o.capacity_rps,
-                    "healthy": o.healthy, "health_override": self._overrides[listener].get(origin)}
+                    "healthy": o.healthy, "health_override": self._overrides[listener].get(origin),
+                    "health_forced": origin in self._forced[listener]}
 
     # -- changes (audited) ------------------------------------------------------------------
     def set_capacity(self, listener: str, origin: str, capacity_rps: Any, reason: str = "",
                      actor: str = ACTOR) -> dict[str, Any]:
-        value = _number("capacity_rps", capacity_rps)
+        value = _checked(check_capacity, "capacity_rps", capacity_rps)
         with self._lock:
             before = self._apply_capacity(listener, origin, value)
             self._changed()
@@ -102,18 +109,24 @@ class TopologyStore:
         return self.origin(listener, origin)
 
     def set_health(self, listener: str, origin: str, healthy: Any, reason: str = "",
-                   actor: str = ACTOR) -> dict[str, Any]:
+                   actor: str = ACTOR, force: Any = False) -> dict[str, Any]:
         if healthy is not None and not isinstance(healthy, bool):
             raise TopologyError(f"healthy: expected true, false or null (follow the checks), got {healthy!r}")
+        if not isinstance(force, bool):
+            raise TopologyError(f"force: expected true or false, got {force!r}")
+        if force and healthy is not True:
+            raise TopologyError(f"force: only with healthy true (pin an origin up over a DOWN from the load "
+                                f"balancers' checks), got healthy {healthy!r}")
         with self._lock:
-            before = self._apply_health(listener, origin, healthy)
+            before = self._apply_health(listener, origin, healthy, force)
             self._changed()
-        self._audit(actor, "edge.topology.health", listener, origin, before, {"health_override": healthy}, reason)
+        after = {"health_override": healthy, **({"health_forced": True} if force else {})}
+        self._audit(actor, "edge.topology.health", listener, origin, before, after, reason)
         return self.origin(listener, origin)
 
     def set_latency(self, listener: str, edge: str, origin: str, latency_ms: Any, reason: str = "",
                     actor: str = ACTOR) -> dict[str, Any]:
-        value = _number("latency_ms", latency_ms, allow_inf=True)
+        value = _checked(check_latency, "latency_ms", latency_ms)
         ms = None if math.isinf(value) else value   # infinite: no path
         with self._lock:
             before = self._apply_latency(listener, edge, origin, ms)
@@ -124,23 +137,31 @@ class TopologyStore:
 
     # -- one change, applied and remembered for the overrides file (under the lock) ---------
     def _apply_capacity(self, listener: str, origin: str, value: float) -> dict[str, Any]:
+        value = _checked(check_capacity, "capacity_rps", value)
         o = self._origin(self._listener(listener), origin)
         before = {"capacity_rps": o.capacity_rps}
         o.capacity_rps = value
         self._saved.capacity_rps.setdefault(listener, {})[origin] = value
         return before
 
-    def _apply_health(self, listener: str, origin: str, healthy: bool | None) -> dict[str, Any]:
+    def _apply_health(self, listener: str, origin: str, healthy: bool | None, force: bool = False) -> dict[str, Any]:
         self._origin(self._listener(listener), origin)
-        overrides = self._overrides[listener]
-        before = {"health_override": overrides.get(origin)}
+        overrides, forced = self._overrides[listener], self._forced[listener]
+        before = {"health_override": overrides.get(origin), **({"health_forced": True} if origin in forced else {})}
         if healthy is None:
             overrides.pop(origin, None)
         else:
             overrides[origin] = healthy
+        if force and healthy is True:
+            forced.add(origin)
+        else:
+            forced.discard(origin)
         return before
 
     def _apply_latency(self, listener: str, edge: str, origin: str, ms: float | None) -> dict[str, Any]:
+        if ms is not None:
+            ms = _checked(check_latency, "latency_ms", ms)
+            ms = None if math.isinf(ms) else ms
         spec = self._listener(listener)
         if edge not in {e.name for e in spec.edges}:
             raise TopologyError(f"edge {edge!r} not in listener {listener!r}", 404)
@@ -162,8 +183,10 @@ class TopologyStore:
             return
         # Pinned health is exactly the API's pins (the file's own health lives in the topology).
         health = {name: dict(pins) for name, pins in self._overrides.items() if pins}
+        forced = {name: sorted(origins) for name, origins in self._forced.items() if origins}
         try:
-            save_overrides(self.overrides_file, self._saved.model_copy(update={"health": health}))
+            save_overrides(self.overrides_file, self._saved.model_copy(update={"health": health,
+                                                                              "health_forced": forced}))
         except OSError as e:
             SAVE_FAILURES.inc()
             log.error("overrides_not_saved", file=str(self.overrides_file), error=str(e),
@@ -173,7 +196,8 @@ class TopologyStore:
         """Apply the overrides that still fit the topology file (not audited again); skip and name the others."""
         changes = ([(f"capacity {lst}/{o}", lambda lst=lst, o=o, v=v: self._apply_capacity(lst, o, v))
                     for lst, origins in saved.capacity_rps.items() for o, v in origins.items()]
-                   + [(f"health {lst}/{o}", lambda lst=lst, o=o, h=h: self._apply_health(lst, o, h))
+                   + [(f"health {lst}/{o}", lambda lst=lst, o=o, h=h: self._apply_health(
+                       lst, o, h, force=o in saved.health_forced.get(lst, [])))
                       for lst, pins in saved.health.items() for o, h in pins.items()]
                    + [(f"latency {lst}/{e}->{o}", lambda lst=lst, e=e, o=o, ms=ms: self._apply_latency(lst, e, o, ms))
                       for lst, edges in saved.latency_ms.items() for e, row in edges.items() for o, ms in row.items()])
