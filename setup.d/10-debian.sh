@@ -5,29 +5,16 @@ set -euo pipefail
 PKGS=(prometheus prometheus-alertmanager haproxy socat ipmitool openipmi libopenipmi-dev iptables iperf3
       docker-compose netperf iproute2 build-essential curl ca-certificates openjdk-17-jre-headless maven)
 
-missing=()
-for p in "${PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-[ ${#missing[@]} -eq 0 ] && { echo "debian: all ${#PKGS[@]} packages present"; exit 0; }
-
-if [ "$(id -u)" -ne 0 ]; then
-  echo "setup: missing Debian packages (${missing[*]}); run 'make setup' as root or install them" >&2
-  exit 1
-fi
-src=/etc/apt/sources.list.d/opsloop-non-free.sources
-if ! grep -rqs "non-free" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+source "$(dirname "$0")/lib/steps.bash"
+# Called by apt_ensure before it installs anything; the sources file appears whole (temp, then rename).
+before_apt_install() {
+  rm -f /etc/apt/sources.list.d/opsloop-non-free.sources.tmp   # left by a killed run; grep would count it
+  grep -rqs "non-free" /etc/apt/sources.list /etc/apt/sources.list.d/ && return 0
+  local src=/etc/apt/sources.list.d/opsloop-non-free.sources uri
   uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
   uri=${uri:-http://deb.debian.org/debian}
-  cat > "$src" <<SRC
-Types: deb
-URIs: $uri
-Suites: bookworm
-Components: non-free
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-fi
-echo "debian: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q
-apt-get install -y -q --no-install-recommends "${missing[@]}"
+  printf 'Types: deb\nURIs: %s\nSuites: bookworm\nComponents: non-free\nSigned-By: %s\n' \
+    "$uri" /usr/share/keyrings/debian-archive-keyring.gpg > "$src.tmp"
+  mv -f "$src.tmp" "$src"
+}
+apt_ensure debian "${PKGS[@]}"

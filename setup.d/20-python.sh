@@ -1,18 +1,29 @@
 #!/usr/bin/env bash
 # The project's virtualenv with pinned dependencies; re-installs only when pyproject.toml changed.
+# Safe to interrupt anywhere: a venv without a working pip is rebuilt, the stamp is written last (whole),
+# and the up-to-date check also runs the interpreter, pip and an import of the project.
 set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$(dirname "$0")/lib/steps.bash"
+ROOT="$(step_root)"
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 VENV="$ROOT/.venv"
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+# What must import once installed: the project's top-level package (a scratch test project names its own).
+IMPORT_CHECK=${OPSLOOP_IMPORT_CHECK:-opsloop.cli}
 stamp="$VENV/.opsloop-installed"
 want=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+installed() { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && venv_usable "$VENV" \
+              && "$VENV/bin/python" -c "import $IMPORT_CHECK" >/dev/null 2>&1; }
+if installed; then
   echo "python: venv up to date"; exit 0
 fi
+ensure_venv python "$VENV" "$PY"
+rm -f "$stamp"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-"$VENV/bin/pip" install -q --upgrade "pip==26.3" "setuptools==80.9.0" "wheel==0.45.1"
-"$VENV/bin/pip" install -q -e "$ROOT[test]"
-echo "$want" > "$stamp"
+"$VENV/bin/python" -m pip install -q --upgrade "pip==26.3" "setuptools==80.9.0" "wheel==0.45.1"
+"$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
+# A package half-installed by an earlier interrupted run shows up here as a broken requirement.
+"$VENV/bin/python" -m pip check >/dev/null || { "$VENV/bin/python" -m pip check >&2; exit 1; }
+"$VENV/bin/python" -c "import $IMPORT_CHECK"
+write_atomic "$stamp" "$want"
 echo "python: venv installed"

@@ -6,8 +6,10 @@
 # `go install github.com/influxdata/telegraf/cmd/telegraf@v1.37.2` fails on two checksum look-ups, so we
 # build from a throwaway module whose go.sum is a copy of Telegraf's own.
 # Idempotent: a second run with the same version and tags is a no-op.
+# Safe to interrupt anywhere: the binary is built under a temporary name and renamed, the stamp written last.
 set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$(dirname "$0")/lib/steps.bash"
+ROOT="$(step_root)"
 VERSION=1.37.2
 TAGS="custom,inputs.ipmi_sensor,inputs.iptables,inputs.ipvs,inputs.haproxy,processors.rename,outputs.kafka,outputs.file,serializers.json"
 OUT_DIR="$ROOT/.cache/telegraf"
@@ -15,7 +17,7 @@ BIN="$OUT_DIR/telegraf"
 STAMP="$OUT_DIR/.built"
 WANT="telegraf v$VERSION tags=$TAGS"
 
-if [ -x "$BIN" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+if [ -x "$BIN" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$BIN" --version >/dev/null 2>&1; then
   echo "telegraf: $BIN up to date"; exit 0
 fi
 
@@ -58,6 +60,7 @@ echo "telegraf: building v$VERSION with tags $TAGS (~1.5 min)"
 (cd "$MOD" && "$GO" build -trimpath -tags "$TAGS" \
    -ldflags "-s -w -X github.com/influxdata/telegraf/internal.Version=$VERSION" \
    -o "$BIN.tmp" github.com/influxdata/telegraf/cmd/telegraf)
+rm -f "$STAMP"
 mv -f "$BIN.tmp" "$BIN"
-echo "$WANT" > "$STAMP"
+write_atomic "$STAMP" "$WANT"
 echo "telegraf: built $BIN ($("$BIN" --version))"
