@@ -60,7 +60,7 @@ def _iso(t: datetime) -> str:
 
 
 def _unit_clause(unit: str) -> dict[str, Any]:
-    """A unit as systemd names it (opsloop-edge, opsloop-edge.service, opsloop-collect@ipmi) or a container."""
+    """A unit as systemd names it (opsloop-edge, opsloop-edge.service, opsloop-collector@ipmi) or a container."""
     names = [unit] if "." in unit else [unit, f"{unit}.service"]
     should: list[dict[str, Any]] = [{"terms": {"systemd.unit": names}}, {"term": {"container.name": unit}}]
     if "@" not in unit and "." not in unit:

@@ -16,12 +16,12 @@ from opsloop.config import ConfigError
 EPILOG = f"""examples:
   # what did the edge control service warn about in the last 10 minutes?
   opsloop logs search --unit opsloop-edge --since 10m --level warning
-  opsloop logs search --unit opsloop-collect@ipmi --since 1h --grep bmc_timeout
+  opsloop logs search --unit opsloop-collector@ipmi --since 1h --grep bmc_timeout
   opsloop logs search --unit apache2 --since 30m --level error          # Horizon behind Apache
   opsloop logs search --unit opsloop-edge --since 2h --until 2026-11-22T03:15 --json
   opsloop logs search --unit opsloop-edge --since 10m --show-query      # the Elasticsearch query
 
---unit takes a systemd unit (opsloop-edge, opsloop-edge.service, opsloop-collect@ipmi; a bare name
+--unit takes a systemd unit (opsloop-edge, opsloop-edge.service, opsloop-collector@ipmi; a bare name
 also matches its template instances opsloop-edge@*) or a Docker container name; repeat it for
 several. --level is this severity or worse ({', '.join(LEVELS)}): opsloop's own level for its JSON
 lines, the journal's syslog priority for other services. The Elasticsearch URL comes from --es,

@@ -34,6 +34,15 @@ BEATS_DIR = REPO / ".cache" / "beats"
 JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
 COMPOSE_DIR = REPO / "docker-compose"
 LOGS_TEMPLATE_FILE = REPO / "opsloop" / "audit" / "templates" / "logs.json"
+UNITS_DIR = REPO / "deploy" / "systemd"
+
+
+def syslog_identifier(unit_file: Path) -> str:
+    """The SyslogIdentifier= an installed unit gives its lines in the journal."""
+    for line in unit_file.read_text().splitlines():
+        if line.startswith("SyslogIdentifier="):
+            return line.split("=", 1)[1].strip()
+    raise AssertionError(f"{unit_file.name}: no SyslogIdentifier=")
 
 
 def require_tools(beat: str) -> Path:
@@ -165,7 +174,7 @@ class Batch:
 
 
 class Scenario:
-    """The log lines of one host: opsloop services (JSON), Horizon's Apache, and cron/sshd noise.
+    """The log lines of one host: opsloop's units (JSON), Horizon's Apache, and cron/sshd noise.
 
     Every message carries the run's token (to find this test's documents) and a record id
     ``<run>n<seq>`` (to count each record's copies).
@@ -178,6 +187,9 @@ class Scenario:
     def __init__(self, run: str) -> None:
         self.run = run
         self._seq = 0
+        # The identifiers the shipped systemd units (deploy/systemd) give their lines.
+        self.edge_ident = syslog_identifier(UNITS_DIR / "opsloop-edge.service")
+        self.collector_ident = syslog_identifier(UNITS_DIR / "opsloop-collector@.service")
 
     def _id(self) -> str:
         self._seq += 1
@@ -192,13 +204,13 @@ class Scenario:
             level, event = (logging.WARNING, "weights_held") if i % 2 else (logging.INFO, "weights_pushed")
             msg = opsloop_line("edge", level, event, time.time() - self.APP_TO_JOURNAL_S,
                                run=self.run, id=rid, edge="ams1", step=i)
-            e = Entry(msg, "opsloop", "opsloop-edge.service", priority=6)
+            e = Entry(msg, self.edge_ident, "opsloop-edge.service", priority=6)
             entries.append(e)
             expected[rid] = e
             rid = self._id()
             msg = opsloop_line("collector.ipmi", logging.ERROR, "bmc_timeout", time.time() - self.APP_TO_JOURNAL_S,
                                run=self.run, id=rid, host="stor-g3-17", timeout_s=6.0)
-            e = Entry(msg, "opsloop", "opsloop-collect@ipmi.service", priority=6)
+            e = Entry(msg, self.collector_ident, "opsloop-collector@ipmi.service", priority=6)
             entries.append(e)
             expected[rid] = e
             rid = self._id()
@@ -219,7 +231,7 @@ class Scenario:
     def bad_line(self) -> Batch:
         """An opsloop line that is not JSON (a crash before logging was set up): shipped, not lost."""
         rid = self._id()
-        e = Entry(f"Traceback (most recent call last): boom {self.run} {rid}", "opsloop", "opsloop-edge.service",
+        e = Entry(f"Traceback (most recent call last): boom {self.run} {rid}", self.edge_ident, "opsloop-edge.service",
                   priority=3)
         return Batch([e], {rid: e}, set())
 
@@ -227,7 +239,7 @@ class Scenario:
         """A matched line whose only purpose is to show the shipper is reading (ids ``<run>p<k>``)."""
         self._seq += 1
         return Entry(opsloop_line("test", logging.INFO, "probe", time.time(), run=self.run,
-                                  id=f"{self.run}p{self._seq:04d}"), "opsloop", "opsloop-probe.service")
+                                  id=f"{self.run}p{self._seq:04d}"), self.edge_ident, "opsloop-probe.service")
 
     def ids(self, docs: list[dict[str, Any]]) -> Counter[str]:
         """How many documents carry each record id (probes excluded)."""

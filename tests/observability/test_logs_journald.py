@@ -70,7 +70,7 @@ def test_only_the_matched_units_arrive(shipped: ShipperRun) -> None:
     counts = shipped.scenario.ids(shipped.docs)
     assert not {rid for rid in shipped.unexpected if counts[rid]}, "cron/sshd lines were shipped"
     units = {d["systemd"]["unit"] for d in shipped.docs}
-    assert units == {"opsloop-edge.service", "opsloop-collect@ipmi.service", "apache2.service",
+    assert units == {"opsloop-edge.service", "opsloop-collector@ipmi.service", "apache2.service",
                      "opsloop-probe.service"}
 
 
@@ -144,9 +144,9 @@ def test_logs_search_finds_the_shipped_warnings_of_a_unit(shipped: ShipperRun, e
     got = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert set(shipped.scenario.ids(got)) == want and len(got) == len(want)
     # errors of the IPMI collector are "warning or worse" too, but another unit
-    assert logs_main(["search", "--es", es_url, "--unit", "opsloop-collect@ipmi", "--since", "1h",
+    assert logs_main(["search", "--es", es_url, "--unit", "opsloop-collector@ipmi", "--since", "1h",
                       "--level", "error", "--grep", run]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == sum(1 for e in shipped.expected.values() if e.unit == "opsloop-collect@ipmi.service")
-    assert all("bmc_timeout" in line and "opsloop-collect@ipmi.service" in line for line in out)
+    assert len(out) == sum(1 for e in shipped.expected.values() if e.unit == "opsloop-collector@ipmi.service")
+    assert all("bmc_timeout" in line and "opsloop-collector@ipmi.service" in line for line in out)
 
