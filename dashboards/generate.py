@@ -10,7 +10,7 @@ a unit and the dashboard's variables. The committed JSON must equal this generat
 
 Metric names are the ones the code exports (``grep -rn 'Gauge(\\|Counter(\\|Histogram(' ...``) and
 the recording rules in ``alerts/rules/recording.yml``; dashboard uids and variable names match the
-``dashboard`` links in the alert annotations (``/d/opsloop-edge/edge-weights?var-lb=...``).
+``dashboard_url`` links in the alert annotations (``/d/opsloop-edge/edge-weights?var-lb=...``).
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ class Panel:
     thresholds: list[tuple[float, str]] = field(default_factory=list)   # (from value, colour) above green
     decimals: int | None = None
     max: float | None = None
+    # Grafana field overrides (e.g. the anomaly band: fill from "upper" down to "lower").
+    overrides: list[dict[str, Any]] = field(default_factory=list)
+    repeat: str | None = None     # one panel per selected value of this variable
     # Produced by the HAProxy pipeline that tests/observability/test_dashboards.py runs end to end
     # (lab edge -> haproxy collector -> Kafka -> stream worker): its queries must return data there.
     e2e_lb: bool = False
@@ -58,12 +61,14 @@ class Variable:
     name: str
     label: str
     query: str            # label_values(...) for Prometheus
+    multi: bool = True    # False: one value at a time (with All offered only when multi)
 
     def to_json(self) -> dict[str, Any]:
+        current = ({"selected": True, "text": ["All"], "value": ["$__all"]} if self.multi else {})
         return {"name": self.name, "label": self.label, "type": "query", "datasource": DATASOURCE,
                 "query": self.query, "definition": self.query,
-                "refresh": 2, "includeAll": True, "multi": True, "allValue": ".*", "sort": 1,
-                "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "hide": 0}
+                "refresh": 2, "includeAll": self.multi, "multi": self.multi, "allValue": ".*", "sort": 1,
+                "current": current, "hide": 0}
 
 
 def datasource_variable() -> dict[str, Any]:
@@ -92,7 +97,9 @@ def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         targets.append(t)
     out: dict[str, Any] = {"id": pid, "type": p.kind, "title": p.title, "description": p.description,
                            "datasource": DATASOURCE, "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
-                           "fieldConfig": {"defaults": defaults, "overrides": []}, "targets": targets}
+                           "fieldConfig": {"defaults": defaults, "overrides": p.overrides}, "targets": targets}
+    if p.repeat:
+        out.update(repeat=p.repeat, repeatDirection="h", maxPerRow=2)
     if p.kind == "timeseries":
         out["options"] = {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
                           "tooltip": {"mode": "multi", "sort": "desc"}}
@@ -336,8 +343,93 @@ def edge() -> Dashboard:
             Panel("Controller holding fail-static", "1 while the edge-weight controller holds the last good weights "
                   "because its inputs are stale.",
                   [Query('opsloop_edge_fail_static{listener=~"$listener"}', "{{listener}} {{edge}}")], unit="bool"),
+            *control_loop_panels(),
         ],
         annotations=[weight_changes])
+
+
+def _as_edge_origin(expr: str) -> str:
+    """LB series (lb = the edge, server = the origin's server) relabelled to the controller's edge/origin."""
+    return f'label_replace(label_replace({expr}, "edge", "$1", "lb", "(.*)"), "origin", "$1", "server", "(.*)")'
+
+
+def control_loop_panels() -> list[Panel]:
+    """The loop that changes production: what the controller decided, what the actuator applied, what the
+    load balancer shows, and why (mode, stale inputs, shed demand, refusals)."""
+    sel = 'listener=~"$listener", edge=~"$lb"'
+    rates = 'opsloop_lb_server_request_rate{lb=~"$lb", server=~"$origin"}'
+    edge_total = 'sum by (edge) (label_replace(opsloop_lb_server_request_rate{lb=~"$lb"}, "edge", "$1", "lb", "(.*)"))'
+    observed = f"sum by (edge, origin) ({_as_edge_origin(rates)}) / on (edge) group_left {edge_total}"
+    return [
+        Panel("Share per origin: decided vs applied vs observed",
+              "Per edge and listener, the share of traffic for each origin: decided = what the controller published "
+              "(opsloop_edge_weight), applied = the weights the actuator wrote (opsloop_actuator_weight over their "
+              "sum), observed = the split of the edge's requests the load balancer measured. Decided and applied "
+              "apart: the actuator is in shadow/dry-run, refusing or failing; applied and observed apart: the "
+              "load balancer does not follow its weights (health checks, sticky sessions).",
+              [Query(f'opsloop_edge_weight{{{sel}, origin=~"$origin"}}', "{{edge}} {{listener}} → {{origin}} decided"),
+               Query(f'opsloop_actuator_weight{{{sel}, origin=~"$origin"}} / on (edge, listener) group_left '
+                     f"sum by (edge, listener) (opsloop_actuator_weight{{{sel}}})",
+                     "{{edge}} {{listener}} → {{origin}} applied"),
+               Query(observed, "{{edge}} → {{origin}} observed")],
+              unit="percentunit", max=1.0, width=FULL_WIDTH, height=9),
+        Panel("Demand vs capacity per origin (controller's view)",
+              "Per listener: the request rate each origin receives, its policy capacity, and the listener's total "
+              "demand against the capacity of its healthy origins. Demand above healthy capacity is shed fairly.",
+              [Query('opsloop_edge_origin_load_rps{listener=~"$listener", origin=~"$origin"}',
+                     "{{listener}} {{origin}} load"),
+               Query('opsloop_edge_origin_capacity_rps{listener=~"$listener", origin=~"$origin"}',
+                     "{{listener}} {{origin}} capacity"),
+               Query('sum by (listener) (opsloop_edge_demand_rps{listener=~"$listener"})', "{{listener}} demand"),
+               Query('sum by (listener) (opsloop_edge_origin_capacity_rps{listener=~"$listener"} '
+                     '* on (listener, origin) opsloop_edge_origin_healthy{listener=~"$listener"})',
+                     "{{listener}} healthy capacity")],
+              unit="reqps"),
+        Panel("Controller mode", "1 for the mode of each listener's last decision: normal (optimal, every edge "
+              "served), shed (healthy capacity short), hold (fail static: inputs stale), fallback (no usable inputs "
+              "and no last good weights). The panels to the right say why.",
+              [Query('opsloop_edge_mode{listener=~"$listener"} == 1', "{{listener}} {{mode}}")], unit="bool"),
+        Panel("Why: input age and shed demand", "Age of the demand the last decision used (hold when older than "
+              "the controller's stale_after_s) and the demand above healthy capacity (shed when above 0). The reason "
+              "text of each decision is in the orange audit annotations and the open edge findings below.",
+              [Query('opsloop_edge_inputs_age_seconds{listener=~"$listener"}', "{{listener}} inputs age (s)"),
+               Query('opsloop_edge_shed_rps{listener=~"$listener"}', "{{listener}} shed (req/s)")],
+              unit="short"),
+        Panel("Controller solve time", "Time to decide and publish one interval (median and p95 over all "
+              "listeners), and intervals per second by outcome.",
+              [Query(f"histogram_quantile(0.5, sum by (le) (rate(opsloop_edge_tick_seconds_bucket[{RATE}])))", "p50"),
+               Query(f"histogram_quantile(0.95, sum by (le) (rate(opsloop_edge_tick_seconds_bucket[{RATE}])))", "p95")],
+              unit="s"),
+        Panel("Controller intervals by outcome", "Intervals the controller ran per second, by listener and outcome.",
+              [Query(f'sum by (listener, outcome) (rate(opsloop_edge_ticks_total{{listener=~"$listener"}}[{RATE}]))',
+                     "{{listener}} {{outcome}}")], unit="ops"),
+        Panel("Actuator results and refusals", "Decisions the weight actuators handled per second by result: "
+              "applied, dry_run, shadow, held (stale decision: fail static), refused (a safety rule: unknown "
+              "origins, all-zero weights, an older version, clock skew), mismatch and failed.",
+              [Query(f"sum by (edge, listener, result) (rate(opsloop_actuator_applies_total{{{sel}}}[{RATE}]))",
+                     "{{edge}} {{listener}} {{result}}")], unit="ops"),
+        Panel("Decisions refused in a row", "Decisions the actuator refused one after the other since the last one "
+              "it applied (stale version, computed_at in the future, only DOWN origins). Above 0 for 2 minutes "
+              "pages EdgeWeightActuatorRefusedInARow; the audit trail has each refusal's reason.",
+              [Query(f"opsloop_actuator_refused_decisions{{{sel}}}", "{{edge}} {{listener}}")], unit="short",
+              thresholds=[(1.0, "orange")]),
+        Panel("Actuator errors", "Errors of the weight actuators per second by kind (unreachable load balancer, "
+              "command failed, read-back mismatch). Above 0 for 5 minutes pages EdgeWeightActuatorErrors.",
+              [Query(f'sum by (edge, kind) (rate(opsloop_actuator_errors_total{{edge=~"$lb"}}[{RATE}]))',
+                     "{{edge}} {{kind}}")], unit="ops", thresholds=[(0.0001, "red")]),
+        Panel("Decided vs applied version", "Version of the last decision the controller published per listener, "
+              "and the version each edge's actuator applied last. An applied version that stops following the "
+              "decided one means the edge holds old weights.",
+              [Query('max by (listener) (opsloop_edge_decision_version{listener=~"$listener"})',
+                     "{{listener}} decided"),
+               Query(f"opsloop_actuator_applied_version{{{sel}}}", "{{edge}} {{listener}} applied")], unit="short"),
+        Panel("Shadow diff", "Shadow mode: the fraction of traffic the latest decision would move compared with "
+              "the live weights (0 = the controller agrees with what is in force). Read this before switching an "
+              "edge from shadow to live.",
+              [Query(f"opsloop_actuator_shadow_diff{{{sel}}}", "{{edge}} {{listener}}")],
+              unit="percentunit", max=1.0, thresholds=[(0.1, "orange"), (0.3, "red")]),
+        findings_panel("edge[.].*", ', listener=~"$listener"', "edge"),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- pipeline
@@ -351,7 +443,13 @@ def pipeline() -> Dashboard:
         [Variable("collector", "Collector", "label_values(opsloop_collector_rounds_total, collector)"),
          Variable("topic", "Topic", "label_values(opsloop_stream_records_total, topic)"),
          Variable("agent", "Agent", "label_values(opsloop_stream_batch_seconds_count, agent)"),
-         Variable("detector", "Detector", "label_values(opsloop_findings_total, detector)")],
+         Variable("detector", "Detector", "label_values(opsloop_findings_total, detector)"),
+         # The anomaly band is drawn for one metric.field at a time, one panel per series.
+         Variable("anomaly_metric", "Anomaly metric", "label_values(opsloop_anomaly_score, metric)", multi=False),
+         Variable("anomaly_field", "Anomaly field",
+                  'label_values(opsloop_anomaly_score{metric=~"$anomaly_metric"}, field)', multi=False),
+         Variable("anomaly_series", "Anomaly series",
+                  'label_values(opsloop_anomaly_score{metric=~"$anomaly_metric", field=~"$anomaly_field"}, series)')],
         [
             Panel("Scrape targets up", "1 per opsloop process Prometheus scrapes successfully.",
                   [Query('up{job="opsloop"}', "{{instance}} {{component}}")], unit="bool", e2e_lb=True),
@@ -424,6 +522,39 @@ def pipeline() -> Dashboard:
                   [Query(f"sum by (outcome) (rate(opsloop_audit_records_total[{RATE}]))", "{{outcome}}/s"),
                    Query("sum(opsloop_audit_buffered_records)", "buffered"),
                    Query(f"sum(increase(opsloop_audit_dropped_total[{RATE}]))", "dropped")], unit="short"),
+            anomaly_band_panel(),
+        ])
+
+
+def _fixed(colour: str) -> dict[str, Any]:
+    return {"id": "color", "value": {"mode": "fixed", "fixedColor": colour}}
+
+
+def anomaly_band_panel() -> Panel:
+    """Observed value inside the detector's normal band: Grafana fills from the "upper" series down to "lower"
+    (fillBelowTo names one series, hence one panel per series, repeated over $anomaly_series)."""
+    sel = 'metric=~"$anomaly_metric", field=~"$anomaly_field", series=~"$anomaly_series"'
+    band_edge = [{"id": "custom.lineWidth", "value": 0}, _fixed("green")]
+    return Panel(
+        "Anomaly band: $anomaly_metric.$anomaly_field $anomaly_series",
+        "The observed value of the series (opsloop_anomaly_observed) against what the streaming anomaly detector "
+        "expects: the expected value (dashed) and the normal band from lower to upper (shaded). A point outside "
+        "the band raises the score; a sustained one opens an anomaly finding. The band appears once the "
+        "detector is warm.",
+        [Query(f"max(opsloop_anomaly_observed{{{sel}}})", "observed"),
+         Query(f"max(opsloop_anomaly_expected{{{sel}}})", "expected"),
+         Query(f"max(opsloop_anomaly_lower{{{sel}}})", "lower"),
+         Query(f"max(opsloop_anomaly_upper{{{sel}}})", "upper")],
+        unit="short", width=FULL_WIDTH, repeat="anomaly_series",
+        overrides=[
+            {"matcher": {"id": "byName", "options": "upper"},
+             "properties": [*band_edge, {"id": "custom.fillBelowTo", "value": "lower"},
+                            {"id": "custom.fillOpacity", "value": 20}]},
+            {"matcher": {"id": "byName", "options": "lower"}, "properties": band_edge},
+            {"matcher": {"id": "byName", "options": "expected"},
+             "properties": [_fixed("green"), {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}]},
+            {"matcher": {"id": "byName", "options": "observed"},
+             "properties": [_fixed("blue"), {"id": "custom.lineWidth", "value": 2}]},
         ])
 
 

@@ -101,7 +101,7 @@ def finding_runbook_url(detector: str, base: str | None = None) -> str:
 
 def alert_anchor(alertname: str) -> str:
     """``OriginOverCapacity`` -> ``origin-over-capacity`` (the anchor of an alert rule's section)."""
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", alertname).lower()
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "-", alertname).lower()
 
 
 def render_rules(text: str, runbook_base: str, dashboard_base: str) -> str:

@@ -35,6 +35,7 @@ SCORE = Gauge("opsloop_anomaly_score", "Anomaly score in [0, 1] of the series' l
 EXPECTED = Gauge("opsloop_anomaly_expected", "Expected value of the series' last point", LABELS)
 LOWER = Gauge("opsloop_anomaly_lower", "Lower edge of the normal band at the last point", LABELS)
 UPPER = Gauge("opsloop_anomaly_upper", "Upper edge of the normal band at the last point", LABELS)
+OBSERVED = Gauge("opsloop_anomaly_observed", "Observed value of the series' last point (drawn in its band)", LABELS)
 DROPPED = Counter("opsloop_anomaly_series_dropped_total", "Samples of new series ignored (max_series reached)",
                   ["metric"])
 
@@ -155,6 +156,7 @@ class AnomalyHandler(DetectorHandler):
         labels = (s.spec_metric, s.spec_field, series_label(s.tags))
         e = s.detector.explain()
         SCORE.labels(*labels).set(score)
+        OBSERVED.labels(*labels).set(e["observed"])
         if e["warm"]:
             EXPECTED.labels(*labels).set(e["expected"])
             LOWER.labels(*labels).set(e["lower"])

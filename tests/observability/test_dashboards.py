@@ -99,7 +99,8 @@ def test_every_panel_has_title_description_unit_and_datasource_variable(name: st
         assert p["fieldConfig"]["defaults"]["unit"] in KNOWN_UNITS, (p["title"], p["fieldConfig"]["defaults"]["unit"])
         assert p["datasource"]["uid"] == "${datasource}" and p["targets"], p["title"]
         for t in p["targets"]:
-            used = set(re.findall(r"\$\{?(\w+)", t["expr"])) - {"__rate_interval", "__interval", "__range"}
+            # $1 in label_replace is a regex group: Grafana leaves names that are no variable alone
+            used = set(re.findall(r"\$\{?([A-Za-z_]\w*)", t["expr"])) - {"__rate_interval", "__interval", "__range"}
             assert used <= set(names), (p["title"], used - set(names))
         g = p["gridPos"]
         assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0
@@ -185,3 +186,32 @@ def test_lb_and_pipeline_panels_return_data_from_an_end_to_end_run(stack, lab_ed
         gen.stop()
         collector.stop()
         worker.stop()
+
+
+def _exported_metric_names() -> set[str]:
+    """Every opsloop_* series name the code can export (prometheus_client suffixes included)."""
+    names: set[str] = set()
+    # prometheus_client's classes, and custom collectors' Metric (imported as PromMetric) families
+    pattern = re.compile(r"\b(Gauge|Counter|Histogram|Summary|PromMetric|GaugeMetricFamily)\(\s*\"(opsloop_\w+)\"")
+    for src in REPO.glob("**/*.py"):
+        if any(part.startswith(".") for part in src.relative_to(REPO).parts) or "tests" in src.parts:
+            continue
+        for kind, name in pattern.findall(src.read_text(errors="replace")):
+            if kind == "Counter":
+                names.add(name if name.endswith("_total") else name + "_total")
+            elif kind in ("Histogram", "Summary"):
+                names |= {name + s for s in ("_bucket", "_count", "_sum")}
+            else:
+                names.add(name)
+    return names
+
+
+def test_every_metric_a_panel_queries_is_exported_by_the_code() -> None:
+    """A panel on a misspelt metric is valid PromQL and stays empty forever: check the names against the code."""
+    exported = _exported_metric_names()
+    assert {"opsloop_edge_weight", "opsloop_actuator_errors_total", "opsloop_anomaly_observed"} <= exported
+    unknown = set()
+    for model in _committed().values():
+        for where, expr in all_queries(model):
+            unknown |= {(where, n) for n in re.findall(r"\b(opsloop_[a-z0-9_]+)", expr) if n not in exported}
+    assert not unknown, "\n".join(f"{w}: {n}" for w, n in sorted(unknown))
