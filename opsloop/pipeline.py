@@ -131,6 +131,13 @@ LAB_ANOMALY = {"series": [{"metric": "ipmi_power", "field": "watts"}], "detector
                "clear_after": 3}
 
 
+# The general anomaly detector on the lab's BMC watts: warm after 12 samples (a minute at the lab's 5 s
+# interval), so writing 600 to a BMC's watts file opens an anomaly finding and pages within about a minute;
+# the finding resolves three samples after the draw is back in its band.
+LAB_ANOMALY = {"series": [{"metric": "ipmi_power", "field": "watts"}], "detector": {"warmup_points": 12},
+               "clear_after": 3}
+
+
 def effective_config(base: Path | None, run_dir: Path, ports: LabPorts = LabPorts()) -> tuple[Settings, Path]:
     """The user's config (or defaults) plus the lab's addresses, written where the processes read it."""
     doc: dict = (yaml.safe_load(base.read_text()) if base else {}) or {}
@@ -146,6 +153,8 @@ def effective_config(base: Path | None, run_dir: Path, ports: LabPorts = LabPort
         doc.setdefault("kafka", {}).setdefault("bootstrap_servers", f"127.0.0.1:{stack['kafka_port']}")
     controllers = doc.setdefault("controllers", {})
     controllers.setdefault("paging", {"alertmanager_urls": [am]})
+    if "detectors" not in controllers:   # (the old place of the section wins if the user's config uses it)
+        doc.setdefault("streams", {}).setdefault("detectors", {}).setdefault("anomaly", LAB_ANOMALY)
     if "detectors" not in controllers:   # (the old place of the section wins if the user's config uses it)
         doc.setdefault("streams", {}).setdefault("detectors", {}).setdefault("anomaly", LAB_ANOMALY)
     run_dir.mkdir(parents=True, exist_ok=True)
