@@ -2,9 +2,8 @@
 file it mounts from the repository exists, and the configs it mounts are valid for their tools
 (promtool for prometheus.yml, opsloop's loader for opsloop.yaml, YAML structure for Filebeat).
 
-Filebeat itself cannot run here (journald does not run on these machines), so filebeat.yml is
-checked for the structure Filebeat's journald input expects, and its index template is loaded
-into a real Elasticsearch by test_logs_template.py.
+filebeat.yml is checked here for its structure; the real Filebeat runs it against real journal files
+and a real Elasticsearch in test_logs_journald.py.
 """
 
 from __future__ import annotations
@@ -120,7 +119,7 @@ def test_filebeat_config_has_the_journald_input_and_our_template() -> None:
     inputs = doc["filebeat.inputs"]
     assert [i["type"] for i in inputs] == ["journald"]
     journald = inputs[0]
-    # 7.17 takes a list (the 8.x `include_matches.match` is silently ignored by it): test_logs_filebeat.py
+    # 7.17 takes a list (the 8.x `include_matches.match` is silently ignored by it): test_logs_journald.py
     assert journald["id"] and "SYSLOG_IDENTIFIER=opsloop" in journald["include_matches"]
     decode = [p["decode_json_fields"] for p in journald["processors"] if "decode_json_fields" in p]
     assert decode and decode[0]["fields"] == ["message"] and decode[0]["target"] == "opsloop"

@@ -1,10 +1,9 @@
 """The log index template Filebeat installs (opsloop/audit/templates/logs.json), in a real Elasticsearch.
 
-Filebeat cannot run here (no journald), so the test does what the pipeline in
-docker-compose/filebeat.yml does to one line: a real opsloop JSON log line (opsloop.log) is the
-journal's MESSAGE, decode_json_fields puts it under `opsloop`, the timestamp processor copies
-opsloop.time to @timestamp; the document goes to opsloop-logs-YYYY.MM.DD, and an operator's
-queries (by service, level, event and a field value) find it.
+The mapping on its own, installed by `opsloop audit install-templates` (the shippers install the same
+file themselves: test_logs_journald.py). Documents shaped the way docker-compose/filebeat.yml ships
+real opsloop JSON log lines (opsloop.log) go to an opsloop-logs-* index, and an operator's queries (by service, level, event and a field value) find it,
+including a field that is a number in one line and a string in another.
 """
 
 from __future__ import annotations

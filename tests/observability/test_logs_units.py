@@ -8,11 +8,13 @@ match on ``opsloop``. The shippers themselves run in test_logs_journald.py.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.helpers import REPO
 from tests.observability.beats import COMPOSE_DIR, UNITS_DIR, syslog_identifier
 
 
@@ -67,3 +69,12 @@ def test_filebeat_and_journalbeat_are_the_same_pipeline() -> None:
                 "setup.template.json.name", "output.elasticsearch"):
         assert fb[key] == jb[key], key
     assert jb["seccomp.enabled"] is False      # Journalbeat 7.15 cannot start its threads otherwise
+
+
+def test_the_compose_stack_runs_the_filebeat_release_the_tests_run() -> None:
+    """filebeat.yml uses 7.17 syntax (a list of matches); 8.x reads it differently."""
+    script = (REPO / "setup.d" / "80-beats.sh").read_text()
+    built = re.search(r"^FILEBEAT_VERSION=(\S+)$", script, re.M)
+    assert built
+    compose = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
+    assert compose["services"]["filebeat"]["image"] == f"docker.elastic.co/beats/filebeat:{built.group(1)}"
