@@ -102,9 +102,10 @@ class ControllerSettings(BaseModel):
     shed_headroom: float = Field(default=0.10, ge=0.0, lt=0.5)
     # demand: plan on this upper quantile of the measured demand's interval-to-interval variability
     demand_quantile: float = Field(default=0.95, ge=0.5, lt=1.0)
-    variability_window: int = Field(default=8, ge=3, le=100)
+    variability_window: int = Field(default=10, ge=3, le=100)
     max_uplift: float = Field(default=0.30, ge=0.0, le=1.0)
     anticipate_ramp: bool = True
+    ramp_threshold: float = Field(default=0.015, ge=0.0, le=1.0)  # relative rise per interval
     # a returning origin (HAProxy slowstart, Envoy outlier-ejection back-off): held down for
     # hold_down_intervals × backoff^(flaps-1) (≤ hold_down_max_intervals), then its capacity ramps
     # in over slowstart_intervals; its flap count is forgotten after it stayed up that long
@@ -384,9 +385,9 @@ class EdgeController(_Controller):
         super().__init__(n_edges, n_origins, self.settings.stale_after_s, self.settings.max_step,
                          initial)
         s = self.settings
-        self._demand_history: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=s.demand_window + 2)
-        # per interval, per edge: log change of the demand between intervals on the same weights
-        self._changes: deque[np.ndarray] = deque(maxlen=s.variability_window)
+        self._demand_history: deque[np.ndarray] = deque(
+            maxlen=max(s.demand_window, s.variability_window + 2, 4))
+        self._latency_history: deque[np.ndarray] = deque(maxlen=self._demand_history.maxlen)
         self._predicted_demand: np.ndarray | None = None
         self._z = NormalDist().inv_cdf(s.demand_quantile)
         self.hold_down = HoldDown(n_origins, s)
@@ -429,43 +430,39 @@ class EdgeController(_Controller):
         self._service_base = now.copy() if self._service_base is None \
             else np.minimum(self._service_base, np.where(now > 0, now, self._service_base))
 
-    def _demand_estimate(self, measured: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(estimate, uplift): the max of the last ``demand_window`` measurements, plus the rise
-        of a ramp for one interval, times an uplift so the plan covers the ``demand_quantile``
-        of the interval-to-interval variability (beyond what the headroom already covers).
+    def _demand_estimate(self, measured: np.ndarray, row_latency: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(estimate, uplift, rising) per edge.
 
-        The variability is measured only between intervals that ran on the same weights: a
-        change our own move caused (clients reacting to latency) is not noise."""
+        The estimate is the max of the last ``demand_window`` measurements; on a ramp (three
+        rises in a row, ``ramp_threshold`` per interval on average) plus one more interval of it;
+        then times ``1 + uplift`` so that the plan covers the ``demand_quantile`` of the
+        interval-to-interval variability beyond what the headroom already covers. The
+        variability is read from second differences of log-demand, which a steady ramp and the
+        geometric approach of our own relax steps leave near zero, and the median absolute
+        deviation, which a single step (a surge, a shed) does not move."""
         s = self.settings
-        hist = list(self._demand_history)
-        if hist and self.weights is not None:
-            last, last_rows = hist[-1]
-            same = np.isclose(self.weights, last_rows, atol=1e-3).all(axis=1)
-            change = np.log(np.maximum(measured, 1e-9)) - np.log(np.maximum(last, 1e-9))
-            self._changes.append(np.where(same & (last > 0) & (measured > 0), change, np.nan))
-        rows = self.weights.copy() if self.weights is not None else np.zeros((len(measured), 1))
-        self._demand_history.append((measured, rows))
-        recent = np.stack([m for m, _ in self._demand_history])
-        estimate = recent[-s.demand_window:].max(axis=0)
+        self._demand_history.append(measured)
+        self._latency_history.append(row_latency)
+        hist = np.stack(self._demand_history)
+        estimate = hist[-s.demand_window:].max(axis=0)
         uplift = np.zeros(len(measured))
-        if s.anticipate_ramp and len(self._changes) >= 2:
-            # two rises in a row on unchanged weights: a ramp, expect one more interval of it
-            d1, d2 = self._changes[-1], self._changes[-2]
-            rising = np.nan_to_num(d1) > 0.0
-            rising &= np.nan_to_num(d2) > 0.0
-            slope = np.where(rising, (recent[-1] - recent[-3]) / 2, 0.0)
-            estimate = estimate + slope
-        if self._changes:
-            rel = np.stack(self._changes)
-            enough = (~np.isnan(rel)).sum(axis=0) >= 3
-            if enough.any():
-                with np.errstate(all="ignore"):
-                    center = np.nanmedian(rel[:, enough], axis=0)
-                    # median absolute deviation: robust to a step and to a steady ramp
-                    mad = np.nanmedian(np.abs(rel[:, enough] - center), axis=0)
-                sigma = 1.4826 * mad / math.sqrt(2.0)
-                uplift[enough] = np.clip(self._z * sigma - s.headroom, 0.0, s.max_uplift)
-        return estimate * (1.0 + uplift), uplift
+        rising = np.zeros(len(measured), dtype=bool)
+        # the clients' own demand: what they sent, corrected for the latency our weights gave
+        # them (elastic clients send less on a slower mix), so our moves do not read as noise
+        logs = np.log(np.maximum(hist, 1e-9)) + s.elasticity * np.log(
+            np.maximum(np.stack(self._latency_history), _EPS))
+        changes = np.diff(logs, axis=0)
+        if s.anticipate_ramp and len(changes) >= 3:
+            last3 = changes[-3:]
+            rising = (last3 > 0).all(axis=0) & (last3.mean(axis=0) > s.ramp_threshold)
+            estimate = estimate + np.where(rising, (hist[-1] - hist[-4]) / 3, 0.0)
+        if len(changes) >= 5:
+            second = np.diff(changes, axis=0)
+            mad = np.median(np.abs(second - np.median(second, axis=0)), axis=0)
+            sigma = 1.4826 * mad / math.sqrt(6.0)
+            uplift = np.clip(self._z * sigma - s.headroom, 0.0, s.max_uplift)
+        return estimate * (1.0 + uplift), uplift, rising
 
     def _plan(self, estimate: np.ndarray, capacity: np.ndarray, latency: np.ndarray,
               healthy: np.ndarray, headroom: float):
@@ -487,13 +484,13 @@ class EdgeController(_Controller):
         return sol, demand
 
     def _bounded_shed(self, current: np.ndarray, estimate: np.ndarray, capacity: np.ndarray,
-                      latency: np.ndarray, healthy: np.ndarray, plan_healthy: np.ndarray
-                      ) -> np.ndarray:
+                      latency: np.ndarray, healthy: np.ndarray, plan_healthy: np.ndarray,
+                      headroom: float | None = None) -> np.ndarray:
         """The joint shed plan (deeper headroom), made to fit the per-interval step bound: where
         an edge cannot move its whole planned share off an origin in one step, the origin's
         planned capacity is lowered by what stays and the LP takes the rest from other edges."""
         s = self.settings
-        headroom = max(s.shed_headroom, s.headroom)
+        headroom = max(s.shed_headroom, s.headroom) if headroom is None else headroom
         cap = capacity.copy()
         target = current
         for _ in range(4):
@@ -513,16 +510,18 @@ class EdgeController(_Controller):
     def _propose(self, obs: Observation):  # type: ignore[override]
         s = self.settings
         measured = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
-        estimate, uplift = self._demand_estimate(measured)
+        latency = np.asarray(obs.latency, dtype=float)
+        self._observe_service(obs)
+        in_force = self._latency_now(latency) if self.weights is not None \
+            else np.ones(len(measured))
+        estimate, uplift, rising = self._demand_estimate(measured, in_force)
         measured_estimate = estimate
         if self._predicted_demand is not None:
             # the last interval's average still contains the clients' transient after our last
             # move: never plan below what we predicted for the weights now in force
             estimate = np.maximum(estimate, self._predicted_demand)
         self._predicted_demand = None
-        self._observe_service(obs)
         capacity = np.asarray(obs.capacity, dtype=float)
-        latency = np.asarray(obs.latency, dtype=float)
         healthy = np.asarray(obs.healthy, dtype=bool)
         # hold-down: a returning origin is planned as absent, then with a ramping capacity;
         # an edge that has nothing else healthy may use it at once
@@ -550,7 +549,14 @@ class EdgeController(_Controller):
         # hot: over capacity by more than the noise margin, or over it a second interval running
         hot = over & ((load > capacity * (1 + s.hot_margin) + 1e-9) | self._over_last)
         self._over_last = over
+        # a ramp that will carry an origin past its plan: make room now, jointly, not after
+        ramping_up = healthy & (load > cap_plan + 1e-9) & \
+            ((current * rising[:, None]) > s.deadband).any(axis=0)
         joint = False
+        if ramping_up.any() and not hot.any():
+            target = self._bounded_shed(current, estimate, plan_capacity, latency, healthy,
+                                        plan_healthy, s.headroom)
+            joint = True
         if hot.any():
             # shed deeper than the plan, and move every edge at once toward the joint plan: the
             # edge that makes room on an origin moves in the same step as the one shed onto it
