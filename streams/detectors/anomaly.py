@@ -67,7 +67,8 @@ from typing import Any
 DAY_S = 86400.0
 WEEK_S = 7 * DAY_S
 STATE_VERSION = 2
-NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since")
+NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits")
+QUANTUM_HITS = 3     # a step size seen this often (in ordinary data or not) is the series' resolution
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +108,7 @@ class StreamingDetector:
         "gamma", "w_gamma", "level0", "scale0", "level1", "scale1", "err0", "err1", "quantum", "x_prev",
         "tail_q", "run0", "run0_x", "run0_xx", "run1", "run1_x", "run1_xx", "err_rate", "d_off", "d_scale", "d_cnt", "d_last",
         "d_vis", "w_off", "w_cnt", "w_last", "w_vis", "last",
-        "l_mean", "l_var", "s_mean", "event", "calm", "since",
+        "l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits",
     )
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
@@ -126,6 +127,8 @@ class StreamingDetector:
         self.level1 = self.scale1 = 0.0  # deseasonalised level of the seasonal model
         self.err0 = self.err1 = 0.0
         self.quantum = math.inf          # smallest non-zero step of the values: their resolution
+        self.q_cand = math.inf           # candidate resolution, trusted once seen QUANTUM_HITS times
+        self.q_hits = 0
         self.x_prev = 0.0
         self.tail_q = self.cfg.tail_ref
         # Per model: signed length of the current outlier run, sum and sum of squares of its
@@ -372,10 +375,24 @@ class StreamingDetector:
                     self.w_vis[w] += 1
                 self.w_last[w] = t
 
-        # The resolution of the values is learned from ordinary steps only: the jump out of a flat
-        # reading must not become the series' resolution (and so its noise floor).
-        if 0.0 < dx < self.quantum and (warm or z0 < cfg.shift_z):
-            self.quantum = dx
+        # The resolution of the values (the smallest step) is learned after scoring, from ordinary
+        # steps at once and from surprising ones only when they recur: the one jump out of a flat
+        # reading must not become the series' resolution (its noise floor), but a sparse count
+        # series (0, 0, 1, 0, 2 ...) must learn that 1 is its resolution. A step counts as a resolution
+        # only if the value is a multiple of it (248 -> 600 W is not a 352 W grid).
+        if 0.0 < dx < self.quantum:
+            if warm or z0 < cfg.shift_z:
+                self.quantum = dx
+            elif _on_grid(x, dx):
+                qc = self.q_cand
+                if dx < 0.5 * qc:
+                    self.q_cand, self.q_hits = dx, 1
+                elif dx < 2.0 * qc:
+                    if dx < qc:
+                        self.q_cand = dx
+                    self.q_hits += 1
+                    if self.q_hits >= QUANTUM_HITS:
+                        self.quantum = self.q_cand
         la = cfg.long_rate if cfg.long_rate > 1.0 / n else 1.0 / n
         d = x - lm
         if not warm:
@@ -528,7 +545,7 @@ class StreamingDetector:
             v = doc[name]
             if name in ("d_last", "w_last"):
                 v = [-math.inf if e is None else float(e) for e in v]
-            elif name == "quantum":
+            elif name in ("quantum", "q_cand"):
                 v = math.inf if v is None else float(v)
             elif name == "last":
                 v = tuple(v)
@@ -537,6 +554,11 @@ class StreamingDetector:
             det.l_mean = det.s_mean = det.level0
             det.l_var = det.scale0 * det.scale0
         return det
+
+
+def _on_grid(x: float, step: float) -> bool:
+    r = x / step
+    return abs(r - round(r)) < 1e-3
 
 
 def score_series(timestamps: list[float], values: list[float],

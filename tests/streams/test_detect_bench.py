@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from bench import bench_detect
 from streams.detectors.evaluate_corpora import SKAB_ENV
 

@@ -93,8 +93,23 @@ def test_state_of_the_previous_version_still_loads() -> None:
         det.update(T0 + 60 * i, 10.0 + (i % 3))
     doc = det.to_dict()
     doc["version"] = 1
-    for name in ("l_mean", "l_var", "s_mean", "event", "calm", "since"):
+    for name in ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits"):
         doc.pop(name)
     restored = StreamingDetector.from_dict(doc)
     assert restored.l_mean == pytest.approx(det.level0)
     assert restored.update(T0 + 60 * 50, 500.0) >= 0.9
+
+
+def test_sparse_counts_learn_their_resolution_instead_of_alarming_forever() -> None:
+    """0, 0, ..., 1, 0, 2, ...: the first non-zero may alarm, the series' normal life must not."""
+    rng = random.Random(2)
+    vs = [0.0] * 300 + [float(rng.random() < 0.03) * rng.choice((1, 1, 2)) for _ in range(2700)]
+    scores = score_series([T0 + 60 * i for i in range(3000)], vs)
+    assert sum(1 for s in scores if s >= 0.5) <= 1
+
+
+def test_every_repeated_power_jump_out_of_a_flat_reading_alarms() -> None:
+    """248 W with an excursion to 600 W every 200 samples: 248 -> 600 is not the series' resolution."""
+    vs = [248.0] * 200 + ([600.0] * 50 + [248.0] * 150) * 4
+    scores = score_series([T0 + 5 * i for i in range(len(vs))], vs)
+    assert [i for i, s in enumerate(scores) if s >= 0.5] == [200, 400, 600, 800]
