@@ -1,16 +1,19 @@
 """Generate opsloop's Grafana dashboards (provisioned JSON in ``dashboards/*.json``) from code.
 
-Plain dicts in Grafana's dashboard JSON model (schemaVersion 39): one function per dashboard, one
-:class:`Panel` per graph, so a query is written once and every panel gets a title, a description,
-a unit and the dashboard's variables. The committed JSON must equal this generator's output
-(``tests/observability/test_dashboards.py``); after a change run::
+The dashboards are built with the Grafana Foundation SDK (``grafana-foundation-sdk``: typed builders
+generated from Grafana's own schemas), so the JSON follows Grafana's dashboard model as it changes.
+On top of it, a small spec: one function per dashboard, one :class:`Panel` per graph, so a query is
+written once and every panel gets a title, a description, a unit and the dashboard's variables. The
+committed JSON must equal this generator's output (``tests/observability/test_dashboards.py``); after
+a change run::
 
     .venv/bin/python dashboards/generate.py            # rewrite dashboards/*.json
     .venv/bin/python dashboards/generate.py --check    # exit 1 if the committed JSON is stale
 
-Metric names are the ones the code exports (``grep -rn 'Gauge(\\|Counter(\\|Histogram(' ...``) and
-the recording rules in ``alerts/rules/recording.yml``; dashboard uids and variable names match the
-``dashboard_url`` links in the alert annotations (``/d/opsloop-edge/edge-weights?var-lb=...``).
+Metric names are the ones the code exports (a test checks them against the ``Gauge(``/``Counter(``/
+``Histogram(`` definitions) and the recording rules in ``alerts/rules/recording.yml``; dashboard uids
+and variable names match the ``dashboard_url`` links in the alert annotations
+(``/d/opsloop-edge/edge-weights?var-lb=...``).
 """
 
 from __future__ import annotations
@@ -22,11 +25,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grafana_foundation_sdk.builders import bargauge, stat, table, timeseries
+from grafana_foundation_sdk.builders import common as sdk_common
+from grafana_foundation_sdk.builders import dashboard as sdk
+from grafana_foundation_sdk.builders import prometheus
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
 OUT_DIR = Path(__file__).resolve().parent
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 AUDIT_DATASOURCE = {"type": "elasticsearch", "uid": "opsloop-audit"}   # provisioned in docker-compose/grafana
 RATE = "$__rate_interval"
 FULL_WIDTH = 24
+
+
+def _ref(ds: dict[str, str]) -> dm.DataSourceRef:
+    return dm.DataSourceRef(type_val=ds["type"], uid=ds["uid"])
 
 
 @dataclass
@@ -55,6 +71,54 @@ class Panel:
     # (lab edge -> haproxy collector -> Kafka -> stream worker): its queries must return data there.
     e2e_lb: bool = False
 
+    def build(self, pid: int, x: int, y: int) -> Any:
+        """The SDK builder of this panel at grid position (x, y)."""
+        builder: Any = {"timeseries": timeseries.Panel, "stat": stat.Panel, "table": table.Panel,
+                        "bargauge": bargauge.Panel}[self.kind]()
+        steps = [dm.Threshold(value=None, color="green"), *(dm.Threshold(value=v, color=c) for v, c in self.thresholds)]
+        colour = dm.FieldColorModeId.THRESHOLDS if self.kind in ("stat", "bargauge") else dm.FieldColorModeId.PALETTE_CLASSIC
+        builder = (builder.id(pid).title(self.title).description(self.description).datasource(_ref(DATASOURCE))
+                   .grid_pos(dm.GridPos(h=self.height, w=self.width, x=x, y=y)).unit(self.unit)
+                   .thresholds(sdk.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps))
+                   .color_scheme(sdk.FieldColor().mode(colour)))
+        if self.decimals is not None:
+            builder = builder.decimals(self.decimals)
+        if self.max is not None:
+            builder = builder.max(self.max)
+        if self.repeat:
+            builder = builder.repeat(self.repeat).repeat_direction("h")
+        for o in self.overrides:
+            builder = builder.with_override(dm.MatcherConfig(id_val=o["matcher"]["id"], options=o["matcher"]["options"]),
+                                            [dm.DynamicConfigValue(id_val=p["id"], value=p["value"])
+                                             for p in o["properties"]])
+        for i, q in enumerate(self.queries):
+            instant = q.instant or self.kind == "table"
+            target = (prometheus.Dataquery().datasource(_ref(DATASOURCE)).expr(q.expr).legend_format(q.legend or "__auto")
+                      .ref_id(chr(ord("A") + i)))
+            target = target.instant().format(PromQueryFormat.TABLE) if self.kind == "table" else \
+                (target.instant() if instant else target.range())
+            builder = builder.with_target(target)
+        if self.kind == "timeseries":
+            if self.thresholds:
+                builder = builder.thresholds_style(
+                    sdk_common.GraphThresholdsStyleConfig().mode(cm.GraphTresholdsStyleMode.DASHED))
+            builder = (builder.legend(sdk_common.VizLegendOptions().display_mode(cm.LegendDisplayMode.TABLE)
+                                      .placement(cm.LegendPlacement.BOTTOM).show_legend(True).calcs(["lastNotNull", "max"]))
+                       .tooltip(sdk_common.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI)
+                                .sort(cm.SortOrder.DESCENDING)))
+        elif self.kind in ("stat", "bargauge"):
+            builder = builder.reduce_options(sdk_common.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
+            if self.kind == "stat":
+                builder = (builder.color_mode(cm.BigValueColorMode.BACKGROUND).graph_mode(cm.BigValueGraphMode.AREA)
+                           .text_mode(cm.BigValueTextMode.AUTO))
+            else:
+                builder = (builder.orientation(cm.VizOrientation.HORIZONTAL)
+                           .display_mode(cm.BarGaugeDisplayMode.GRADIENT).show_unfilled(True))
+        elif self.kind == "table":
+            builder = builder.show_header(True).with_transformation(dm.DataTransformerConfig(
+                id_val="organize", options={"excludeByName": {"Time": True, "__name__": True, "job": True}}))
+        return builder
+
 
 @dataclass
 class Variable:
@@ -63,57 +127,17 @@ class Variable:
     query: str            # label_values(...) for Prometheus
     multi: bool = True    # False: one value at a time (with All offered only when multi)
 
-    def to_json(self) -> dict[str, Any]:
-        current = ({"selected": True, "text": ["All"], "value": ["$__all"]} if self.multi else {})
-        return {"name": self.name, "label": self.label, "type": "query", "datasource": DATASOURCE,
-                "query": self.query, "definition": self.query,
-                "refresh": 2, "includeAll": self.multi, "multi": self.multi, "allValue": ".*", "sort": 1,
-                "current": current, "hide": 0}
+    def build(self) -> Any:
+        v = (sdk.QueryVariable(self.name).label(self.label).datasource(_ref(DATASOURCE)).query(self.query)
+             .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
+             .multi(self.multi).include_all(self.multi))
+        if self.multi:
+            v = v.all_value(".*").current(dm.VariableOption(selected=True, text=["All"], value=["$__all"]))
+        return v
 
 
-def datasource_variable() -> dict[str, Any]:
-    return {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-            "current": {}, "hide": 0, "refresh": 1, "regex": "", "includeAll": False, "multi": False}
-
-
-def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
-    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
-    steps += [{"color": colour, "value": v} for v, colour in p.thresholds]
-    defaults: dict[str, Any] = {"unit": p.unit, "thresholds": {"mode": "absolute", "steps": steps},
-                                "color": {"mode": "thresholds" if p.kind in ("stat", "bargauge") else "palette-classic"}}
-    if p.decimals is not None:
-        defaults["decimals"] = p.decimals
-    if p.max is not None:
-        defaults["max"] = p.max
-    if p.kind == "timeseries" and p.thresholds:
-        defaults["custom"] = {"thresholdsStyle": {"mode": "dashed"}}
-    targets = []
-    for i, q in enumerate(p.queries):
-        t: dict[str, Any] = {"datasource": DATASOURCE, "expr": q.expr, "legendFormat": q.legend or "__auto",
-                             "refId": chr(ord("A") + i), "range": not (q.instant or p.kind == "table"),
-                             "instant": q.instant or p.kind == "table"}
-        if p.kind == "table":
-            t["format"] = "table"
-        targets.append(t)
-    out: dict[str, Any] = {"id": pid, "type": p.kind, "title": p.title, "description": p.description,
-                           "datasource": DATASOURCE, "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
-                           "fieldConfig": {"defaults": defaults, "overrides": p.overrides}, "targets": targets}
-    if p.repeat:
-        out.update(repeat=p.repeat, repeatDirection="h", maxPerRow=2)
-    if p.kind == "timeseries":
-        out["options"] = {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
-                          "tooltip": {"mode": "multi", "sort": "desc"}}
-    elif p.kind == "stat":
-        out["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                          "colorMode": "background", "graphMode": "area", "textMode": "auto"}
-    elif p.kind == "bargauge":
-        out["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                          "orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True}
-    elif p.kind == "table":
-        out["options"] = {"showHeader": True, "footer": {"show": False}}
-        out["transformations"] = [{"id": "organize", "options": {"excludeByName": {"Time": True, "__name__": True,
-                                                                                 "job": True}}}]
-    return out
+def datasource_variable() -> Any:
+    return sdk.DatasourceVariable("datasource").label("Data source").type("prometheus")
 
 
 @dataclass
@@ -125,29 +149,38 @@ class Dashboard:
     panels: list[Panel]
     annotations: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        """Lay panels out left to right, top to bottom (Grafana's 24-column grid)."""
+    def build(self) -> Any:
+        """The SDK builder; panels laid out left to right, top to bottom (Grafana's 24-column grid)."""
+        d = (sdk.Dashboard(self.title).uid(self.uid).description(self.description).tags(["opsloop"])
+             .timezone("utc").editable().tooltip(dm.DashboardCursorSync.CROSSHAIR).refresh("30s")
+             .time("now-6h", "now").version(1)
+             .link(sdk.DashboardLink("opsloop").type(dm.DashboardLinkType.DASHBOARDS).tags(["opsloop"])
+                   .as_dropdown(True).include_vars(False).keep_time(True))
+             .with_variable(datasource_variable()))
+        for v in self.variables:
+            d = d.with_variable(v.build())
         x = y = row_height = 0
-        laid_out = []
         for pid, p in enumerate(self.panels, start=1):
             if x + p.width > FULL_WIDTH:
                 x, y, row_height = 0, y + row_height, 0
-            laid_out.append(_panel_json(p, pid, x, y))
+            d = d.with_panel(p.build(pid, x, y))
             x += p.width
             row_height = max(row_height, p.height)
-        builtin = {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
-                   "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts",
-                   "type": "dashboard"}
-        return {
-            "uid": self.uid, "title": self.title, "description": self.description, "tags": ["opsloop"],
-            "timezone": "utc", "editable": True, "graphTooltip": 1, "schemaVersion": 39, "version": 1,
-            "refresh": "30s", "time": {"from": "now-6h", "to": "now"}, "fiscalYearStartMonth": 0, "liveNow": False,
-            "annotations": {"list": [builtin, *self.annotations]},
-            "links": [{"type": "dashboards", "tags": ["opsloop"], "asDropdown": True, "title": "opsloop",
-                       "includeVars": False, "keepTime": True}],
-            "templating": {"list": [datasource_variable(), *(v.to_json() for v in self.variables)]},
-            "panels": laid_out,
-        }
+        for a in self.annotations:
+            d = d.annotation(sdk.AnnotationQuery().name(a["name"]).datasource(_ref(a["datasource"]))
+                             .enable(a["enable"]).icon_color(a["iconColor"]))
+        return d
+
+    def to_json(self) -> dict[str, Any]:
+        model: dict[str, Any] = json.loads(JSONEncoder(sort_keys=False).encode(self.build().build()))
+        # Fields Grafana's annotation schema leaves to the data source (Elasticsearch: query and the fields to
+        # read) and panel-repeat layout are not typed by the SDK: add them to the encoded model.
+        for encoded, spec in zip(model["annotations"].get("list", []), self.annotations):
+            encoded.update({k: v for k, v in spec.items() if k not in encoded})
+        for panel in model["panels"]:
+            if panel.get("repeat"):
+                panel["maxPerRow"] = 2
+        return model
 
 
 def findings_panel(detector_regex: str, where: str, what: str) -> Panel:

@@ -65,7 +65,7 @@ def all_queries(model: dict[str, Any]) -> list[tuple[str, str]]:
     variables = {v["name"]: ".*" for v in model["templating"]["list"] if v["type"] == "query"}
     out = [(f"{model['uid']} / {p['title']} / {t['refId']}", substitute(t["expr"], variables))
            for p in model["panels"] for t in p["targets"]]
-    out += [(f"{model['uid']} / variable {v['name']}", substitute(variable_query_as_promql(v["definition"]), variables))
+    out += [(f"{model['uid']} / variable {v['name']}", substitute(variable_query_as_promql(v["query"]), variables))
             for v in model["templating"]["list"] if v["type"] == "query"]
     return out
 
