@@ -10,7 +10,7 @@ children (:func:`drop_children`) and counts it in ``opsloop_stream_state_dropped
 
 from __future__ import annotations
 
-from typing import Generic, Hashable, TypeVar
+from typing import Collection, Generic, Hashable, TypeVar
 
 from prometheus_client import Counter, Gauge
 
@@ -78,12 +78,13 @@ def count_dropped(handler: str, dropped: list[tuple[K, str]]) -> None:
         STATE_DROPPED.labels(handler, reason).inc()
 
 
-def drop_children(gauge: Gauge, **match: str) -> int:
-    """Remove every child of ``gauge`` whose labels include ``match``; returns how many."""
-    names = list(gauge._labelnames)  # noqa: SLF001 - prometheus_client has no public "remove where"
-    idx = [(names.index(k), v) for k, v in match.items()]
+def drop_children(gauge: Gauge, label: str, values: Collection[str]) -> int:
+    """Remove every child of ``gauge`` whose ``label`` is one of ``values`` (one pass); returns how many."""
+    if not values:
+        return 0
+    i = list(gauge._labelnames).index(label)  # noqa: SLF001 - prometheus_client has no "remove where"
     with gauge._lock:  # noqa: SLF001
-        victims = [labels for labels in gauge._metrics if all(labels[i] == v for i, v in idx)]  # noqa: SLF001
+        victims = [labels for labels in gauge._metrics if labels[i] in values]  # noqa: SLF001
     for labels in victims:
         try:
             gauge.remove(*labels)

@@ -51,6 +51,7 @@ class DetectorHandler:
 
     name: str = "detector"
     topics: tuple[Topic, ...] = ()
+    key_label: str = "host"   # the where-label of a finding that names its state key
 
     def __init__(self) -> None:
         self._touched: set[str] = set()
@@ -99,17 +100,32 @@ class DetectorHandler:
         if not self._bounded:
             return
         victims = self._seen.expired(now)
-        for key, reason in victims:
-            try:
-                self.forget(key, now, reason)
-            except Exception as e:  # noqa: BLE001 - a forget bug must not stop the batch; the key is gone anyway
-                log.error("state_forget_failed", handler=self.name, key=key, error=f"{type(e).__name__}: {e}")
-            self._touched.add(key)   # state_of(key) is None now: the table entry is deleted
-        if victims:
-            count_dropped(self.name, victims)
-            log.info("state_dropped", handler=self.name, keys=len(victims),
-                     reasons=sorted({r for _, r in victims}), kept=len(self._seen))
+        if not victims:
+            return
+        keys = {k for k, _ in victims}
+        reason = "cap" if any(r == "cap" for _, r in victims) else "ttl"
+        try:
+            self._clear_findings(keys, now, reason)
+            self.forget(keys)
+        except Exception as e:  # noqa: BLE001 - a forget bug must not stop the batch
+            log.error("state_forget_failed", handler=self.name, keys=len(keys), error=f"{type(e).__name__}: {e}",
+                      exc_info=True)
+        self._touched |= keys   # state_of(key) is None now: the table entries are deleted
+        count_dropped(self.name, victims)
+        log.info("state_dropped", handler=self.name, keys=len(keys), reasons=sorted({r for _, r in victims}),
+                 kept=len(self._seen))
         STATE_KEYS.labels(self.name).set(len(self._seen))
+
+    def _clear_findings(self, keys: set[str], now: float, reason: str) -> None:
+        """Clear the open findings of dropped keys (one pass over each book) and collect them now:
+        a book may go with its key's state."""
+        why = (f"no telemetry for {self._seen.ttl_s:g} s: state dropped" if reason == "ttl"
+               else f"state dropped: more than {self._seen.cap} keys")
+        for book in list(self.books()):
+            for doc in list(book.open.values()):
+                if doc["where"].get(self.key_label) in keys:
+                    book.clear(doc["detector"], doc["where"], now, why)
+            self._collect(book)
 
     def touched(self) -> set[str]:
         out, self._touched = self._touched, set()
@@ -145,7 +161,7 @@ class DetectorHandler:
         raise NotImplementedError
 
     def key_of_finding(self, finding: Finding) -> str | None:
-        raise NotImplementedError
+        return finding.where.get(self.key_label)
 
     def state_of(self, key: str) -> dict[str, Any] | None:
         raise NotImplementedError
@@ -159,21 +175,11 @@ class DetectorHandler:
     def after_restore(self) -> None:
         """Hook: refresh derived gauges once every key is back."""
 
-    def forget(self, key: str, now: float, reason: str) -> None:
-        """Drop all state of ``key`` (its gauge children too) and clear its open findings.
+    def forget(self, keys: set[str]) -> None:
+        """Drop all state of ``keys`` and their gauge children (their open findings are cleared already).
 
-        Afterwards ``state_of(key)`` must return None, so the table entry is deleted."""
+        Afterwards ``state_of(key)`` must return None, so the table entries are deleted."""
         raise NotImplementedError
-
-    def clear_findings_of(self, label: str, value: str, now: float, reason: str) -> None:
-        """Clear every open finding whose ``where[label] == value`` (its key's state is being dropped)."""
-        why = (f"no telemetry for {self._seen.ttl_s:g} s: state dropped" if reason == "ttl"
-               else f"state dropped: more than {self._seen.cap} keys")
-        for book in self.books():
-            for f in book.open_findings():
-                if f.where.get(label) == value:
-                    book.clear(f.detector, f.where, now, why)
-            self._collect(book)   # now: the book may go with the key's state
 
     def _collect(self, book: FindingBook) -> None:
         for event, finding in book.drain():

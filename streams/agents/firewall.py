@@ -37,6 +37,7 @@ REPORT_TS = Gauge("opsloop_firewall_report_timestamp_seconds", "Event time of th
 class FirewallHandler(DetectorHandler):
     name = "firewall-detector"
     topics = (Topic.IPTABLES,)
+    key_label = "hypervisor"
 
     def __init__(self, settings: FirewallSettings | None = None, refresh_s: float = 300.0) -> None:
         super().__init__()
@@ -60,18 +61,15 @@ class FirewallHandler(DetectorHandler):
             self._show(report)
         self._show_drift()
 
-    def forget(self, key: str, now: float, reason: str) -> None:
-        self.clear_findings_of("hypervisor", key, now, reason)
-        self.detector.latest.pop(key, None)
-        self._roles_shown.pop(key, None)
+    def forget(self, keys: set[str]) -> None:
+        for key in keys:
+            self.detector.latest.pop(key, None)
+            self._roles_shown.pop(key, None)
         for gauge in (PORTS, DRIFT, REPORT_TS):
-            drop_children(gauge, hypervisor=key)
+            drop_children(gauge, "hypervisor", keys)
 
     def books(self) -> Iterable[FindingBook]:
         return (self.detector.book,)
-
-    def key_of_finding(self, finding: Finding) -> str | None:
-        return finding.where.get("hypervisor")
 
     def state_of(self, key: str) -> dict[str, Any] | None:
         return self.detector.state_of(key)

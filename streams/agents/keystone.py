@@ -166,18 +166,15 @@ class KeystoneHandler(DetectorHandler):
         self._shown_credentials[host] = shown
 
     # --------------------------------------------------------------------------- state
-    def forget(self, key: str, now: float, reason: str) -> None:
-        self.clear_findings_of("host", key, now, reason)
-        self.hosts.pop(key, None)
-        self._shown_credentials.pop(key, None)
+    def forget(self, keys: set[str]) -> None:
+        for key in keys:
+            self.hosts.pop(key, None)
+            self._shown_credentials.pop(key, None)
         for gauge in (P95_ROUND, P95_WINDOW, REGIME, SHARE, WINDOW_TOTAL):
-            drop_children(gauge, host=key)
+            drop_children(gauge, "host", keys)
 
     def books(self) -> Iterable[FindingBook]:
         return [b for st in self.hosts.values() for b in st.books()]
-
-    def key_of_finding(self, finding: Finding) -> str | None:
-        return finding.where.get("host")
 
     def state_of(self, key: str) -> dict[str, Any] | None:
         st = self.hosts.get(key)

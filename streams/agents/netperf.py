@@ -33,6 +33,7 @@ SPEEDUP = Gauge("opsloop_netperf_queue_speedup", "Throughput with the most queue
 class NetperfHandler(DetectorHandler):
     name = "netperf-detector"
     topics = (Topic.NETPERF,)
+    key_label = "target_set"
 
     def __init__(self, settings: NetperfSettings | None = None, refresh_s: float = 300.0) -> None:
         super().__init__()
@@ -90,20 +91,16 @@ class NetperfHandler(DetectorHandler):
             self._speedup_shown[key] = qs
             SPEEDUP.labels(r.target_set, r.label, *qs).set(ratio)
 
-    def forget(self, key: str, now: float, reason: str) -> None:
-        self.clear_findings_of("target_set", key, now, reason)
-        self.detectors.pop(key, None)
-        prefix = key + "|"
-        self.last_ts = {s: t for s, t in self.last_ts.items() if not s.startswith(prefix)}
-        self._speedup_shown = {k: v for k, v in self._speedup_shown.items() if k[0] != key}
+    def forget(self, keys: set[str]) -> None:
+        for key in keys:
+            self.detectors.pop(key, None)
+        self.last_ts = {s: t for s, t in self.last_ts.items() if s.split("|", 1)[0] not in keys}
+        self._speedup_shown = {k: v for k, v in self._speedup_shown.items() if k[0] not in keys}
         for gauge in (THROUGHPUT, BASELINE, RATIO, SPEEDUP):
-            drop_children(gauge, target_set=key)
+            drop_children(gauge, "target_set", keys)
 
     def books(self) -> Iterable[FindingBook]:
         return [d.book for d in self.detectors.values()]
-
-    def key_of_finding(self, finding: Finding) -> str | None:
-        return finding.where.get("target_set")
 
     def state_of(self, key: str) -> dict[str, Any] | None:
         det = self.detectors.get(key)

@@ -91,7 +91,7 @@ class PowerHandler(DetectorHandler):
             old = det.inventory.get(host)
             if spec is not None and old != spec:
                 if old is not None and (old.generation, old.protection) != (spec.generation, spec.protection):
-                    self._hide_host(host)   # its gauges carry the old labels
+                    self._hide_hosts({host})   # its gauges carry the old labels
                 det.inventory[host] = spec
             # The generation comparison once per generation and batch, below, not per sample.
             det.update({"host": host, "watts": watts, "timestamp": m.timestamp}, deviation=False)
@@ -104,19 +104,19 @@ class PowerHandler(DetectorHandler):
             det.deviation(g, ts)
             self._show_generation(g)
 
-    def forget(self, key: str, now: float, reason: str) -> None:
-        spec = self.detector.inventory.get(key)
-        self.clear_findings_of("host", key, now, reason)
-        self._hide_host(key)
-        self.detector.forget(key)
-        self.last_ts.pop(key, None)
-        if spec is not None:
-            self._show_generation(spec.generation)
+    def forget(self, keys: set[str]) -> None:
+        generations = {spec.generation for k in keys if (spec := self.detector.inventory.get(k)) is not None}
+        for key in keys:
+            self.detector.forget(key)
+            self.last_ts.pop(key, None)
+        self._hide_hosts(keys)
+        for g in generations:
+            self._show_generation(g)
 
     @staticmethod
-    def _hide_host(host: str) -> None:
+    def _hide_hosts(hosts: set[str]) -> None:
         for gauge in (WATTS, KWH, EUR, EUR_TB):
-            drop_children(gauge, host=host)
+            drop_children(gauge, "host", hosts)
 
     def _show_host(self, host: str) -> None:
         det = self.detector
@@ -140,13 +140,10 @@ class PowerHandler(DetectorHandler):
         if means:
             GEN_MEDIAN.labels(generation).set(statistics.median(means))
         else:
-            drop_children(GEN_MEDIAN, generation=generation)
+            drop_children(GEN_MEDIAN, "generation", {generation})
 
     def books(self) -> Iterable[FindingBook]:
         return (self.detector.book,)
-
-    def key_of_finding(self, finding: Finding) -> str | None:
-        return finding.where.get("host")
 
     def state_of(self, key: str) -> dict[str, Any] | None:
         state = self.detector.state_of(key)

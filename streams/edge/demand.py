@@ -93,16 +93,16 @@ class DemandAggregator:
         self.outbox: list[EdgeDemand] = []
 
     def handle(self, metrics: Sequence[Metric], now: float) -> list[EdgeDemand]:
+        fresh = self.rates.handle(metrics, now) if self._own_rates else self.rates.fresh
+        for lb, kind, proxy, sv in self.rates.dropped:   # a server the rates forgot: its status goes too
+            if kind == "server":
+                self.status.pop((lb, proxy, sv), None)
         for m in metrics:
             if m.name == "haproxy" and (m.tags.get("type") or "").lower() == "server":
                 status = m.fields.get("status")
                 if isinstance(status, str):
                     lb = m.tags.get("host") or m.tags.get("server") or "unknown"
                     self.status[(lb, m.tags.get("proxy", ""), m.tags.get("sv", ""))] = status
-        fresh = self.rates.handle(metrics, now) if self._own_rates else self.rates.fresh
-        for lb, kind, proxy, sv in self.rates.dropped:   # a server the rates forgot: its status goes too
-            if kind == "server":
-                self.status.pop((lb, proxy, sv), None)
         touched = sorted({(r.lb, r.proxy) for r in fresh if r.kind in ("server", "backend")})
         out = [rec for lb, backend in touched if (rec := self._record(lb, backend)) is not None]
         self.outbox.extend(out)

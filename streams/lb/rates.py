@@ -98,6 +98,8 @@ class LbRates:
 
     def handle(self, metrics: Sequence[Metric], now: float) -> list[Rate]:
         self.fresh = []
+        self.dropped = []
+        self._expire(now)   # first: a series back after a silence starts afresh, no rate across the gap
         out: list[Rate] = []
         states: dict[tuple[str, str, str], dict[str, object]] = {}
         for m in metrics:
@@ -119,7 +121,8 @@ class LbRates:
                 FRONTEND_RATE.labels(lb, proxy).set(r.rate)
         for (lb, proxy, sv), fields in states.items():
             self._server_state(lb, proxy, sv, fields)
-        self._expire(now)
+        if len(self._recent) > self._recent.cap:
+            self._expire(now)
         self.fresh = out
         return out
 
@@ -166,7 +169,6 @@ class LbRates:
             SERVER_UP.labels(lb, proxy, sv).set(1.0 if status.upper().startswith("UP") else 0.0)
 
     def _expire(self, now: float) -> None:
-        self.dropped = []
         expired = self._recent.expired(now)
         if not expired:
             return
