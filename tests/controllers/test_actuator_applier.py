@@ -96,6 +96,7 @@ def test_safety_holds_for_any_decision_sequence(steps, max_step: float) -> None:
             high = max(high or 0, version)
             after = target.weights
             assert sum(after.values()) > 0  # never all-zero
+            assert sum(w for o, w in after.items() if o not in down) > 0  # ... counting only servers not DOWN
             prev, now = to_shares(before), to_shares(after)
             released = {o for o in down if shares[o] == 0}
             freed = sum(prev[o] for o in released)

@@ -9,8 +9,10 @@ state (last weights, version, damping history) that must not run once per worker
 during a consumer-group rebalance; it also serves the authenticated topology API, whose changes
 must apply to that same state; and a separate process restarts, scales and is secured on its own.
 It only needs the newest demand per edge, a tiny stream read from the end of ``edge.demand``. On
-start it recovers the last version and weights from ``edge.weights`` (highest version per key), so
-versions keep increasing across restarts and damping continues from the weights in force.
+start it recovers the last version and weights from ``edge.weights`` (highest ``(epoch, version)``
+per key), so versions keep increasing across restarts and damping continues from the weights in force;
+and it takes a new, higher epoch, so its decisions win over its predecessor's even when recovery came
+up short (see ``controllers/actuators/README.md``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ config (opsloop.yaml):
 
 API (bearer token): GET /v1/status, GET|PUT /v1/listeners/L/origins/O/{capacity,health},
 PUT /v1/listeners/L/edges/E/latency/O, GET /v1/listeners/L/weights; spec at /openapi.json.
+  pin an origin up although the load balancers report it DOWN (only when the check is wrong):
+  PUT /v1/listeners/L/origins/O/health {"healthy": true, "force": true, "reason": "CHG-1234"}
+The token file must be private (chmod 600); the service refuses one that group or others can read.
 """
 
 
