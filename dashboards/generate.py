@@ -196,8 +196,8 @@ def power() -> Dashboard:
     sel = 'generation=~"$generation", host=~"$host"'
     return Dashboard(
         "opsloop-power", "Fleet power and cost per TB-year",
-        "Server power from the BMCs (ipmitool DCMI / SDR) and what it costs per usable TB and year (seed 000: "
-        "Gen 1/2/3 drew 248/205/155 W; at 0.15 EUR/kWh, 70 % fill and 3x replication a usable TB-year cost "
+        "Server power from the BMCs (ipmitool DCMI / SDR) and what it costs per usable TB and year (the "
+        "reference fleet: Gen 1/2/3 drew 248/205/155 W; at 0.15 EUR/kWh, 70 % fill and 3x replication a usable TB-year cost "
         "29.10/24.05/9.09 EUR).",
         [Variable("generation", "Generation", "label_values(opsloop_power_watts, generation)"),
          Variable("host", "Host", 'label_values(opsloop_power_watts{generation=~"$generation"}, host)')],
@@ -213,7 +213,7 @@ def power() -> Dashboard:
                   [Query(f"opsloop_power_eur_per_usable_tb_year{{{sel}}}")], unit="currencyEUR", kind="table",
                   decimals=2),
             Panel("Cost per usable TB-year by generation and protection", "Average over the servers of each "
-                  "generation and protection scheme: the seed's table, computed from live readings.",
+                  "generation and protection scheme: the reference cost table, computed from live readings.",
                   [Query('avg by (generation, protection) (opsloop_power_eur_per_usable_tb_year'
                          '{generation=~"$generation"})', "{{generation}} {{protection}}")],
                   unit="currencyEUR", kind="bargauge", decimals=2),
@@ -236,8 +236,8 @@ def netperf() -> Dashboard:
     sel = 'target_set=~"$target_set", label=~"$label"'
     return Dashboard(
         "opsloop-netperf", "Network throughput vs baselines",
-        "netperf TCP_STREAM throughput per target set, label and queue count against its baseline (seeds 001/004: "
-        "8.4 Gb/s with 8 queues on the good kernel, ~3.5 Gb/s on the bad one).",
+        "netperf TCP_STREAM throughput per target set, label and queue count against its baseline (reference "
+        "runs: 8.4 Gb/s with 8 queues on the good kernel, ~3.5 Gb/s on the bad one).",
         [Variable("target_set", "Target set", "label_values(opsloop_netperf_throughput_gbps, target_set)"),
          Variable("label", "Label", 'label_values(opsloop_netperf_throughput_gbps{target_set=~"$target_set"}, label)')],
         [
@@ -250,7 +250,7 @@ def netperf() -> Dashboard:
                   [Query(f"opsloop_netperf_throughput_ratio{{{sel}}}", "{{target_set}} {{label}} q={{queues}}")],
                   unit="percentunit", thresholds=[(0.0, "red"), (0.8, "green")]),
             Panel("Speed-up with more queues", "Throughput with the most queues over the fewest: ~1.1 means the "
-                  "queues do not pay off (the seeds' old kernel: 3.28 -> 3.57 Gb/s), ~2.6 is the good kernel.",
+                  "queues do not pay off (the old kernel measured: 3.28 -> 3.57 Gb/s), ~2.6 is the good kernel.",
                   [Query(f"opsloop_netperf_queue_speedup{{{sel}}}",
                          "{{target_set}} {{label}} {{queues_low}}->{{queues_high}}")], unit="none", decimals=2,
                   thresholds=[(0.0, "red"), (1.5, "green")]),
@@ -270,12 +270,12 @@ def keystone() -> Dashboard:
     sel = 'host=~"$host"'
     return Dashboard(
         "opsloop-keystone", "Keystone load and heavy hitters",
-        "Keystone token-validation latency and load, and the credentials that dominate it (seeds 000/002: <10 ms "
+        "Keystone token-validation latency and load, and the credentials that dominate it (measured: <10 ms "
         "with caching, >=600 ms without; a nightly accounting peak 03:10-04:10 is normal).",
         [Variable("host", "Keystone host", "label_values(opsloop_keystone_window_validations, host)")],
         [
             Panel("p95 latency of small requests", "p95 of requests below 64 KiB in and out, per collection round "
-                  "and over the detector's last closed window (seed: ~750 ms uncached, ~100 ms cached).",
+                  "and over the detector's last closed window (measured: ~750 ms uncached, ~100 ms cached).",
                   [Query(f"opsloop_keystone_small_request_p95_ms{{{sel}}}", "{{host}} round"),
                    Query(f"opsloop_keystone_small_request_p95_window_ms{{{sel}}}", "{{host}} window")],
                   unit="ms", thresholds=[(500.0, "red")]),
@@ -303,7 +303,7 @@ def firewall() -> Dashboard:
     return Dashboard(
         "opsloop-firewall", "Firewall coverage per hypervisor",
         "Security-group coverage of VM ports per hypervisor from iptables-save, and ruleset/package drift "
-        "between hypervisors of one role (seed 000: 5 hypervisors lost their VMs' rules for a week).",
+        "between hypervisors of one role (once, 5 hypervisors lost their VMs' rules for a week).",
         [Variable("hypervisor", "Hypervisor", "label_values(opsloop_firewall_ports, hypervisor)")],
         [
             Panel("Unprotected VM ports", "VM ports without their security-group chain, all selected hypervisors. "
@@ -324,7 +324,7 @@ def firewall() -> Dashboard:
             Panel("Drift per hypervisor", "Ruleset or package drift from the hypervisor's role (1 = drifting).",
                   [Query(f"opsloop_firewall_drift{{{sel}}} == 1")], kind="table"),
             Panel("Age of the last firewall report", "Seconds since the hypervisor's last iptables round: an old "
-                  "report means the check itself stopped (the seed's failure went unnoticed for a week).",
+                  "report means the check itself stopped (the failure once went unnoticed for a week).",
                   [Query(f"time() - opsloop_firewall_report_timestamp_seconds{{{sel}}}", "{{hypervisor}}")],
                   unit="s", thresholds=[(600.0, "orange")]),
             findings_panel("firewall[.].*", f", {sel}", "firewall"),
@@ -342,7 +342,7 @@ def edge() -> Dashboard:
     return Dashboard(
         "opsloop-edge", "Edge weights vs demand vs capacity",
         "Per edge (load balancer) and origin: demand, the share sent to each origin, the weights in force and "
-        "the origins' capacity (seed 003). Orange marks: weight changes from the audit trail (Elasticsearch).",
+        "the origins' capacity. Orange marks: weight changes from the audit trail (Elasticsearch).",
         [Variable("lb", "Edge (load balancer)", "label_values(opsloop_lb_server_request_rate, lb)"),
          Variable("origin", "Origin", 'label_values(opsloop_lb_server_request_rate{lb=~"$lb"}, server)'),
          Variable("listener", "Listener", "label_values(opsloop_edge_fail_static, listener)")],
