@@ -88,6 +88,9 @@ class StreamSettings(_Section):
     # How long Kafka waits for a dead worker before handing its partitions to another (Faust's
     # broker_session_timeout): low enough for a quick take-over after a crash.
     session_timeout_s: float = Field(default=10.0, ge=6, le=300)
+    # A table recovery without progress for this long: re-seek at half, then exit for the supervisor
+    # to restart the worker (streams/runtime/watchdog.py).
+    recovery_stall_s: float = Field(default=8.0, ge=2, le=600)
     # A series silent for this long is dropped from the exported gauges (stale, not zero).
     series_ttl_s: float = Field(default=120.0, gt=0)
     # A sample stamped further ahead of the worker's clock than this is dead-lettered: a clock far

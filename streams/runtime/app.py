@@ -18,6 +18,7 @@ from opsloop.wire import Topic
 from streams.runtime import health
 from streams.runtime.batch import DeadLetter, FanOut, Handler, process_batch
 from streams.runtime.transport import kafka_transport
+from streams.runtime.watchdog import install_recovery_watchdog
 
 log = get_logger("stream")
 
@@ -44,6 +45,7 @@ def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
         broker_heartbeat_interval=min(3.0, s.session_timeout_s / 3),
     )
     app.transport = kafka_transport(app, s.fetch_max_wait_ms)
+    install_recovery_watchdog(app, s.recovery_stall_s)
     return app
 
 

@@ -20,3 +20,8 @@ LAST_BATCH = Gauge("opsloop_stream_last_batch_timestamp_seconds", "When the agen
                    ["agent"])
 EVENT_AGE = Gauge("opsloop_stream_sample_age_seconds", "Now minus the newest sample's event time, per topic",
                   ["topic"])
+RECOVERY_REMAINING = Gauge("opsloop_stream_recovery_remaining_records",
+                           "Changelog records the table recovery still has to read (0 when not recovering)")
+RECOVERY_ACTIONS = Counter("opsloop_stream_recovery_actions_total",
+                           "Recovery watchdog actions: gap_skipped, reseek, exit (the worker exits for its supervisor)",
+                           ["action"])
