@@ -11,7 +11,7 @@ in the time range, printed oldest first like ``journalctl``::
          {"bool": {"minimum_should_match": 1, "should": [          # --unit opsloop-edge
              {"terms": {"systemd.unit": ["opsloop-edge", "opsloop-edge.service"]}},
              {"prefix": {"systemd.unit": "opsloop-edge@"}},       # template instances
-             {"term": {"container.name": "opsloop-edge"}}]}},     # Docker's journald driver
+             {"regexp": {"container.name": "(.+[-_])?opsloop-edge([-_][0-9]+)?"}}]}},   # Compose's containers
          {"bool": {"minimum_should_match": 1, "should": [          # --level warning
              {"terms": {"opsloop.level": ["warning", "error", "critical"]}},
              {"bool": {"must_not": {"exists": {"field": "opsloop.level"}},
@@ -59,10 +59,20 @@ def _iso(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
+_REGEXP_RESERVED = set('.?+*|{}[]()"\\#@&<>~')
+
+
+def _container_regexp(service: str) -> str:
+    """The container of a Compose service: ``edge-control`` or ``<project>-edge-control-1`` (``_`` in Compose v1)."""
+    escaped = "".join(f"\\{c}" if c in _REGEXP_RESERVED else c for c in service)
+    return f"(.+[-_])?{escaped}([-_][0-9]+)?"
+
+
 def _unit_clause(unit: str) -> dict[str, Any]:
     """A unit as systemd names it (opsloop-edge, opsloop-edge.service, opsloop-collector@ipmi) or a container."""
     names = [unit] if "." in unit else [unit, f"{unit}.service"]
-    should: list[dict[str, Any]] = [{"terms": {"systemd.unit": names}}, {"term": {"container.name": unit}}]
+    should: list[dict[str, Any]] = [{"terms": {"systemd.unit": names}},
+                                    {"regexp": {"container.name": _container_regexp(unit)}}]
     if "@" not in unit and "." not in unit:
         should.append({"prefix": {"systemd.unit": f"{unit}@"}})
     return {"bool": {"minimum_should_match": 1, "should": should}}

@@ -55,7 +55,9 @@ def indexed(es_url: str) -> str:
         _doc(run, "edge_old_warn", "opsloop-edge.service", NOW - 30 * m, "warning"),
         _doc(run, "edge_future", "opsloop-edge.service", NOW + 5 * m, "warning"),
         _doc(run, "ipmi_warn", "opsloop-collector@ipmi.service", NOW - 2 * m, "warning"),
-        _doc(run, "docker_edge_warn", "docker.service", NOW - 2 * m, "warning", container="opsloop-edge"),
+        _doc(run, "docker_edge_warn", "docker.service", NOW - 2.5 * m, "warning", container="opsloop-edge"),
+        _doc(run, "compose_edge_info", "docker.service", NOW - 2 * m, "info", container="docker-compose-edge-control-1"),
+        _doc(run, "compose_other_info", "docker.service", NOW - 2 * m, "info", container="docker-compose-edge-control2-1"),
         _doc(run, "apache_notice", "apache2.service", NOW - 2 * m, None, priority=5),
         _doc(run, "apache_err", "apache2.service", NOW - 2 * m, None, priority=3),
     ]
@@ -84,6 +86,8 @@ def test_units_by_full_name_and_template_instance(es_url: str, indexed: str, cap
     assert _search(es_url, indexed, capsys, "--unit", "opsloop-collector", "--since", "1h")[1] == ["ipmi_warn"]
     assert _search(es_url, indexed, capsys, "--unit", "opsloop-edge.service", "--since", "10m")[1] == \
         ["edge_warn", "edge_info", "edge_err"]
+    # Compose names the containers <project>-<service>-<n> (v1: _ instead of -)
+    assert _search(es_url, indexed, capsys, "--unit", "edge-control", "--since", "10m")[1] == ["compose_edge_info"]
     two = _search(es_url, indexed, capsys, "--unit", "opsloop-collector@ipmi", "--unit", "apache2", "--since", "10m")
     assert sorted(two[1]) == ["apache_err", "apache_notice", "ipmi_warn"]
 

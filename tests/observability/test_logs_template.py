@@ -2,8 +2,9 @@
 
 The mapping on its own, installed by `opsloop audit install-templates` (the shippers install the same
 file themselves: test_logs_journald.py). Documents shaped the way docker-compose/filebeat.yml ships
-real opsloop JSON log lines (opsloop.log) go to an opsloop-logs-* index, and an operator's queries (by service, level, event and a field value) find it,
-including a field that is a number in one line and a string in another.
+real opsloop JSON log lines (opsloop.log) go to an opsloop-logs-* index, and an operator's queries
+(by service, level, event and a field value) find them, including a field that is a number in one
+line and a string in another.
 """
 
 from __future__ import annotations
