@@ -462,6 +462,15 @@ class EdgeController(_Controller):
             mad = np.median(np.abs(second - np.median(second, axis=0)), axis=0)
             sigma = 1.4826 * mad / math.sqrt(6.0)
             uplift = np.clip(self._z * sigma - s.headroom, 0.0, s.max_uplift)
+            # noisy demand (the quantile needs more than the headroom): plan on the window's
+            # mean level, so the weights do not chase every draw; a rise beyond 2σ of that level
+            # is a step, not noise, and the max of the last measurements stays in charge
+            noisy = uplift > 0
+            level = hist[-s.variability_window:].mean(axis=0)
+            step = hist[-1] > level * (1.0 + 2.0 * sigma)
+            calm_estimate = np.maximum(level, estimate - hist[-s.demand_window:].max(axis=0)
+                                       + level)  # keeps the ramp's slope
+            estimate = np.where(noisy & ~step & ~rising, calm_estimate, estimate)
         return estimate * (1.0 + uplift), uplift, rising
 
     def _plan(self, estimate: np.ndarray, capacity: np.ndarray, latency: np.ndarray,

@@ -606,10 +606,13 @@ def run_metrics(scn: Scenario, run: Run, phases: list[dict[str, Any]]) -> dict[s
                               len(run.times) - 1)] if len(run.tick_times) else np.zeros((0, 0))
     churn = 0.0
     if len(run.tick_times):
-        # the listener's traffic share per origin before and after each tick
+        # the listener's traffic share per origin before and after each tick; the moves that
+        # answer a step (within the settling allowance) are the job, not churn
         share = lambda w: np.einsum("ke,keo->ko", rates, w) / np.maximum(rates.sum(axis=1), 1e-9)[:, None]
         moved = 0.5 * np.abs(share(run.tick_weights[1:]) - share(run.tick_weights[:-1])).sum(axis=1)
-        churn = float(moved.mean())
+        tick_idx = np.clip(np.round(run.tick_times / scn.dt_s).astype(int) - 1, 0, len(run.times) - 1)
+        calm = ~transient[tick_idx]
+        churn = float(moved[calm].mean()) if calm.any() else 0.0
     within = np.minimum(run.loads, run.capacity) * run.healthy
     # latency where the weights are a free choice: in a shortfall the fair share of the excess
     # fixes them (a controller that overloads the near origins instead looks faster there)
@@ -634,6 +637,15 @@ def _violations(scn: Scenario, phases: list[dict[str, Any]], whole: dict[str, An
     for ph in phases:
         m, name = ph["metrics"], ph["label"]
         against = "capacity" if m["feasible"] else "the common overload factor"
+        if scn.demand_noise > 0:
+            # noisy demand: any single draw can exceed the band; judged on the quantile of the
+            # excess, and the load follows the demand's own swings (only weights may not swing)
+            if m["overshoot_p95"] is not None and m["overshoot_p95"] > tg.excess_p95 + 1e-9:
+                out.append(f"{name}: 95th-percentile overshoot {m['overshoot_p95']:.3f} > "
+                           f"{tg.excess_p95}")
+            if m["oscillation_weight"] > tg.oscillation_weight + 1e-9:
+                out.append(f"{name}: weights oscillate by {m['oscillation_weight']:.3f}")
+            continue
         if _long_enough(scn, ph):
             if m["time_to_capacity_s"] is None or m["time_to_capacity_s"] > limit + 1e-9:
                 out.append(f"{name}: origins not within {against}+{tg.tolerance:.0%} after "
@@ -648,7 +660,8 @@ def _violations(scn: Scenario, phases: list[dict[str, Any]], whole: dict[str, An
         out.append(f"95th-percentile excess over capacity outside step transients "
                    f"{whole['excess_p95']:.3f} > {tg.excess_p95}")
     if whole["churn"] > tg.churn + 1e-9:
-        out.append(f"churn {whole['churn']:.3f} of the traffic per interval > {tg.churn}")
+        out.append(f"churn {whole['churn']:.3f} of the traffic per interval outside step "
+                   f"transients > {tg.churn}")
     return out
 
 
