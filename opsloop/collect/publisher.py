@@ -35,6 +35,14 @@ SPOOLED = Gauge("opsloop_spool_records", "Records waiting in the on-disk spool",
 SPOOL_BYTES = Gauge("opsloop_spool_bytes", "Bytes in the on-disk spool", ["collector"])
 SPOOL_DROPPED = Gauge("opsloop_spool_dropped_records", "Records dropped because the spool was full",
                       ["collector"])
+SPOOL_QUARANTINED = Counter("opsloop_spool_quarantined_lines_total",
+                            "Spool lines that did not decode, moved to the spool's quarantine directory",
+                            ["collector"])
+PUBLISH_ERRORS = Counter("opsloop_collector_publish_errors_total",
+                         "Rounds whose publishing failed unexpectedly (e.g. the spool's disk); the loop goes on",
+                         ["collector"])
+LOST = Counter("opsloop_collector_lost_records_total",
+               "Records neither acknowledged nor spooled (the spool could not be written)", ["collector"])
 
 
 MIN_BACKOFF_S = 0.5
@@ -55,6 +63,7 @@ class Publisher:
         self.client_id = client_id
         self.send_timeout_s = send_timeout_s
         self.spool = Spool(spool_dir, spool_max_bytes)
+        self._quarantined_seen = 0
         self._producer: KafkaProducer | None = None
         # After a failed send, wait before the next attempt (doubling, capped) so that a dead broker
         # costs the collection loop one timeout per back-off period, not one per round.
@@ -145,16 +154,30 @@ class Publisher:
             self._retry_at = time.monotonic() + self._backoff_s
 
     def publish(self, records: list[Record]) -> None:
-        if not self.spool.empty() or time.monotonic() < self._retry_at:
-            self.spool.append(records)
-            if time.monotonic() >= self._retry_at:
-                self.drain()
-        else:
-            failed = self._send(records)
-            if failed:
-                self.spool.append(failed)
-            self._note_result(not failed)
-        self._update_gauges()
+        """Send or spool ``records``. Never raises: the collection loop must outlive a bad spool or disk."""
+        spooled = False
+        try:
+            if not self.spool.empty() or time.monotonic() < self._retry_at:
+                self.spool.append(records)
+                spooled = True
+                if time.monotonic() >= self._retry_at:
+                    self.drain()
+            else:
+                failed = self._send(records)
+                if failed:
+                    self.spool.append(failed)
+                self._note_result(not failed)
+                spooled = True
+        except Exception as e:  # noqa: BLE001 - counted and logged; the next round tries again
+            PUBLISH_ERRORS.labels(self.collector).inc()
+            if not spooled:
+                LOST.labels(self.collector).inc(len(records))
+            log.error("publish_failed", collector=self.collector, error=f"{type(e).__name__}: {e}",
+                      records=len(records), spooled=spooled, exc_info=True)
+        try:
+            self._update_gauges()
+        except Exception as e:  # noqa: BLE001
+            log.error("spool_gauges_failed", collector=self.collector, error=str(e))
 
     def drain(self, budget_s: float | None = None) -> bool:
         """Replay the spool oldest-first until empty, a failure, or the budget; True when empty."""
@@ -180,6 +203,10 @@ class Publisher:
         SPOOLED.labels(self.collector).set(self.spool.count_records())
         SPOOL_BYTES.labels(self.collector).set(self.spool.size_bytes())
         SPOOL_DROPPED.labels(self.collector).set(self.spool.dropped_records)
+        new = self.spool.quarantined_lines - self._quarantined_seen
+        if new > 0:
+            SPOOL_QUARANTINED.labels(self.collector).inc(new)
+            self._quarantined_seen = self.spool.quarantined_lines
 
     def stats(self) -> dict[str, Any]:
         return {"spooled_records": self.spool.count_records(), "spool_bytes": self.spool.size_bytes(),

@@ -68,7 +68,11 @@ def run_loop(collector: Collector, *, interval_s: float, publisher: Publisher | 
         if stdout:
             print_round(rnd)
         if publisher is not None:
-            publisher.publish_metrics(rnd.metrics)  # an empty round still replays a due spool
+            try:
+                publisher.publish_metrics(rnd.metrics)  # an empty round still replays a due spool
+            except Exception as e:  # noqa: BLE001 - publish never raises; this guards a bug in it
+                ERRORS.labels(collector.name, "publish").inc()
+                log.error("publish_failed", collector=collector.name, error=f"{type(e).__name__}: {e}")
         rounds += 1
         if once or (max_rounds is not None and rounds >= max_rounds):
             break

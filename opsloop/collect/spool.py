@@ -2,9 +2,14 @@
 
 Layout: one immutable segment file per spooled round (``<seq>.jsonl``, one record per line), in
 arrival order. The drain takes the oldest segment, sends it, and deletes it, or rewrites it with
-only the records that failed (atomic rename), so the spool never loses an unsent record and
-replays in order. Segments are fsync'ed: a collector killed while the broker is down keeps its
-spool across the restart.
+only the records that failed, so the spool never loses an unsent record and replays in order.
+
+Crash safety: a segment is written to ``<seq>.tmp``, fsync'ed, renamed to its final name and the
+directory fsync'ed, so a collector killed mid-write leaves the old spool plus a temp file (removed
+at the next start), never a torn segment. A segment that is damaged anyway (a disk error, a file
+from elsewhere) does not stop the collector: each line that does not decode is moved to
+``quarantine/<segment>.bad`` and counted (``quarantined_lines``), the good lines are replayed, and
+a file in the spool directory that is not a segment is quarantined whole.
 
 Bounded: past ``max_bytes`` the oldest segments are dropped and counted
 (``opsloop_spool_dropped_records_total``); monitoring data is worth less the older it is, and a
@@ -14,12 +19,21 @@ full disk on a hypervisor is worse than a gap.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 import orjson
+
+from opsloop.log import get_logger
+
+log = get_logger("spool")
+
+_SEGMENT = re.compile(r"^\d{1,20}\.jsonl$")
+QUARANTINE_DIR = "quarantine"
+QUARANTINE_MAX_BYTES = 16 * 1024 * 1024   # kept for inspection; beyond this only counted
 
 
 @dataclass(slots=True, frozen=True)
@@ -33,8 +47,15 @@ class Record:
 
     @classmethod
     def from_line(cls, line: bytes) -> "Record":
-        d = orjson.loads(line)
-        return cls(d["t"], d["k"], d["v"].encode())
+        """ValueError when the line is not a spooled record."""
+        try:
+            d = orjson.loads(line)
+            rec = cls(d["t"], d["k"], d["v"].encode())
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeError) as e:
+            raise ValueError(f"not a spooled record: {type(e).__name__}: {e}") from None
+        if not (isinstance(rec.topic, str) and isinstance(rec.key, str)):
+            raise ValueError("not a spooled record: topic and key must be strings")
+        return rec
 
 
 class Spool:
@@ -43,9 +64,13 @@ class Spool:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.dropped_records = 0
+        self.quarantined_lines = 0
         self._lock = threading.Lock()
-        for tmp in self.dir.glob("*.tmp"):  # a rewrite interrupted by a crash: the original is intact
+        for tmp in self.dir.glob("*.tmp"):  # a write interrupted by a crash: the originals are intact
             tmp.unlink(missing_ok=True)
+        for stray in self.dir.glob("*.jsonl"):
+            if not _SEGMENT.match(stray.name):
+                self._quarantine_file(stray)
         existing = self._segments()
         self._next_seq = (int(existing[-1].stem) + 1) if existing else 0
         # Kept in memory (scanned once here) so the gauges after every publish cost no I/O.
@@ -53,7 +78,7 @@ class Spool:
         self._bytes = sum(p.stat().st_size for p in existing)
 
     def _segments(self) -> list[Path]:
-        return sorted(self.dir.glob("*.jsonl"), key=lambda p: int(p.stem))
+        return sorted((p for p in self.dir.glob("*.jsonl") if _SEGMENT.match(p.name)), key=lambda p: int(p.stem))
 
     def empty(self) -> bool:
         return self._records == 0
@@ -72,18 +97,48 @@ class Spool:
         with self._lock:
             path = self.dir / f"{self._next_seq:012d}.jsonl"
             self._next_seq += 1
-            _write_durably(path, data)
+            _replace_durably(path, data)
             self._records += len(lines)
             self._bytes += len(data)
             self._enforce_bound()
 
     def oldest(self) -> tuple[Path, list[Record]] | None:
-        segs = self._segments()
-        if not segs:
-            return None
-        path = segs[0]
-        with path.open("rb") as f:
-            return path, [Record.from_line(line) for line in f if line.strip()]
+        """The oldest segment and its records; lines that do not decode are quarantined on the way."""
+        while True:
+            segs = self._segments()
+            if not segs:
+                return None
+            path = segs[0]
+            try:
+                with path.open("rb") as f:
+                    lines = [line for line in f if line.strip()]
+            except OSError as e:
+                log.error("spool_segment_unreadable", segment=path.name, error=str(e))
+                with self._lock:
+                    self._quarantine_file(path)
+                continue
+            records: list[Record] = []
+            bad: list[bytes] = []
+            for line in lines:
+                try:
+                    records.append(Record.from_line(line))
+                except ValueError:
+                    bad.append(line)
+            if not bad:
+                return path, records
+            with self._lock:
+                self._quarantine_lines(path, bad)
+                old_records, old_bytes = len(lines), path.stat().st_size
+                data = b"".join(r.to_line() for r in records)
+                if records:
+                    _replace_durably(path, data)
+                else:
+                    path.unlink(missing_ok=True)
+                    _fsync_dir(self.dir)
+                self._records += len(records) - old_records
+                self._bytes += len(data) - old_bytes
+            if records:
+                return path, records
 
     def complete(self, path: Path, failed: list[Record]) -> None:
         """The segment was sent: delete it, or keep only the records that failed, in order."""
@@ -91,11 +146,10 @@ class Spool:
             old_records, old_bytes = _count_lines(path), path.stat().st_size
             data = b"".join(r.to_line() for r in failed)
             if failed:
-                tmp = path.with_suffix(".tmp")
-                _write_durably(tmp, data)
-                os.replace(tmp, path)
+                _replace_durably(path, data)
             else:
                 path.unlink(missing_ok=True)
+                _fsync_dir(self.dir)
             self._records += len(failed) - old_records
             self._bytes += len(data) - old_bytes
 
@@ -113,13 +167,58 @@ class Spool:
             self._bytes -= size
 
 
+    def _quarantine_lines(self, segment: Path, lines: list[bytes]) -> None:
+        self.quarantined_lines += len(lines)
+        log.error("spool_lines_quarantined", segment=segment.name, lines=len(lines),
+                  first=lines[0][:120].decode("utf-8", "backslashreplace"))
+        qdir = self._quarantine_dir()
+        if qdir is None:
+            return
+        with open(qdir / f"{segment.name}.bad", "ab") as f:
+            f.write(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
+
+    def _quarantine_file(self, path: Path) -> None:
+        n = _count_lines(path) if path.is_file() else 0
+        self.quarantined_lines += n
+        log.error("spool_file_quarantined", file=path.name, lines=n)
+        qdir = self._quarantine_dir()
+        try:
+            if qdir is not None:
+                os.replace(path, qdir / f"{path.name}.bad")
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as e:
+            log.error("spool_quarantine_failed", file=path.name, error=str(e))
+            path.unlink(missing_ok=True)
+
+    def _quarantine_dir(self) -> Path | None:
+        """The quarantine directory, or None when it already holds QUARANTINE_MAX_BYTES."""
+        qdir = self.dir / QUARANTINE_DIR
+        qdir.mkdir(exist_ok=True)
+        if sum(p.stat().st_size for p in qdir.iterdir() if p.is_file()) >= QUARANTINE_MAX_BYTES:
+            return None
+        return qdir
+
+
 def _count_lines(path: Path) -> int:
     with path.open("rb") as f:
         return sum(1 for _ in f)
 
 
-def _write_durably(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
+def _replace_durably(path: Path, data: bytes) -> None:
+    """Write ``path`` as a whole or not at all: temp file, fsync, rename, fsync the directory."""
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

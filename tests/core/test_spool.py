@@ -75,3 +75,88 @@ def test_property_nothing_lost_order_kept(tmp_path_factory, rounds: list[list[in
         delivered.extend(rs[:cut])
         sp.complete(path, rs[cut:])
     assert delivered == [x for r in rounds for x in recs(*r)]
+
+
+# ------------------------------------------------------------------------------ torn and damaged segments
+def test_a_write_torn_by_a_crash_leaves_no_torn_segment(tmp_path: Path, monkeypatch) -> None:
+    """The collector is killed half-way through writing a segment: the spool it restarts with is whole."""
+    import opsloop.collect.spool as spool_mod
+
+    sp = Spool(tmp_path, 1 << 20)
+    sp.append(recs(1, 2))
+    real_open = open
+
+    class Killed(BaseException):
+        pass
+
+    def tearing_open(path, mode="r", *a, **kw):  # type: ignore[no-untyped-def]
+        f = real_open(path, mode, *a, **kw)
+        if "w" in mode:
+            real_write = f.write
+
+            def write(data: bytes) -> int:
+                real_write(data[: len(data) // 2])   # half the bytes reach the disk, then the process dies
+                f.flush()
+                raise Killed()
+            f.write = write  # type: ignore[method-assign]
+        return f
+
+    monkeypatch.setattr(spool_mod, "open", tearing_open, raising=False)
+    try:
+        sp.append(recs(3, 4, 5))
+    except Killed:
+        pass
+    monkeypatch.undo()
+    restarted = Spool(tmp_path, 1 << 20)
+    assert drain_all(restarted) == recs(1, 2)
+    assert restarted.quarantined_lines == 0 and not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_torn_segment_is_quarantined_line_by_line_and_the_rest_replayed(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, 1 << 20)
+    sp.append(recs(1, 2, 3))
+    sp.append(recs(4))
+    first = sorted(tmp_path.glob("*.jsonl"))[0]
+    data = first.read_bytes()
+    lines = data.splitlines(keepends=True)
+    # a segment written straight to its final name by an older version, torn in its last line,
+    # plus a line of garbage in the middle
+    first.write_bytes(lines[0] + b"\x00\xffgarbage\n" + lines[1] + lines[2][: len(lines[2]) // 2])
+    again = Spool(tmp_path, 1 << 20)
+    assert drain_all(again) == recs(1, 2, 4)
+    assert again.quarantined_lines == 2 and again.empty() and again.size_bytes() == 0
+    bad = (tmp_path / "quarantine" / f"{first.name}.bad").read_bytes()
+    assert b"garbage" in bad and bad.count(b"\n") == 2
+
+
+def test_a_segment_with_nothing_decodable_and_stray_files_do_not_stop_the_drain(tmp_path: Path) -> None:
+    (tmp_path / "000000000000.jsonl").write_bytes(b"{not json\n[1,2]\n")
+    (tmp_path / "notes.jsonl").write_bytes(b"hello\n")
+    sp = Spool(tmp_path, 1 << 20)
+    sp.append(recs(7))
+    assert drain_all(sp) == recs(7)
+    assert sp.quarantined_lines == 3
+    assert (tmp_path / "quarantine" / "notes.jsonl.bad").exists()
+
+
+def test_publish_never_raises_into_the_collection_loop(tmp_path: Path) -> None:
+    """A torn spool and a broker that is not there: publish spools, counts, returns."""
+    import socket
+
+    from prometheus_client import REGISTRY
+
+    from opsloop.collect.publisher import Publisher
+
+    (tmp_path / "000000000000.jsonl").write_bytes(b'{"t":"telemetry.lb","k":"a","v":"{}"}\n{"t":')
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]    # closed again: nothing listens there
+    pub = Publisher(f"127.0.0.1:{port}", tmp_path, collector="torn-test", send_timeout_s=1.0)
+    pub._retry_at = 0.0
+    pub.publish(recs(1))
+    pub.publish(recs(2))
+    got = [r for _, rs in [pub.spool.oldest() or (None, [])] for r in rs]
+    assert got[0].key == "a"
+    assert REGISTRY.get_sample_value("opsloop_spool_quarantined_lines_total", {"collector": "torn-test"}) == 1.0
+    assert pub.spool.count_records() == 3
+    pub._drop_producer()
