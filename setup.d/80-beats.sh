@@ -19,7 +19,7 @@ beat_ok() {
   [ -x "$bin" ] && "$bin" version 2>/dev/null | grep -q "version $want "
 }
 
-PKGS=(libsystemd-dev systemd-journal-remote pkg-config)
+PKGS=(libsystemd-dev systemd-journal-remote)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

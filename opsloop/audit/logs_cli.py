@@ -52,21 +52,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    url = "-"
     try:
         until = parse_time(args.until, "--until") if args.until else datetime.now(timezone.utc)
         q = LogQuery(since=parse_duration(args.since, "--since"), until=until, units=tuple(args.unit),
                      level=args.level, text=args.grep, limit=args.limit)
-        if args.show_query:
-            print(orjson.dumps(logs_query(q), option=orjson.OPT_INDENT_2).decode())
-            return 0
         url = es_url_from_args(args)
-        from elasticsearch import Elasticsearch
-
-        docs = search_logs(Elasticsearch(url, request_timeout=10), q, args.index)
     except (ValueError, ConfigError) as e:
         print(f"opsloop logs: {e}", file=sys.stderr)
         return 2
+    if args.show_query:
+        print(orjson.dumps(logs_query(q), option=orjson.OPT_INDENT_2).decode())
+        return 0
+    try:
+        from elasticsearch import Elasticsearch
+
+        docs = search_logs(Elasticsearch(url, request_timeout=10), q, args.index)
     except Exception as e:  # noqa: BLE001 - connection refused, timeouts, HTTP errors: say which and where
         print(f"opsloop logs: Elasticsearch at {url}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
