@@ -553,7 +553,10 @@ class EdgeController(_Controller):
         usable = usable_mask(latency, healthy)
         current = strip_unusable(self.weights, target, usable, latency)
         cap_plan = plan_capacity * (1.0 - s.headroom)
-        load = (current * estimate[:, None]).sum(axis=0)
+        # offered load: what the clients would send at these weights if no origin slowed them
+        # down (an overloaded origin's slow answers hide part of the demand until it is relieved)
+        offered = self._predicted_demand_at(current, estimate, self._latency_now(latency), latency)
+        load = (current * offered[:, None]).sum(axis=0)
         over = healthy & (load > capacity + 1e-9)
         # hot: over capacity by more than the noise margin, or over it a second interval running
         hot = over & ((load > capacity * (1 + s.hot_margin) + 1e-9) | self._over_last)
