@@ -39,7 +39,7 @@ class Harness:
         self.listener = listener
         self.clock = Clock()
         self.store = TopologyStore(topology(listener, edges), AuditLog())
-        self.book = DemandBook()
+        self.book = DemandBook(clock=self.clock)
         self.published: list[tuple[list[EdgeWeights], list]] = []
         self.loop = ControlLoop(self.store, self.book,
                                 ControllerSettings(interval_s=1.0, stale_after_s=stale_after_s),

@@ -227,3 +227,30 @@ def test_token_file_is_private_from_creation_and_an_open_one_is_refused(tmp_path
     with pytest.raises(ConfigError, match="chmod 600") as e:
         read_token(ApiSettings(token_file=leaked))
     assert str(leaked) in str(e.value) and leaked.read_text() not in str(e.value)
+
+
+# -- the demand book ---------------------------------------------------------------------------------------
+def test_a_demand_record_from_the_future_cannot_pin_the_book() -> None:
+    from prometheus_client import REGISTRY
+
+    from controllers.edge.service.inputs import DemandBook
+    from streams.edge.demand import EdgeDemand
+
+    clock = [T0]
+    book = DemandBook(max_clock_skew_s=5.0, ttl_s=600.0, clock=lambda: clock[0])
+
+    def rec(edge: str, ts: float, rps: float = 10.0) -> EdgeDemand:
+        return EdgeDemand(edge=edge, backend="be", demand_rps=rps, timestamp=ts)
+
+    before = REGISTRY.get_sample_value("opsloop_edge_demand_rejected_total", {"reason": "future"}) or 0.0
+    assert book.update(rec("ams", T0 + 86_400 * 365, rps=1.0)) is False      # a year ahead: refused
+    assert book.update(rec("ams", T0 + 3, rps=2.0)) is True                   # within the skew
+    assert book.update(rec("ams", T0 + 1, rps=3.0)) is True and book.get("be", "ams").demand_rps == 2.0
+    clock[0] += 10
+    assert book.update(rec("ams", T0 + 10, rps=4.0)) and book.get("be", "ams").demand_rps == 4.0   # not pinned
+    assert REGISTRY.get_sample_value("opsloop_edge_demand_rejected_total", {"reason": "future"}) == before + 1
+    # keys silent for ttl_s go away (an LB that was decommissioned)
+    book.update(rec("gone", T0 + 10))
+    clock[0] += 700
+    book.update(rec("ams", clock[0]))
+    assert book.get("be", "gone") is None and len(book) == 1

@@ -2,45 +2,86 @@
 
 The control loop only needs the newest demand of every edge, so the consumer starts at the end of
 the topic (old demand is useless after a restart) and keeps one record per key.
+
+No record may pin the book: one stamped further in the future than ``max_clock_skew_s`` is refused
+(it would stay "newest" forever, hide every later record and never age into ``stale -> hold``),
+counted in ``opsloop_edge_demand_rejected_total{reason="future"}``. Keys not updated for ``ttl_s``
+are dropped (an LB or backend that went away), counted in ``opsloop_edge_demand_dropped_total``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
 from kafka import KafkaConsumer, TopicPartition
 
+from controllers.edge.service import metrics as M
 from opsloop.log import get_logger
 from opsloop.wire import Topic
 from streams.edge.demand import EdgeDemand
 
 log = get_logger("controller.edge.inputs")
+MAX_CLOCK_SKEW_S = 5.0
+TTL_S = 3600.0
+PRUNE_EVERY_S = 60.0
 
 
 class DemandBook:
-    def __init__(self) -> None:
+    def __init__(self, max_clock_skew_s: float = MAX_CLOCK_SKEW_S, ttl_s: float = TTL_S,
+                 clock: Callable[[], float] = time.time) -> None:
         self._latest: dict[tuple[str, str], EdgeDemand] = {}
         self._lock = threading.Lock()
+        self.max_clock_skew_s = max_clock_skew_s
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._pruned_at = clock()
+        self._warned_at = float("-inf")
         self.received = 0
         self.rejected = 0
 
-    def update(self, rec: EdgeDemand, received_at: float | None = None) -> None:
-        # Age counts from the receive time too: a record stamped in the future (a skewed clock)
-        # is kept as received now, so it ages and goes stale instead of pinning the book forever.
-        received_at = time.time() if received_at is None else received_at
-        if rec.timestamp > received_at:
-            rec = rec.model_copy(update={"timestamp": received_at})
+    def update(self, rec: EdgeDemand) -> bool:
+        """Keep ``rec`` when it is the newest of its key; False when refused (from the future)."""
+        now = self.clock()
         key = (rec.backend, rec.edge)
+        if rec.timestamp > now + self.max_clock_skew_s:
+            self.reject("future")
+            if now - self._warned_at >= PRUNE_EVERY_S:   # a poison stream must not flood the log
+                self._warned_at = now
+                log.warning("demand_record_rejected", backend=rec.backend, edge=rec.edge,
+                            reason=f"timestamp {rec.timestamp} is {rec.timestamp - now:.0f}s in the future "
+                                   f"(> max_clock_skew_s {self.max_clock_skew_s})")
+            return False
         with self._lock:
             self.received += 1
             old = self._latest.get(key)
             if old is None or rec.timestamp >= old.timestamp:  # an at-least-once replay never goes back
                 self._latest[key] = rec
+            if now - self._pruned_at >= PRUNE_EVERY_S:
+                self._prune(now)
+        return True
+
+    def reject(self, reason: str) -> None:
+        self.rejected += 1
+        M.DEMAND_REJECTED.labels(reason).inc()
+
+    def _prune(self, now: float) -> None:
+        """Under the lock: drop keys silent for ttl_s."""
+        self._pruned_at = now
+        old = [k for k, r in self._latest.items() if now - r.timestamp > self.ttl_s]
+        for k in old:
+            del self._latest[k]
+        if old:
+            M.DEMAND_DROPPED.inc(len(old))
 
     def get(self, backend: str, lb: str) -> EdgeDemand | None:
         with self._lock:
             return self._latest.get((backend, lb))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._latest)
 
 
 class DemandConsumer:
@@ -95,7 +136,7 @@ class DemandConsumer:
                         try:
                             self.book.update(EdgeDemand.decode(r.value))
                         except ValueError as e:
-                            self.book.rejected += 1
+                            self.book.reject("invalid")
                             log.warning("demand_record_rejected", offset=r.offset, partition=r.partition,
                                         error=str(e)[:300])
         finally:

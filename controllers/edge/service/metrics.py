@@ -25,3 +25,7 @@ TICKS = Counter("opsloop_edge_ticks_total", "Controller intervals run", ["listen
 TICK_SECONDS = Histogram("opsloop_edge_tick_seconds", "Time to decide and publish one interval",
                          buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
 PUBLISH_ERRORS = Counter("opsloop_edge_publish_errors_total", "Records Kafka did not acknowledge", ["topic"])
+DEMAND_REJECTED = Counter("opsloop_edge_demand_rejected_total",
+                          "edge.demand records not used (invalid, or stamped in the future)", ["reason"])
+DEMAND_DROPPED = Counter("opsloop_edge_demand_dropped_total",
+                         "Demand entries dropped after ttl_s without an update (an LB or backend gone)")
