@@ -42,6 +42,10 @@ detector therefore combines a few simple, well-studied streaming estimators inst
    is back in band for ``calm_points`` points; then, up to ``refractory`` points after the alarm,
    scores are damped quadratically (re-armed gradually). False alarms are what on-call pays for;
    the event itself is still visible as ``in_event`` (the agent keeps the finding open with it).
+9. **Flatline**: a run of identical values (a stuck sensor, a frozen exporter; a variance change in
+   its extreme form, which none of the z-scores above can see) alarms once it is at least
+   ``flat_min`` long and improbable given how often this series repeats a value, so quantised
+   and integer series with long zero runs are not "stuck".
 
 Tuned on labelled corpora we can see (SKAB real sensor data, a synthetic corpus with the usual
 anomaly kinds, the scenarios) with the standard window scoring: see ``bench/bench_detect.py``.
@@ -67,7 +71,7 @@ from typing import Any
 DAY_S = 86400.0
 WEEK_S = 7 * DAY_S
 STATE_VERSION = 2
-NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits")
+NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run")
 QUANTUM_HITS = 3     # a step size seen this often (in ordinary data or not) is the series' resolution
 
 
@@ -98,6 +102,8 @@ class DetectorConfig:
     calm_points: int = 5             # ... until this many consecutive points are back in band (z < band_z)
     band_z: float = 2.5
     refractory: int = 100            # and at least this many points after the alarm
+    flat_min: int = 10               # a run of identical values this long or longer ...
+    flat_p: float = 1e-5             # ... and this improbable (given how often values repeat) is a flatline
 
 
 class StreamingDetector:
@@ -108,7 +114,7 @@ class StreamingDetector:
         "gamma", "w_gamma", "level0", "scale0", "level1", "scale1", "err0", "err1", "quantum", "x_prev",
         "tail_q", "run0", "run0_x", "run0_xx", "run1", "run1_x", "run1_xx", "err_rate", "d_off", "d_scale", "d_cnt", "d_last",
         "d_vis", "w_off", "w_cnt", "w_last", "w_vis", "last",
-        "l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits",
+        "l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run",
     )
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
@@ -129,6 +135,8 @@ class StreamingDetector:
         self.quantum = math.inf          # smallest non-zero step of the values: their resolution
         self.q_cand = math.inf           # candidate resolution, trusted once seen QUANTUM_HITS times
         self.q_hits = 0
+        self.p_same = 0.0                # how often a value repeats the previous one (EWMA)
+        self.same_run = 0                # current run of repeated values
         self.x_prev = 0.0
         self.tail_q = self.cfg.tail_ref
         # Per model: signed length of the current outlier run, sum and sum of squares of its
@@ -266,14 +274,30 @@ class StreamingDetector:
         if use_season:
             zl = 0.0     # the long window holds the daily cycle: a busy hour is not a shift
 
+        # Flatline (a stuck sensor, a frozen exporter: variance change in its extreme form): a run of
+        # identical values that is improbable given how often this series repeats a value.
+        run = self.same_run + 1 if dx == 0.0 else 0
+        self.same_run = run
+        ps = self.p_same
+        zf = 0.0
+        if run >= cfg.flat_min:
+            surprise = run * -math.log(ps if ps > 1e-3 else 1e-3)
+            zf = surprise / -math.log(cfg.flat_p)          # > 1: improbable enough
+        self.p_same = ps + (0.01 if n > 100 else 1.0 / n) * ((1.0 if dx == 0.0 else 0.0) - ps)
+
         # Score (after warm-up), calibrated by this series' own tail.
         score = 0.0
         if n > cfg.warmup_points:
+            if zf > 1.0:
+                u = (zf - 1.0) / 0.5
+                score = 1.0 - math.exp(-u * u)
             tail = self.tail_q / cfg.tail_ref
             ze = z / tail if tail > 1.0 else z
             if ze > cfg.z0:
                 u = (ze - cfg.z0) / cfg.z_width
-                score = 1.0 - math.exp(-u * u)
+                sz = 1.0 - math.exp(-u * u)
+                if sz > score:
+                    score = sz
             if zl > cfg.long_z0:
                 u = (zl - cfg.long_z0) / cfg.z_width
                 sl = 1.0 - math.exp(-u * u)
@@ -296,7 +320,7 @@ class StreamingDetector:
                     score *= f * f
                 else:
                     self.event = False
-                if ze < cfg.band_z and zl * cfg.z0 < cfg.band_z * cfg.long_z0:
+                if ze < cfg.band_z and zl * cfg.z0 < cfg.band_z * cfg.long_z0 and zf <= 1.0:
                     self.calm += 1
                 else:
                     self.calm = 0

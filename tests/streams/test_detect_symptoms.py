@@ -93,7 +93,7 @@ def test_state_of_the_previous_version_still_loads() -> None:
         det.update(T0 + 60 * i, 10.0 + (i % 3))
     doc = det.to_dict()
     doc["version"] = 1
-    for name in ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits"):
+    for name in ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run"):
         doc.pop(name)
     restored = StreamingDetector.from_dict(doc)
     assert restored.l_mean == pytest.approx(det.level0)
@@ -113,3 +113,19 @@ def test_every_repeated_power_jump_out_of_a_flat_reading_alarms() -> None:
     vs = [248.0] * 200 + ([600.0] * 50 + [248.0] * 150) * 4
     scores = score_series([T0 + 5 * i for i in range(len(vs))], vs)
     assert [i for i, s in enumerate(scores) if s >= 0.5] == [200, 400, 600, 800]
+
+
+def test_a_stuck_sensor_is_a_variance_change_and_alarms_once() -> None:
+    rng = random.Random(9)
+    vs = [20 + rng.gauss(0, 0.5) for _ in range(3000)]
+    for i in range(2000, 2100):
+        vs[i] = vs[1999]
+    scores = score_series([T0 + 60 * i for i in range(3000)], vs)
+    assert [i for i, s in enumerate(scores) if s >= 0.5] == [2009]
+
+
+def test_integer_counts_with_long_zero_runs_do_not_look_stuck() -> None:
+    rng = random.Random(9)
+    vs = [float(sum(1 for _ in range(40) if rng.random() < 2 / 40)) for _ in range(6000)]
+    scores = score_series([T0 + 60 * i for i in range(6000)], vs)
+    assert alarms(scores, 0.5, start=900) == []
