@@ -3,7 +3,8 @@
     log = get_logger("collector.haproxy")
     log.info("round_done", samples=12, errors=0)
 
-Secrets never go to logs: callers pass no credentials, and :func:`redact` masks keys that look secret.
+Secrets never go to logs: callers pass no credentials, :func:`redact` masks keys that look secret, and
+``user:password@`` in any URL of a line is masked (:mod:`opsloop.redact`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import time
 from typing import Any
 
 import orjson
+
+from opsloop.redact import redact_credentials
 
 _SECRET_MARKERS = ("password", "secret", "token", "passwd", "credential", "authorization", "api_key")
 _service = "opsloop"
@@ -37,7 +40,8 @@ class JsonFormatter(logging.Formatter):
             doc["fields"] = redact(fields)
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
-        return orjson.dumps(doc, default=str).decode()
+        # Credentials in URLs (Alertmanager, Elasticsearch) never reach a log line, whoever logs them.
+        return redact_credentials(orjson.dumps(doc, default=str).decode())
 
 
 class EventLogger:

@@ -14,6 +14,7 @@ from typing import Any
 import requests
 
 from opsloop.log import get_logger
+from opsloop.redact import redact_credentials
 
 log = get_logger("paging.alertmanager")
 
@@ -46,7 +47,7 @@ class AlertmanagerClient:
             try:
                 r = self._post_one(url, alerts)
             except (requests.RequestException, AlertmanagerError) as e:
-                errors.append(f"{url}: {e}")
+                errors.append(redact_credentials(f"{url}: {e}"))
                 continue
             if result is None or r.accepted > result.accepted:
                 result = r

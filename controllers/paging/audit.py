@@ -33,12 +33,20 @@ RESULTS = {"page_opened": "sent", "page_delivered": "sent", "page_resolved": "re
            "page_severity_changed": "sent"}
 
 
+MAX_AUDIT_LABELS = 31    # AuditRecord holds 32 labels; one is the finding id
+MAX_TARGET = 300
+
+
 def audit_record(action: str, finding_id: str, labels: dict[str, str], detail: str = "",
                  now: float | None = None) -> AuditRecord:
-    return build(time=time.time() if now is None else now, actor=ACTOR, action=action,
-                 target=f"alert:{labels.get('alertname') or finding_id}", mode="live",
-                 result=RESULTS.get(action, "sent"), reason=detail[:4000],
-                 labels={**{k: str(v) for k, v in labels.items()}, "finding_id": finding_id})
+    """The audit record of one paging action; labels and target cut to the record's bounds, saying so."""
+    kept = dict(list(labels.items())[:MAX_AUDIT_LABELS])
+    if len(kept) < len(labels):
+        detail = f"{detail} [audit labels cut: {len(labels) - len(kept)} of {len(labels)} left out]".strip()
+    target = f"alert:{labels.get('alertname') or finding_id}"[:MAX_TARGET]
+    return build(time=time.time() if now is None else now, actor=ACTOR, action=action, target=target,
+                 mode="live", result=RESULTS.get(action, "sent"), reason=detail[:4000],
+                 labels={**{str(k)[:200]: str(v)[:1000] for k, v in kept.items()}, "finding_id": finding_id})
 
 
 class Auditor:
@@ -47,9 +55,14 @@ class Auditor:
         self.topic = topic
 
     def record(self, action: str, finding_id: str, labels: dict[str, str], detail: str = "") -> None:
-        rec = audit_record(action, finding_id, labels, detail)
         log.info("audit", action=action, finding_id=finding_id, alertname=labels.get("alertname", ""),
                  severity=labels.get("severity", ""), detail=detail)
+        try:
+            rec = audit_record(action, finding_id, labels, detail)
+        except Exception as e:  # noqa: BLE001 - a record we cannot build must not stop paging
+            metrics.AUDIT_FAILURES.inc()
+            log.error("audit_record_invalid", error=str(e)[:500], action=action, finding_id=finding_id)
+            return
         if self.producer is None:
             return
         try:

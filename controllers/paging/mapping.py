@@ -6,21 +6,31 @@ alert however often it is re-sent): ``alertname`` from the detector (``firewall.
 ``source="opsloop-paging"`` and the finding's where-labels (``hypervisor``, ``vm``, ``host`` ...).
 Annotations: summary, description (observed vs expected and the explanation), what, observed,
 expected, explanation, runbook_url, dashboard_url (the names the alert rules use), finding_id, first_seen.
+
+Sizes are bounded so that a finding with many labels or very long names still pages: at most
+``MAX_WHERE_LABELS`` where-labels (the rest dropped), names and values shortened with a hash of the
+full text (so two findings that differ only past the cut stay two alerts); the annotation
+``labels_truncated`` says what was cut, and the dropped labels are still in the description.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urljoin
 
 from opsloop.findings import Finding, Severity
+from opsloop.runbooks import dashboard_base_url, runbook_base_url
 
 SOURCE = "opsloop-paging"
 RESERVED_LABELS = frozenset({"alertname", "severity", "signal", "detector", "source", "backstop"})
 MAX_LABEL_VALUE = 256
+MAX_LABEL_NAME = 100
+MAX_ALERTNAME = 120
+MAX_WHERE_LABELS = 20     # plus the five we set: well inside the audit record's 32 labels
 MAX_ANNOTATION = 2048
 _LABEL_NAME_BAD = re.compile(r"[^A-Za-z0-9_]")
 
@@ -37,8 +47,8 @@ DEFAULT_DASHBOARD = "opsloop-pipeline/pipeline-health"
 
 @dataclass(frozen=True, slots=True)
 class Links:
-    dashboard_base_url: str = "https://grafana.example"
-    runbook_base_url: str = "https://runbooks.example/opsloop/"
+    dashboard_base_url: str = field(default_factory=dashboard_base_url)
+    runbook_base_url: str = field(default_factory=runbook_base_url)
 
 
 def alertname_for(detector: str) -> str:
@@ -62,11 +72,41 @@ def label_name(key: str) -> str:
     return name
 
 
+def shorten(text: str, limit: int) -> str:
+    """``text`` if it fits, else a prefix and a hash of the whole (distinct texts stay distinct)."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - 9] + "_" + hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def labels_and_cuts(finding: Finding) -> tuple[dict[str, str], str]:
+    """The alert's labels, bounded, and a note of what was cut ("" when nothing was)."""
+    cuts: list[str] = []
+    where = sorted(finding.where.items())
+    kept, dropped = where[:MAX_WHERE_LABELS], where[MAX_WHERE_LABELS:]
+    if dropped:
+        cuts.append(f"dropped {len(dropped)} where-labels beyond {MAX_WHERE_LABELS}: "
+                    + ", ".join(k for k, _ in dropped))
+    labels: dict[str, str] = {}
+    for k, v in kept:
+        name = shorten(label_name(k), MAX_LABEL_NAME)
+        labels[name] = shorten(str(v), MAX_LABEL_VALUE)
+        if name != label_name(k) or labels[name] != str(v):
+            cuts.append(f"shortened {label_name(k)[:40]}")
+    alertname = shorten(alertname_for(finding.detector), MAX_ALERTNAME)
+    detector = shorten(finding.detector, MAX_LABEL_VALUE)
+    signal = shorten(signal_for(finding.detector), MAX_LABEL_VALUE)
+    if alertname != alertname_for(finding.detector):
+        cuts.append(f"shortened alertname to {MAX_ALERTNAME} characters")
+    if detector != finding.detector:
+        cuts.append(f"shortened detector to {MAX_LABEL_VALUE} characters")
+    labels.update(alertname=alertname, severity=finding.severity.value, signal=signal, detector=detector,
+                  source=SOURCE)
+    return labels, "; ".join(cuts)
+
+
 def labels_for(finding: Finding) -> dict[str, str]:
-    labels = {label_name(k): str(v)[:MAX_LABEL_VALUE] for k, v in sorted(finding.where.items())}
-    labels.update(alertname=alertname_for(finding.detector), severity=finding.severity.value,
-                  signal=signal_for(finding.detector), detector=finding.detector, source=SOURCE)
-    return labels
+    return labels_and_cuts(finding)[0]
 
 
 def _where_text(finding: Finding) -> str:
@@ -115,6 +155,9 @@ def annotations_for(finding: Finding, links: Links) -> dict[str, str]:
         "finding_id": finding.id,
         "first_seen": iso(finding.first_seen),
     }
+    cuts = labels_and_cuts(finding)[1]
+    if cuts:
+        doc["labels_truncated"] = cuts
     return {k: v[:MAX_ANNOTATION] for k, v in doc.items()}
 
 

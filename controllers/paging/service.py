@@ -98,8 +98,16 @@ class PagingService:
         path: Path = self.config.state_file
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_bytes(orjson.dumps(self.book.to_dict()))
+        with open(tmp, "wb") as f:
+            f.write(orjson.dumps(self.book.to_dict()))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)  # atomic: a crash leaves the old or the new state, never half of one
+        fd = os.open(path.parent, os.O_RDONLY)   # and the rename itself survives a power cut
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         self._dirty = False
 
     # -- one step -------------------------------------------------------------------------
@@ -115,7 +123,16 @@ class PagingService:
                 log.warning("finding_rejected", reason=str(e)[:300])
                 self._deadletter(raw, str(e), origins[i] if origins else (None, None, None))
                 continue
-            for action in self.book.apply(finding, now):
+            try:
+                applied = self.book.apply(finding, now)
+            except Exception as e:  # noqa: BLE001 - one finding we cannot map must not stop the batch
+                metrics.REJECTED.inc()
+                reason = f"finding {finding.id} could not be paged: {type(e).__name__}: {e}"
+                log.error("finding_failed", finding_id=finding.id, detector=finding.detector[:200],
+                          reason=reason[:500], exc_info=True)
+                self._deadletter(raw, reason, origins[i] if origins else (None, None, None))
+                continue
+            for action in applied:
                 actions.append(action)
                 metrics.FINDINGS.labels(action.kind).inc()
                 if action.kind in AUDIT_ACTIONS:

@@ -276,3 +276,154 @@ def test_delivery_backs_off_while_alertmanager_is_down(tmp_path) -> None:
     assert svc.backoff.failures == 0
     svc.save_state()
     assert orjson.loads((tmp_path / "state.json").read_bytes())["open"][0]["delivered_once"] is True
+
+
+# -- oversized findings, per-record errors, durable state, credentials in URLs ---------------------
+class Sent:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes | None, bytes | None]] = []
+
+    def send(self, topic: str, key: bytes | None = None, value: bytes | None = None) -> None:
+        self.records.append((topic, key, value))
+
+    def flush(self, timeout: float | None = None) -> None:
+        pass
+
+
+def oversized_findings() -> list[Finding]:
+    many = finding(**{f"label_{i:02d}": f"v{i}" for i in range(27)})
+    long_name = finding(detector="power." + "x" * 289)
+    assert len(long_name.detector) == 295
+    return [many, long_name]
+
+
+def test_one_oversized_finding_does_not_stop_paging_for_the_batch(tmp_path) -> None:
+    """Before: the audit record (32 labels, 300-character target) raised outside any try: the whole
+    batch was lost and the step failed again on every retry."""
+    cfg = PagingConfig(state_file=tmp_path / "state.json", start_offset="latest")
+    producer = Sent()
+    svc = PagingService(cfg, "127.0.0.1:1", consumer=object(), producer=producer,  # type: ignore[arg-type]
+                        client=FlakyClient(0))
+    svc.auditor.producer = producer
+    normal = finding(hypervisor="hv-ok", vm="vm-ok", port="p-ok")
+    actions = svc.handle_records([f.encode() for f in (*oversized_findings(), normal)], T0)
+    assert [a.kind for a in actions] == ["open", "open", "open"]
+    audits = [orjson.loads(v) for t, _, v in producer.records if t == cfg.audit_topic]
+    assert len(audits) == 3 and all(len(a["labels"]) <= 32 and len(a["target"]) <= 300 for a in audits)
+    assert svc.deliver(T0) == 3
+
+
+def test_labels_are_cut_to_alertmanager_safe_sizes_saying_what_was_cut() -> None:
+    many, long_name = oversized_findings()
+    labels = labels_for(many)
+    assert len(labels) == 20 + 5 and labels["label_00"] == "v0" and "label_26" not in labels
+    notes = annotations_for(many, Links())["labels_truncated"]
+    assert "dropped 7 where-labels" in notes and "label_26" in notes
+    long_labels = labels_for(long_name)
+    assert len(long_labels["alertname"]) <= 120 and len(long_labels["detector"]) <= 256
+    assert "alertname" in annotations_for(long_name, Links())["labels_truncated"]
+    other = finding(detector="power." + "x" * 288 + "y")    # differs only past the cut: another alert
+    assert labels_for(other)["alertname"] != long_labels["alertname"]
+    assert "labels_truncated" not in annotations_for(finding(), Links())
+    assert all(LABEL_NAME.match(k) for k in labels)
+
+
+def test_oversized_findings_are_accepted_by_a_real_alertmanager(test_alertmanager) -> None:
+    from controllers.paging.alertmanager import AlertmanagerClient
+    from controllers.paging.book import PagingBook
+    from tests.alerts.conftest import am_url
+
+    book = PagingBook()
+    for f in oversized_findings():
+        book.apply(f, T0)
+    alerts = book.due(T0)
+    client = AlertmanagerClient([am_url(test_alertmanager)])
+    try:
+        result = client.post(alerts)
+    finally:
+        client.close()
+    assert result.accepted == 2 and result.rejected == []
+
+
+def test_a_finding_the_book_cannot_map_is_dead_lettered_alone(tmp_path, monkeypatch) -> None:
+    cfg = PagingConfig(state_file=tmp_path / "state.json", start_offset="latest")
+    producer = Sent()
+    svc = PagingService(cfg, "127.0.0.1:1", consumer=object(), producer=producer,  # type: ignore[arg-type]
+                        client=FlakyClient(0))
+    real_apply = svc.book.apply
+
+    def apply(f: Finding, now: float):  # type: ignore[no-untyped-def]
+        if f.where.get("hypervisor") == "hv-bug":
+            raise RuntimeError("mapping bug")
+        return real_apply(f, now)
+
+    monkeypatch.setattr(svc.book, "apply", apply)
+    bad, good = finding(hypervisor="hv-bug", vm="v", port="p"), finding(hypervisor="hv-fine", vm="v", port="p")
+    actions = svc.handle_records([bad.encode(), good.encode()], T0, [(0, 1, b"k1"), (0, 2, b"k2")])
+    assert [a.finding_id for a in actions] == [good.id]
+    dls = [orjson.loads(v) for t, _, v in producer.records if t == "telemetry.deadletter"]
+    assert len(dls) == 1 and "mapping bug" in dls[0]["reason"] and dls[0]["offset"] == 1
+
+
+def test_paging_state_is_fsynced_file_and_directory(tmp_path, monkeypatch) -> None:
+    import os
+    import stat
+
+    cfg = PagingConfig(state_file=tmp_path / "state.json", start_offset="latest")
+    svc = PagingService(cfg, "127.0.0.1:1", consumer=object(), producer=None,  # type: ignore[arg-type]
+                        client=FlakyClient(0))
+    svc.handle_records([finding().encode()], T0)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    svc.save_state()
+    assert synced == ["file", "dir"]
+    assert orjson.loads((tmp_path / "state.json").read_bytes())["open"]
+
+
+def test_credentials_in_alertmanager_urls_never_reach_a_log_line(capsys) -> None:
+    import io
+    import socket
+
+    from controllers.paging.alertmanager import AlertmanagerClient
+    from opsloop.log import setup_logging
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://pager:hunter2-s3cret@127.0.0.1:{port}"
+    client = AlertmanagerClient([url], timeout_s=1.0)
+    with pytest.raises(AlertmanagerError) as err:
+        client.post([{"labels": {"alertname": "X"}}])
+    client.close()
+    assert "hunter2" not in str(err.value) and "***@127.0.0.1" in str(err.value)
+    import logging
+
+    out = io.StringIO()
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    setup_logging("test-redact", stream=out)
+    try:
+        log_lines(url)
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+    text = out.getvalue()
+    assert "hunter2" not in text and "p@ss" not in text and "ss@es" not in text
+    assert text.count("***@") >= 3
+
+
+def log_lines(url: str) -> None:
+    from opsloop.log import get_logger
+
+    log = get_logger("paging.test")
+    log.info("paging_started", alertmanagers=[url, "https://es:p@ss@es.example:9200/"])
+    try:
+        raise RuntimeError(f"could not reach {url}/api/v2/alerts")
+    except RuntimeError:
+        log.error("step_failed", exc_info=True)
