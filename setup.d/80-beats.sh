@@ -34,13 +34,21 @@ if [ ${#missing[@]} -gt 0 ]; then
     || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"; }
 fi
 
-if beat_ok filebeat "$FILEBEAT_VERSION" && beat_ok journalbeat "$JOURNALBEAT_VERSION"; then
-  echo "beats: filebeat $FILEBEAT_VERSION and journalbeat $JOURNALBEAT_VERSION in $OUT_DIR"; exit 0
-fi
 mkdir -p "$OUT_DIR"
 # One build at a time (two `make setup` at once would build twice into the same files).
 exec 9>"$OUT_DIR/.lock"
 flock 9
+# Left by a build that was killed (SIGKILL skips the clean-up below); no other build runs now.
+for stale in "$OUT_DIR"/build.* "$OUT_DIR"/*.tmp; do
+  [ -e "$stale" ] || continue
+  echo "beats: removing $stale, left by an interrupted build"
+  chmod -R u+w "$stale" 2>/dev/null || true
+  rm -rf "$stale"
+done
+
+if beat_ok filebeat "$FILEBEAT_VERSION" && beat_ok journalbeat "$JOURNALBEAT_VERSION"; then
+  echo "beats: filebeat $FILEBEAT_VERSION and journalbeat $JOURNALBEAT_VERSION in $OUT_DIR"; exit 0
+fi
 
 GO=${GO:-/usr/local/go/bin/go}
 [ -x "$GO" ] || GO=$(command -v go || true)
@@ -51,7 +59,8 @@ fi
 
 TMP=$(mktemp -d "$OUT_DIR/build.XXXXXX")
 # -modcacherw: the module cache is writable, so the trap can delete it.
-trap 'chmod -R u+w "$TMP" 2>/dev/null; rm -rf "$TMP"' EXIT
+trap 'chmod -R u+w "$TMP" 2>/dev/null; rm -rf "$TMP" "$OUT_DIR"/*.tmp' EXIT
+trap 'exit 130' INT TERM HUP
 export GOMODCACHE="$TMP/mod" GOCACHE="$TMP/build" GOPATH="$TMP/gopath"
 export GOTOOLCHAIN=local GOFLAGS="-mod=mod -modcacherw" CGO_ENABLED=1
 
