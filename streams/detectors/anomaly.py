@@ -276,12 +276,12 @@ class StreamingDetector:
 
         # Flatline (a stuck sensor, a frozen exporter: variance change in its extreme form): a run of
         # identical values that is improbable given how often this series repeats a value.
-        run = self.same_run + 1 if dx == 0.0 else 0
-        self.same_run = run
+        same = self.same_run + 1 if dx == 0.0 else 0
+        self.same_run = same
         ps = self.p_same
         zf = 0.0
-        if run >= cfg.flat_min:
-            surprise = run * -math.log(ps if ps > 1e-3 else 1e-3)
+        if same >= cfg.flat_min:
+            surprise = same * -math.log(ps if ps > 1e-3 else 1e-3)
             zf = surprise / -math.log(cfg.flat_p)          # > 1: improbable enough
         self.p_same = ps + (0.01 if n > 100 else 1.0 / n) * ((1.0 if dx == 0.0 else 0.0) - ps)
 
@@ -348,8 +348,9 @@ class StreamingDetector:
         self.level1 = level1 + a * p1
         ap0 = p0 if p0 >= 0.0 else -p0
         ap1 = p1 if p1 >= 0.0 else -p1
-        self.scale0 = scale0 + br * (1.25 * ap0 - scale0)
-        self.scale1 = scale1 + br * (1.25 * ap1 - scale1)
+        if same < cfg.flat_min:     # a flatline must not shrink the band the series returns to
+            self.scale0 = scale0 + br * (1.25 * ap0 - scale0)
+            self.scale1 = scale1 + br * (1.25 * ap1 - scale1)
         if z0 < cfg.shift_z or z1 < cfg.shift_z:
             # Model errors in units of the level model's scale, and not while both models are
             # surprised: an anomaly or a regime change must not decide which model is better.
