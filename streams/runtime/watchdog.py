@@ -1,36 +1,40 @@
 """Recovery watchdog: a stuck table recovery never stalls the stream stage for good.
 
-What was seen (``python -m bench.bench_failover``, faust-streaming 0.15.3, aiokafka 0.14): after the
-second of two workers is SIGKILLed, the survivor takes every partition, Faust starts recovering the
-``detector-state`` changelog partitions it held as *standby* (already caught up: standby offset =
-highwater), seeks them to the start as active partitions, and then never receives a single record
-from them: ``No event received for active tp ... since recovery start`` every 5 s. Faust resumes the
-stream partitions only after every active changelog partition has reached its highwater, so every
-agent (edge demand, every detector) stops. 1 cycle in 6 stalled in the first run (cycle 6). The fetch
-of those partitions is lost between Faust's own bookkeeping (paused/active sets, read offsets) and
-aiokafka's fetcher (which fetches a partition again only after its last fetched records were handed
-out); Faust has no path that notices it.
+What was seen (``python -m bench.bench_failover``; faust-streaming 0.15.3, aiokafka 0.14): after the
+second of two workers is SIGKILLed, the survivor takes every partition and Faust recovers the
+``detector-state`` changelog partitions, then waits forever: ``No event received for active tp ...
+since recovery start`` every 5 s. Faust resumes the stream partitions only when every active changelog
+partition has reached its highwater, so every agent (edge demand, every detector) stops. 1 fail-over in
+12 stalled in the first run. The watchdog's log of that case names the cause: the consumer's *position*
+in the stuck partitions was already at their end (e.g. highwater 161, position 162) while the recovery
+had applied nothing (offset -1) or stopped short (273 of 289). The records were fetched and then lost
+between aiokafka's fetcher and Faust's changelog queue (Faust drops fetched records of a partition that
+is not in its active set at that instant, or below a stale read offset, and both change during a
+rebalance). aiokafka never fetches them again by itself: the position is past them.
 
-A second class of the same symptom: the recovery waits for the record *at* ``end offset - 1``, which
-is not a record when the changelog partition ends in a transaction marker (or a gap): it can never
-arrive. Faust skips such a gap only in exactly-once mode (``detect_aborted_tx``).
+A second class of the same symptom: the recovery waits for the record at ``end offset - 1``, which is
+not a record when the partition ends in a transaction marker (a transactional producer wrote to it, or
+the broker aborted a killed one's transaction). Faust skips such a gap only in exactly-once mode.
+``tests/scale/test_recovery_watchdog.py`` reproduces it on purpose.
 
-The watchdog checks the recovery every ``interval_s`` while Faust is in recovery:
+The watchdog looks at the recovery every second while Faust is in recovery:
 
-1. a lagging partition whose consumer position is already at its end offset (nothing left to fetch)
-   and whose records have all been handed over is caught up: its recovery offset is set to the
-   highwater and the recovery ends (``gap_skipped``);
-2. no recovery progress (no changelog record applied) for ``stall_s / 2``: the lagging partitions are
-   sought again to where the recovery reads next and resumed (``reseek``);
-3. no progress for ``stall_s``: an error log naming the partitions (highwater, offset, position), the
-   counter ``opsloop_stream_recovery_actions_total{action="exit"}``, a best-effort LeaveGroup (the
-   partitions move at once instead of after a session timeout), and exit code
-   :data:`EXIT_RECOVERY_STALLED` — the supervisor (``opsloop run``, systemd ``Restart=on-failure``)
-   starts a fresh worker, whose recovery starts from nothing.
+1. **re-seek**: a lagging partition whose consumer position is past its highwater, with the changelog
+   queue empty on two looks (nothing fetched is still on its way), is sought back to where the
+   recovery reads next, once; so is every lagging partition when nothing was applied for
+   ``stall_s / 2``. The lost records are fetched again and applied: no state is lost.
+2. **gap skipped**: a partition that is again past its end after its re-seek, still short of its
+   highwater, ends in something that is not a record (a marker): it is caught up; the recovery ends.
+3. **exit**: nothing applied for ``stall_s``: an error log naming the partitions (highwater, offset,
+   position), ``opsloop_stream_recovery_actions_total{action="exit"}``, a best-effort LeaveGroup (the
+   partitions move at once instead of after a session timeout) and exit code
+   :data:`EXIT_RECOVERY_STALLED`; the supervisor (``opsloop run``, systemd ``Restart=on-failure``)
+   starts a fresh worker.
 
-Decision and figures: ``bench/bench_failover.py`` (README of the figures in its docstring and in the
-report that introduced this module). Restarting is the last resort because it costs a process start
-plus a rebalance; a re-seek costs nothing when it works.
+Decision, with the measurements of ``python -m bench --only failover`` (30 kill/fail-over cycles, each
+must recover within ``session_timeout_s + 15 s``): fixing the recovery in place (1, 2) keeps a
+fail-over at the cost of a rebalance; exiting (3) costs a process start and a second rebalance and is
+the last resort for a cause not understood yet. Figures: see the bench's docstring.
 """
 
 from __future__ import annotations
@@ -64,8 +68,8 @@ class RecoveryWatchdog:
     clock: Callable[[], float] = time.monotonic
     _progress_at: float | None = None
     _offsets: dict[TP, int] = field(default_factory=dict)
-    _reseeked: bool = False
-    _at_end: dict[TP, int] = field(default_factory=dict)   # tp -> consecutive checks at its end, queue empty
+    _reseeked: set[TP] = field(default_factory=set)         # re-sought during this recovery
+    _at_end: dict[TP, int] = field(default_factory=dict)    # tp -> consecutive looks past its end, queue empty
 
     @property
     def recovery(self) -> Any:
@@ -91,59 +95,63 @@ class RecoveryWatchdog:
         return out
 
     async def check(self) -> str | None:
-        """One look at the recovery; returns the action taken (``gap_skipped``, ``reseek``, ``exit``) or None."""
+        """One look at the recovery; returns the action taken (``reseek``, ``gap_skipped``, ``exit``) or None."""
         now = self.clock()
         rec = self.recovery
         if not rec.in_recovery:
-            self._reset(None)
+            self._progress_at = None
+            self._reseeked.clear()
+            self._at_end.clear()
             health.RECOVERY_REMAINING.set(0)
             return None
         lagging = self.lagging()
         health.RECOVERY_REMAINING.set(sum(h - o for h, o in lagging.values()))
         offsets = dict(rec.active_offsets)
         if self._progress_at is None or offsets != self._offsets:
-            self._reset(now)
-            self._offsets = offsets
+            self._progress_at, self._offsets = now, offsets
         if not lagging:
             return None
         positions = await self.positions(sorted(lagging))
-        if self._skip_gaps(lagging, positions):
+        drained = self._past_end(lagging, positions)
+        if drained:
+            fresh = {tp: lagging[tp] for tp in drained if tp not in self._reseeked}
+            if fresh:
+                await self._reseek(fresh, positions, "fetched to the end, but the records never reached the recovery")
+                return "reseek"
+            self._skip_gaps({tp: lagging[tp] for tp in drained}, positions)
             return "gap_skipped"
-        idle = now - (self._progress_at or now)
+        idle = now - self._progress_at
         if idle >= self.stall_s:
             await self._give_up(lagging, positions, idle)
             return "exit"
-        if idle >= self.stall_s / 2 and not self._reseeked:
-            await self._reseek(lagging, positions)
+        fresh = {tp: v for tp, v in lagging.items() if tp not in self._reseeked}
+        if idle >= self.stall_s / 2 and fresh:
+            await self._reseek(fresh, positions, f"no changelog record applied for {idle:.0f} s")
             return "reseek"
         return None
 
-    def _reset(self, now: float | None) -> None:
-        self._progress_at, self._reseeked = now, False
-        self._at_end.clear()
-
-    def _skip_gaps(self, lagging: Mapping[TP, tuple[int, int]], positions: Mapping[TP, int | None]) -> bool:
-        """Mark caught up the partitions with nothing left to fetch (position past the highwater) once the
-        changelog queue stayed empty for two checks (every fetched record has been applied)."""
+    def _past_end(self, lagging: Mapping[TP, tuple[int, int]], positions: Mapping[TP, int | None]) -> list[TP]:
+        """Lagging partitions with nothing left to fetch (position past the highwater) on two looks with
+        the changelog queue empty (every fetched record has been applied or lost)."""
         queue_empty = self.app.tables.changelog_queue.empty()
-        done: list[TP] = []
-        for tp, (highwater, offset) in lagging.items():
+        out: list[TP] = []
+        for tp, (highwater, _) in lagging.items():
             pos = positions.get(tp)
             if pos is not None and pos > highwater and queue_empty:
                 self._at_end[tp] = self._at_end.get(tp, 0) + 1
                 if self._at_end[tp] >= 2:
-                    done.append(tp)
+                    out.append(tp)
             else:
                 self._at_end.pop(tp, None)
-        if not done:
-            return False
+        return out
+
+    def _skip_gaps(self, gaps: Mapping[TP, tuple[int, int]], positions: Mapping[TP, int | None]) -> None:
         rec = self.recovery
-        for tp in done:
-            highwater, offset = lagging[tp]
+        for tp, (highwater, offset) in gaps.items():
             log.warning("recovery_gap_skipped", topic=tp.topic, partition=tp.partition, highwater=highwater,
                         offset=offset, position=positions.get(tp),
-                        reason="the changelog partition ends in records that are not data (transaction "
-                               "marker or gap); nothing is left to fetch")
+                        reason="read to its end twice; what follows the last record is not a record "
+                               "(transaction marker)")
             rec.active_offsets[tp] = highwater
             health.RECOVERY_ACTIONS.labels("gap_skipped").inc()
         if not rec.need_recovery():
@@ -152,13 +160,15 @@ class RecoveryWatchdog:
             rec.flush_buffers()
             rec._set_recovery_ended()
             rec.signal_recovery_end.set()
-        return True
 
-    async def _reseek(self, lagging: Mapping[TP, tuple[int, int]], positions: Mapping[TP, int | None]) -> None:
-        self._reseeked = True
-        targets = {tp: max(offset, 0) for tp, (_, offset) in lagging.items()}
-        log.warning("recovery_reseek", partitions=_describe(lagging, positions),
-                    reason=f"no changelog record applied for {self.stall_s / 2:.0f} s")
+    async def _reseek(self, tps: Mapping[TP, tuple[int, int]], positions: Mapping[TP, int | None],
+                      reason: str) -> None:
+        self._reseeked.update(tps)
+        for tp in tps:
+            self._at_end.pop(tp, None)
+        # Where Faust's recovery seeks: the last applied offset (re-read and ignored), 0 for none.
+        targets = {tp: max(offset, 0) for tp, (_, offset) in tps.items()}
+        log.warning("recovery_reseek", partitions=_describe(tps, positions), reason=reason)
         health.RECOVERY_ACTIONS.labels("reseek").inc()
         consumer = self.app.consumer
         try:
