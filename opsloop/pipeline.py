@@ -88,7 +88,7 @@ def _opsloop(name: str, run_dir: Path, *args: str, port: int | None = None) -> M
 
 
 def pipeline_processes(settings: Settings, config_path: Path, run_dir: Path, traffic_rate: float,
-                       ports: LabPorts = LabPorts()) -> list[ManagedProcess]:
+                       ports: LabPorts = LabPorts(), bmcs: int = SIMULATED_BMCS) -> list[ManagedProcess]:
     """Everything after the stack, in start order (the data flow, left to right). Building the list has no
     side effects, so `opsloop run --stop` derives what to stop from it."""
     cfg = str(config_path)
@@ -102,7 +102,7 @@ def pipeline_processes(settings: Settings, config_path: Path, run_dir: Path, tra
                        argv=_py("opsloop.lab.traffic", "--url", f"http://127.0.0.1:{ports.frontend}/",
                                 "--rate", str(traffic_rate))),
         ManagedProcess(name="bmcs", workdir=bmc_dir, ready=inventory.exists, ready_timeout_s=120,
-                       argv=_py("collectors.ipmi.bmcsim", "--count", str(SIMULATED_BMCS), "--dir", str(bmc_dir / "state"),
+                       argv=_py("collectors.ipmi.bmcsim", "--count", str(bmcs), "--dir", str(bmc_dir / "state"),
                                 "--inventory", str(inventory))),
         ManagedProcess(name="pager", workdir=run_dir / "pager",
                        argv=_py("opsloop.lab.pager", "--port", str(ports.pager), "--out", str(run_dir / "pager" / "pages.jsonl"))),
@@ -131,13 +131,6 @@ LAB_ANOMALY = {"series": [{"metric": "ipmi_power", "field": "watts"}], "detector
                "clear_after": 3}
 
 
-# The general anomaly detector on the lab's BMC watts: warm after 12 samples (a minute at the lab's 5 s
-# interval), so writing 600 to a BMC's watts file opens an anomaly finding and pages within about a minute;
-# the finding resolves three samples after the draw is back in its band.
-LAB_ANOMALY = {"series": [{"metric": "ipmi_power", "field": "watts"}], "detector": {"warmup_points": 12},
-               "clear_after": 3}
-
-
 def effective_config(base: Path | None, run_dir: Path, ports: LabPorts = LabPorts()) -> tuple[Settings, Path]:
     """The user's config (or defaults) plus the lab's addresses, written where the processes read it."""
     doc: dict = (yaml.safe_load(base.read_text()) if base else {}) or {}
@@ -153,8 +146,6 @@ def effective_config(base: Path | None, run_dir: Path, ports: LabPorts = LabPort
         doc.setdefault("kafka", {}).setdefault("bootstrap_servers", f"127.0.0.1:{stack['kafka_port']}")
     controllers = doc.setdefault("controllers", {})
     controllers.setdefault("paging", {"alertmanager_urls": [am]})
-    if "detectors" not in controllers:   # (the old place of the section wins if the user's config uses it)
-        doc.setdefault("streams", {}).setdefault("detectors", {}).setdefault("anomaly", LAB_ANOMALY)
     if "detectors" not in controllers:   # (the old place of the section wins if the user's config uses it)
         doc.setdefault("streams", {}).setdefault("detectors", {}).setdefault("anomaly", LAB_ANOMALY)
     run_dir.mkdir(parents=True, exist_ok=True)

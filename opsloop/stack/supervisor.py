@@ -83,7 +83,7 @@ class Supervisor:
                     raise RestartBudgetExceeded(msg)
                 delay = min(self.max_backoff_s, self.backoff_s * 2 ** len(child.restarts))
                 child.restart_at = now + delay
-                self.echo(f"{name} exited (code {child.exit_code}); restarting in {delay:.0f} s "
+                self.echo(f"{name} exited (code {child.exit_code}); restarting in {delay:.1f} s "
                           f"(restart {len(child.restarts) + 1} of at most {self.max_restarts} "
                           f"in {self.window_s:.0f} s); log {child.proc.logfile}")
                 log.warning("supervisor.child_exited", process=name, exit_code=child.exit_code,
