@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from opsloop.kafka_security import KafkaSecurity
 from opsloop.validation import error_lines
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +57,7 @@ class KafkaSettings(_Section):
     client_id: str = "opsloop"
     partitions: int = Field(default=4, ge=1, le=1024)  # for topics opsloop creates itself
     replication_factor: int = Field(default=1, ge=1, le=5)
+    security: KafkaSecurity = Field(default_factory=KafkaSecurity)   # TLS / SASL: opsloop/kafka_security.py
 
 
 class StackSettings(_Section):

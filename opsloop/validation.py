@@ -24,7 +24,7 @@ def error_lines(e: ValidationError, prefix: str = "") -> list[str]:
     for err in e.errors(include_url=False):
         loc = ".".join(str(p) for p in err.get("loc", ()))
         where = f"{prefix}{loc}" if loc else (prefix.rstrip(".") or "(top level)")
-        msg = str(err.get("msg", "invalid"))
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         if err.get("type") == "extra_forbidden":
             lines.append(f"{where}: unknown setting")
         elif err.get("type") == "missing":
