@@ -62,6 +62,9 @@ PROCESSED: dict[Topic, tuple[str, Callable[[str], dict[str, str]], float]] = {
 }
 
 
+FUTURE_S = 30 * 86_400   # a month ahead: before 2100, so only the stream stage's clock check catches it
+
+
 def classic_garbage(topic: Topic, key: str, ts: float) -> list[bytes]:
     name = {Topic.IPMI: "ipmi_power", Topic.IPTABLES: "iptables_ruleset", Topic.NETPERF: "netperf_throughput",
             Topic.KEYSTONE: "keystone_probe", Topic.LB: "haproxy"}[topic]
@@ -74,6 +77,7 @@ def classic_garbage(topic: Topic, key: str, ts: float) -> list[bytes]:
         orjson.dumps({**good, "fields": {"x": [1]}}),                                     # wrong field type
         orjson.dumps({"schema_version": 1, "metrics": [good, {**good, "fields": {}}, good]}),  # 1 bad of 3
         orjson.dumps({"schema_version": 99, "metrics": [good]}),                          # unknown version
+        orjson.dumps({"schema_version": 1, "metrics": [good, {**good, "timestamp": ts + FUTURE_S}]}),  # bad clock
     ]
 
 
@@ -94,8 +98,13 @@ def fuzzed_garbage(valid: bytes, rng: random.Random, n: int) -> list[bytes]:
     return out
 
 
-def expected_deadletters(values: list[bytes]) -> int:
-    return sum(len(parse_record(v).rejected) for v in values)
+def expected_deadletters(values: list[bytes], now: float) -> int:
+    """One dead letter per record with anything wrong in it, however many of its samples were bad
+    (stamped beyond the worker's default stream.max_clock_skew_s of 300 s counts as wrong)."""
+    def bad(v: bytes) -> bool:
+        p = parse_record(v)
+        return bool(p.rejected) or any(m.timestamp > now + 300 for m in p.metrics)
+    return sum(1 for v in values if bad(v))
 
 
 def deadletters(bootstrap: str, key: str) -> list[dict[str, Any]]:
@@ -130,12 +139,12 @@ def test_every_telemetry_topic_deadletters_garbage_and_goes_on(stack, tmp_path: 
                              what=f"good record on {topic.value} processed after the garbage")
             assert got == pytest.approx(value), (topic, got)
         for topic, key in keys.items():
-            want = expected_deadletters(sent[topic])
-            assert want >= len(sent[topic])
+            want = expected_deadletters(sent[topic], time.time())
+            assert want == len(sent[topic])
             dls = wait_until(lambda: (d := deadletters(stack.kafka_bootstrap, key)) and len(d) >= want and d,
                              timeout=60, what=f"dead letters of {topic.value}")
             # One agent per topic decodes each record once (telemetry.lb feeds lb-rates and edge-demand
-            # from the same decode), so each bad record or sample gives one dead letter; a replay after
+            # from the same decode), so each bad record gives one dead letter; a replay after
             # a rebalance (at-least-once) may repeat one, hence distinct ones are counted.
             distinct = {(d["partition"], d["offset"], d["reason"], str(d.get("value", d.get("value_b64"))))
                         for d in dls}
@@ -143,7 +152,8 @@ def test_every_telemetry_topic_deadletters_garbage_and_goes_on(stack, tmp_path: 
             assert {d["source_topic"] for d in dls} == {topic.value}
             assert all(d["reason"] and d["offset"] is not None for d in dls)
             reasons = " | ".join(d["reason"] for d in dls)
-            for part in ("not JSON", "expected an object", "empty record", "milliseconds", "schema_version"):
+            for part in ("not JSON", "expected an object", "empty record", "milliseconds", "schema_version",
+                         "stream.max_clock_skew_s"):
                 assert part in reasons, (topic, part)
             counted = scrape_metric(port, "opsloop_stream_deadlettered_total", {"topic": topic.value}) or 0.0
             assert counted >= len(dls)
