@@ -25,6 +25,12 @@ LB_AGENT = "lb"
 EPILOG = """examples:
   opsloop stream worker --config opsloop.yaml
   opsloop stream worker --config opsloop.yaml --metrics-port 29100 --log-level debug
+
+exit codes:
+  2   bad configuration or /metrics port
+  70  table recovery made no progress for stream.recovery_stall_s (log event recovery_stalled names the
+      partitions): run the worker under a supervisor that restarts it (opsloop run, systemd
+      Restart=on-failure); see streams/runtime/watchdog.py
 """
 
 
