@@ -4,7 +4,7 @@
       paging:
         alertmanager_urls: ["http://127.0.0.1:29094"]
         resend_interval_s: 60
-        dashboard_base_url: https://grafana.example
+        dashboard_base_url: https://grafana.corp     # default $OPSLOOP_DASHBOARD_BASE_URL, else http://127.0.0.1:3000
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opsloop.config import DEFAULT_RUN_DIR, LOOPBACK, Settings
+from opsloop.runbooks import dashboard_base_url, runbook_base_url
 
 
 class PagingConfigError(ValueError):
@@ -40,8 +41,8 @@ class PagingConfig(BaseModel):
     request_timeout_s: float = Field(default=5.0, gt=0, le=120)
     backoff_initial_s: float = Field(default=0.5, gt=0)
     backoff_max_s: float = Field(default=30.0, gt=0)
-    dashboard_base_url: str = "https://grafana.example"
-    runbook_base_url: str = "https://runbooks.example/opsloop/"
+    dashboard_base_url: str = Field(default_factory=dashboard_base_url)    # opsloop.runbooks: one base per deployment
+    runbook_base_url: str = Field(default_factory=runbook_base_url)
     metrics_bind: str = LOOPBACK
     metrics_port: int = Field(default=29103, ge=0, le=65535)
     state_file: Path = DEFAULT_RUN_DIR / "paging" / "state.json"

@@ -22,7 +22,6 @@ from opsloop.findings import Finding, Severity
 from opsloop.wire import label_string
 from opsloop.runbooks import finding_runbook_url
 
-DASHBOARD_BASE = "https://grafana.example/d"
 DEFAULT_REFRESH_S = 300.0
 # Offline users (replay, evaluation) never drain the outbox: keep only the newest events.
 MAX_OUTBOX = 10_000
@@ -42,11 +41,6 @@ def runbook_url(detector: str, given: str = "") -> str:
     return finding_runbook_url(detector)
 
 
-def dashboard_url(detector: str) -> str:
-    """The Grafana dashboard of the detector's signal family (``firewall.unprotected_port`` -> firewall)."""
-    return f"{DASHBOARD_BASE}/opsloop-{detector.split('.', 1)[0]}"
-
-
 class FindingBook:
     def __init__(self, refresh_s: float = DEFAULT_REFRESH_S) -> None:
         self.open: dict[str, dict[str, Any]] = {}
@@ -64,7 +58,7 @@ class FindingBook:
         finding = Finding(detector=detector, what=what, where=dict(where), observed=observed,
                           expected=expected, score=min(1.0, max(0.0, score)), severity=severity,
                           explanation=explanation, first_seen=first_seen, last_seen=max(now, first_seen),
-                          runbook=runbook_url(detector, runbook), dashboard=dashboard_url(detector))
+                          runbook=runbook_url(detector, runbook))   # dashboard: the paging actuator's Grafana base
         self.open[key] = finding.model_dump(mode="json")
         if prev is None:
             self._publish(key, OPENED, finding, now)

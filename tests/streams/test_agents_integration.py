@@ -121,7 +121,7 @@ def test_unprotected_port_pages_and_state_survives_sigkill(stack, tmp_path: Path
         assert first.severity.value == "critical" and not first.cleared
         assert first.where == {"hypervisor": hv, "port": "p-open", "vm": "vm-p-open"}
         assert first.first_seen == t0 and "ingress chain missing" in first.explanation
-        assert first.runbook.startswith("https://") and first.dashboard.startswith("https://")
+        assert first.runbook.endswith("/firewall.md#firewall-unprotected-port") and first.dashboard == ""
         labels = {"detector": "firewall.unprotected_port", "hypervisor": hv, "port": "p-open"}
         assert wait_until(lambda: scrape_metric(port, "opsloop_finding_active", labels), timeout=30,
                           what="active finding gauge") == 1.0
