@@ -1,7 +1,9 @@
 """Real journal files, a real log shipper and what arrived in Elasticsearch, for the log tests.
 
-* :func:`write_journal` writes entries as Journal Export Format records through Debian's
+* :class:`Journal` writes entries as Journal Export Format records through Debian's
   ``systemd-journal-remote``: real journal files (the format journald writes) without a journald.
+* :class:`Scenario` and :func:`ship_across_a_restart`: the lines of one host (opsloop's units,
+  Horizon, cron/sshd) and the stop-write-restart sequence both shippers go through.
 * :func:`beat_process` runs Filebeat or Journalbeat (built by setup.d/80-beats.sh) with the very
   config file that ships in docker-compose/, overriding only paths and hosts.
 * :func:`es_front` is HAProxy in front of the test Elasticsearch. Beats first ask ``GET /`` for the
@@ -92,10 +94,13 @@ class Journal:
                   **e.extra}
         return "".join(f"{k}={v}\n" for k, v in fields.items()) + "\n"
 
-    def write(self, entries: list[Entry]) -> Path:
-        """A new journal file in the folder holding ``entries``; returns its path."""
+    def write(self, entries: list[Entry], append_to: str | None = None) -> Path:
+        """A new journal file in the folder holding ``entries`` (or appended to the file ``append_to``).
+
+        Each file takes 8 MB on disk: a stream of small writes (probes) goes into one file.
+        """
         self._files += 1
-        path = self.folder / f"batch-{self._files:03d}.journal"
+        path = self.folder / (append_to or f"batch-{self._files:03d}.journal")
         export = "".join(self._record(e) for e in entries).encode()
         r = subprocess.run([JOURNAL_REMOTE, "-o", str(path), "-"], input=export, capture_output=True, timeout=60)
         assert r.returncode == 0, f"systemd-journal-remote failed: {r.stderr.decode(errors='replace')}"
@@ -277,7 +282,7 @@ def ship_across_a_restart(beat: ManagedProcess, journal: Journal, es_url: str, r
     beat.start()
     try:
         def probe_arrived() -> bool:
-            journal.write([sc.probe()])
+            journal.write([sc.probe()], append_to="probes.journal")
             return any(f"{run}p" in str(d.get("message")) for d in docs_with(es_url, run))
 
         wait_until_(probe_arrived, timeout_s, f"{beat.name} to ship a first line (log {beat.logfile})", beat)
