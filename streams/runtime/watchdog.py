@@ -109,6 +109,7 @@ class RecoveryWatchdog:
         offsets = dict(rec.active_offsets)
         if self._progress_at is None or offsets != self._offsets:
             self._progress_at, self._offsets = now, offsets
+            self._at_end.clear()     # records are still being applied: "at the end" counts from here
         if not lagging:
             return None
         positions = await self.positions(sorted(lagging))
@@ -132,7 +133,8 @@ class RecoveryWatchdog:
 
     def _past_end(self, lagging: Mapping[TP, tuple[int, int]], positions: Mapping[TP, int | None]) -> list[TP]:
         """Lagging partitions with nothing left to fetch (position past the highwater) on two looks with
-        the changelog queue empty (every fetched record has been applied or lost)."""
+        the changelog queue empty and nothing applied in between (every fetched record has been applied
+        or lost)."""
         queue_empty = self.app.tables.changelog_queue.empty()
         out: list[TP] = []
         for tp, (highwater, _) in lagging.items():

@@ -172,6 +172,17 @@ def test_a_partition_ending_in_a_marker_is_read_again_then_caught_up(tmp_path: P
     assert actions("gap_skipped") == skipped_before + 1 and rig.exits == []
 
 
+def test_a_partition_still_being_applied_is_not_skipped(tmp_path: Path) -> None:
+    # The consumer has handed out every record, a few are still on their way into the table.
+    rig = Rig(tmp_path)
+    tps = rig.recovering(busy=(72, 10))
+    rig.consumer.positions[tps["busy"]] = 73
+    for offset in range(20, 72, 10):
+        rig.recovery.active_offsets[tps["busy"]] = offset
+        assert rig.step(1.0) is None
+    assert rig.consumer.seeks == [] and rig.recovery.in_recovery
+
+
 def test_a_partition_short_of_its_end_is_not_skipped(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     tps = rig.recovering(behind=(72, 30))
