@@ -70,6 +70,9 @@ class Panel:
     # Produced by the HAProxy pipeline that tests/observability/test_dashboards.py runs end to end
     # (lab edge -> haproxy collector -> Kafka -> stream worker): its queries must return data there.
     e2e_lb: bool = False
+    # Produced by the closed edge loop (edge control service + weight actuator on the lab edge) that the
+    # same test file runs: its queries must return data there.
+    e2e_loop: bool = False
 
     def build(self, pid: int, x: int, y: int) -> Any:
         """The SDK builder of this panel at grid position (x, y)."""
@@ -405,7 +408,7 @@ def control_loop_panels() -> list[Panel]:
                      f"sum by (edge, listener) (opsloop_actuator_weight{{{sel}}})",
                      "{{edge}} {{listener}} → {{origin}} applied"),
                Query(observed, "{{edge}} → {{origin}} observed")],
-              unit="percentunit", max=1.0, width=FULL_WIDTH, height=9),
+              unit="percentunit", max=1.0, width=FULL_WIDTH, height=9, e2e_loop=True),
         Panel("Demand vs capacity per origin (controller's view)",
               "Per listener: the request rate each origin receives, its policy capacity, and the listener's total "
               "demand against the capacity of its healthy origins. Demand above healthy capacity is shed fairly.",
@@ -417,30 +420,30 @@ def control_loop_panels() -> list[Panel]:
                Query('sum by (listener) (opsloop_edge_origin_capacity_rps{listener=~"$listener"} '
                      '* on (listener, origin) opsloop_edge_origin_healthy{listener=~"$listener"})',
                      "{{listener}} healthy capacity")],
-              unit="reqps"),
+              unit="reqps", e2e_loop=True),
         Panel("Controller mode", "1 for the mode of each listener's last decision: normal (optimal, every edge "
               "served), shed (healthy capacity short), hold (fail static: inputs stale), fallback (no usable inputs "
               "and no last good weights). The panels to the right say why.",
-              [Query('opsloop_edge_mode{listener=~"$listener"} == 1', "{{listener}} {{mode}}")], unit="bool"),
+              [Query('opsloop_edge_mode{listener=~"$listener"} == 1', "{{listener}} {{mode}}")], unit="bool", e2e_loop=True),
         Panel("Why: input age and shed demand", "Age of the demand the last decision used (hold when older than "
               "the controller's stale_after_s) and the demand above healthy capacity (shed when above 0). The reason "
               "text of each decision is in the orange audit annotations and the open edge findings below.",
               [Query('opsloop_edge_inputs_age_seconds{listener=~"$listener"}', "{{listener}} inputs age (s)"),
                Query('opsloop_edge_shed_rps{listener=~"$listener"}', "{{listener}} shed (req/s)")],
-              unit="short"),
+              unit="short", e2e_loop=True),
         Panel("Controller solve time", "Time to decide and publish one interval (median and p95 over all "
               "listeners), and intervals per second by outcome.",
               [Query(f"histogram_quantile(0.5, sum by (le) (rate(opsloop_edge_tick_seconds_bucket[{RATE}])))", "p50"),
                Query(f"histogram_quantile(0.95, sum by (le) (rate(opsloop_edge_tick_seconds_bucket[{RATE}])))", "p95")],
-              unit="s"),
+              unit="s", e2e_loop=True),
         Panel("Controller intervals by outcome", "Intervals the controller ran per second, by listener and outcome.",
               [Query(f'sum by (listener, outcome) (rate(opsloop_edge_ticks_total{{listener=~"$listener"}}[{RATE}]))',
-                     "{{listener}} {{outcome}}")], unit="ops"),
+                     "{{listener}} {{outcome}}")], unit="ops", e2e_loop=True),
         Panel("Actuator results and refusals", "Decisions the weight actuators handled per second by result: "
               "applied, dry_run, shadow, held (stale decision: fail static), refused (a safety rule: unknown "
               "origins, all-zero weights, an older version, clock skew), mismatch and failed.",
               [Query(f"sum by (edge, listener, result) (rate(opsloop_actuator_applies_total{{{sel}}}[{RATE}]))",
-                     "{{edge}} {{listener}} {{result}}")], unit="ops"),
+                     "{{edge}} {{listener}} {{result}}")], unit="ops", e2e_loop=True),
         Panel("Decisions refused in a row", "Decisions the actuator refused one after the other since the last one "
               "it applied (stale version, computed_at in the future, only DOWN origins). Above 0 for 2 minutes "
               "pages EdgeWeightActuatorRefusedInARow; the audit trail has each refusal's reason.",
@@ -455,7 +458,7 @@ def control_loop_panels() -> list[Panel]:
               "decided one means the edge holds old weights.",
               [Query('max by (listener) (opsloop_edge_decision_version{listener=~"$listener"})',
                      "{{listener}} decided"),
-               Query(f"opsloop_actuator_applied_version{{{sel}}}", "{{edge}} {{listener}} applied")], unit="short"),
+               Query(f"opsloop_actuator_applied_version{{{sel}}}", "{{edge}} {{listener}} applied")], unit="short", e2e_loop=True),
         Panel("Shadow diff", "Shadow mode: the fraction of traffic the latest decision would move compared with "
               "the live weights (0 = the controller agrees with what is in force). Read this before switching an "
               "edge from shadow to live.",
@@ -606,10 +609,19 @@ def render(model: dict[str, Any]) -> str:
 
 def e2e_lb_panel_titles() -> dict[str, list[str]]:
     """Dashboard uid -> titles of the panels the HAProxy end-to-end run must fill with data."""
+    return _flagged("e2e_lb")
+
+
+def e2e_loop_panel_titles() -> dict[str, list[str]]:
+    """Dashboard uid -> titles of the panels the closed edge loop must fill with data."""
+    return _flagged("e2e_loop")
+
+
+def _flagged(flag: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for fn in DASHBOARDS.values():
         d = fn()
-        titles = [p.title for p in d.panels if p.e2e_lb]
+        titles = [p.title for p in d.panels if getattr(p, flag)]
         if titles:
             out[d.uid] = titles
     return out

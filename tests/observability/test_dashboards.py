@@ -125,6 +125,21 @@ def test_substitution_matches_what_grafana_sends() -> None:
 
 
 # -------------------------------------------------------------------------------------------- live Prometheus
+def empty_panels(prometheus_url: str, models: dict[str, dict[str, Any]], expected: dict[str, list[str]],
+                 scoped: dict[str, str]) -> list[str]:
+    """The queries of the expected panels (variables narrowed by ``scoped``) that return no series."""
+    missing = []
+    for uid, titles in expected.items():
+        for p in models[uid]["panels"]:
+            if p["title"] not in titles:
+                continue
+            for t in p["targets"]:
+                expr = substitute(t["expr"], scoped)
+                if not prom_query(prometheus_url, expr):
+                    missing.append(f"{uid} / {p['title']}: {expr}")
+    return missing
+
+
 @pytest.mark.integration
 def test_every_query_is_valid_promql_on_the_real_prometheus(stack) -> None:
     errors = []
@@ -162,22 +177,11 @@ def test_lb_and_pipeline_panels_return_data_from_an_end_to_end_run(stack, lab_ed
         # Narrow every variable to this run's edge where it applies, else All.
         scoped = {"lb": lb, "origin": "near|far", "collector": "haproxy", "topic": "telemetry.lb", "agent": ".*"}
 
-        def empty_panels() -> list[str]:
-            missing = []
-            for uid, titles in expected.items():
-                for p in models[uid]["panels"]:
-                    if p["title"] not in titles:
-                        continue
-                    for t in p["targets"]:
-                        expr = substitute(t["expr"], {**{v: ".*" for v in ("listener", "detector")}, **scoped})
-                        if not prom_query(stack.prometheus_url, expr):
-                            missing.append(f"{uid} / {p['title']}: {expr}")
-            return missing
-
+        scoped = {**{v: ".*" for v in ("listener", "detector")}, **scoped}
         # Rates need two scrapes of a counter and histograms a full window: wait, do not assert on time.
-        wait_until(lambda: not empty_panels(), timeout=90, interval=2,
+        wait_until(lambda: not empty_panels(stack.prometheus_url, models, expected, scoped), timeout=90, interval=2,
                    what="data in every LB/pipeline panel")
-        assert empty_panels() == []
+        assert empty_panels(stack.prometheus_url, models, expected, scoped) == []
         # And the values mean something: the edge's demand is the traffic we sent (~20 req/s).
         demand = prom_query(stack.prometheus_url, substitute(
             models["opsloop-edge"]["panels"][0]["targets"][0]["expr"], scoped))
@@ -215,3 +219,73 @@ def test_every_metric_a_panel_queries_is_exported_by_the_code() -> None:
         for where, expr in all_queries(model):
             unknown |= {(where, n) for n in re.findall(r"\b(opsloop_[a-z0-9_]+)", expr) if n not in exported}
     assert not unknown, "\n".join(f"{w}: {n}" for w, n in sorted(unknown))
+
+
+@pytest.mark.integration
+def test_control_loop_panels_show_decided_applied_and_observed_shares(stack, lab_edge, tmp_path: Path) -> None:
+    """The closed edge loop, live (lab edge with traffic -> collector -> worker -> edge control service ->
+    `opsloop weights run` -> HAProxy), scraped by Prometheus: every control-loop panel fills, and the
+    decided, applied and observed shares of the "Share per origin" panel agree once the loop has settled."""
+    from controllers.edge.service.api_token import create_token_file
+    from opsloop.stack import free_port
+    from tests.e2e.test_edge_loop import EdgeControl
+    from tests.helpers import metrics_up, opsloop_process, write_config
+
+    lab_edge.start(capacities={"near": 40.0})
+    lb, token, api_port = unique("edge"), "t0ken-" + unique("x"), free_port()
+    create_token_file(tmp_path / "edge.token", token)
+    edge_port, actuator_port = free_port(), free_port()
+    config, doc = pipeline_config(tmp_path, stack, {"haproxy": {"instances": {lb: str(lab_edge.admin_socket)}}})
+    doc["controllers"] = {
+        "edge": {"interval_s": 1.0, "metrics_port": edge_port, "overrides_file": None,
+                 "api": {"port": api_port, "token_file": str(tmp_path / "edge.token")},
+                 "controller": {"stale_after_s": 10},
+                 "topology": {"listeners": [{
+                     "name": "web", "backend": "be_web", "edges": [{"name": lb}],
+                     "origins": [{"name": "near", "capacity_rps": 40.0}, {"name": "far", "capacity_rps": 1000.0}],
+                     "latency_ms": {lb: {"near": 2, "far": 30}}}]}},
+        "actuator": {"mode": "live", "stale_after_s": 30, "store_dir": str(tmp_path / "actuator-store"),
+                     "targets": [{"edge": lb, "listener": "web", "kind": "haproxy", "socket": str(lab_edge.admin_socket),
+                                  "backend": "be_web", "servers": {"near": "near", "far": "far"}}]}}
+    write_config(config, doc)
+    worker = start_worker(tmp_path, config, doc, stack)
+    collector = start_collector("haproxy", tmp_path, config, doc, stack)
+    ctl = EdgeControl(config, tmp_path / "edge-control", api_port, token).start()
+    stack.add_scrape_target(f"edge-control-{edge_port}", f"127.0.0.1:{edge_port}")
+    actuator = opsloop_process("actuator", ["weights", "run", "--config", str(config), "--edge", lb,
+                                            "--metrics-port", str(actuator_port)], tmp_path / "actuator",
+                               ready=lambda: metrics_up(actuator_port))
+    actuator.start()
+    stack.add_scrape_target(f"actuator-{actuator_port}", f"127.0.0.1:{actuator_port}")
+    gen = TrafficGenerator(lab_edge.url, 80.0, workers=8).start()
+    try:
+        models = {m["uid"]: m for m in _committed().values()}
+        expected = GEN.e2e_loop_panel_titles()
+        assert sum(len(v) for v in expected.values()) >= 8
+        scoped = {"lb": lb, "origin": "near|far", "listener": "web"}
+        wait_until(lambda: not empty_panels(stack.prometheus_url, models, expected, scoped), timeout=180, interval=2,
+                   what="data in every control-loop panel")
+
+        [share] = [p for p in models["opsloop-edge"]["panels"] if p["title"].startswith("Share per origin")]
+        decided_q, applied_q, observed_q = (substitute(t["expr"], scoped) for t in share["targets"])
+
+        def near(expr: str) -> float | None:
+            rows = [r for r in prom_query(stack.prometheus_url, expr) if r["metric"].get("origin") == "near"]
+            return float(rows[0]["value"][1]) if rows else None
+
+        def settled() -> tuple[float, float, float] | None:
+            d, a, o = near(decided_q), near(applied_q), near(observed_q)
+            if d is None or a is None or o is None:
+                return None
+            # applied: integer HAProxy weights 0-256 (rounding); observed: requests actually sent (noisy rates)
+            return (d, a, o) if abs(d - a) <= 0.01 and abs(a - o) <= 0.1 else None
+
+        d, a, o = wait_until(settled, timeout=180, interval=2, what="decided = applied = observed near share")
+        # The near origin (40 req/s of 80 offered) gets about half, not everything and not nothing.
+        assert 0.3 < d < 0.7, (d, a, o)
+    finally:
+        gen.stop()
+        actuator.stop()
+        ctl.stop()
+        collector.stop()
+        worker.stop()
