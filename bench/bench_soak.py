@@ -129,6 +129,18 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
+def missing_rounds(times: list[int], down: list[tuple[float, float]], interval_s: float) -> int:
+    """Rounds missing from one series' sorted sample times, outside its collector's kill windows. A late
+    round can stretch one gap on a loaded machine, so only a gap of more than max(4 intervals, 15 s)
+    counts; a broker outage is no excuse (the spool must fill it)."""
+    missing = 0
+    for a, b in zip(times, times[1:]):
+        killed = any(lo - 2 * interval_s <= b and a <= hi + 2 * interval_s for lo, hi in down)
+        if b - a > max(4 * interval_s, 15) and not killed:
+            missing += round((b - a) / interval_s) - 1
+    return missing
+
+
 def _sh(*argv: str, stdin: str | None = None) -> str:
     r = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
@@ -463,14 +475,7 @@ class Soak:
         gaps: dict[str, int] = {}
         step = self.plan.interval_s
         for key, ts in times.items():
-            s = sorted(ts)
-            windows = self.down.get(collector_of[key], [])
-            missing = 0
-            for a, b in zip(s, s[1:]):
-                # A late round can stretch one gap (the machine is loaded): more than three intervals missing
-                # and not explained by a kill of this series' collector counts as lost rounds.
-                if b - a > max(4 * step, 15) and not any(lo - 2 * step <= b and a <= hi + 2 * step for lo, hi in windows):
-                    missing += round((b - a) / step) - 1
+            missing = missing_rounds(sorted(ts), self.down.get(collector_of[key], []), step)
             if missing:
                 gaps[key] = missing
         return dict(lost), gaps, len(times), samples
