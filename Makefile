@@ -9,8 +9,8 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make setup   install everything (Debian packages, venv, Kafka jars, simulators, Keystone, Telegraf)"
-	@echo "make run     the whole pipeline on this machine (Ctrl-C or 'make stop' to stop)"
-	@echo "make stop    stop a pipeline started by 'make run'"
+	@echo "make run     the whole pipeline on this machine, supervised (a dead service is restarted; Ctrl-C or 'make stop' to stop)"
+	@echo "make stop    stop a pipeline started by 'make run' (its services, the stack and 'make run' itself)"
 	@echo "make test    unit and integration tests against real components"
 	@echo "make bench   benchmarks, printed as a table with same-run baselines"
 
