@@ -289,3 +289,56 @@ def test_control_loop_panels_show_decided_applied_and_observed_shares(stack, lab
         ctl.stop()
         collector.stop()
         worker.stop()
+
+
+@pytest.mark.integration
+def test_anomaly_band_panel_draws_the_band_around_the_observed_value(stack, tmp_path: Path) -> None:
+    """Simulated BMC (ipmi_sim) -> `opsloop collect ipmi` (real ipmitool) -> Kafka -> stream worker (anomaly
+    detector on ipmi_power.watts, the lab's settings) -> Prometheus: the band panel's four queries return the
+    series; at a flat draw the observed value lies inside [lower, upper] around the expected one, and a
+    power jump puts it above the upper edge."""
+    import uuid
+
+    import yaml
+
+    from collectors.ipmi.bmcsim import BMCFleet, BMCSpec
+    from opsloop.pipeline import LAB_ANOMALY
+    from opsloop.stack import free_port
+    from tests.helpers import write_config
+
+    host = f"stor-g1-{uuid.uuid4().hex[:6]}"
+    with BMCFleet([BMCSpec(host, watts=248)], tmp_path / "bmcs") as fleet:
+        (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(fleet.inventory({host: {"generation": "gen1"}})))
+        config, doc = pipeline_config(tmp_path, stack, {"ipmi": {"inventory": str(tmp_path / "inventory.yaml"),
+                                                                 "timeout_s": 8}})
+        doc["streams"] = {"detectors": {"anomaly": LAB_ANOMALY}}
+        write_config(config, doc)
+        worker = start_worker(tmp_path, config, doc, stack)
+        cdoc = {**doc, "collector": {**doc["collector"], "metrics_port": free_port()}}
+        collector = start_collector("ipmi", tmp_path, write_config(tmp_path / "collector.yaml", cdoc), cdoc, stack)
+        try:
+            model = _committed()["opsloop-pipeline"]
+            [band] = [p for p in model["panels"] if p["title"].startswith("Anomaly band")]
+            assert band["repeat"] == "anomaly_series"
+            assert {o["matcher"]["options"] for o in band["fieldConfig"]["overrides"]
+                    if any(p["id"] == "custom.fillBelowTo" for p in o["properties"])} == {"upper"}
+            scoped = {"anomaly_metric": "ipmi_power", "anomaly_field": "watts", "anomaly_series": f".*host={host}.*"}
+            queries = {t["legendFormat"]: substitute(t["expr"], scoped) for t in band["targets"]}
+            assert set(queries) == {"observed", "expected", "lower", "upper"}
+
+            def values() -> dict[str, float] | None:
+                got = {k: prom_query(stack.prometheus_url, q) for k, q in queries.items()}
+                return {k: float(v[0]["value"][1]) for k, v in got.items()} if all(got.values()) else None
+
+            flat = wait_until(values, timeout=240, interval=2, what="the anomaly band of the BMC's watts in Prometheus")
+            assert flat["observed"] == pytest.approx(248, abs=2)
+            assert flat["lower"] <= flat["expected"] <= flat["upper"]
+            assert flat["lower"] <= flat["observed"] <= flat["upper"], flat
+
+            fleet[host].set_watts(600)
+            jumped = wait_until(lambda: (v := values()) and v["observed"] > 500 and v, timeout=120, interval=2,
+                                what="the jump in the observed value")
+            assert jumped["observed"] > flat["upper"], (flat, jumped)
+        finally:
+            collector.stop()
+            worker.stop()
