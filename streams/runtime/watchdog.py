@@ -66,6 +66,7 @@ class RecoveryWatchdog:
     stall_s: float
     exit: Callable[[int], None] = os._exit
     clock: Callable[[], float] = time.monotonic
+    look_timeout_s: float = 2.0     # longest wait for the consumer's positions in one look
     _progress_at: float | None = None
     _offsets: dict[TP, int] = field(default_factory=dict)
     _reseeked: set[TP] = field(default_factory=set)         # re-sought during this recovery
@@ -86,13 +87,14 @@ class RecoveryWatchdog:
         return out
 
     async def positions(self, tps: list[TP]) -> dict[TP, int | None]:
-        out: dict[TP, int | None] = {}
-        for tp in tps:
+        """The consumer's next fetch offset per partition; None where unknown (aiokafka waits for a
+        position being reset: the look must not hang on it)."""
+        async def one(tp: TP) -> int | None:
             try:
-                out[tp] = await self.app.consumer.position(tp)
-            except Exception:  # noqa: BLE001 - not assigned any more / consumer restarting
-                out[tp] = None
-        return out
+                return await asyncio.wait_for(self.app.consumer.position(tp), self.look_timeout_s)
+            except Exception:  # noqa: BLE001 - not assigned any more / being reset / consumer restarting
+                return None
+        return dict(zip(tps, await asyncio.gather(*(one(tp) for tp in tps))))
 
     async def check(self) -> str | None:
         """One look at the recovery; returns the action taken (``reseek``, ``gap_skipped``, ``exit``) or None."""
@@ -113,6 +115,10 @@ class RecoveryWatchdog:
         if not lagging:
             return None
         positions = await self.positions(sorted(lagging))
+        idle = self.clock() - self._progress_at
+        if idle >= self.stall_s:
+            await self._give_up(lagging, positions, idle)
+            return "exit"
         drained = self._past_end(lagging, positions)
         if drained:
             fresh = {tp: lagging[tp] for tp in drained if tp not in self._reseeked}
@@ -121,10 +127,6 @@ class RecoveryWatchdog:
                 return "reseek"
             self._skip_gaps({tp: lagging[tp] for tp in drained}, positions)
             return "gap_skipped"
-        idle = now - self._progress_at
-        if idle >= self.stall_s:
-            await self._give_up(lagging, positions, idle)
-            return "exit"
         fresh = {tp: v for tp, v in lagging.items() if tp not in self._reseeked}
         if idle >= self.stall_s / 2 and fresh:
             await self._reseek(fresh, positions, f"no changelog record applied for {idle:.0f} s")

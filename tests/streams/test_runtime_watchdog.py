@@ -28,9 +28,12 @@ class FakeConsumer:
     def __init__(self) -> None:
         self.positions: dict[TP, int | None] = {}
         self.seeks: list[dict[TP, int]] = []
+        self.hang = False
         self.resumed: set[TP] = set()
 
     async def position(self, tp: TP) -> int | None:
+        if self.hang:                 # aiokafka waits while a position is being reset
+            await asyncio.Event().wait()
         return self.positions.get(tp)
 
     async def seek_wait(self, offsets: dict[TP, int]) -> None:
@@ -56,7 +59,8 @@ class Rig:
         self.exits: list[int] = []
         fake_app = SimpleNamespace(tables=SimpleNamespace(recovery=self.recovery, changelog_queue=self.queue),
                                    consumer=self.consumer, flow_control=SimpleNamespace(resume=lambda: None))
-        self.dog = RecoveryWatchdog(fake_app, STALL_S, exit=self.exits.append, clock=lambda: self.now)
+        self.dog = RecoveryWatchdog(fake_app, STALL_S, exit=self.exits.append, clock=lambda: self.now,
+                                    look_timeout_s=0.05)
 
     def recovering(self, **partitions: tuple[int, int]) -> dict[str, TP]:
         """Put the recovery in progress: name -> (highwater, offset) of active changelog partitions."""
@@ -125,6 +129,16 @@ def test_no_progress_reseeks_at_half_the_limit_then_exits_naming_the_partition(
     fields = record.__dict__["fields"]
     assert fields["partitions"] == [{"topic": tps["stuck"].topic, "partition": 0, "highwater": 72, "offset": -1,
                                      "position": 0}]
+
+
+def test_a_consumer_that_does_not_answer_does_not_hold_the_watchdog(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.recovering(stuck=(72, -1))
+    rig.consumer.hang = True
+    rig.step(0.0)
+    assert rig.step(STALL_S / 2) == "reseek"
+    assert rig.step(STALL_S / 2) == "exit"
+    assert rig.exits == [EXIT_RECOVERY_STALLED]
 
 
 def test_progress_after_the_reseek_starts_the_clock_again(tmp_path: Path) -> None:
