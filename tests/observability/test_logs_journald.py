@@ -99,7 +99,7 @@ def test_opsloop_json_is_decoded_and_the_event_time_is_the_document_time(shipped
         assert doc["systemd"]["unit"] == entry.unit
 
 
-def test_horizon_access_lines_keep_the_journal_time_and_are_not_decoded(shipped: ShipperRun) -> None:
+def test_horizon_access_lines_keep_the_journal_time_and_are_parsed(shipped: ShipperRun) -> None:
     docs = _by_id(shipped)
     horizon = [(rid, e) for rid, e in shipped.expected.items() if e.unit == "apache2.service"]
     assert len(horizon) >= 3
@@ -108,6 +108,9 @@ def test_horizon_access_lines_keep_the_journal_time_and_are_not_decoded(shipped:
         assert doc["message"] == entry.message and "opsloop" not in doc and "error" not in doc
         assert doc["syslog"]["identifier"] == "horizon-access" and doc["syslog"]["priority"] == 6
         assert abs(_ts(doc["@timestamp"]) - _realtime(entry.realtime_us)) < timedelta(milliseconds=1)
+        # the access line's parts, for searches such as Horizon's 5xx
+        assert doc["http"]["request"]["method"] == "GET" and doc["http"]["response"]["status_code"] == "200"
+        assert doc["source"]["address"] == "10.20.0.5" and doc["url"]["original"].endswith(f"id={rid}")
 
 
 def test_a_line_that_is_not_json_is_shipped_undecoded(shipped: ShipperRun) -> None:
