@@ -34,7 +34,10 @@ detector therefore combines a few simple, well-studied streaming estimators inst
    scales, scores the current value against everything the series has done lately. The fast models
    above re-anchor within a few points, so they see a shift only while it starts; this one keeps
    seeing a value that is new for the series (most faults in real sensor data are exactly that).
-   It is not used while the seasonal model is: a daily peak is inside the long-window spread.
+   Beside the value itself, a short-window mean (about 10 points) is scored against the long
+   window by its standard error, calibrated by its own tracked tail (autocorrelated series have
+   wider ones): a shift smaller than the noise, which no single point shows, is seen within ~10
+   points. Neither is used while the seasonal model is: a daily peak is inside the long-window spread.
 7. **A scale floor relative to the level** (``rel_floor`` x |level|, and half the value resolution,
    learned from ordinary steps only): a flat 248 W reading has zero variance, and must not make
    every tiny step infinite nor (worse) blind the detector by learning its scale from the jump.
@@ -71,7 +74,7 @@ from typing import Any
 DAY_S = 86400.0
 WEEK_S = 7 * DAY_S
 STATE_VERSION = 2
-NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run")
+NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside")
 QUANTUM_HITS = 3     # a step size seen this often (in ordinary data or not) is the series' resolution
 
 
@@ -102,6 +105,8 @@ class DetectorConfig:
     calm_points: int = 5             # ... until this many consecutive points are back in band (z < band_z)
     band_z: float = 2.5
     refractory: int = 100            # and at least this many points after the alarm
+    mean_rate: float = 0.1           # short-window mean (about 10 points) of the value ...
+    mean_z0: float = 4.0             # ... whose z under the long window (standard error, own tail) below this scores 0
     flat_min: int = 10               # a run of identical values this long or longer ...
     flat_p: float = 1e-5             # ... and this improbable (given how often values repeat) is a flatline
 
@@ -114,7 +119,7 @@ class StreamingDetector:
         "gamma", "w_gamma", "level0", "scale0", "level1", "scale1", "err0", "err1", "quantum", "x_prev",
         "tail_q", "run0", "run0_x", "run0_xx", "run1", "run1_x", "run1_xx", "err_rate", "d_off", "d_scale", "d_cnt", "d_last",
         "d_vis", "w_off", "w_cnt", "w_last", "w_vis", "last",
-        "l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run",
+        "l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside",
     )
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
@@ -137,6 +142,8 @@ class StreamingDetector:
         self.q_hits = 0
         self.p_same = 0.0                # how often a value repeats the previous one (EWMA)
         self.same_run = 0                # current run of repeated values
+        self.m_mean = 0.0                # short-window mean (a shift smaller than the noise)
+        self.tail_m = self.cfg.tail_ref  # tracked tail of its z (autocorrelated series are wider)
         self.x_prev = 0.0
         self.tail_q = self.cfg.tail_ref
         # Per model: signed length of the current outlier run, sum and sum of squares of its
@@ -158,6 +165,7 @@ class StreamingDetector:
         self.event = False               # an alarm was scored and the series is not yet back in band
         self.calm = 0                    # consecutive in-band points during an event
         self.since = 0                   # points since the event's alarm
+        self.outside = False             # the last point of an event was outside the band
 
     # ----------------------------------------------------------------------------------- scoring
     def update(self, timestamp: float, value: float) -> float:
@@ -175,7 +183,7 @@ class StreamingDetector:
             t *= cfg.index_step_s
         if n == 1:
             self.t_first = self.t_last = t
-            self.level0 = self.level1 = self.x_prev = self.l_mean = self.s_mean = x
+            self.level0 = self.level1 = self.x_prev = self.l_mean = self.s_mean = self.m_mean = x
             self.last = (x, x, 0.0, 0.0, "warmup")
             return 0.0
 
@@ -271,8 +279,12 @@ class StreamingDetector:
         sm = self.s_mean + cfg.short_rate * (x - self.s_mean)
         self.s_mean = sm
         zl = (sm - lm if sm >= lm else lm - sm) / lsd
+        ma = cfg.mean_rate
+        mm = self.m_mean + ma * (x - self.m_mean)
+        self.m_mean = mm
+        zm = (mm - lm if mm >= lm else lm - mm) / (lsd * math.sqrt(ma / (2.0 - ma)))
         if use_season:
-            zl = 0.0     # the long window holds the daily cycle: a busy hour is not a shift
+            zl = zm = 0.0     # the long window holds the daily cycle: a busy hour is not a shift
 
         # Flatline (a stuck sensor, a frozen exporter: variance change in its extreme form): a run of
         # identical values that is improbable given how often this series repeats a value.
@@ -303,6 +315,16 @@ class StreamingDetector:
                 sl = 1.0 - math.exp(-u * u)
                 if sl > score:
                     score = sl
+            tm = self.tail_m / cfg.tail_ref
+            zme = zm / tm if tm > 1.0 else zm
+            if zme > cfg.mean_z0:
+                u = (zme - cfg.mean_z0) / cfg.z_width
+                sm_ = 1.0 - math.exp(-u * u)
+                if sm_ > score:
+                    score = sm_
+            zc = zm if zm < 10.0 else 10.0
+            q = self.tail_m + 0.05 * ((1.0 - cfg.tail_quantile) if zc > self.tail_m else -cfg.tail_quantile)
+            self.tail_m = q if q > 0.5 else 0.5
             zc = z if z < 10.0 else 10.0
             q = self.tail_q
             # Robbins-Monro quantile step: moves up by (1-p) on exceedance, down by p otherwise.
@@ -320,12 +342,15 @@ class StreamingDetector:
                     score *= f * f
                 else:
                     self.event = False
-                if ze < cfg.band_z and zl * cfg.z0 < cfg.band_z * cfg.long_z0 and zf <= 1.0:
+                # The value is back in band (what keeps a finding open) ...
+                self.outside = not (ze < cfg.band_z and zl * cfg.z0 < cfg.band_z * cfg.long_z0 and zf <= 1.0)
+                # ... and so is its recent mean (what re-arms the alarm).
+                if not self.outside and zme < cfg.band_z * cfg.mean_z0 / cfg.z0:
                     self.calm += 1
                 else:
                     self.calm = 0
             if score >= cfg.event_score:
-                self.event = True
+                self.event = self.outside = True
                 self.since = self.calm = 0
         self.last = (x, expected, band, z, model)
 
@@ -510,7 +535,7 @@ class StreamingDetector:
     @property
     def in_event(self) -> bool:
         """True after an alarm while the series is still outside its band (the finding stays open)."""
-        return self.event and self.calm == 0
+        return self.event and self.outside
 
     # ------------------------------------------------------------------------------ explanation
     def explain(self) -> dict[str, Any]:
@@ -576,7 +601,7 @@ class StreamingDetector:
                 v = tuple(v)
             setattr(det, name, v)
         if doc["version"] == 1:
-            det.l_mean = det.s_mean = det.level0
+            det.l_mean = det.s_mean = det.m_mean = det.level0
             det.l_var = det.scale0 * det.scale0
         return det
 

@@ -98,7 +98,7 @@ def test_evaluate_windows_file_json_and_overrides(tmp_path: Path, capsys: pytest
     assert doc["profiles"][0]["score"] > 90 and doc["events"][0]["detected"] and doc["events"][0]["delay_rows"] == 0
     # A detector that cannot see the step (an absurd z0) scores 0: the setting is really applied.
     assert detect_main(["evaluate", "--input", str(src), "--windows", str(win), "--json",
-                        "--set", "z0=1000", "--set", "long_z0=1000"]) == 0
+                        "--set", "z0=1000", "--set", "long_z0=1000", "--set", "mean_z0=1000"]) == 0
     assert json.loads(capsys.readouterr().out)["profiles"][0]["score"] == pytest.approx(0.0)
 
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from streams.detectors.anomaly import DetectorConfig, StreamingDetector, score_series
+from streams.detectors.anomaly import NEW_IN_V2, DetectorConfig, StreamingDetector, score_series
 from streams.detectors.evaluate_corpora import scenario_corpus, synthetic
 from streams.detectors.evaluation import alarms
 
@@ -93,7 +93,7 @@ def test_state_of_the_previous_version_still_loads() -> None:
         det.update(T0 + 60 * i, 10.0 + (i % 3))
     doc = det.to_dict()
     doc["version"] = 1
-    for name in ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run"):
+    for name in NEW_IN_V2:
         doc.pop(name)
     restored = StreamingDetector.from_dict(doc)
     assert restored.l_mean == pytest.approx(det.level0)
