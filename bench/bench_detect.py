@@ -3,6 +3,11 @@
 Rows (see the project's bench table format):
 * ``anomaly.throughput``: points/s of ``StreamingDetector.update`` over all scenario points, against a
   plain Python rolling z-score loop over the same data in the same run (target >= 50k points/s/core);
+* ``anomaly.window_score.<corpus>``: the standard window score (docs/anomaly-window-scoring.md; three
+  cost profiles, one threshold per corpus) of opsloop beside a rolling z-score over 500 points and river's
+  HalfSpaceTrees, all on the same corpora in the same run: SKAB (from ``--skab DIR`` or
+  ``OPSLOOP_SKAB_DIR``; max over its 8 channels per experiment), the fixed-seed synthetic corpus and the
+  scenarios;
 * ``anomaly.<scenario>``: event precision, recall and mean detection delay (threshold 0.5, first 15 %
   of each series as warm-up, as NAB's probationary period), against the rolling z-score (|z| > 4);
 * ``firewall`` / ``netperf`` / ``keystone`` / ``power``: the domain detectors on scenarios built from
