@@ -297,39 +297,18 @@ class StreamingDetector:
             zf = surprise / -math.log(cfg.flat_p)          # > 1: improbable enough
         self.p_same = ps + (0.01 if n > 100 else 1.0 / n) * ((1.0 if dx == 0.0 else 0.0) - ps)
 
-        # Score (after warm-up), calibrated by this series' own tail.
+        # Score (after warm-up), calibrated by this series' own tail: the largest of the components.
         score = 0.0
         if n > cfg.warmup_points:
-            if zf > 1.0:
-                u = (zf - 1.0) / 0.5
-                score = 1.0 - math.exp(-u * u)
+            width = cfg.z_width
             tail = self.tail_q / cfg.tail_ref
             ze = z / tail if tail > 1.0 else z
-            if ze > cfg.z0:
-                u = (ze - cfg.z0) / cfg.z_width
-                sz = 1.0 - math.exp(-u * u)
-                if sz > score:
-                    score = sz
-            if zl > cfg.long_z0:
-                u = (zl - cfg.long_z0) / cfg.z_width
-                sl = 1.0 - math.exp(-u * u)
-                if sl > score:
-                    score = sl
             tm = self.tail_m / cfg.tail_ref
             zme = zm / tm if tm > 1.0 else zm
-            if zme > cfg.mean_z0:
-                u = (zme - cfg.mean_z0) / cfg.z_width
-                sm_ = 1.0 - math.exp(-u * u)
-                if sm_ > score:
-                    score = sm_
-            zc = zm if zm < 10.0 else 10.0
-            q = self.tail_m + 0.05 * ((1.0 - cfg.tail_quantile) if zc > self.tail_m else -cfg.tail_quantile)
-            self.tail_m = q if q > 0.5 else 0.5
-            zc = z if z < 10.0 else 10.0
-            q = self.tail_q
-            # Robbins-Monro quantile step: moves up by (1-p) on exceedance, down by p otherwise.
-            q += 0.05 * ((1.0 - cfg.tail_quantile) if zc > q else -cfg.tail_quantile)
-            self.tail_q = q if q > 0.5 else 0.5
+            score = max(_excess(zf, 1.0, 0.5), _excess(ze, cfg.z0, width), _excess(zl, cfg.long_z0, width),
+                        _excess(zme, cfg.mean_z0, width))
+            self.tail_m = _tail_step(self.tail_m, zm, cfg.tail_quantile)
+            self.tail_q = _tail_step(self.tail_q, z, cfg.tail_quantile)
             # One alarm per event: after an alarm the series scores 0 until it is back in band
             # (calm_points in a row); then, until `refractory` points after the alarm, scores are
             # damped (a new excursion must be larger to alarm again), after that fully re-armed.
@@ -604,6 +583,20 @@ class StreamingDetector:
             det.l_mean = det.s_mean = det.m_mean = det.level0
             det.l_var = det.scale0 * det.scale0
         return det
+
+
+def _excess(z: float, z0: float, width: float) -> float:
+    """0 below z0, then 1 - exp(-((z - z0) / width)^2): about 0.5 at z0 + 0.83 width."""
+    if z <= z0:
+        return 0.0
+    u = (z - z0) / width
+    return 1.0 - math.exp(-u * u)
+
+
+def _tail_step(q: float, z: float, p: float) -> float:
+    """Robbins-Monro step of the (1-p) quantile of z (capped at 10): up by (1-p) on exceedance, down by p."""
+    q += 0.05 * ((1.0 - p) if (z if z < 10.0 else 10.0) > q else -p)
+    return q if q > 0.5 else 0.5
 
 
 def _on_grid(x: float, step: float) -> bool:

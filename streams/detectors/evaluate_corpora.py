@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .evaluate_windows import windows_from_labels
+from .evaluate_windows import labels_of, windows_from_labels
 
 SKAB_ENV = "OPSLOOP_SKAB_DIR"
 SKAB_CHANNELS = ("Accelerometer1RMS", "Accelerometer2RMS", "Current", "Pressure", "Temperature", "Thermocouple",
@@ -40,11 +40,7 @@ class LabelledSeries:
     channels: dict[str, list[float]] = field(default_factory=dict)   # multivariate sources, if any
 
     def labels(self) -> list[int]:
-        lab = [0] * len(self.values)
-        for a, b in self.windows:
-            for i in range(a, b + 1):
-                lab[i] = 1
-        return lab
+        return labels_of(len(self.values), self.windows)
 
 
 # --------------------------------------------------------------------------------------------- SKAB

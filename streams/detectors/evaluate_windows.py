@@ -86,6 +86,15 @@ def windows_from_labels(labels: Sequence[int | float | bool]) -> list[tuple[int,
     return out
 
 
+def labels_of(n: int, windows: Sequence[tuple[int, int]]) -> list[int]:
+    """Per-row labels (1 inside a window) of a series of n rows: the inverse of windows_from_labels."""
+    lab = [0] * n
+    for a, b in windows:
+        for i in range(a, b + 1):
+            lab[i] = 1
+    return lab
+
+
 def windows_around_events(n: int, events: Sequence[int]) -> list[tuple[int, int]]:
     """The convention for point labels: each window is 10 % of the series divided by the number of
     events, centred on the event's first row, clipped to the series; overlapping windows merge."""

@@ -18,6 +18,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .evaluate_windows import labels_of, windows_from_labels
+
 START = 1_704_067_200  # 2024-01-01 00:00:00 UTC, a Monday
 DAY = 86400
 
@@ -32,11 +34,7 @@ class Scenario:
 
     @property
     def labels(self) -> list[int]:
-        lab = [0] * len(self.values)
-        for a, b in self.windows:
-            for i in range(a, b + 1):
-                lab[i] = 1
-        return lab
+        return labels_of(len(self.values), self.windows)
 
 
 def _tod_h(t: float) -> float:
@@ -175,11 +173,4 @@ def read_csv(path: Path) -> Scenario:
             ts.append(float(row["timestamp"]))
             vs.append(float(row["value"]))
             labels.append(int(row["label"]))
-    windows, start = [], None
-    for i, lab in enumerate(labels + [0]):
-        if lab and start is None:
-            start = i
-        elif not lab and start is not None:
-            windows.append((start, i - 1))
-            start = None
-    return Scenario(path.stem, ts, vs, windows)
+    return Scenario(path.stem, ts, vs, windows_from_labels(labels))
