@@ -49,6 +49,12 @@ detector therefore combines a few simple, well-studied streaming estimators inst
    its extreme form, which none of the z-scores above can see) alarms once it is at least
    ``flat_min`` long and improbable given how often this series repeats a value, so quantised
    and integer series with long zero runs are not "stuck".
+10. **Novelty against everything seen so far**: a histogram of all values (bins of half the long
+    scale at warm-up, at most ``novelty_bins``); the value scores (4. and 6.) of a point whose
+    neighbourhood holds more than ``novelty_p`` of the history are damped in proportion: a level the
+    series keeps returning to is not news. Flatline and shifted-mean scores are not damped.
+    Known limit: a sharp periodic spike with a short, non-daily period (a job every 97 samples)
+    still alarms each time when its share of the history stays near ``novelty_p``.
 
 Tuned on labelled corpora we can see (SKAB real sensor data, a synthetic corpus with the usual
 anomaly kinds, the scenarios) with the standard window scoring: see ``bench/bench_detect.py``.
@@ -74,7 +80,7 @@ from typing import Any
 DAY_S = 86400.0
 WEEK_S = 7 * DAY_S
 STATE_VERSION = 2
-NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside")
+NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside", "h_width", "h_n", "hist")
 QUANTUM_HITS = 3     # a step size seen this often (in ordinary data or not) is the series' resolution
 
 
@@ -107,6 +113,8 @@ class DetectorConfig:
     refractory: int = 100            # and at least this many points after the alarm
     mean_rate: float = 0.1           # short-window mean (about 10 points) of the value ...
     mean_z0: float = 4.0             # ... whose z under the long window (standard error, own tail) below this scores 0
+    novelty_p: float = 0.02          # a value whose neighbourhood held more than this share of the history ...
+    novelty_bins: int = 256          # ... is not novel: its score is damped (histogram bounded to this many bins)
     flat_min: int = 10               # a run of identical values this long or longer ...
     flat_p: float = 1e-5             # ... and this improbable (given how often values repeat) is a flatline
 
@@ -119,7 +127,7 @@ class StreamingDetector:
         "gamma", "w_gamma", "level0", "scale0", "level1", "scale1", "err0", "err1", "quantum", "x_prev",
         "tail_q", "run0", "run0_x", "run0_xx", "run1", "run1_x", "run1_xx", "err_rate", "d_off", "d_scale", "d_cnt", "d_last",
         "d_vis", "w_off", "w_cnt", "w_last", "w_vis", "last",
-        "l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside",
+        "l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside", "h_width", "h_n", "hist",
     )
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
@@ -166,6 +174,9 @@ class StreamingDetector:
         self.calm = 0                    # consecutive in-band points during an event
         self.since = 0                   # points since the event's alarm
         self.outside = False             # the last point of an event was outside the band
+        self.h_width = 0.0               # histogram of every value seen: bin width, count, counts by bin
+        self.h_n = 0
+        self.hist: dict[str, int] = {}
 
     # ----------------------------------------------------------------------------------- scoring
     def update(self, timestamp: float, value: float) -> float:
@@ -280,7 +291,13 @@ class StreamingDetector:
         self.s_mean = sm
         zl = (sm - lm if sm >= lm else lm - sm) / lsd
         ma = cfg.mean_rate
-        mm = self.m_mean + ma * (x - self.m_mean)
+        xc = x                      # clipped: a spike is the value's business, not the mean's
+        lim = 3.0 * lsd if n > cfg.warmup_points else math.inf
+        if xc > lm + lim:
+            xc = lm + lim
+        elif xc < lm - lim:
+            xc = lm - lim
+        mm = self.m_mean + ma * (xc - self.m_mean)
         self.m_mean = mm
         zm = (mm - lm if mm >= lm else lm - mm) / (lsd * math.sqrt(ma / (2.0 - ma)))
         if use_season:
@@ -305,8 +322,25 @@ class StreamingDetector:
             ze = z / tail if tail > 1.0 else z
             tm = self.tail_m / cfg.tail_ref
             zme = zm / tm if tm > 1.0 else zm
-            score = max(_excess(zf, 1.0, 0.5), _excess(ze, cfg.z0, width), _excess(zl, cfg.long_z0, width),
-                        _excess(zme, cfg.mean_z0, width))
+            score = max(_excess(ze, cfg.z0, width), _excess(zl, cfg.long_z0, width))
+            # Novelty against everything seen so far: a value in a neighbourhood the series visits
+            # often (a periodic job's spike, a level it returns to) is not news; its value score is damped.
+            hw = self.h_width
+            if hw == 0.0:
+                hw = self.h_width = max(0.5 * lsd, floor, 1e-12)
+            hb = int(math.floor(x / hw))
+            if score > 0.0 and self.h_n >= 200:
+                hist = self.hist
+                c = hist.get(str(hb), 0) + hist.get(str(hb - 1), 0) + hist.get(str(hb + 1), 0)
+                share = c / self.h_n
+                if share > cfg.novelty_p:
+                    score *= cfg.novelty_p / share
+            # A flatline or a shifted mean is news even at an ordinary value.
+            score = max(score, _excess(zf, 1.0, 0.5), _excess(zme, cfg.mean_z0, width))
+            key = str(hb)
+            if key in self.hist or len(self.hist) < cfg.novelty_bins:
+                self.hist[key] = self.hist.get(key, 0) + 1
+            self.h_n += 1
             self.tail_m = _tail_step(self.tail_m, zm, cfg.tail_quantile)
             self.tail_q = _tail_step(self.tail_q, z, cfg.tail_quantile)
             # One alarm per event: after an alarm the series scores 0 until it is back in band
