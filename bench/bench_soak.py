@@ -19,7 +19,8 @@ Kafka broker and Alertmanager, while two problems are injected and later repaire
   step bound (``max_step`` of the shares) between two samples;
 * recovery time per kill: from the kill to the service doing its work again (a collector's next round,
   the worker's next batch, a restarted broker with the worker processing and every spool drained; the
-  others: serving /metrics again), p50/p99. The same-run baseline is the service's cold start.
+  others: serving /metrics again), p50/p99; for the broker and Alertmanager from their restart after
+  the outage. The same-run baseline is the service's cold start.
 
     python -m bench --only soak [--quick]
 """
@@ -333,6 +334,7 @@ class Soak:
             proc.stop()                     # the broker/Alertmanager restarted: down for outage_s
             time.sleep(self.plan.outage_s)
             assert self.stack is not None
+            t0 = time.monotonic()           # its recovery counts from the restart, not from the outage
             self.procs[target] = self.stack.start_component(target)
         else:
             proc.kill()                     # SIGKILL to its process group; the supervisor restarts it
