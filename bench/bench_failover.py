@@ -21,10 +21,11 @@ Figures (2-core shared machine, session_timeout_s 6, recovery_stall_s 8; 2026-11
 |---|---|---|---|---|
 | before the watchdog (12 cycles) | 11/12: cycle 6 never recovered (90 s cut-off) | 7.2 / 8.8 s | 7.9 / 9.1 s (2) | - |
 | with the watchdog (30 cycles) | 30/30 | 8.0 / 10.1 s | 6.4 / 6.7 s (5) | 2 re-seeks, 0 gap skips, 0 exits |
+| again, final code (30 cycles) | 30/30 | 8.1 / 9.1 s | 6.1 / 6.5 s (5) | 2 re-seeks, 0 gap skips, 0 exits |
 
 The stall of the first run: the survivor's changelog partitions 0 and 1 (standby until then, fully
 caught up) recovered from offset -1 and never received a record, ``No event received for active tp``
-every 5 s. With the watchdog the same situation came twice in 30 cycles; its log showed the consumer
+every 5 s. With the watchdog the same situation came twice in each run of 30 cycles; its log showed the consumer
 already at the end of those partitions (position = highwater + 1, recovery offset -1): the records had
 been fetched and lost before the recovery applied them. One re-seek each recovered them in place.
 Decision: fix in place (re-seek; skip a real end-of-partition gap such as a transaction marker only
