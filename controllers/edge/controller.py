@@ -104,6 +104,8 @@ class ControllerSettings(BaseModel):
     demand_quantile: float = Field(default=0.95, ge=0.5, lt=1.0)
     variability_window: int = Field(default=10, ge=3, le=100)
     max_uplift: float = Field(default=0.30, ge=0.0, le=1.0)
+    # above this uplift demand counts as noisy: planned on its mean level, not its latest maximum
+    noisy_uplift: float = Field(default=0.03, ge=0.0, le=1.0)
     anticipate_ramp: bool = True
     ramp_threshold: float = Field(default=0.015, ge=0.0, le=1.0)  # relative rise per interval
     # a returning origin (HAProxy slowstart, Envoy outlier-ejection back-off): held down for
@@ -465,7 +467,7 @@ class EdgeController(_Controller):
             # noisy demand (the quantile needs more than the headroom): plan on the window's
             # mean level, so the weights do not chase every draw; a rise beyond 2σ of that level
             # is a step, not noise, and the max of the last measurements stays in charge
-            noisy = uplift > 0
+            noisy = uplift > s.noisy_uplift
             level = hist[-s.variability_window:].mean(axis=0)
             step = hist[-1] > level * (1.0 + 2.0 * sigma)
             calm_estimate = np.maximum(level, estimate - hist[-s.demand_window:].max(axis=0)
@@ -555,7 +557,8 @@ class EdgeController(_Controller):
         cap_plan = plan_capacity * (1.0 - s.headroom)
         # offered load: what the clients would send at these weights if no origin slowed them
         # down (an overloaded origin's slow answers hide part of the demand until it is relieved)
-        offered = self._predicted_demand_at(current, estimate, self._latency_now(latency), latency)
+        offered = estimate if solution.status != "optimal" else self._predicted_demand_at(
+            current, estimate, self._latency_now(latency), latency)  # a shortfall stays loaded
         load = (current * offered[:, None]).sum(axis=0)
         over = healthy & (load > capacity + 1e-9)
         # hot: over capacity by more than the noise margin, or over it a second interval running
@@ -606,8 +609,11 @@ class EdgeController(_Controller):
         if biggest > s.deadband and (latency_gain < 0 or relieves):
             beta_max = min(s.relax_gain, s.relax_step / biggest)
             latency_now = self._latency_now(latency)
-            ceiling = np.maximum(cap_plan, self._predicted_load(after_shed, estimate, latency_now,
-                                                                latency))
+            # an origin the move sends more traffic to must end within its plan; one it takes
+            # traffic off (or leaves alone) only must not get worse
+            gaining = (relax * estimate[:, None]).sum(axis=0) > 1e-9
+            ceiling = np.where(gaining, cap_plan, np.maximum(
+                cap_plan, self._predicted_load(after_shed, estimate, latency_now, latency)))
 
             def fits(b: float) -> bool:
                 trial = after_shed + b * relax
