@@ -99,7 +99,7 @@ class ControllerSettings(BaseModel):
     stickiness_ms: float = Field(default=0.1, ge=0.0)
     deadband: float = Field(default=0.005, ge=0.0, lt=0.5)
     hot_margin: float = Field(default=0.03, ge=0.0, le=0.05)
-    shed_headroom: float = Field(default=0.10, ge=0.0, lt=0.5)
+    shed_headroom: float = Field(default=0.08, ge=0.0, lt=0.5)
     # demand: plan on this upper quantile of the measured demand's interval-to-interval variability
     demand_quantile: float = Field(default=0.95, ge=0.5, lt=1.0)
     variability_window: int = Field(default=10, ge=3, le=100)
