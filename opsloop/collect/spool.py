@@ -128,30 +128,26 @@ class Spool:
                 return path, records
             with self._lock:
                 self._quarantine_lines(path, bad)
-                old_records, old_bytes = len(lines), path.stat().st_size
-                data = b"".join(r.to_line() for r in records)
-                if records:
-                    _replace_durably(path, data)
-                else:
-                    path.unlink(missing_ok=True)
-                    _fsync_dir(self.dir)
-                self._records += len(records) - old_records
-                self._bytes += len(data) - old_bytes
+                self._rewrite(path, records, len(lines))
             if records:
                 return path, records
 
     def complete(self, path: Path, failed: list[Record]) -> None:
         """The segment was sent: delete it, or keep only the records that failed, in order."""
         with self._lock:
-            old_records, old_bytes = _count_lines(path), path.stat().st_size
-            data = b"".join(r.to_line() for r in failed)
-            if failed:
-                _replace_durably(path, data)
-            else:
-                path.unlink(missing_ok=True)
-                _fsync_dir(self.dir)
-            self._records += len(failed) - old_records
-            self._bytes += len(data) - old_bytes
+            self._rewrite(path, failed, _count_lines(path))
+
+    def _rewrite(self, path: Path, keep: list[Record], old_records: int) -> None:
+        """Replace a segment by ``keep`` (delete it when empty), keeping the in-memory totals right."""
+        old_bytes = path.stat().st_size
+        data = b"".join(r.to_line() for r in keep)
+        if keep:
+            _replace_durably(path, data)
+        else:
+            path.unlink(missing_ok=True)
+            _fsync_dir(self.dir)
+        self._records += len(keep) - old_records
+        self._bytes += len(data) - old_bytes
 
     def _enforce_bound(self) -> None:
         if self._bytes <= self.max_bytes:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -28,15 +27,7 @@ from streams.detectors.findingbook import where_key
 from streams.edge.demand import DemandAggregator, EdgeDemand
 from streams.lb.rates import LbRates
 from streams.runtime.batch import DeadLetter, decode_messages, process_batch
-
-
-@dataclass
-class Msg:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
+from tests.streams.test_agents_runtime import Msg
 
 
 def gauge(name: str, **labels: str) -> float | None:
@@ -111,14 +102,11 @@ def test_a_restored_replay_guard_from_the_future_does_not_pin_the_series() -> No
 
 
 def test_a_future_demand_record_does_not_pin_the_demand_book() -> None:
-    book = DemandBook()
     received = 1_795_000_000.0
+    book = DemandBook(clock=lambda: received)
     future = EdgeDemand(edge="e1", backend="be", demand_rps=0.0, timestamp=4_000_000_000.0)
-    book.update(future, received_at=received)
-    got = book.get("be", "e1")
-    assert got is not None and got.timestamp == received    # ages from when it arrived: goes stale
-    book.update(EdgeDemand(edge="e1", backend="be", demand_rps=42.0, timestamp=received + 15),
-                received_at=received + 16)
+    assert book.update(future) is False and book.get("be", "e1") is None
+    assert book.update(EdgeDemand(edge="e1", backend="be", demand_rps=42.0, timestamp=received - 1))
     assert book.get("be", "e1").demand_rps == 42.0         # type: ignore[union-attr]
 
 
