@@ -214,3 +214,113 @@ def test_shortfall_and_hold_raise_findings():
     cleared = decision_findings(fine, "l", ["ams", "nyc"], now=1795310430.0, include_cleared=True)
     assert {f.detector for f in cleared} == {SHED_DETECTOR, HOLD_DETECTOR}
     assert all(f.cleared for f in cleared)
+
+
+# -- hold-down, ramp-in and demand quantile, in the controller and through the live loop ------
+
+def test_returning_origin_is_held_down_with_growing_back_off_then_ramped():
+    s = ControllerSettings(interval_s=15, hold_down_intervals=2, hold_down_backoff=2,
+                           hold_down_max_intervals=8, slowstart_intervals=4)
+    ctrl = EdgeController(1, 2, s, initial=[[1.0, 0.0]])
+    latency, cap = [[10, 80]], [400, 1000]
+    t = 0.0
+
+    def tick(near_up: bool) -> float:
+        nonlocal t
+        t += 15
+        return ctrl.step(_obs([200], cap, latency, [near_up, True], now=t)).weights[0, 0]
+
+    assert tick(True) == 1.0
+    # flapping every interval: down moves traffic off at once, up earns nothing back
+    for k in range(6):
+        assert tick(k % 2 == 1) == 0.0
+    # the flap count is 3 (up at three of the six ticks): hold-down 2·2² = 8 intervals
+    assert ctrl.hold_down.flaps[0] == 3
+    shares = [tick(True) for _ in range(14)]
+    held = shares[:7]
+    assert max(held) == 0.0
+    ramp = shares[7:]
+    assert ramp[0] > 0 and ramp[-1] > 0.95
+    # ramped in (slowstart), not returned in one step
+    assert max(np.diff([0.0, *ramp])) <= 0.5 + 1e-9 and ramp[0] < 1.0
+
+
+def test_an_edge_with_no_other_healthy_origin_is_not_held_down():
+    ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
+    latency = [[10, math.inf]]  # the near origin is its only path
+    ctrl.step(_obs([100], [400, 1000], latency, [False, True], now=15))
+    back = ctrl.step(_obs([100], [400, 1000], latency, [True, True], now=30))
+    assert back.weights[0, 0] == 1.0
+
+
+def test_plan_follows_demand_variability_not_our_own_moves():
+    rng = np.random.default_rng(4)
+    noisy = EdgeController(1, 2, initial=[[1.0, 0.0]])
+    steady = EdgeController(1, 2, initial=[[1.0, 0.0]])
+    for k in range(14):
+        draw = 1.0 + 0.12 * rng.standard_normal()
+        dn = noisy.step(_obs([250 * draw], [300, 1000], [[10, 40]], [True, True], now=15 * k))
+        ds = steady.step(_obs([250], [300, 1000], [[10, 40]], [True, True], now=15 * k))
+    # ±12 % demand: planned on an upper quantile, so the near origin keeps more room
+    assert dn.weights[0, 0] * 250 < ds.weights[0, 0] * 250 * 0.97
+    assert "above the estimate" in dn.reason
+    assert (ds.weights[0, 0] * 250) <= 300 * 0.95 + 1e-6
+
+
+def test_a_rebound_seen_in_origin_response_time_is_planned_for():
+    """Clients slowed by an overloaded origin come back once it is relieved: the shed allows for it."""
+    blind = EdgeController(1, 2, ControllerSettings(elasticity=1.0), initial=[[1.0, 0.0]])
+    seeing = EdgeController(1, 2, ControllerSettings(elasticity=1.0), initial=[[1.0, 0.0]])
+    blind.step(_obs([250], [200, 1000], [[10, 40]], [True, True], now=0))
+    seeing.step(Observation(now=0, demand=np.array([250.0]), capacity=np.array([200.0, 1000.0]),
+                            latency=np.array([[10.0, 40.0]]), healthy=np.array([True, True]),
+                            origin_latency_ms=np.array([10.0, 10.0])))
+    # the near origin is overloaded: its answers take 40 ms instead of 10, clients slowed down
+    kw = dict(demand=np.array([250.0]), capacity=np.array([200.0, 1000.0]),
+              latency=np.array([[10.0, 40.0]]), healthy=np.array([True, True]))
+    b = blind.step(Observation(now=15, **kw))
+    s = seeing.step(Observation(now=15, origin_latency_ms=np.array([40.0, 10.0]), **kw))
+    assert s.weights[0, 0] < b.weights[0, 0]
+    with pytest.raises(ValueError, match="origin_latency_ms"):
+        seeing.step(Observation(now=30, origin_latency_ms=np.array([1.0]), **kw))
+
+
+def test_live_loop_gets_hold_down_and_headroom_from_the_service_settings():
+    """controllers.edge.controller settings pass through the service config to the running loop."""
+    from controllers.edge.service.config import EdgeServiceSettings
+    from controllers.edge.service.inputs import DemandBook
+    from controllers.edge.service.loop import ControlLoop
+    from controllers.edge.service.store import TopologyStore
+    from opsloop.audit import AuditLog
+    from streams.edge.demand import EdgeDemand, OriginState
+
+    cfg = EdgeServiceSettings.model_validate({
+        "interval_s": 1.0, "overrides_file": None,
+        "controller": {"hold_down_intervals": 3, "slowstart_intervals": 2, "headroom": 0.1,
+                       "stale_after_s": 5},
+        "topology": {"listeners": [{
+            "name": "hd", "backend": "be_hd", "edges": [{"name": "e1"}],
+            "origins": [{"name": "near", "capacity_rps": 40}, {"name": "far", "capacity_rps": 1000}],
+            "latency_ms": {"e1": {"near": 2, "far": 30}}}]}})
+    settings_ = cfg.controller_settings()
+    assert settings_.hold_down_intervals == 3 and settings_.headroom == 0.1
+    clock = [1_795_000_000.0]
+    book = DemandBook(clock=lambda: clock[0])
+    loop = ControlLoop(TopologyStore(cfg.topology, AuditLog()), book, settings_,
+                       lambda recs, finds: None, None, lambda: clock[0])
+
+    def tick(near_up: bool) -> float:
+        book.update(EdgeDemand(edge="e1", backend="be_hd", demand_rps=20.0,
+                               origins={"near": OriginState(rps=10.0, up=near_up),
+                                        "far": OriginState(rps=10.0)}, timestamp=clock[0]))
+        clock[0] += 1.0
+        return loop.tick()["hd"].weights[0, 0]
+
+    for _ in range(3):
+        tick(True)
+    assert tick(True) > 0.9
+    flapping = [tick(k % 2 == 1) for k in range(6)]
+    assert max(flapping) == 0.0   # a flapping origin earns nothing back in the live loop
+    settled = [tick(True) for _ in range(16)]
+    assert settled[0] == 0.0 and settled[-1] > 0.9
+    assert loop.listeners["hd"].controller.hold_down.flaps[0] >= 3
