@@ -21,3 +21,18 @@ def test_quick_bench_rows():
     # simulated seconds, not wall clock: ours reaches capacity faster than the seed's damping
     assert sim["time to capacity+5% (simulated)"]["ratio"] < 1
     assert sim["overload-seconds (all origins)"]["ok"]
+
+
+def test_sim_bench_rows_compare_with_both_baselines_from_the_same_run():
+    from bench.bench_sim import EIGHT_KINDS
+    from bench.bench_sim import run as run_sim
+
+    rows = run_sim(quick=True)
+    assert rows and all(set(r) == KEYS for r in rows)
+    assert {r["benchmark"] for r in rows} == {f"edge sim {n}" for n in EIGHT_KINDS}
+    overload = [r for r in rows if r["metric"].startswith("overload-s")]
+    assert {r["baseline"] for r in overload} == {"fixed-step", "fixed-step-headroom"}
+    # simulated seconds, deterministic: the shortfall and the one-edge surge hold the ≤ 10 % target
+    for r in overload:
+        if r["benchmark"] in ("edge sim shortfall", "edge sim surge_one_edge"):
+            assert r["ok"] and r["value"] <= 0.1 * r["baseline_value"]
