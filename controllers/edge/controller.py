@@ -1,69 +1,67 @@
 """Edge-weight controllers: turn the optimal assignment into the weights pushed each interval.
 
-The loop (seed 003): edges report their request rate every interval; we push weights; clients
-react to the latency those weights cause (a far origin lowers their request rate) and origins slow
-down when overloaded. The seed's controller moved at most 2 % per origin per 15 s interval: stable,
-but minutes to move 30 % of traffic; undamped, it oscillated.
+The loop ("Building A Smarter AWS Global Accelerator"): edges report their request rate every
+interval; we push weights; clients react to the latency those weights cause (a far origin lowers
+their request rate) and origins slow down when overloaded. Moving at most 2 % per origin per 15 s
+interval (:class:`FixedStepController`) is stable but takes minutes to move 30 % of traffic;
+applying the target at once (:class:`UndampedController`) oscillates.
 
-Control law of :class:`EdgeController` (one step per interval k, weights ``W`` per edge × origin)
---------------------------------------------------------------------------------------------------
-1. *Demand estimate* ``D̂ = max(measured rate over the last N intervals)`` (N = ``demand_window``,
-   default 2), and never below what the last relax step predicted for the weights now in force
-   (the last interval's average still holds the clients' transient): a rise is seen at once, a
-   fall only after N intervals (robust to noise and to the dip that shedding itself causes).
-2. *Target* ``T = solve(D̂, capacity, latency, healthy, previous=W, headroom=h)``: the optimal
-   assignment planned on ``capacity·(1-h)`` (h = 5 %).
-3. *Shed fast.* An origin is *hot* when its planned load at the current weights, ``Σ_e W·D̂``,
-   exceeds its capacity by more than ``hot_margin`` (default 3 %, for measurement noise; the
-   target is capacity + 5 %). Then the target is re-planned with the deeper ``shed_headroom``
-   (default 10 %) and every decrease of ``T`` on a hot origin is applied in one step (the freed
-   share going where ``T`` increases, within ``max_step``): safety first. An origin above
-   capacity but within the margin is *warm*: a ``relax_gain`` fraction of its decrease is applied
-   per interval (noise there must not cause big swings).
-4. *Relax slowly and safely.* The rest of the move ``T - W`` is applied as ``β·(T - W)`` with
-   ``β ≤ relax_gain`` (0.5), ``β·|T - W|∞ ≤ relax_step`` (0.2), and β the largest value for which
-   every origin's *predicted* load stays ``≤ capacity·(1-h)``. The prediction assumes worst-case
-   latency-elastic clients: an edge's demand grows as ``D̂·(L(W)/L(V))^ε`` when its mean latency
-   falls from ``L(W)`` to ``L(V)`` (ε = ``elasticity``, default 1: closed-loop clients whose rate
-   is inversely proportional to latency, the most elastic a request/response client can be).
-   Hysteresis: when nothing is hot or warm, a relax move is only made if it lowers the
-   latency-weighted traffic (toward nearer origins); an origin between its plan and its capacity
-   is left alone.
-5. *Final guard* (:func:`enforce_safety`, also applied to the seed's controller): shares off an
-   unhealthy or unreachable origin move at once (first to where the target wants more); any other
-   change is bounded by ``max_step`` (0.5) per origin per interval; rows are convex combinations of
-   valid rows, so they sum to 1, are never all-zero and put nothing on an unhealthy origin while a
-   healthy one is reachable. Stale inputs (``inputs_age_s > stale_after_s``, 30 s) hold the last
-   good weights and say so (``mode=hold``, ``reason``).
+Control law of :class:`EdgeController` (one step per interval, weights ``W`` per edge × origin)
+-----------------------------------------------------------------------------------------------
+1. *Demand estimate.* The max of the last ``demand_window`` (2) measurements — a rise is seen at
+   once, a fall after 2 intervals — and never below what the last move predicted. On a *ramp*
+   (three rises in a row, ``ramp_threshold`` per interval on average) one more interval of it is
+   added. The *variability* of the clients' own demand (measurements corrected for the latency
+   our weights gave them, so our own moves are not read as noise) is the median absolute
+   deviation of second differences of log-demand (a step or a ramp leaves it alone); the plan
+   covers the ``demand_quantile`` (95 %) of it: demand × (1 + max(0, z·σ − headroom)). When that
+   uplift is clear (``noisy_uplift``), the window's mean level replaces the max of the last
+   draws, so the weights do not chase noise.
+2. *Hold-down* (:class:`HoldDown`): an origin that comes back healthy is planned as absent for
+   ``hold_down_intervals`` × ``hold_down_backoff``^(flaps−1) (≤ ``hold_down_max_intervals``; the
+   flap count is forgotten after that long without a change), then its capacity ramps in over
+   ``slowstart_intervals`` — Envoy's outlier-ejection back-off and HAProxy's ``slowstart``. An
+   edge with no other healthy origin may use it at once.
+3. *Target* ``T = solve(D̂, capacity, latency, healthy, previous=W, headroom=h)`` (h = 5 %),
+   re-planned on the demand the clients would send at ``T`` (*rebound*): when the telemetry gives
+   origins' response times (``Observation.origin_latency_ms``), a relieved origin answers at its
+   unloaded speed and elastic clients speed up; a short fixed-point iteration plans for that.
+4. *Shed jointly and at once.* An origin is *hot* when its offered load at the current weights
+   (the measured demand plus that rebound) exceeds capacity by ``hot_margin`` (3 %), or exceeds
+   capacity for a second interval running. Then every edge moves toward the joint plan with
+   ``shed_headroom`` (8 %) in one step — the edge that makes room on an origin moves in the same
+   step as the one shed onto it — and where ``max_step`` stops an edge from moving its whole
+   planned share, that origin's planned capacity is lowered and the LP takes the rest from other
+   edges (:meth:`EdgeController._bounded_shed`). A ramp that will carry an origin past its plan
+   gets the same joint move with the normal headroom, before the origin is over. Above capacity
+   but within the margin (*warm*): a ``relax_gain`` fraction of the decrease per interval.
+5. *Relax slowly and safely.* The rest of ``T − W`` is applied as ``β·(T − W)``, β ≤ ``relax_gain``
+   (0.5), ``β·|T − W|∞ ≤ relax_step`` (0.2), β the largest for which every origin that gains
+   traffic keeps a *predicted* load ≤ capacity·(1−h), assuming worst-case elastic clients
+   (demand ∝ (L(W)/L(V))^ε, ε = ``elasticity`` = 1). Hysteresis: when nothing is hot or warm, a
+   relax move is made only if it lowers latency-weighted traffic; an origin between its plan and
+   its capacity is left alone.
+6. *Final guard* (:func:`enforce_safety`, applied to every controller): shares off an unhealthy or
+   unreachable origin move at once; other changes ≤ ``max_step`` (0.5) per origin per interval;
+   rows sum to 1, are never all-zero, and put nothing on an unhealthy origin while a healthy one is
+   reachable. Stale inputs (``inputs_age_s > stale_after_s``) hold the last good weights
+   (``mode=hold``, with a reason).
 
-Why it is stable (no sustained oscillation, overshoot within the 5 % band)
---------------------------------------------------------------------------
-* The shed step moves traffic from a hot origin to the next-best ones, which are farther, so the
-  clients' network latency rises and their demand falls: after the step every origin's load is
-  at most what the LP planned at ``D̂`` (≥ the actual demand). The one effect that can push demand
-  back up is the relieved origin answering faster than it did while overloaded; the deeper shed
-  headroom (10 % vs 5 %) absorbs that rebound, so one step suffices. A step first seen only
-  partially (it happened mid-interval) is complete in the next interval's estimate: every origin
-  is within capacity after 1–2 intervals (3 if a shed larger than ``max_step`` is needed).
-* A relax step is chosen so that even the most elastic clients cannot push any origin above
-  ``capacity·(1-h)``; real clients are at most that elastic, so relaxing never makes an origin
-  hot. Hence the loop cannot alternate between shedding and relaxing (the limit cycle of the
-  undamped seed controller): after an exogenous step there is at most one shed phase, followed by
-  an approach from the safe side. Each relax step closes a fixed fraction of the remaining
-  predicted gap (0 < β ≤ relax_gain < 1): a contraction, geometric and monotone for one edge.
-  The undamped fixed-point iteration ``W ← T(D(W))`` diverges exactly when ``|∂T/∂W| > 1``, i.e.
-  when demand elasticity times the latency gap outweighs the share (``w·ε·(L_far - L_near)/L >
-  1``; 1.3 in the seed experiment); the worst-case prediction removes that factor from the step.
-* Noise: the gap between plan (95 %) and hot (103 %) is a dead band wider than the measurement
-  noise, and moves smaller than ``deadband`` are skipped, so noise does not dither the weights.
-* Limits (what the simulator shows): with several edges the LP target itself moves as the demand
-  estimates move, so a multi-origin reshuffle converges over several intervals rather than
-  strictly monotonically; the guarantee that holds is the one that matters for safety — relaxing
-  never pushes an origin over capacity.
-
-:class:`FixedStepController` is the seed's law for comparison (target from the same LP, every
-origin's share moved at most ``step`` = 2 % per interval); :class:`UndampedController` applies the
-target at once (the seed's first version, which never settled).
+Why it is stable
+----------------
+* A shed moves traffic to farther origins: network latency rises, elastic demand falls; the one
+  effect that pushes demand back up — the relieved origin answering faster — is predicted from
+  its response times (when known) and planned for, and the 8 % shed headroom covers the rest, so
+  one step suffices; a shed larger than ``max_step`` is completed on other edges in the same step.
+* Relaxing never fills an origin past its plan even for the most elastic clients, so the loop
+  cannot alternate between shedding and relaxing; each relax step closes a fixed fraction of the
+  remaining gap (a contraction). The undamped iteration diverges when demand elasticity times the
+  latency gap outweighs the share; the worst-case prediction removes that factor from the step.
+* Noise: the plan follows the measured variability (a quantile, not the mean), the gap between
+  plan (95 %) and hot (103 %) is a dead band, moves below ``deadband`` are skipped, and a
+  flapping origin earns nothing back until it has stayed healthy.
+* In a shortfall (demand above all healthy capacity) the LP shares the excess proportionally, so
+  every origin carries the same overload factor; no rebound is expected there.
 """
 
 from __future__ import annotations
@@ -128,7 +126,7 @@ class ControllerSettings(BaseModel):
 
 
 class FixedStepSettings(BaseModel):
-    """Tunables of :class:`FixedStepController` (the seed used 2 % per 15 s, no headroom)."""
+    """Tunables of :class:`FixedStepController` (2 % per 15 s interval, no headroom)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -669,7 +667,7 @@ class EdgeController(_Controller):
 
 
 class _LPTargetController(_Controller):
-    """The seed's controllers: the LP target on the measured demand, then their own way of pushing it."""
+    """Baselines: the LP target on the measured demand, then their own way of pushing it."""
 
     def __init__(self, n_edges: int, n_origins: int, settings: FixedStepSettings | None = None,
                  initial: np.ndarray | None = None) -> None:
@@ -683,7 +681,7 @@ class _LPTargetController(_Controller):
 
 
 class FixedStepController(_LPTargetController):
-    """The seed's controller: same LP target, each origin's share moved ≤ ``step`` per interval."""
+    """The fixed-step baseline: same LP target, each origin's share moved ≤ ``step`` per interval."""
 
     name = "fixed-step"
 
@@ -704,7 +702,7 @@ class FixedStepController(_LPTargetController):
 
 
 class UndampedController(_LPTargetController):
-    """The seed's first version: push the LP target every interval (oscillates with elastic demand)."""
+    """Push the LP target every interval (oscillates with elastic demand)."""
 
     name = "undamped"
 

@@ -7,7 +7,7 @@ The plant (per time step ``dt_s``):
   (load/capacity - 1))``);
 - each edge's clients see the mean latency of their weights, ``L = Σ_o w_o (latency_o + service_o)``,
   and request at ``base_rps · (L_ref / L)^elasticity`` (``L_ref`` = the nearest origin unloaded;
-  elasticity 1 = closed-loop clients like the seed's curl loop, 0 = open loop), reached with a
+  elasticity 1 = closed-loop clients like a curl loop, 0 = open loop), reached with a
   first-order lag ``client_tau_s``; requests to an unhealthy origin fail;
 - every ``interval_s`` the controller gets each edge's mean request rate over the interval (with
   relative noise ``noise``), the capacities, latencies and health, and pushes new weights.
@@ -29,7 +29,22 @@ Metrics per controller and phase (a phase starts at t=0 and at each plant-changi
   listener's traffic (the edges' weights weighted by their request rates) / of per-interval
   origin load over capacity, over the phase's last ``steady_intervals`` intervals, counting only
   series that change direction there (a monotone approach is convergence, not oscillation);
-- ``overload_s``: seconds each origin spent above its capacity.
+- ``overload_s``: seconds each origin spent above its capacity;
+- ``overshoot_p95``, ``churn``: the 95th percentile of that excess, the traffic share moved per tick.
+
+In a phase whose demand exceeds all healthy capacity (a shortfall) the band is the common
+overload factor (total load / total capacity) × (1+tol), not capacity. Whole run: ``excess_p95``
+and ``churn`` outside the transients after a step (the first ``capacity_within_intervals`` of a
+phase long enough to be judged on its own), ``judged_overload_s`` (seconds × origins above the
+band after the first tick following a change: before it no controller can have reacted),
+``mean_latency_feasible_ms`` (outside shortfalls), requests served within capacity. The verdict
+for ``ours`` also compares with the fixed-step baseline as it is and with our headroom
+(``targets.overload_ratio``, ``targets.latency_ratio``), both run on the same plant and noise.
+
+Plant extras (optional scenario fields): ``demand_noise`` (true demand noise, redrawn every
+``demand_noise_period_s``, from its own random stream), ``health_detection_delay_s`` (the
+controller sees health that late), events with ``ramp_s`` (a demand change spread linearly) and
+``demand_scale`` per edge; the controller also gets the origins' mean response time per interval.
 """
 
 from __future__ import annotations

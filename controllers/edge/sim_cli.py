@@ -1,4 +1,5 @@
-"""opsloop sim: run a closed-loop edge-weight scenario for our controller and the seed's.
+"""opsloop sim: run a closed-loop edge-weight scenario for our controller and the
+fixed-step baseline.
 
 Prints a table per controller (time to capacity, overshoot, settle time, oscillation,
 overload-seconds per origin), or the full result with weight trajectories as JSON; ``--plot``
