@@ -242,8 +242,9 @@ def test_readme_scenario_example_is_valid_and_runs(tmp_path):
     path.write_text(block)
     scn = load_scenario(path)
     summaries, _ = run_scenario(scn)
-    assert set(summaries) == {"ours", "seed"}
-    assert len(summaries["ours"]["phases"]) == 6  # start + 5 plant-changing events
+    assert set(summaries) == {"ours", "fixed-step"}
+    assert len(summaries["ours"]["phases"]) == 7  # start + 6 plant-changing events
+    assert set(summaries["ours"]["baselines"]) == {"fixed-step", "fixed-step-headroom"}
 
 
 @st.composite
