@@ -450,17 +450,26 @@ class EdgeController(_Controller):
         rising = np.zeros(len(measured), dtype=bool)
         # the clients' own demand: what they sent, corrected for the latency our weights gave
         # them (elastic clients send less on a slower mix), so our moves do not read as noise
-        logs = np.log(np.maximum(hist, 1e-9)) + s.elasticity * np.log(
-            np.maximum(np.stack(self._latency_history), _EPS))
+        log_latency = np.log(np.maximum(np.stack(self._latency_history), _EPS))
+        logs = np.log(np.maximum(hist, 1e-9)) + s.elasticity * log_latency
         changes = np.diff(logs, axis=0)
+        # a big move (> 10 % latency) says more about the clients' elasticity than about their
+        # demand: such intervals are left out
+        changes[np.abs(np.diff(log_latency, axis=0)) > 0.1] = np.nan
         if s.anticipate_ramp and len(changes) >= 3:
             last3 = changes[-3:]
-            rising = (last3 > 0).all(axis=0) & (last3.mean(axis=0) > s.ramp_threshold)
+            with np.errstate(invalid="ignore"):
+                rising = (np.nan_to_num(last3) > 0).all(axis=0) \
+                    & (np.nan_to_num(last3).mean(axis=0) > s.ramp_threshold)
             estimate = estimate + np.where(rising, (hist[-1] - hist[-4]) / 3, 0.0)
         if len(changes) >= 5:
             second = np.diff(changes, axis=0)
-            mad = np.median(np.abs(second - np.median(second, axis=0)), axis=0)
-            sigma = 1.4826 * mad / math.sqrt(6.0)
+            valid = (~np.isnan(second)).sum(axis=0) >= 4
+            sigma = np.zeros(len(measured))
+            if valid.any():
+                part = second[:, valid]
+                mad = np.nanmedian(np.abs(part - np.nanmedian(part, axis=0)), axis=0)
+                sigma[valid] = 1.4826 * mad / math.sqrt(6.0)
             uplift = np.clip(self._z * sigma - s.headroom, 0.0, s.max_uplift)
             # noisy demand (the quantile needs more than the headroom): plan on the window's
             # mean level, so the weights do not chase every draw; a rise beyond 2σ of that level
@@ -478,7 +487,10 @@ class EdgeController(_Controller):
         """The LP target, re-planned on the demand the clients would send at it (a relieved
         origin's clients come back faster): a short fixed-point iteration."""
         s = self.settings
-        latency_now = self._latency_now(latency) if self.weights is not None else None
+        # the rebound is read from the origins' response times; without them there is nothing
+        # to predict it from (the relax step's worst-case prediction still guards the approach)
+        latency_now = self._latency_now(latency) \
+            if self.weights is not None and self._service_now is not None else None
         demand = estimate
         for _ in range(3):
             sol = solve(demand, capacity, latency, healthy, previous=self.weights,
@@ -634,9 +646,14 @@ class EdgeController(_Controller):
                 beta = 0.0
         proposal = after_shed + beta * relax
         if (beta > 0 or joint) and solution.status == "optimal":
-            # from the measurements, not from the last prediction: predictions must not compound
-            self._predicted_demand = self._predicted_demand_at(
-                proposal, measured_estimate, self._latency_now(latency), latency)
+            # from the measurements, not from the last prediction: predictions must not compound;
+            # a joint move may shift whole edges between far-apart origins, where the worst-case
+            # growth is no forecast: bounded there by the shed headroom
+            predicted = self._predicted_demand_at(proposal, measured_estimate,
+                                                  self._latency_now(latency), latency)
+            if joint:
+                predicted = np.minimum(predicted, measured_estimate * (1.0 + s.shed_headroom))
+            self._predicted_demand = predicted
 
         parts = []
         warm = over & ~hot
