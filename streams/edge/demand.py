@@ -6,7 +6,9 @@ on event time, counter resets skipped). Output, once per edge, backend and colle
 :class:`EdgeDemand` — demand = Σ server request rates of the backend (what the edge *offered* the
 origins, 503s included: an origin rejecting load above its capacity must not hide the demand), or
 the backend's own rate when it has no server rows — plus each server's rate and whether HAProxy
-considers it up (``DOWN``/``MAINT`` → down; ``DRAIN``, i.e. weight 0, is still up).
+considers it up (``DOWN``/``MAINT`` → down; ``DRAIN``, i.e. weight 0, is still up), and its mean
+response time (HAProxy's ``rtime``: ms over the last 1024 requests, network to the server included),
+which the controller reads to predict how fast relieved clients come back.
 
 The listener is the HAProxy backend name; the control service maps it to its topology's listeners.
 """
@@ -34,6 +36,8 @@ class OriginState(BaseModel):
     rps: float = Field(ge=0.0, allow_inf_nan=False)
     up: bool = True
     status: str = ""
+    # HAProxy ``rtime`` (ms, mean over its last 1024 requests); None when the stats had no value
+    rtime_ms: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
 
 
 class EdgeDemand(BaseModel):
@@ -90,6 +94,7 @@ class DemandAggregator:
         self._own_rates = rates is None
         self.rates = LbRates(ttl_s=ttl_s) if rates is None else rates
         self.status: dict[tuple[str, str, str], str] = {}   # (lb, backend, server) -> HAProxy status
+        self.rtime: dict[tuple[str, str, str], float] = {}  # (lb, backend, server) -> rtime ms
         self.outbox: list[EdgeDemand] = []
 
     def handle(self, metrics: Sequence[Metric], now: float) -> list[EdgeDemand]:
@@ -97,12 +102,18 @@ class DemandAggregator:
         for lb, kind, proxy, sv in self.rates.dropped:   # a server the rates forgot: its status goes too
             if kind == "server":
                 self.status.pop((lb, proxy, sv), None)
+                self.rtime.pop((lb, proxy, sv), None)
         for m in metrics:
             if m.name == "haproxy" and (m.tags.get("type") or "").lower() == "server":
+                key = (m.tags.get("host") or m.tags.get("server") or "unknown",
+                       m.tags.get("proxy", ""), m.tags.get("sv", ""))
                 status = m.fields.get("status")
                 if isinstance(status, str):
-                    lb = m.tags.get("host") or m.tags.get("server") or "unknown"
-                    self.status[(lb, m.tags.get("proxy", ""), m.tags.get("sv", ""))] = status
+                    self.status[key] = status
+                rtime = m.fields.get("rtime")
+                if isinstance(rtime, (int, float)) and not isinstance(rtime, bool) \
+                        and math.isfinite(rtime) and rtime >= 0:
+                    self.rtime[key] = float(rtime)
         touched = sorted({(r.lb, r.proxy) for r in fresh if r.kind in ("server", "backend")})
         out = [rec for lb, backend in touched if (rec := self._record(lb, backend)) is not None]
         self.outbox.extend(out)
@@ -111,7 +122,8 @@ class DemandAggregator:
     def _record(self, lb: str, backend: str) -> EdgeDemand | None:
         servers = self.rates.servers(lb, backend)
         origins = {sv: OriginState(rps=max(0.0, r.rate), status=self.status.get((lb, backend, sv), ""),
-                                   up=server_up(self.status.get((lb, backend, sv))))
+                                   up=server_up(self.status.get((lb, backend, sv))),
+                                   rtime_ms=self.rtime.get((lb, backend, sv)))
                    for sv, r in servers.items() if math.isfinite(r.rate)}
         if origins:
             demand = math.fsum(o.rps for o in origins.values())

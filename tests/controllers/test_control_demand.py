@@ -155,3 +155,22 @@ def test_a_silent_server_leaves_the_demand_after_the_ttl() -> None:
     assert set(rates.servers("e", "be")) == {"a"}
     (rec,) = agg.drain()[-1:]
     assert set(rec.origins) == {"a"} and rec.demand_rps == pytest.approx(10.0)
+
+
+def test_server_response_time_rides_along_and_bad_values_are_left_out() -> None:
+    """HAProxy's ``rtime`` (ms) is carried per server; a missing or negative one is None."""
+    def row(sv: str, count: int, ts: float, rtime: object):
+        fields = {"hrsp_2xx": count, "status": "UP"}
+        if rtime is not None:
+            fields["rtime"] = rtime
+        return metric("haproxy", fields, {"host": "e1", "proxy": "be", "sv": sv, "type": "server"}, ts)
+
+    agg = DemandAggregator()
+    agg.handle([row("a", 0, T0, 12), row("b", 0, T0, None), row("c", 0, T0, -3)], T0)
+    rec = agg.handle([row("a", 10, T0 + 1, 48), row("b", 10, T0 + 1, None), row("c", 10, T0 + 1, -3)],
+                     T0 + 1)[0]
+    assert rec.origins["a"].rtime_ms == 48.0
+    assert rec.origins["b"].rtime_ms is None and rec.origins["c"].rtime_ms is None
+    assert EdgeDemand.decode(rec.encode()) == rec
+    with pytest.raises(ValueError, match="rtime_ms"):
+        EdgeDemand.decode(rec.encode().replace(b'"rtime_ms":48.0', b'"rtime_ms":-1'))

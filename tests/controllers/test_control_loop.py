@@ -174,3 +174,40 @@ def test_never_an_all_zero_edge_and_nothing_on_a_down_origin(steps) -> None:
             assert w[0] == 0.0
         if near_up and far_pinned_down:
             assert w[1] == 0.0
+
+
+def test_origin_response_time_reaches_the_controller_without_the_network_part() -> None:
+    """``rtime`` per server (network included) → the origin's response time the controller predicts
+    the clients' rebound from: request-weighted over edges, less the topology's path latency; an
+    origin nobody reports keeps its last value."""
+    h = Harness("rtime", edges=("e1", "e2"))
+    backend = "be_rtime"
+
+    def report(edge: str, near: tuple[float, float | None], far: tuple[float, float | None]) -> None:
+        h.book.update(EdgeDemand(edge=edge, backend=backend, demand_rps=near[0] + far[0],
+                                 origins={"near": OriginState(rps=near[0], rtime_ms=near[1]),
+                                          "far": OriginState(rps=far[0], rtime_ms=far[1])},
+                                 timestamp=h.clock.t))
+
+    # near: 2 ms away, 30 req/s answered in 12 ms + 10 req/s in 42 ms → (30·10 + 10·40)/40 = 17.5
+    report("e1", (30.0, 12.0), (10.0, 40.0))
+    report("e2", (10.0, 42.0), (10.0, None))
+    state = h.loop.listeners["rtime"]
+    obs, status = h.loop.observe(state, h.clock.t)
+    assert obs is not None and obs.origin_latency_ms is not None
+    assert obs.origin_latency_ms.tolist() == pytest.approx([17.5, 10.0])
+    assert status["origin_response_ms"] == {"near": pytest.approx(17.5), "far": pytest.approx(10.0)}
+    h.step()
+    assert state.controller._service_now.tolist() == pytest.approx([17.5, 10.0])
+    # far no longer reported: its last value stays; near from the new records
+    report("e1", (40.0, 5.0), (0.0, None))
+    report("e2", (40.0, 7.0), (0.0, None))
+    obs, _ = h.loop.observe(state, h.clock.t)
+    assert obs.origin_latency_ms.tolist() == pytest.approx([4.0, 10.0])
+
+
+def test_without_response_times_the_observation_has_none() -> None:
+    h = Harness("nortime")
+    h.demand("e1", 50.0)
+    obs, status = h.loop.observe(h.loop.listeners["nortime"], h.clock.t)
+    assert obs is not None and obs.origin_latency_ms is None and "origin_response_ms" not in status

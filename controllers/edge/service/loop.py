@@ -16,6 +16,12 @@ Origin health = the file's ``healthy`` AND no edge with fresh telemetry sees the
 balancer's DOWN (traffic sent to a server the LB marks DOWN goes nowhere) unless pinned with
 ``force``.
 
+Origin response time (what the controller predicts the clients' rebound from) = per origin, the
+request-weighted mean over the fresh records of HAProxy's ``rtime`` less the edge→origin network
+latency of the topology (the controller adds that itself); an origin no edge reports keeps its last
+value, one never reported is taken as answering like the fastest reported (unloaded); with no
+``rtime`` at all the controller plans without a rebound estimate.
+
 Every record carries this instance's ``epoch`` (its start time in ms, above every epoch recovered
 from ``edge.weights``): actuators order decisions by ``(epoch, version)``, so a restart that lost
 the version sequence still moves the edge, and an older instance still running is refused.
@@ -38,6 +44,7 @@ from controllers.edge.service.inputs import DemandBook
 from controllers.edge.service.store import TopologyStore
 from opsloop.findings import Finding
 from opsloop.log import get_logger
+from streams.edge.demand import EdgeDemand
 
 log = get_logger("controller.edge")
 
@@ -55,6 +62,30 @@ class ListenerState:
     last_status: dict[str, Any] = field(default_factory=dict)
     open_findings: set[str] = field(default_factory=set)
     ticks: int = 0
+    response_ms: dict[str, float] = field(default_factory=dict)  # last origin response time seen
+
+
+def origin_response_ms(records: list[tuple[int, EdgeDemand]], origins: list[str],
+                       latency: np.ndarray, last: dict[str, float]) -> np.ndarray | None:
+    """Per origin: the request-weighted mean of ``rtime − network latency`` over ``records``
+    ((edge index, record) pairs, fresh only); updates ``last`` in place (module docstring)."""
+    total = dict.fromkeys(origins, 0.0)
+    weight = dict.fromkeys(origins, 0.0)
+    for i, rec in records:
+        for j, origin in enumerate(origins):
+            state = rec.origins.get(origin)
+            if state is None or state.rtime_ms is None or not np.isfinite(latency[i, j]):
+                continue
+            w = max(state.rps, 1e-6)  # an idle server's rtime still tells its unloaded speed
+            total[origin] += w * max(0.0, state.rtime_ms - float(latency[i, j]))
+            weight[origin] += w
+    for origin in origins:
+        if weight[origin] > 0:
+            last[origin] = total[origin] / weight[origin]
+    if not last:
+        return None
+    fastest = min(last.values())
+    return np.array([last.get(o, fastest) for o in origins], dtype=float)
 
 
 class ControlLoop:
@@ -103,6 +134,7 @@ class ControlLoop:
         seen = 0
         down: set[str] = set()
         load: dict[str, float] = {o: 0.0 for o in state.origins}
+        fresh: list[tuple[int, EdgeDemand]] = []
         for i, edge in enumerate(spec.edges):
             rec = self.book.get(spec.backend_name, edge.lb_name)
             if rec is None:
@@ -112,6 +144,8 @@ class ControlLoop:
             age = max(0.0, now - rec.timestamp)
             ages.append(age)
             demand[i] = rec.demand_rps
+            if age <= stale_after:
+                fresh.append((i, rec))
             M.DEMAND.labels(state.name, edge.name).set(rec.demand_rps)
             for origin, o in rec.origins.items():
                 if origin in load:
@@ -135,8 +169,11 @@ class ControlLoop:
             M.HEALTHY.labels(state.name, o).set(1.0 if healthy[j] else 0.0)
         if seen < len(state.edges) and age <= stale_after:
             return None, status   # not every edge heard from yet: do not plan on zero demand
+        response = origin_response_ms(fresh, state.origins, latency, state.response_ms)
+        if response is not None:
+            status["origin_response_ms"] = dict(zip(state.origins, response.round(3).tolist()))
         return Observation(now=now, demand=demand, capacity=capacity, latency=latency, healthy=healthy,
-                           inputs_age_s=age), status
+                           inputs_age_s=age, origin_latency_ms=response), status
 
     def tick(self) -> dict[str, Decision | None]:
         """Run one interval for every listener; a failing listener does not stop the others."""
