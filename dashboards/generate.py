@@ -223,8 +223,10 @@ def power() -> Dashboard:
             Panel("Power cost per year", "Yearly power cost at the current draw, summed per generation.",
                   [Query(f"sum by (generation) (opsloop_power_eur_per_year{{{sel}}})", "{{generation}}")],
                   unit="currencyEUR"),
-            Panel("Energy per year", "Yearly energy at the current draw, summed per generation.",
-                  [Query(f"sum by (generation) (opsloop_power_kwh_per_year{{{sel}}})", "{{generation}}")],
+            Panel("Energy per year", "Yearly energy at the current draw, summed per generation (exported in "
+                  "joules, shown in kWh as prices and bills are per kWh: 1 kWh = 3.6 MJ).",
+                  [Query(f"sum by (generation) (opsloop_power_energy_per_year_joules{{{sel}}}) / 3.6e6",
+                         "{{generation}}")],
                   unit="kwatth"),
             Panel("BMC read errors", "Errors of the IPMI collector per second by kind (timeout, auth, "
                   "unreachable, parse ...). A dead BMC shows here, not as a zero reading.",
@@ -241,14 +243,14 @@ def netperf() -> Dashboard:
         "opsloop-netperf", "Network throughput vs baselines",
         "netperf TCP_STREAM throughput per target set, label and queue count against its baseline (reference "
         "runs: 8.4 Gb/s with 8 queues on the good kernel, ~3.5 Gb/s on the bad one).",
-        [Variable("target_set", "Target set", "label_values(opsloop_netperf_throughput_gbps, target_set)"),
-         Variable("label", "Label", 'label_values(opsloop_netperf_throughput_gbps{target_set=~"$target_set"}, label)')],
+        [Variable("target_set", "Target set", "label_values(opsloop_netperf_throughput_bits_per_second, target_set)"),
+         Variable("label", "Label", 'label_values(opsloop_netperf_throughput_bits_per_second{target_set=~"$target_set"}, label)')],
         [
             Panel("Throughput vs baseline", "Last result of each series (solid) and its baseline: a drop of more "
                   "than the configured ratio opens a netperf finding.",
-                  [Query(f"opsloop_netperf_throughput_gbps{{{sel}}}", "{{target_set}} {{label}} q={{queues}}"),
-                   Query(f"opsloop_netperf_baseline_gbps{{{sel}}}", "baseline {{target_set}} {{label}} q={{queues}}")],
-                  unit="Gbits", width=FULL_WIDTH),
+                  [Query(f"opsloop_netperf_throughput_bits_per_second{{{sel}}}", "{{target_set}} {{label}} q={{queues}}"),
+                   Query(f"opsloop_netperf_baseline_bits_per_second{{{sel}}}", "baseline {{target_set}} {{label}} q={{queues}}")],
+                  unit="bps", width=FULL_WIDTH),
             Panel("Throughput / baseline", "Last result divided by the baseline; below 0.8 is a regression.",
                   [Query(f"opsloop_netperf_throughput_ratio{{{sel}}}", "{{target_set}} {{label}} q={{queues}}")],
                   unit="percentunit", thresholds=[(0.0, "red"), (0.8, "green")]),
@@ -258,8 +260,8 @@ def netperf() -> Dashboard:
                          "{{target_set}} {{label}} {{queues_low}}->{{queues_high}}")], unit="none", decimals=2,
                   thresholds=[(0.0, "red"), (1.5, "green")]),
             Panel("Throughput by queue count", "Latest throughput per queue count across the selected series.",
-                  [Query(f"max by (queues) (opsloop_netperf_throughput_gbps{{{sel}}})", "{{queues}} queues")],
-                  unit="Gbits", kind="bargauge"),
+                  [Query(f"max by (queues) (opsloop_netperf_throughput_bits_per_second{{{sel}}})", "{{queues}} queues")],
+                  unit="bps", kind="bargauge"),
             Panel("netperf run errors", "Errors of the netperf collector per second by kind (no netserver, "
                   "timeout, parse).",
                   [Query(f'sum by (kind) (rate(opsloop_collector_errors_total{{collector="netperf"}}[{RATE}]))',
@@ -279,12 +281,12 @@ def keystone() -> Dashboard:
         [
             Panel("p95 latency of small requests", "p95 of requests below 64 KiB in and out, per collection round "
                   "and over the detector's last closed window (measured: ~750 ms uncached, ~100 ms cached).",
-                  [Query(f"opsloop_keystone_small_request_p95_ms{{{sel}}}", "{{host}} round"),
-                   Query(f"opsloop_keystone_small_request_p95_window_ms{{{sel}}}", "{{host}} window")],
-                  unit="ms", thresholds=[(500.0, "red")]),
+                  [Query(f"opsloop_keystone_small_request_p95_seconds{{{sel}}}", "{{host}} round"),
+                   Query(f"opsloop_keystone_small_request_p95_window_seconds{{{sel}}}", "{{host}} window")],
+                  unit="s", thresholds=[(0.5, "red")]),
             Panel("Latency regime", "Typical latency of the current regime per source (access log, probe): a jump "
                   "from ~10 ms to ~600 ms means token caching is off.",
-                  [Query(f"opsloop_keystone_latency_regime_ms{{{sel}}}", "{{host}} {{source}}")], unit="ms"),
+                  [Query(f"opsloop_keystone_latency_regime_seconds{{{sel}}}", "{{host}} {{source}}")], unit="s"),
             Panel("Validations in the sliding window", "Token validations (auth/tokens, s3tokens, ec2tokens) "
                   "counted in the heavy-hitter window.",
                   [Query(f"opsloop_keystone_window_validations{{{sel}}}", "{{host}}")], unit="short"),
@@ -346,29 +348,29 @@ def edge() -> Dashboard:
         "opsloop-edge", "Edge weights vs demand vs capacity",
         "Per edge (load balancer) and origin: demand, the share sent to each origin, the weights in force and "
         "the origins' capacity. Orange marks: weight changes from the audit trail (Elasticsearch).",
-        [Variable("lb", "Edge (load balancer)", "label_values(opsloop_lb_server_request_rate, lb)"),
-         Variable("origin", "Origin", 'label_values(opsloop_lb_server_request_rate{lb=~"$lb"}, server)'),
+        [Variable("lb", "Edge (load balancer)", "label_values(opsloop_lb_server_requests_per_second, lb)"),
+         Variable("origin", "Origin", 'label_values(opsloop_lb_server_requests_per_second{lb=~"$lb"}, server)'),
          Variable("listener", "Listener", "label_values(opsloop_edge_fail_static, listener)")],
         [
             Panel("Demand per edge", "Requests per second through each edge's backend (the demand the controller "
                   "distributes).",
-                  [Query('sum by (lb) (opsloop_lb_backend_request_rate{lb=~"$lb"})', "{{lb}}")], unit="reqps",
+                  [Query('sum by (lb) (opsloop_lb_backend_requests_per_second{lb=~"$lb"})', "{{lb}}")], unit="reqps",
                   e2e_lb=True),
             Panel("Request rate per origin server", "Requests per second each edge sends to each origin.",
-                  [Query(f"sum by (lb, server) (opsloop_lb_server_request_rate{{{lb}}})", "{{lb}} -> {{server}}")],
+                  [Query(f"sum by (lb, server) (opsloop_lb_server_requests_per_second{{{lb}}})", "{{lb}} -> {{server}}")],
                   unit="reqps", e2e_lb=True),
             Panel("Share of each edge's traffic per origin", "Measured split of each edge's requests across origins "
                   "(what the weights achieve).",
-                  [Query(f"sum by (lb, server) (opsloop_lb_server_request_rate{{{lb}}}) / on (lb) group_left "
-                         'sum by (lb) (opsloop_lb_server_request_rate{lb=~"$lb"})', "{{lb}} -> {{server}}")],
+                  [Query(f"sum by (lb, server) (opsloop_lb_server_requests_per_second{{{lb}}}) / on (lb) group_left "
+                         'sum by (lb) (opsloop_lb_server_requests_per_second{lb=~"$lb"})', "{{lb}} -> {{server}}")],
                   unit="percentunit", max=1.0, e2e_lb=True),
             Panel("Load-balancer weights", "Effective weight of each origin server as the load balancer reports it "
                   "(HAProxy 0-256).",
                   [Query(f"opsloop_lb_server_weight{{{lb}}}", "{{lb}} -> {{server}}")], unit="short", e2e_lb=True),
             Panel("Load per origin vs capacity", "Requests per second reaching each origin from all edges, against "
                   "the capacity the controller plans with.",
-                  [Query('opsloop:origin_request_rate:sum{origin=~"$origin"}', "{{origin}} load"),
-                   Query('max by (origin) (opsloop_edge_origin_capacity_rps{origin=~"$origin"})', "{{origin}} capacity")],
+                  [Query('opsloop:origin_requests_per_second:sum{origin=~"$origin"}', "{{origin}} load"),
+                   Query('max by (origin) (opsloop_edge_origin_capacity_requests_per_second{origin=~"$origin"})', "{{origin}} capacity")],
                   unit="reqps"),
             Panel("Utilisation per origin", "Load over capacity; above 105 % for 2 minutes pages (the controller "
                   "should have shed within 3 intervals).",
@@ -393,8 +395,8 @@ def control_loop_panels() -> list[Panel]:
     """The loop that changes production: what the controller decided, what the actuator applied, what the
     load balancer shows, and why (mode, stale inputs, shed demand, refusals)."""
     sel = 'listener=~"$listener", edge=~"$lb"'
-    rates = 'opsloop_lb_server_request_rate{lb=~"$lb", server=~"$origin"}'
-    edge_total = 'sum by (edge) (label_replace(opsloop_lb_server_request_rate{lb=~"$lb"}, "edge", "$1", "lb", "(.*)"))'
+    rates = 'opsloop_lb_server_requests_per_second{lb=~"$lb", server=~"$origin"}'
+    edge_total = 'sum by (edge) (label_replace(opsloop_lb_server_requests_per_second{lb=~"$lb"}, "edge", "$1", "lb", "(.*)"))'
     observed = f"sum by (edge, origin) ({_as_edge_origin(rates)}) / on (edge) group_left {edge_total}"
     return [
         Panel("Share per origin: decided vs applied vs observed",
@@ -412,12 +414,12 @@ def control_loop_panels() -> list[Panel]:
         Panel("Demand vs capacity per origin (controller's view)",
               "Per listener: the request rate each origin receives, its policy capacity, and the listener's total "
               "demand against the capacity of its healthy origins. Demand above healthy capacity is shed fairly.",
-              [Query('opsloop_edge_origin_load_rps{listener=~"$listener", origin=~"$origin"}',
+              [Query('opsloop_edge_origin_load_requests_per_second{listener=~"$listener", origin=~"$origin"}',
                      "{{listener}} {{origin}} load"),
-               Query('opsloop_edge_origin_capacity_rps{listener=~"$listener", origin=~"$origin"}',
+               Query('opsloop_edge_origin_capacity_requests_per_second{listener=~"$listener", origin=~"$origin"}',
                      "{{listener}} {{origin}} capacity"),
-               Query('sum by (listener) (opsloop_edge_demand_rps{listener=~"$listener"})', "{{listener}} demand"),
-               Query('sum by (listener) (opsloop_edge_origin_capacity_rps{listener=~"$listener"} '
+               Query('sum by (listener) (opsloop_edge_demand_requests_per_second{listener=~"$listener"})', "{{listener}} demand"),
+               Query('sum by (listener) (opsloop_edge_origin_capacity_requests_per_second{listener=~"$listener"} '
                      '* on (listener, origin) opsloop_edge_origin_healthy{listener=~"$listener"})',
                      "{{listener}} healthy capacity")],
               unit="reqps", e2e_loop=True),
@@ -429,7 +431,7 @@ def control_loop_panels() -> list[Panel]:
               "the controller's stale_after_s) and the demand above healthy capacity (shed when above 0). The reason "
               "text of each decision is in the orange audit annotations and the open edge findings below.",
               [Query('opsloop_edge_inputs_age_seconds{listener=~"$listener"}', "{{listener}} inputs age (s)"),
-               Query('opsloop_edge_shed_rps{listener=~"$listener"}', "{{listener}} shed (req/s)")],
+               Query('opsloop_edge_shed_requests_per_second{listener=~"$listener"}', "{{listener}} shed (req/s)")],
               unit="short", e2e_loop=True),
         Panel("Controller solve time", "Time to decide and publish one interval (median and p95 over all "
               "listeners), and intervals per second by outcome.",
@@ -503,9 +505,10 @@ def pipeline() -> Dashboard:
                          f"(rate(opsloop_collector_round_seconds_bucket{{{col}}}[{RATE}])))", "{{collector}}")],
                   unit="s", e2e_lb=True),
             Panel("Spool backlog", "Records waiting in the collectors' on-disk spool (Kafka unreachable) and records "
-                  "dropped because the spool was full.",
+                  "dropped because the spool was full (increase of the counter over the rate interval).",
                   [Query(f"sum by (collector) (opsloop_spool_records{{{col}}})", "{{collector}} spooled"),
-                   Query(f"sum by (collector) (opsloop_spool_dropped_records{{{col}}})", "{{collector}} dropped")],
+                   Query(f"sum by (collector) (increase(opsloop_spool_dropped_records_total{{{col}}}[{RATE}]))",
+                         "{{collector}} dropped")],
                   unit="short", e2e_lb=True),
             Panel("Records consumed per topic", "Kafka records per second the stream worker consumed.",
                   [Query(f"sum by (topic) (rate(opsloop_stream_records_total{{{top}}}[{RATE}]))", "{{topic}}")],

@@ -58,6 +58,17 @@ class KafkaSettings(_Section):
     partitions: int = Field(default=4, ge=1, le=1024)  # for topics opsloop creates itself
     replication_factor: int = Field(default=1, ge=1, le=5)
     security: KafkaSecurity = Field(default_factory=KafkaSecurity)   # TLS / SASL: opsloop/kafka_security.py
+    # Prepended to every topic, consumer group and the Faust app id (so its changelog topics too):
+    # two deployments ("staging.", "prod.") share one cluster without seeing each other's records.
+    topic_prefix: str = Field(default="", max_length=100, pattern=r"^[A-Za-z0-9._-]*$")
+
+    def topic(self, name: str) -> str:
+        """The topic as named on the cluster (``name`` is the base name: ``findings``, a Topic)."""
+        return f"{self.topic_prefix}{name}"
+
+    def group(self, group_id: str) -> str:
+        """A consumer group id (or Faust app id) as named on the cluster."""
+        return f"{self.topic_prefix}{group_id}"
 
 
 class StackSettings(_Section):

@@ -277,7 +277,7 @@ def _run(a: argparse.Namespace, settings: Settings, config_path: Path, ports: La
     s = settings
     print(f"""
 opsloop is running.
-  Prometheus     {stack.prometheus_url}/graph?g0.expr=opsloop_lb_server_request_rate
+  Prometheus     {stack.prometheus_url}/graph?g0.expr=opsloop_lb_server_requests_per_second
   Alertmanager   {stack.alertmanager_url}
   Kafka          {stack.kafka_bootstrap}   (topics telemetry.*, findings, edge.weights, telemetry.deadletter)
   lab edge       http://127.0.0.1:{ports.frontend}/  (HAProxy; origins near :{ports.near}, far :{ports.far})

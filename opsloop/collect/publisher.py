@@ -33,8 +33,8 @@ SEND_FAILURES = Counter("opsloop_collector_send_failures_total", "Send attempts 
                         ["collector"])
 SPOOLED = Gauge("opsloop_spool_records", "Records waiting in the on-disk spool", ["collector"])
 SPOOL_BYTES = Gauge("opsloop_spool_bytes", "Bytes in the on-disk spool", ["collector"])
-SPOOL_DROPPED = Gauge("opsloop_spool_dropped_records", "Records dropped because the spool was full",
-                      ["collector"])
+SPOOL_DROPPED = Counter("opsloop_spool_dropped_records_total", "Records dropped because the spool was full",
+                        ["collector"])
 SPOOL_QUARANTINED = Counter("opsloop_spool_quarantined_lines_total",
                             "Spool lines that did not decode, moved to the spool's quarantine directory",
                             ["collector"])
@@ -64,6 +64,8 @@ class Publisher:
         self.send_timeout_s = send_timeout_s
         self.spool = Spool(spool_dir, spool_max_bytes)
         self._quarantined_seen = 0
+        self._dropped_seen = 0
+        SPOOL_DROPPED.labels(collector)   # the series exists at 0 before the first drop
         self._producer: KafkaProducer | None = None
         # After a failed send, wait before the next attempt (doubling, capped) so that a dead broker
         # costs the collection loop one timeout per back-off period, not one per round.
@@ -202,7 +204,10 @@ class Publisher:
     def _update_gauges(self) -> None:
         SPOOLED.labels(self.collector).set(self.spool.count_records())
         SPOOL_BYTES.labels(self.collector).set(self.spool.size_bytes())
-        SPOOL_DROPPED.labels(self.collector).set(self.spool.dropped_records)
+        dropped = self.spool.dropped_records - self._dropped_seen
+        if dropped > 0:   # a counter: only the drops since the last update are added
+            SPOOL_DROPPED.labels(self.collector).inc(dropped)
+            self._dropped_seen = self.spool.dropped_records
         new = self.spool.quarantined_lines - self._quarantined_seen
         if new > 0:
             SPOOL_QUARANTINED.labels(self.collector).inc(new)

@@ -9,9 +9,9 @@ what ``collectors/keystone`` publishes per round:
 * ``s3_frontend_credential{host, access_key}`` keystone_validations -> ``HeavyHitterDetector``;
 * ``s3_frontend_requests{host}`` small_requests/small_p50_ms/small_p95_ms -> ``SmallRequestP95Detector``.
 
-Gauges: ``opsloop_keystone_small_request_p95_ms{host}`` (the last round, as measured),
-``opsloop_keystone_small_request_p95_window_ms{host}`` (the detector's last closed window),
-``opsloop_keystone_latency_regime_ms{host, source}`` (the current regime's typical latency),
+Gauges: ``opsloop_keystone_small_request_p95_seconds{host}`` (the last round, as measured),
+``opsloop_keystone_small_request_p95_window_seconds{host}`` (the detector's last closed window),
+``opsloop_keystone_latency_regime_seconds{host, source}`` (the current regime's typical latency),
 ``opsloop_keystone_credential_share{host, credential}`` (top credentials' share of validations over
 the sliding window; access key *ids*, never secrets) and ``opsloop_keystone_window_validations{host}``.
 """
@@ -31,11 +31,11 @@ from streams.detectors.findingbook import FindingBook
 from streams.detectors.keystone import (OTHER_CREDENTIALS, HeavyHitterDetector, LatencyRegimeDetector,
                                         SmallRequestP95Detector, probe_latency)
 
-P95_ROUND = Gauge("opsloop_keystone_small_request_p95_ms", "p95 latency of small requests in the last round (ms)",
+P95_ROUND = Gauge("opsloop_keystone_small_request_p95_seconds", "p95 latency of small requests in the last round",
                   ["host"])
-P95_WINDOW = Gauge("opsloop_keystone_small_request_p95_window_ms",
-                   "p95 latency of small requests over the detector's last closed window (ms)", ["host"])
-REGIME = Gauge("opsloop_keystone_latency_regime_ms", "Typical latency of the current regime (ms)",
+P95_WINDOW = Gauge("opsloop_keystone_small_request_p95_window_seconds",
+                   "p95 latency of small requests over the detector's last closed window", ["host"])
+REGIME = Gauge("opsloop_keystone_latency_regime_seconds", "Typical latency of the current regime",
                ["host", "source"])
 SHARE = Gauge("opsloop_keystone_credential_share", "Share of Keystone validations over the sliding window",
               ["host", "credential"])
@@ -44,6 +44,7 @@ WINDOW_TOTAL = Gauge("opsloop_keystone_window_validations", "Keystone validation
 VALIDATION_ENDPOINTS = ("/v3/auth/tokens", "/v3/s3tokens", "/v3/ec2tokens")
 MIN_LATENCY_MS = 0.1   # a 0 ms round (sub-millisecond log resolution) is fast, not missing
 SHOWN_CREDENTIALS = 5
+S_PER_MS = 1e-3   # the wire carries milliseconds (collector fields *_ms); Prometheus gets seconds
 
 
 @dataclass(slots=True)
@@ -129,7 +130,7 @@ class KeystoneHandler(DetectorHandler):
             det.book.refresh_s = self.refresh_s
         det.update(ts, max(MIN_LATENCY_MS, latency), {"host": host, "source": source})
         if det.n >= det.warmup:
-            REGIME.labels(host, source).set(10 ** det.level)
+            REGIME.labels(host, source).set(10 ** det.level * S_PER_MS)
 
     def _credential(self, host: str, st: HostState, m: Metric) -> None:
         key = m.tags.get("access_key", "")
@@ -144,12 +145,12 @@ class KeystoneHandler(DetectorHandler):
         count = number(m.fields, "small_requests") or 0.0
         p50, p95 = number(m.fields, "small_p50_ms"), number(m.fields, "small_p95_ms")
         if count > 0 and p50 is not None and p95 is not None:
-            P95_ROUND.labels(host).set(p95)
+            P95_ROUND.labels(host).set(p95 * S_PER_MS)
             st.p95.update_summary(m.timestamp, int(count), p50, p95, number(m.fields, "max_ms"), {"host": host})
         else:
             st.p95.update_summary(m.timestamp, 0, 0.0, 0.0, None, {"host": host})
         if st.p95.series:
-            P95_WINDOW.labels(host).set(st.p95.series[-1][1])
+            P95_WINDOW.labels(host).set(st.p95.series[-1][1] * S_PER_MS)
 
     def _show_shares(self, host: str, st: HostState) -> None:
         total, ranked = st.heavy.window.shares()
@@ -196,7 +197,7 @@ class KeystoneHandler(DetectorHandler):
         for host, st in self.hosts.items():
             for source, det in st.regimes.items():
                 if det.n >= det.warmup:
-                    REGIME.labels(host, source).set(10 ** det.level)
+                    REGIME.labels(host, source).set(10 ** det.level * S_PER_MS)
             if st.p95.series:
-                P95_WINDOW.labels(host).set(st.p95.series[-1][1])
+                P95_WINDOW.labels(host).set(st.p95.series[-1][1] * S_PER_MS)
             self._show_shares(host, st)

@@ -6,7 +6,7 @@ collector's metadata tags (``generation``, ``raw_capacity_tb``) with the configu
 (``replica:3``, 70 % fill: the seed's assumptions). State key: the host.
 
 Gauges, per host (labels host, generation), so the seed's table is a Grafana panel:
-``opsloop_power_watts`` (smoothed draw), ``opsloop_power_kwh_per_year``, ``opsloop_power_eur_per_year``,
+``opsloop_power_watts`` (smoothed draw), ``opsloop_power_energy_per_year_joules``, ``opsloop_power_eur_per_year``,
 ``opsloop_power_eur_per_usable_tb_year{..., protection}``; per generation
 ``opsloop_power_generation_median_watts``.
 """
@@ -26,8 +26,9 @@ from streams.detectors.findingbook import FindingBook
 from streams.detectors.power import POWER_METRICS, PowerDetector, ServerSpec, power_reading, spec_from_tags
 
 HOST = ["host", "generation"]
+JOULES_PER_KWH = 3.6e6   # the detector reasons in kWh (prices are per kWh); Prometheus gets joules
 WATTS = Gauge("opsloop_power_watts", "Smoothed power draw of the server (W)", HOST)
-KWH = Gauge("opsloop_power_kwh_per_year", "Energy per year at the current draw (kWh)", HOST)
+ENERGY = Gauge("opsloop_power_energy_per_year_joules", "Energy one year at the current draw takes", HOST)
 EUR = Gauge("opsloop_power_eur_per_year", "Power cost per year at the current draw (EUR)", HOST)
 EUR_TB = Gauge("opsloop_power_eur_per_usable_tb_year", "Power cost per usable TB and year (EUR)",
                HOST + ["protection"])
@@ -115,7 +116,7 @@ class PowerHandler(DetectorHandler):
 
     @staticmethod
     def _hide_hosts(hosts: set[str]) -> None:
-        for gauge in (WATTS, KWH, EUR, EUR_TB):
+        for gauge in (WATTS, ENERGY, EUR, EUR_TB):
             drop_children(gauge, "host", hosts)
 
     def _show_host(self, host: str) -> None:
@@ -129,7 +130,7 @@ class PowerHandler(DetectorHandler):
         if spec is None:
             return
         row = det.cost_row(spec, w)
-        KWH.labels(host, generation).set(row["kwh_per_year"])
+        ENERGY.labels(host, generation).set(row["kwh_per_year"] * JOULES_PER_KWH)
         EUR.labels(host, generation).set(row["eur_per_year"])
         EUR_TB.labels(host, generation, spec.protection).set(row["eur_per_usable_tb_year"])
 

@@ -29,10 +29,10 @@ HRSP_FIELDS = ("hrsp_1xx", "hrsp_2xx", "hrsp_3xx", "hrsp_4xx", "hrsp_5xx", "hrsp
 # Stock Telegraf inputs.haproxy renames hrsp_* to http_response.*.
 TELEGRAF_HRSP_FIELDS = tuple(f"http_response.{c}" for c in ("1xx", "2xx", "3xx", "4xx", "5xx", "other"))
 
-SERVER_RATE = Gauge("opsloop_lb_server_request_rate", "Requests per second to one origin server",
+SERVER_RATE = Gauge("opsloop_lb_server_requests_per_second", "Requests per second to one origin server",
                     ["lb", "backend", "server"])
-BACKEND_RATE = Gauge("opsloop_lb_backend_request_rate", "Requests per second through one backend", ["lb", "backend"])
-FRONTEND_RATE = Gauge("opsloop_lb_frontend_request_rate", "Requests per second into one frontend (listener)",
+BACKEND_RATE = Gauge("opsloop_lb_backend_requests_per_second", "Requests per second through one backend", ["lb", "backend"])
+FRONTEND_RATE = Gauge("opsloop_lb_frontend_requests_per_second", "Requests per second into one frontend (listener)",
                       ["lb", "frontend"])
 SERVER_WEIGHT = Gauge("opsloop_lb_server_weight", "Current effective weight of a server", ["lb", "backend", "server"])
 SERVER_UP = Gauge("opsloop_lb_server_up", "1 when the load balancer considers the server UP", ["lb", "backend", "server"])

@@ -3,7 +3,7 @@
 known HTTP traffic → real HAProxy (lab edge) → real Telegraf (inputs.haproxy on the admin socket,
 sample config, outputs.kafka) → real Kafka → our Faust stream worker (lb-rates) → /metrics → real
 Prometheus; our own haproxy collector reads the same HAProxy under another LB name, and both must
-yield the same opsloop_lb_server_request_rate{lb,backend,server} series with the same rates.
+yield the same opsloop_lb_server_requests_per_second{lb,backend,server} series with the same rates.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _rates(prom: str, metric: str, lb: str) -> dict[tuple[str, ...], float]:
 
 def _settled(prom: str, lb: str) -> bool:
     # 12 s of samples in range: the 10 s average covers steady traffic only.
-    n = prom_query(prom, f'count_over_time(opsloop_lb_server_request_rate{{lb="{lb}"}}[12s])')
+    n = prom_query(prom, f'count_over_time(opsloop_lb_server_requests_per_second{{lb="{lb}"}}[12s])')
     return len(n) == 2 and all(float(r["value"][1]) >= 8 for r in n)
 
 
@@ -54,14 +54,14 @@ def test_telegraf_haproxy_records_become_the_same_request_rates(stack, lab_edge,
         prom = stack.prometheus_url
         wait_until(lambda: _settled(prom, tg_lb) and _settled(prom, own_lb), timeout=120, interval=1,
                    what=f"two servers' rates from Telegraf ({telegraf.logfile}) and our collector")
-        tg = _rates(prom, "opsloop_lb_server_request_rate", tg_lb)
-        own = _rates(prom, "opsloop_lb_server_request_rate", own_lb)
+        tg = _rates(prom, "opsloop_lb_server_requests_per_second", tg_lb)
+        own = _rates(prom, "opsloop_lb_server_requests_per_second", own_lb)
         # Same series: {backend, server} label sets identical, only `lb` differs.
         assert set(tg) == set(own) == {(("backend", "be_web"), ("server", s)) for s in ("near", "far")}
         for series, rate in tg.items():
             assert rate == pytest.approx(RATE / 2, rel=TOLERANCE), (series, tg)
             assert rate == pytest.approx(own[series], rel=TOLERANCE), (series, tg, own)
-        tg_backend = _rates(prom, "opsloop_lb_backend_request_rate", tg_lb)
+        tg_backend = _rates(prom, "opsloop_lb_backend_requests_per_second", tg_lb)
         assert list(tg_backend) == [(("backend", "be_web"),)]
         assert next(iter(tg_backend.values())) == pytest.approx(RATE, rel=TOLERANCE)
         # Weight and state come through Telegraf's string/number fields as well.

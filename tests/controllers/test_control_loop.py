@@ -75,8 +75,8 @@ def test_waits_for_demand_then_keeps_the_near_origin_within_capacity() -> None:
     recs, _ = h.published[-1]
     assert [r.edge for r in recs] == ["e1"] and abs(sum(recs[0].weights.values()) - 1) < 1e-9
     assert h.gauge("opsloop_edge_weight", listener="wait", edge="e1", origin="near") == pytest.approx(near[-1])
-    assert h.gauge("opsloop_edge_demand_rps", listener="wait", edge="e1") == 80.0
-    assert h.gauge("opsloop_edge_origin_capacity_rps", listener="wait", origin="near") == 40.0
+    assert h.gauge("opsloop_edge_demand_requests_per_second", listener="wait", edge="e1") == 80.0
+    assert h.gauge("opsloop_edge_origin_capacity_requests_per_second", listener="wait", origin="near") == 40.0
     assert h.gauge("opsloop_edge_decision_version", listener="wait") == recs[0].version
     assert h.gauge("opsloop_edge_mode", listener="wait", mode="normal") == 1.0
 

@@ -57,9 +57,9 @@ def test_malformed_records_are_deadlettered_and_good_ones_processed(stack, tmp_p
         producer.close()
     try:
         # The good samples give rates 100/10 s and 50/10 s.
-        s1 = wait_until(lambda: scrape_metric(port, "opsloop_lb_server_request_rate", {"lb": lb, "server": "s1"}),
+        s1 = wait_until(lambda: scrape_metric(port, "opsloop_lb_server_requests_per_second", {"lb": lb, "server": "s1"}),
                         timeout=90, what="rate of s1 from the mixed batch")
-        s2 = wait_until(lambda: scrape_metric(port, "opsloop_lb_server_request_rate", {"lb": lb, "server": "s2"}),
+        s2 = wait_until(lambda: scrape_metric(port, "opsloop_lb_server_requests_per_second", {"lb": lb, "server": "s2"}),
                         timeout=30, what="rate of s2 after the bad records")
         assert s1 == pytest.approx(10.0)
         assert s2 == pytest.approx(5.0)

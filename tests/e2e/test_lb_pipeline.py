@@ -31,12 +31,12 @@ def test_haproxy_request_rates_reach_prometheus(stack, lab_edge, tmp_path: Path)
     collector = start_collector("haproxy", tmp_path, config, doc, stack)
     gen = TrafficGenerator(lab_edge.url, RATE, workers=6).start()
     try:
-        q_server = f'avg_over_time(opsloop_lb_server_request_rate{{lb="{lb}"}}[10s])'
-        q_backend = f'avg_over_time(opsloop_lb_backend_request_rate{{lb="{lb}"}}[10s])'
+        q_server = f'avg_over_time(opsloop_lb_server_requests_per_second{{lb="{lb}"}}[10s])'
+        q_backend = f'avg_over_time(opsloop_lb_backend_requests_per_second{{lb="{lb}"}}[10s])'
 
         def settled() -> list[dict] | None:
             # 12 s of samples in the window's range means the average covers steady traffic only.
-            n = prom_query(stack.prometheus_url, f'count_over_time(opsloop_lb_server_request_rate{{lb="{lb}"}}[12s])')
+            n = prom_query(stack.prometheus_url, f'count_over_time(opsloop_lb_server_requests_per_second{{lb="{lb}"}}[12s])')
             if len(n) != 2 or any(float(r["value"][1]) < 8 for r in n):
                 return None
             return prom_query(stack.prometheus_url, q_server)

@@ -169,7 +169,7 @@ def test_lb_and_pipeline_panels_return_data_from_an_end_to_end_run(stack, lab_ed
     gen = TrafficGenerator(lab_edge.url, 20.0, workers=4).start()
     try:
         wait_until(lambda: len(prom_query(stack.prometheus_url,
-                                          f'count_over_time(opsloop_lb_server_request_rate{{lb="{lb}"}}[1m]) > 3')) == 2,
+                                          f'count_over_time(opsloop_lb_server_requests_per_second{{lb="{lb}"}}[1m]) > 3')) == 2,
                    timeout=120, interval=1, what="request rates of both origins in Prometheus")
         expected = GEN.e2e_lb_panel_titles()
         assert sum(len(v) for v in expected.values()) >= 12

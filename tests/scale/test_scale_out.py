@@ -90,7 +90,7 @@ def test_second_worker_shares_partitions_without_losing_or_repeating(stack: Stac
 
     def rates(port: int) -> dict[str, float]:
         return {lb: v for lb in lbs
-                if (v := scrape_metric(port, "opsloop_lb_server_request_rate", {"lb": lb, "server": "s1"})) is not None}
+                if (v := scrape_metric(port, "opsloop_lb_server_requests_per_second", {"lb": lb, "server": "s1"})) is not None}
 
     w1 = start_worker(tmp_path, config, doc, stack)
     supervisors = [Supervisor([w1], max_restarts=3, window_s=600, backoff_s=0.5, max_backoff_s=2.0)]

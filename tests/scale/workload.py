@@ -118,7 +118,7 @@ class Telemetry:
 
     def rates(self, port: int) -> dict[str, float]:
         return {lb: v for lb in self.lbs
-                if (v := scrape_metric(port, "opsloop_lb_server_request_rate", {"lb": lb, "server": "s1"})) is not None}
+                if (v := scrape_metric(port, "opsloop_lb_server_requests_per_second", {"lb": lb, "server": "s1"})) is not None}
 
     def report_ts(self, port: int) -> dict[str, float]:
         return {hv: v for hv in self.hvs if (v := scrape_metric(

@@ -138,7 +138,7 @@ def test_seed_power_table_as_gauges_from_collector_tags() -> None:
         got = gauge("opsloop_power_eur_per_usable_tb_year", host=f"seed-{g}", generation=g, protection="replica:3")
         assert got == pytest.approx(cost, abs=0.01)
         assert gauge("opsloop_power_watts", host=f"seed-{g}", generation=g) == pytest.approx(SEED_GENERATIONS[g][0])
-    assert gauge("opsloop_power_kwh_per_year", host="seed-gen3", generation="gen3") == pytest.approx(155 * 8.76)
+    assert gauge("opsloop_power_energy_per_year_joules", host="seed-gen3", generation="gen3") == pytest.approx(155 * 8.76 * 3.6e6)
     cost = [f for e, f in h.drain_outbox() if f.detector == "power.cost"]
     assert {f.where["host"]: f.observed for f in cost} == {f"seed-{g}": c for g, c in SEED_COST.items()}
 
@@ -247,8 +247,8 @@ def test_keystone_regime_heavy_hitters_and_small_p95() -> None:
     creds = {"AKIAHEAVY": 400, "AKIAQUIET": 30, "_other": 900}
     for i in range(10):                             # fast regime, ~9 ms; a heavy client among many
         h.handle(keystone_round("ks1", T0 + 15 * i, 9.0 + (i % 3), creds, (200, 80.0, 100.0)), T0)
-    assert gauge("opsloop_keystone_latency_regime_ms", host="ks1", source="probe:token_validate") < 15
-    assert gauge("opsloop_keystone_small_request_p95_window_ms", host="ks1") == pytest.approx(100.0, rel=0.02)
+    assert gauge("opsloop_keystone_latency_regime_seconds", host="ks1", source="probe:token_validate") < 0.015
+    assert gauge("opsloop_keystone_small_request_p95_window_seconds", host="ks1") == pytest.approx(0.100, rel=0.02)
     heavy = [(e, f) for e, f in h.drain_outbox() if f.detector == "keystone.heavy_hitter"]
     assert {f.where["credential"] for _, f in heavy} == {"AKIAHEAVY"}    # never the _other bucket
     share = gauge("opsloop_keystone_credential_share", host="ks1", credential="AKIAHEAVY")
@@ -262,7 +262,7 @@ def test_keystone_regime_heavy_hitters_and_small_p95() -> None:
     assert regime[0].observed > 300 and regime[0].expected < 15
     p95 = [f for e, f in out if f.detector == "keystone.small_request_p95" and e == "opened"]
     assert p95 and p95[0].observed == pytest.approx(750.0, rel=0.02)
-    assert gauge("opsloop_keystone_small_request_p95_ms", host="ks1") == 750.0
+    assert gauge("opsloop_keystone_small_request_p95_seconds", host="ks1") == pytest.approx(0.750)
     # Replayed rounds (same event time) are not counted twice.
     n = h.hosts["ks1"].regimes["probe:token_validate"].n
     h.handle(keystone_round("ks1", T0 + 15 * 29, 650.0), T0)

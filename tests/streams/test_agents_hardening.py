@@ -186,7 +186,7 @@ def test_netperf_and_keystone_state_is_bounded_too() -> None:
     assert len(n.detectors) == 30
     n.handle([], t0 + 500)
     assert n.detectors == {} and n.last_ts == {}
-    assert gauge("opsloop_netperf_throughput_gbps", target_set="np-1", label="", queues="4") is None
+    assert gauge("opsloop_netperf_throughput_bits_per_second", target_set="np-1", label="", queues="4") is None
     k = KeystoneHandler()
     k.bound_state(max_clock_skew_s=300, state_ttl_s=100, max_state_keys=1000)
     k.handle([metric("keystone_probe", {"p50_ms": 9.0, "count": 5}, {"host": f"ks-{i}", "probe": "token_validate"},
@@ -210,14 +210,14 @@ def test_lb_rates_and_demand_status_forget_silent_servers() -> None:
         rates.handle(batch, t0 + 15 * step)
         demand.handle(batch, t0 + 15 * step)
     assert len(demand.status) == 3000 and gauge("opsloop_lb_server_up", lb="lbx", backend="be", server="s7") == 1.0
-    assert gauge("opsloop_lb_server_request_rate", lb="lbx", backend="be", server="s7") == pytest.approx(100 / 15)
+    assert gauge("opsloop_lb_server_requests_per_second", lb="lbx", backend="be", server="s7") == pytest.approx(100 / 15)
     later = [row("s0", t0 + 10_000, 1)]
     rates.handle(later, t0 + 10_000)
     demand.handle(later, t0 + 10_000)
     assert set(demand.status) == {("lbx", "be", "s0")}
     assert gauge("opsloop_lb_server_up", lb="lbx", backend="be", server="s7") is None
     assert gauge("opsloop_lb_server_weight", lb="lbx", backend="be", server="s7") is None
-    assert gauge("opsloop_lb_server_request_rate", lb="lbx", backend="be", server="s7") is None
+    assert gauge("opsloop_lb_server_requests_per_second", lb="lbx", backend="be", server="s7") is None
     assert list(rates.servers("lbx", "be")) == []     # s0 starts afresh: no rate across the silence
     capped = LbRates(ttl_s=1e9, max_series=10)
     capped.handle([row(f"c{i}", t0, 1) for i in range(25)], t0)

@@ -8,11 +8,11 @@ from controllers.metrics import EDGE_FAIL_STATIC
 
 WEIGHT = Gauge("opsloop_edge_weight", "Published traffic share of an origin for a listener and edge",
                ["listener", "edge", "origin"])
-DEMAND = Gauge("opsloop_edge_demand_rps", "Measured request rate of a listener at an edge", ["listener", "edge"])
+DEMAND = Gauge("opsloop_edge_demand_requests_per_second", "Measured request rate of a listener at an edge", ["listener", "edge"])
 # Per listener: an origin behind several listeners has a capacity (and a load) in each topology.
-CAPACITY = Gauge("opsloop_edge_origin_capacity_rps", "Policy capacity of an origin for a listener (req/s)",
+CAPACITY = Gauge("opsloop_edge_origin_capacity_requests_per_second", "Policy capacity of an origin for a listener",
                  ["listener", "origin"])
-LOAD = Gauge("opsloop_edge_origin_load_rps", "Measured request rate a listener's edges send to an origin",
+LOAD = Gauge("opsloop_edge_origin_load_requests_per_second", "Measured request rate a listener's edges send to an origin",
              ["listener", "origin"])
 HEALTHY = Gauge("opsloop_edge_origin_healthy", "1 when the controller considers the origin healthy",
                 ["listener", "origin"])
@@ -20,7 +20,7 @@ FAIL_STATIC = EDGE_FAIL_STATIC  # shared definition: controllers/metrics.py
 VERSION = Gauge("opsloop_edge_decision_version", "Version of the last published weights", ["listener"])
 MODE = Gauge("opsloop_edge_mode", "1 for the mode of the last decision", ["listener", "mode"])
 INPUTS_AGE = Gauge("opsloop_edge_inputs_age_seconds", "Age of the demand the last decision used", ["listener"])
-SHED = Gauge("opsloop_edge_shed_rps", "Demand above healthy capacity (shed fairly)", ["listener"])
+SHED = Gauge("opsloop_edge_shed_requests_per_second", "Demand above healthy capacity (shed fairly)", ["listener"])
 TICKS = Counter("opsloop_edge_ticks_total", "Controller intervals run", ["listener", "outcome"])
 TICK_SECONDS = Histogram("opsloop_edge_tick_seconds", "Time to decide and publish one interval",
                          buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
