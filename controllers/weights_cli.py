@@ -122,7 +122,7 @@ def _audit(settings: Any, kafka: bool) -> Any:
 
     audit = AuditLog.from_settings(settings)
     if kafka and not AuditSettings.from_settings(settings).kafka:
-        audit.sinks.append(KafkaAuditPublisher(settings.kafka.bootstrap_servers, client_id="opsloop-actuator-audit"))
+        audit.sinks.append(KafkaAuditPublisher(settings.kafka, client_id="opsloop-actuator-audit"))
     return audit
 
 
@@ -133,7 +133,7 @@ def _run(a: argparse.Namespace, settings: Any, config: Any) -> int:
 
     edges = a.edge or config.edges
     try:
-        service = ActuatorService(config, settings.kafka.bootstrap_servers, edges, _audit(settings, kafka=True))
+        service = ActuatorService(config, settings.kafka, edges, _audit(settings, kafka=True))
     except Exception as e:  # noqa: BLE001 - e.g. Kafka unreachable while building the audit producer
         print(f"opsloop weights run: {e}", file=sys.stderr)
         return 2

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import ssl
 import stat
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -143,44 +144,113 @@ def faust_credentials(sec: KafkaSecurity) -> Any:
     return None
 
 
+class KafkaUnreachable(KafkaSecurityError):
+    """No broker answered at all (refused, timed out): not a settings problem, a client may retry."""
+
+
+# What kafka-python logs when TLS or SASL fails, matched while the preflight connects.
+_TLS_FAILED = ("CERTIFICATE_VERIFY_FAILED", "Handshake failed", "WRONG_VERSION_NUMBER", "certificate verify failed")
+_SASL_FAILED = ("Authentication failed", "SaslAuthenticationFailed", "authentication failed")
+_UNREACHABLE = ("ECONNREFUSED", "Connection refused", "EHOSTUNREACH", "ENETUNREACH", "timed out",
+                "Name or service not known", "nodename nor servname")
+
 
 class _Recorder(logging.Handler):
-    def __init__(self) -> None:
+    """Collects the kafka client's warnings during the preflight and spots a decisive failure early."""
+
+    def __init__(self, sec: KafkaSecurity) -> None:
         super().__init__(logging.WARNING)
+        self.sec = sec
         self.messages: list[str] = []
+        self.verdict: str | None = None   # "tls" | "sasl" once the failure is certain
+        self.decided = threading.Event()
+        self._sasl_drops = 0
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+        msg = record.getMessage()
+        self.messages.append(msg)
+        if self.verdict:
+            return
+        if any(m in msg for m in _TLS_FAILED):
+            self.verdict = "tls"
+        elif any(m in msg for m in _SASL_FAILED):
+            self.verdict = "sasl"
+        elif self.sec.uses_sasl and "broker_version=(" in msg and "disconnected" in msg:
+            # The broker answered ApiVersions (so TCP and TLS work) and then dropped the socket: that is
+            # how it ends a failed SASL exchange. Twice in a row, so a single hiccup is not a verdict.
+            self._sasl_drops += 1
+            if self._sasl_drops >= 2:
+                self.verdict = "sasl"
+        if self.verdict:
+            self.decided.set()
 
 
 def preflight(bootstrap: str, sec: KafkaSecurity, timeout_s: float = 10.0) -> None:
-    """Connect once and say plainly why it fails, within ``timeout_s``.
+    """Connect once and say plainly why it fails: raises :class:`KafkaSecurityError` naming the cause.
 
-    kafka-python retries a rejected login until its bootstrap time-out and then reports only
-    "Unable to bootstrap" (over TLS, a failed SCRAM exchange shows as a dropped socket): services call
-    this at start so that a wrong password stops them at once with an error naming the user, the
-    mechanism and what the client saw, instead of a worker that waits on a broker it may never join.
+    kafka-python retries a rejected login or an untrusted certificate until its bootstrap time-out and
+    then reports only "Unable to bootstrap" (over TLS, a failed SCRAM exchange shows as a dropped
+    socket). Services call this at start, so a wrong password or CA stops them at once (as soon as the
+    failure is certain, usually well under a second) with an error naming the user, the mechanism and
+    what the client saw. :class:`KafkaUnreachable` (a subclass) means no broker answered within
+    ``timeout_s``: not a settings error, and a service that tolerates an outage may go on.
+    The password is never part of the message.
     """
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
-    recorder = _Recorder()
+    opts = kafka_python_options(sec)   # raises KafkaSecurityError for an unreadable password or CA file
+    recorder = _Recorder(sec)
     kafka_log = logging.getLogger("kafka")
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="opsloop-preflight",
+                                     request_timeout_ms=int(timeout_s * 1000),
+                                     bootstrap_timeout_ms=int(timeout_s * 1000), **opts)
+            admin.close()
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            outcome.append(e)
+        finally:
+            recorder.decided.set()
+
+    # The client's own retry chatter would bury the one line that matters: keep it out of the logs
+    # while the preflight runs (the recorder still sees it).
+    propagate = kafka_log.propagate
     kafka_log.addHandler(recorder)
+    kafka_log.propagate = False
     try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="opsloop-preflight",
-                                 request_timeout_ms=int(timeout_s * 1000), bootstrap_timeout_ms=int(timeout_s * 1000),
-                                 **kafka_python_options(sec))
-        admin.close()
-    except KafkaError as e:
-        seen = [m for m in recorder.messages if "Authentication" in m or "SSL" in m or "certificate" in m]
-        who = (f"as {sec.username!r} with {sec.sasl_mechanism} over {sec.protocol}" if sec.uses_sasl
-               else f"over {sec.protocol}")
-        hint = ("the broker rejected the login or dropped it during SASL authentication: check the user, "
-                "its password and that the mechanism is enabled on the listener") if sec.uses_sasl else \
-            "check the listener's protocol and the CA file"
-        detail = f"; the client saw: {seen[-1]}" if seen else ""
-        raise KafkaSecurityError(f"cannot connect to Kafka at {bootstrap} {who} within {timeout_s:g} s: {hint}"
-                                 f" ({type(e).__name__}){detail}") from None
+        thread = threading.Thread(target=connect, name="kafka-preflight", daemon=True)
+        thread.start()
+        recorder.decided.wait(timeout_s + 5)
     finally:
         kafka_log.removeHandler(recorder)
+        kafka_log.propagate = propagate
+    if outcome and outcome[0] is None:
+        return
+    error = outcome[0] if outcome else None
+    if error is not None and not isinstance(error, KafkaError):
+        raise error
+    who = (f"as {sec.username!r} with {sec.sasl_mechanism} over {sec.protocol}" if sec.uses_sasl
+           else f"over {sec.protocol}")
+    where = f"Kafka at {bootstrap} {who}"
+    seen = [m for m in recorder.messages if any(k in m for k in (*_TLS_FAILED, *_SASL_FAILED, "Connection"))]
+    detail = f"; the client saw: {seen[-1][:300]}" if seen else ""
+    if recorder.verdict == "tls":
+        trust = f"ssl_cafile {sec.ssl_cafile}" if sec.ssl_cafile else "the system trust store (no ssl_cafile set)"
+        raise KafkaSecurityError(f"TLS handshake with {where} failed: the broker's certificate is not trusted by "
+                                 f"{trust}, or its name does not match (kafka.security.ssl_cafile){detail}")
+    if recorder.verdict == "sasl":
+        raise KafkaSecurityError(f"login to {where} rejected: the broker rejected the login or dropped it during "
+                                 f"SASL authentication: check kafka.security.username, its password and that "
+                                 f"{sec.sasl_mechanism} is enabled on the listener{detail}")
+    answered = any("broker_version=(" in m for m in recorder.messages)
+    refused = any(k in m for m in recorder.messages for k in _UNREACHABLE)
+    if not answered and (refused or not recorder.messages):
+        raise KafkaUnreachable(f"cannot connect to {where} within {timeout_s:g} s: no broker answered: check "
+                               f"kafka.bootstrap_servers and that the brokers are up{detail}")
+    hint = "check the listener's protocol (kafka.security.protocol) and the CA file"
+    raise KafkaSecurityError(f"cannot connect to {where} within {timeout_s:g} s: {hint} "
+                             f"({type(error).__name__ if error else 'no answer'}){detail}")

@@ -10,15 +10,18 @@ from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from opsloop.config import KafkaSettings
+from opsloop.kafka_clients import client_options, kafka_settings
 from opsloop.wire import Topic
 
 
-def ensure_topics(bootstrap: str, partitions: int, replication_factor: int = 1,
+def ensure_topics(kafka: KafkaSettings | str, partitions: int, replication_factor: int = 1,
                   topics: list[str] | None = None, timeout_s: float = 30.0) -> list[str]:
-    """Create the missing ones; returns the names created."""
-    names = topics if topics is not None else [t.value for t in Topic]
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
-                             client_id="opsloop-topics")
+    """Create the missing ones (``kafka.topic_prefix`` applied to every name); returns the names created."""
+    k = kafka_settings(kafka)
+    names = [k.topic(n) for n in (topics if topics is not None else [t.value for t in Topic])]
+    admin = KafkaAdminClient(request_timeout_ms=int(timeout_s * 1000), client_id="opsloop-topics",
+                             **client_options(k))
     try:
         existing = set(admin.list_topics())
         missing = [n for n in names if n not in existing]

@@ -9,6 +9,7 @@ import sys
 import faust
 
 from opsloop.config import ConfigError, Settings, load_settings
+from opsloop.kafka_clients import preflight_or_exit
 from opsloop.log import JsonFormatter, get_logger, setup_logging
 from opsloop.metrics import serve_metrics
 from opsloop.topics import ensure_topics
@@ -56,14 +57,18 @@ def _logging_config(level: str) -> dict[str, object]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opsloop stream worker", description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="opsloop YAML config (defaults apply when omitted)")
     p.add_argument("--metrics-port", type=int, help="override stream.metrics_port")
     p.add_argument("--bootstrap", help="override kafka.bootstrap_servers")
     p.add_argument("--log-level", help="override stream.log_level")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     overrides: dict[str, dict[str, object]] = {"stream": {}, "kafka": {}}
     if args.metrics_port is not None:
         overrides["stream"]["metrics_port"] = args.metrics_port
@@ -89,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
+    preflight_or_exit(settings.kafka, "stream-worker", log)   # a wrong password or CA: exit now, say why
     try:
-        created = ensure_topics(settings.kafka.bootstrap_servers, settings.kafka.partitions,
+        created = ensure_topics(settings.kafka, settings.kafka.partitions,
                                 settings.kafka.replication_factor)
         if created:
             log.info("topics_created", topics=created)

@@ -31,7 +31,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from opsloop.audit import AuditLog
+from opsloop.config import KafkaSettings
 from opsloop.findings import Finding, Severity
+from opsloop.kafka_clients import client_options, kafka_settings, preflight_or_exit
 from opsloop.log import get_logger
 from opsloop.wire import describe_validation_error
 
@@ -90,18 +92,18 @@ class _Slot:
 
 
 class ActuatorService:
-    def __init__(self, config: ActuatorConfig, bootstrap_servers: str, edges: list[str], audit: AuditLog, *,
+    def __init__(self, config: ActuatorConfig, kafka: KafkaSettings | str, edges: list[str], audit: AuditLog, *,
                  consumer: Any = None, producer: Any = None, client_id: str = "opsloop-actuator") -> None:
         unknown = sorted(set(edges) - set(config.edges))
         if not edges or unknown:
             raise ValueError(f"edges {unknown or edges!r}: no actuator targets configured for them "
                              f"(configured edges: {config.edges})")
         self.config = config
-        self.bootstrap = bootstrap_servers
+        self.kafka = kafka_settings(kafka)   # a bootstrap string means PLAINTEXT, no topic prefix
         self.edges = sorted(set(edges))
         self.audit = audit
         self.client_id = client_id
-        self.group_id = f"{config.group_prefix}-{'+'.join(self.edges)}"
+        self.group_id = self.kafka.group(f"{config.group_prefix}-{'+'.join(self.edges)}")
         self._consumer = consumer
         self._producer = producer
         now = time.time()
@@ -118,11 +120,11 @@ class ActuatorService:
 
         if self._consumer is None:
             self._consumer = KafkaConsumer(
-                self.config.topic, bootstrap_servers=self.bootstrap, group_id=self.group_id,
+                self.kafka.topic(self.config.topic), group_id=self.group_id, **client_options(self.kafka),
                 client_id=self.client_id, enable_auto_commit=False, auto_offset_reset=self.config.start_offset,
                 metadata_max_age_ms=10_000)
         if self._producer is None:
-            self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, client_id=self.client_id, acks="all",
+            self._producer = KafkaProducer(**client_options(self.kafka), client_id=self.client_id, acks="all",
                                            linger_ms=5, max_block_ms=5000, request_timeout_ms=5000)
 
     # -- one step --------------------------------------------------------------------------------
@@ -206,7 +208,7 @@ class ActuatorService:
                     first_seen=first, last_seen=now, cleared=cleared,
                     runbook="edge-weights#fail-static")
         try:
-            self._producer.send(self.config.findings_topic, key=f.id.encode(), value=f.encode())
+            self._producer.send(self.kafka.topic(self.config.findings_topic), key=f.id.encode(), value=f.encode())
         except Exception as e:  # noqa: BLE001 - a broker hiccup must not stop the actuator
             log.error("finding_publish_failed", error=str(e)[:300])
 
@@ -242,6 +244,8 @@ class ActuatorService:
             self._consumer.commit()
 
     def run(self, stop: threading.Event) -> None:
+        if self._consumer is None:
+            preflight_or_exit(self.kafka, "actuator", log)   # a wrong password or CA: exit now, say why
         self.connect()
         log.info("actuator_started", edges=self.edges, group_id=self.group_id, mode=self.config.mode,
                  targets=[s.actuator.target.describe() for s in self.slots.values()])

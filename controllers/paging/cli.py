@@ -91,7 +91,7 @@ def _run(a: argparse.Namespace) -> int:
                              "controllers.paging.metrics_port") is None:
         return 2
     stop = stop_on_signals()
-    PagingService(config, settings.kafka.bootstrap_servers).run(stop)
+    PagingService(config, settings.kafka).run(stop)
     return 0
 
 

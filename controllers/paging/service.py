@@ -18,7 +18,9 @@ import orjson
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from pydantic import ValidationError
 
+from opsloop.config import KafkaSettings
 from opsloop.findings import Finding, Severity
+from opsloop.kafka_clients import client_options, kafka_settings, preflight_or_exit
 from opsloop.log import get_logger
 from opsloop.wire import Topic, deadletter_record
 
@@ -51,10 +53,12 @@ def decode_finding(raw: bytes | None) -> Finding:
 
 
 class PagingService:
-    def __init__(self, config: PagingConfig, bootstrap_servers: str, *, client_id: str = "opsloop-paging",
+    def __init__(self, config: PagingConfig, kafka: KafkaSettings | str, *, client_id: str = "opsloop-paging",
                  consumer: Any = None, producer: Any = None, client: AlertmanagerClient | None = None) -> None:
         self.config = config
-        self.bootstrap = bootstrap_servers
+        self.kafka = kafka_settings(kafka)   # a bootstrap string means PLAINTEXT, no topic prefix
+        self.topic = self.kafka.topic(config.topic)
+        self.group_id = self.kafka.group(config.group_id)
         self.client_id = client_id
         self.book = PagingBook(min_severity=Severity(config.min_severity), resend_interval_s=config.resend_interval_s,
                                alert_ttl_s=config.alert_ttl_s,
@@ -63,7 +67,7 @@ class PagingService:
         self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
         self._consumer = consumer
         self._producer = producer
-        self.auditor = Auditor(None, config.audit_topic)
+        self.auditor = Auditor(None, self.kafka.topic(config.audit_topic))
         self._caught_up = config.start_offset == "latest"
         self._catch_up_targets: dict[TopicPartition, int] | None = None
         self._dirty = False
@@ -72,12 +76,12 @@ class PagingService:
     def _connect(self) -> None:
         if self._consumer is None:
             self._consumer = KafkaConsumer(
-                self.config.topic, bootstrap_servers=self.bootstrap, group_id=self.config.group_id,
+                self.topic, group_id=self.group_id, **client_options(self.kafka),
                 client_id=self.client_id, enable_auto_commit=False, auto_offset_reset=self.config.start_offset,
                 max_poll_records=500,
                 metadata_max_age_ms=10_000)  # see a topic created after we subscribed within seconds
         if self._producer is None:
-            self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, client_id=self.client_id, acks="all",
+            self._producer = KafkaProducer(**client_options(self.kafka), client_id=self.client_id, acks="all",
                                            linger_ms=5, max_block_ms=5000, request_timeout_ms=5000)
         self.auditor.producer = self._producer
 
@@ -149,8 +153,8 @@ class PagingService:
             return
         try:
             partition, offset, key = origin
-            self._producer.send(Topic.DEADLETTER.value, value=deadletter_record(
-                reason, topic=self.config.topic, partition=partition, offset=offset, key=key, value=raw,
+            self._producer.send(self.kafka.topic(Topic.DEADLETTER), value=deadletter_record(
+                reason, topic=self.topic, partition=partition, offset=offset, key=key, value=raw,
                 stage="paging"))
         except Exception as e:  # noqa: BLE001 - counted above already; never stop paging for it
             log.error("deadletter_failed", error=str(e)[:300])
@@ -232,9 +236,11 @@ class PagingService:
             self._consumer.commit()
 
     def run(self, stop: threading.Event) -> None:
+        if self._consumer is None:
+            preflight_or_exit(self.kafka, "paging", log)   # a wrong password or CA: exit now, say why
         self._connect()
         self.load_state()
-        log.info("paging_started", topic=self.config.topic, group_id=self.config.group_id,
+        log.info("paging_started", topic=self.topic, group_id=self.group_id,
                  alertmanagers=self.config.alertmanager_urls, resend_interval_s=self.config.resend_interval_s)
         try:
             while not stop.is_set():

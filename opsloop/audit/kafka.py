@@ -12,6 +12,8 @@ from typing import Any
 from prometheus_client import Counter
 
 from opsloop.audit.record import AuditRecord
+from opsloop.config import KafkaSettings
+from opsloop.kafka_clients import client_options, kafka_settings
 from opsloop.log import get_logger
 from opsloop.wire import Topic
 
@@ -23,13 +25,14 @@ PUBLISH_FAILURES = Counter("opsloop_audit_publish_failures_total", "Audit record
 
 
 class KafkaAuditPublisher:
-    def __init__(self, bootstrap_servers: str, topic: str = Topic.AUDIT.value, client_id: str = "opsloop-audit",
+    def __init__(self, kafka: KafkaSettings | str, topic: str = Topic.AUDIT.value, client_id: str = "opsloop-audit",
                  producer: Any = None) -> None:
-        self.topic = topic
+        k = kafka_settings(kafka)   # a bootstrap string means PLAINTEXT, no topic prefix
+        self.topic = k.topic(topic)
         if producer is None:
             from kafka import KafkaProducer
 
-            producer = KafkaProducer(bootstrap_servers=bootstrap_servers, client_id=client_id, acks="all",
+            producer = KafkaProducer(**client_options(k), client_id=client_id, acks="all",
                                      linger_ms=5, request_timeout_ms=10_000, max_block_ms=5_000)
         self._producer = producer
 

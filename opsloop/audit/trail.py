@@ -75,8 +75,7 @@ class AuditLog:
         if cfg.kafka:
             from opsloop.audit.kafka import KafkaAuditPublisher
 
-            sinks.append(KafkaAuditPublisher(settings.kafka.bootstrap_servers, client_id=f"{settings.kafka.client_id}"
-                                                                                          "-audit"))
+            sinks.append(KafkaAuditPublisher(settings.kafka, client_id=f"{settings.kafka.client_id}-audit"))
         return cls(sinks)
 
     def record(self, **fields: Any) -> AuditRecord:

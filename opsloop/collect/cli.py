@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 import sys
 
 from pydantic import ValidationError
 
 from opsloop.collect.publisher import Publisher
-from opsloop.collect.runner import run_loop
-from opsloop.collect.types import CollectorUnavailable
+from opsloop.collect.runner import run_loop, run_once
+from opsloop.collect.types import CollectorUnavailable, Round
 from opsloop.config import ConfigError, load_settings
-from opsloop.log import setup_logging
+from opsloop.kafka_clients import preflight_or_exit
+from opsloop.log import get_logger, setup_logging
 from opsloop.metrics import serve_service_metrics, stop_on_signals
 from opsloop.wire import describe_validation_error
 
@@ -28,17 +30,31 @@ EPILOG = """examples:
 """
 
 
-def main(argv: list[str] | None = None) -> int:
+def available_collectors() -> list[str]:
+    """The packages under collectors/ (folders with an __init__.py); collectors/telegraf is configuration only."""
+    import collectors
+
+    return sorted(m.name for m in pkgutil.iter_modules(collectors.__path__) if m.ispkg)
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opsloop collect", description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", help="collector folder under collectors/ (haproxy, ipmi, netperf, keystone, iptables, lvs)")
+    p.add_argument("name", choices=available_collectors(), metavar="name",
+                   help="collector folder under collectors/: %(choices)s")
     p.add_argument("--config", help="opsloop YAML config")
-    p.add_argument("--once", action="store_true", help="run one round and exit")
+    p.add_argument("--once", action="store_true",
+                   help="run one round and exit: 0 when every target answered, 1 when the collector could not "
+                        "run, a target failed or nothing was collected (the reason on stderr)")
     p.add_argument("--stdout", action="store_true", help="print samples as JSON lines (with --once: no Kafka)")
     p.add_argument("--interval", type=float, help="override collector.interval_s")
     p.add_argument("--metrics-port", type=int, help="override collector.metrics_port (0 = any free port)")
     p.add_argument("--bootstrap", help="override kafka.bootstrap_servers")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     overrides: dict[str, dict[str, object]] = {"collector": {}, "kafka": {}}
     if a.interval is not None:
         overrides["collector"]["interval_s"] = a.interval
@@ -52,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"opsloop collect: {e}", file=sys.stderr)
         return 2
-    except ModuleNotFoundError:
-        print(f"opsloop collect: unknown collector {a.name!r} (no folder collectors/{a.name}/)", file=sys.stderr)
+    except ModuleNotFoundError as e:  # a dependency of the collector is missing (the name itself was checked)
+        print(f"opsloop collect {a.name}: cannot import the collector: {e}", file=sys.stderr)
         return 2
     section = settings.collectors.get(a.name)
     if section is None:
@@ -73,22 +89,40 @@ def main(argv: list[str] | None = None) -> int:
     rt = settings.collector
     publisher = None
     if not (a.once and a.stdout):
-        publisher = Publisher(settings.kafka.bootstrap_servers, rt.spool_dir / a.name, collector=a.name,
+        preflight_or_exit(settings.kafka, f"collector-{a.name}", get_logger("collector"))   # wrong password/CA: exit
+        publisher = Publisher(settings.kafka, rt.spool_dir / a.name, collector=a.name,
                               client_id=f"opsloop-collector-{a.name}", spool_max_bytes=rt.spool_max_bytes,
                               send_timeout_s=rt.send_timeout_s)
         if not a.once:
             if serve_service_metrics("opsloop collect", rt.metrics_port, rt.metrics_bind,
                                      "collector.metrics_port") is None:
                 return 2
-    stop = stop_on_signals()
     try:
-        run_loop(collector, interval_s=rt.interval_s, publisher=publisher, stdout=a.stdout, once=a.once,
-                 jitter_s=rt.jitter_s, stop=stop)
+        if a.once:
+            return once_status(a.name, run_once(collector, publisher=publisher, stdout=a.stdout))
+        run_loop(collector, interval_s=rt.interval_s, publisher=publisher, stdout=a.stdout,
+                 jitter_s=rt.jitter_s, stop=stop_on_signals())
     except CollectorUnavailable as e:
         print(f"opsloop collect {a.name}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - only --once gets here (the loop logs and goes on): say what failed
+        print(f"opsloop collect {a.name}: the round failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     finally:
         if publisher is not None:
             publisher.drain()
             publisher.close()
+    return 0
+
+
+def once_status(name: str, rnd: Round) -> int:
+    """Exit status of `--once`: a round that failed a target or collected nothing is an error, said on stderr."""
+    if rnd.errors:
+        failed = "; ".join(f"{e.target}: {e.kind}: {e.message}" for e in rnd.errors)
+        print(f"opsloop collect {name}: {len(rnd.errors)} target(s) failed: {failed}", file=sys.stderr)
+        return 1
+    if not rnd.metrics:
+        print(f"opsloop collect {name}: the round collected no sample and no target reported an error; check "
+              f"collectors.{name} in the config (see collectors/{name}/sample.yaml)", file=sys.stderr)
+        return 1
     return 0

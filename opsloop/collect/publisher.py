@@ -21,6 +21,8 @@ from kafka import KafkaProducer
 from prometheus_client import Counter, Gauge
 
 from opsloop.collect.spool import Record, Spool
+from opsloop.config import KafkaSettings
+from opsloop.kafka_clients import client_options, kafka_settings
 from opsloop.log import get_logger
 from opsloop.wire import Metric, encode_batch, group_by_route
 
@@ -55,10 +57,12 @@ def records_for(metrics: Iterable[Metric]) -> list[Record]:
 
 
 class Publisher:
-    def __init__(self, bootstrap_servers: str, spool_dir: Path, *, collector: str = "collector",
+    def __init__(self, kafka: KafkaSettings | str, spool_dir: Path, *, collector: str = "collector",
                  client_id: str = "opsloop-collector", spool_max_bytes: int = 256 * 1024 * 1024,
                  send_timeout_s: float = 10.0) -> None:
-        self.bootstrap = bootstrap_servers
+        # A bootstrap string means PLAINTEXT, no topic prefix. The spool keeps base topic names; the
+        # prefix is applied when sending, so a spool survives a prefix change without re-writing.
+        self.kafka = kafka_settings(kafka)
         self.collector = collector
         self.client_id = client_id
         self.send_timeout_s = send_timeout_s
@@ -78,7 +82,7 @@ class Publisher:
         if self._producer is None:
             timeout_ms = int(self.send_timeout_s * 1000)
             self._producer = KafkaProducer(
-                bootstrap_servers=self.bootstrap,
+                **client_options(self.kafka),
                 client_id=self.client_id,
                 acks="all",
                 enable_idempotence=True,
@@ -116,7 +120,8 @@ class Publisher:
             return []
         try:
             producer = self._get_producer()
-            futures = [(r, producer.send(r.topic, key=r.key.encode(), value=r.value)) for r in records]
+            futures = [(r, producer.send(self.kafka.topic(r.topic), key=r.key.encode(), value=r.value))
+                       for r in records]
             producer.flush(timeout=self.send_timeout_s)
         except Exception as e:  # noqa: BLE001 - any client error means "not delivered"
             log.warning("kafka_send_failed", collector=self.collector, error=str(e), records=len(records))

@@ -13,6 +13,7 @@ import faust
 from faust.types import TP
 
 from opsloop.config import Settings
+from opsloop.kafka_clients import faust_app_options
 from opsloop.log import get_logger
 from opsloop.wire import Topic
 from streams.runtime import health
@@ -25,11 +26,10 @@ log = get_logger("stream")
 
 def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
     s = settings.stream
-    brokers = ";".join(f"kafka://{b.strip()}" for b in settings.kafka.bootstrap_servers.split(","))
     s.data_dir.mkdir(parents=True, exist_ok=True)  # Faust needs the data dir's parent to exist
     app = faust.App(
-        app_id or s.app_id,
-        broker=brokers,
+        # id (kafka.topic_prefix applied: consumer group and changelog topics), brokers, TLS/SASL credentials
+        **faust_app_options(settings.kafka, app_id or s.app_id),
         value_serializer="raw",
         key_serializer="raw",
         store="memory://",  # tables are rebuilt from their changelog topics on start
@@ -45,6 +45,7 @@ def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
         broker_heartbeat_interval=min(3.0, s.session_timeout_s / 3),
     )
     app.transport = kafka_transport(app, s.fetch_max_wait_ms)
+    app.opsloop_topic_prefix = settings.kafka.topic_prefix   # read by raw_topic
     install_recovery_watchdog(app, s.recovery_stall_s)
     return app
 
@@ -52,7 +53,8 @@ def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
 def raw_topic(app: faust.App, *topics: Topic | str) -> faust.TopicT:
     # internal=True: Faust creates missing topics at subscription (app's partition count) instead of
     # the consumer waiting minutes for a metadata refresh after a collector first creates them.
-    return app.topic(*(str(t) for t in topics), value_serializer="raw", key_serializer="raw", internal=True)
+    prefix = getattr(app, "opsloop_topic_prefix", "")   # kafka.topic_prefix: every topic of this deployment
+    return app.topic(*(f"{prefix}{t}" for t in topics), value_serializer="raw", key_serializer="raw", internal=True)
 
 
 AfterBatch = Callable[[], Awaitable[None]]

@@ -33,6 +33,7 @@ from controllers.edge.service.overrides import OverridesError, load_overrides
 from controllers.edge.service.store import TopologyStore
 from opsloop.audit import AuditLog
 from opsloop.config import ConfigError, Settings, load_settings
+from opsloop.kafka_clients import preflight_or_exit
 from opsloop.log import get_logger, setup_logging
 from opsloop.metrics import serve_metrics
 from opsloop.topics import ensure_topics
@@ -81,16 +82,17 @@ class EdgeService:
         self._stop = threading.Event()
 
     def start(self) -> "EdgeService":
-        bootstrap = self.settings.kafka.bootstrap_servers
+        kafka = self.settings.kafka
+        preflight_or_exit(kafka, "edge-control", log)   # a wrong password or CA: exit now, say why
         try:
-            ensure_topics(bootstrap, self.settings.kafka.partitions, self.settings.kafka.replication_factor)
+            ensure_topics(kafka, self.settings.kafka.partitions, self.settings.kafka.replication_factor)
         except Exception as e:  # noqa: BLE001 - producers still auto-create; say why
             log.warning("topics_not_created", error=str(e))
-        recovered = recover_decisions(bootstrap) if self.cfg.recover else {}
-        self.publisher = DecisionPublisher(bootstrap)
+        recovered = recover_decisions(kafka) if self.cfg.recover else {}
+        self.publisher = DecisionPublisher(kafka)
         self.loop = ControlLoop(self.store, self.book, self.cfg.controller_settings(), self.publisher,
                                 recovered)
-        self.consumer = DemandConsumer(bootstrap, self.book).start()
+        self.consumer = DemandConsumer(kafka, self.book).start()
         if self.cfg.api.enabled:
             from controllers.edge.api import EdgeApi  # imports this package's store: not at module level
 

@@ -18,6 +18,8 @@ from typing import Callable
 from kafka import KafkaConsumer, TopicPartition
 
 from controllers.edge.service import metrics as M
+from opsloop.config import KafkaSettings
+from opsloop.kafka_clients import client_options, kafka_settings
 from opsloop.log import get_logger
 from opsloop.wire import Topic
 from streams.edge.demand import EdgeDemand
@@ -87,10 +89,10 @@ class DemandBook:
 class DemandConsumer:
     """Reads ``edge.demand`` from its end in a daemon thread into a :class:`DemandBook`."""
 
-    def __init__(self, bootstrap: str, book: DemandBook, topic: str = Topic.EDGE_DEMAND.value) -> None:
-        self.bootstrap = bootstrap
+    def __init__(self, kafka: KafkaSettings | str, book: DemandBook, topic: str = Topic.EDGE_DEMAND.value) -> None:
+        self.kafka = kafka_settings(kafka)   # a bootstrap string means PLAINTEXT, no topic prefix
         self.book = book
-        self.topic = topic
+        self.topic = self.kafka.topic(topic)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.assigned = threading.Event()
@@ -114,7 +116,7 @@ class DemandConsumer:
                 self._stop.wait(2.0)
 
     def _consume(self) -> None:
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
+        consumer = KafkaConsumer(**client_options(self.kafka), group_id=None, enable_auto_commit=False,
                                  client_id="opsloop-edge-controller", fetch_max_wait_ms=100)
         try:
             parts: set[int] | None = None

@@ -13,7 +13,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from controllers.edge.model import EdgeWeights
 from controllers.edge.service import metrics as M
+from opsloop.config import KafkaSettings
 from opsloop.findings import Finding
+from opsloop.kafka_clients import client_options, kafka_settings
 from opsloop.log import get_logger
 from opsloop.wire import Topic
 
@@ -21,16 +23,18 @@ log = get_logger("controller.edge.kafka")
 
 
 class DecisionPublisher:
-    def __init__(self, bootstrap: str, client_id: str = "opsloop-edge-controller", flush_timeout_s: float = 5.0) -> None:
-        self.producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, acks="all", linger_ms=0,
+    def __init__(self, kafka: KafkaSettings | str, client_id: str = "opsloop-edge-controller",
+                 flush_timeout_s: float = 5.0) -> None:
+        self.kafka = kafka_settings(kafka)   # a bootstrap string means PLAINTEXT, no topic prefix
+        self.producer = KafkaProducer(**client_options(self.kafka), client_id=client_id, acks="all", linger_ms=0,
                                       request_timeout_ms=10_000, max_block_ms=5_000)
         self.flush_timeout_s = flush_timeout_s
 
     def __call__(self, records: list[EdgeWeights], findings: list[Finding]) -> None:
         for r in records:
-            self._send(Topic.EDGE_WEIGHTS.value, f"{r.listener}|{r.edge}", r.encode())
+            self._send(self.kafka.topic(Topic.EDGE_WEIGHTS), f"{r.listener}|{r.edge}", r.encode())
         for f in findings:
-            self._send(Topic.FINDINGS.value, f.id, f.encode())
+            self._send(self.kafka.topic(Topic.FINDINGS), f.id, f.encode())
         try:
             self.producer.flush(timeout=self.flush_timeout_s)
         except Exception as e:  # noqa: BLE001 - the next tick publishes again
@@ -50,10 +54,13 @@ class DecisionPublisher:
         self.producer.close(timeout=5)
 
 
-def recover_decisions(bootstrap: str, topic: str = Topic.EDGE_WEIGHTS.value,
+def recover_decisions(kafka: KafkaSettings | str, topic: str = Topic.EDGE_WEIGHTS.value,
                       timeout_s: float = 15.0) -> dict[tuple[str, str], EdgeWeights]:
-    """The record with the highest ``(epoch, version)`` per (listener, edge) currently in ``topic``."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+    """The record with the highest ``(epoch, version)`` per (listener, edge) currently in ``topic``
+    (a base name: ``kafka.topic_prefix`` is applied)."""
+    k = kafka_settings(kafka)
+    topic = k.topic(topic)
+    consumer = KafkaConsumer(**client_options(k), group_id=None, enable_auto_commit=False,
                              client_id="opsloop-edge-recover")
     out: dict[tuple[str, str], EdgeWeights] = {}
     try:

@@ -1,0 +1,70 @@
+"""Every Kafka client opsloop makes takes its options from here: brokers, TLS/SASL, names on the cluster.
+
+One place maps the ``kafka`` settings (``opsloop.config.KafkaSettings``) onto each client library, so
+no call site repeats it:
+
+* :func:`client_options` -- ``bootstrap_servers`` plus TLS/SASL keyword arguments for kafka-python's
+  ``KafkaProducer``, ``KafkaConsumer`` and ``KafkaAdminClient`` (collectors, controllers, audit, admin);
+* :func:`aiokafka_client_options` -- the same for aiokafka's clients;
+* :func:`faust_app_options` -- broker URLs, ``broker_credentials`` and the app id for ``faust.App``;
+* ``KafkaSettings.topic(name)`` / ``.group(id)`` -- names with ``kafka.topic_prefix`` applied;
+* :func:`preflight_or_exit` -- run at every service's start: a wrong password or an untrusted CA ends
+  the process (exit 2) with one log line naming the problem, instead of a client retrying forever.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from opsloop.config import KafkaSettings
+from opsloop.kafka_security import (KafkaSecurityError, KafkaUnreachable, faust_credentials, kafka_python_options,
+                                    preflight)
+
+# Exit status of a service whose Kafka settings cannot work (the same as for a bad configuration).
+EXIT_KAFKA_SETTINGS = 2
+
+
+def kafka_settings(kafka: KafkaSettings | str) -> KafkaSettings:
+    """Accept a plain bootstrap string (PLAINTEXT, no prefix: tests, tools) where settings are expected."""
+    return kafka if isinstance(kafka, KafkaSettings) else KafkaSettings(bootstrap_servers=kafka)
+
+
+def client_options(kafka: KafkaSettings | str) -> dict[str, Any]:
+    """``bootstrap_servers`` and the TLS/SASL keyword arguments for any kafka-python client."""
+    k = kafka_settings(kafka)
+    return {"bootstrap_servers": k.bootstrap_servers, **kafka_python_options(k.security)}
+
+
+def aiokafka_client_options(kafka: KafkaSettings | str) -> dict[str, Any]:
+    """The same for aiokafka's AIOKafkaProducer/AIOKafkaConsumer/AIOKafkaAdminClient."""
+    return client_options(kafka)
+
+
+def faust_app_options(kafka: KafkaSettings, app_id: str) -> dict[str, Any]:
+    """``id``, ``broker`` and ``broker_credentials`` for ``faust.App`` (the app id carries the prefix, so
+    the changelog and repartition topics Faust derives from it do too)."""
+    brokers = ";".join(f"kafka://{b.strip()}" for b in kafka.bootstrap_servers.split(",") if b.strip())
+    return {"id": kafka.group(app_id), "broker": brokers, "broker_credentials": faust_credentials(kafka.security)}
+
+
+def preflight_or_exit(kafka: KafkaSettings, service: str, log: Any, timeout_s: float = 10.0) -> None:
+    """Check the Kafka settings against the brokers before a service starts its clients.
+
+    PLAINTEXT has nothing to check (no password, no certificate): skipped. A rejected login, an
+    untrusted certificate or an unreadable password/CA file: one ``kafka_preflight_failed`` error line
+    and ``SystemExit(2)``. No broker answering at all is not a settings error: a warning, and the
+    service goes on (its clients retry; a collector spools).
+    """
+    if kafka.security.protocol == "PLAINTEXT":
+        return
+    try:
+        preflight(kafka.bootstrap_servers, kafka.security, timeout_s=timeout_s)
+    except KafkaUnreachable as e:
+        log.warning("kafka_unreachable_at_start", service=service, error=str(e))
+        return
+    except KafkaSecurityError as e:
+        log.error("kafka_preflight_failed", service=service, error=str(e))
+        sys.exit(EXIT_KAFKA_SETTINGS)
+    log.info("kafka_preflight_ok", service=service, protocol=kafka.security.protocol,
+             mechanism=kafka.security.sasl_mechanism, user=kafka.security.username)
