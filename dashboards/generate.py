@@ -212,12 +212,13 @@ def power() -> Dashboard:
                   [Query('opsloop_power_generation_median_watts{generation=~"$generation"}', "{{generation}}")],
                   unit="watt"),
             Panel("Power cost per usable TB-year", "Power cost (EUR) per usable TB and year for each server, from "
-                  "its draw, the price per kWh, raw capacity, fill ratio and protection (replica:3, ec:2+1 ...).",
-                  [Query(f"opsloop_power_eur_per_usable_tb_year{{{sel}}}")], unit="currencyEUR", kind="table",
+                  "its draw, the price per kWh, raw capacity, fill ratio and protection (replica:3, ec:2+1 ...). "
+                  "Exported per usable byte-year (base unit), shown per TB (x 1e12).",
+                  [Query(f"1e12 * opsloop_power_eur_per_usable_byte_year{{{sel}}}")], unit="currencyEUR", kind="table",
                   decimals=2),
             Panel("Cost per usable TB-year by generation and protection", "Average over the servers of each "
                   "generation and protection scheme: the reference cost table, computed from live readings.",
-                  [Query('avg by (generation, protection) (opsloop_power_eur_per_usable_tb_year'
+                  [Query('1e12 * avg by (generation, protection) (opsloop_power_eur_per_usable_byte_year'
                          '{generation=~"$generation"})', "{{generation}} {{protection}}")],
                   unit="currencyEUR", kind="bargauge", decimals=2),
             Panel("Power cost per year", "Yearly power cost at the current draw, summed per generation.",
@@ -243,13 +244,14 @@ def netperf() -> Dashboard:
         "opsloop-netperf", "Network throughput vs baselines",
         "netperf TCP_STREAM throughput per target set, label and queue count against its baseline (reference "
         "runs: 8.4 Gb/s with 8 queues on the good kernel, ~3.5 Gb/s on the bad one).",
-        [Variable("target_set", "Target set", "label_values(opsloop_netperf_throughput_bits_per_second, target_set)"),
-         Variable("label", "Label", 'label_values(opsloop_netperf_throughput_bits_per_second{target_set=~"$target_set"}, label)')],
+        [Variable("target_set", "Target set", "label_values(opsloop_netperf_throughput_bytes_per_second, target_set)"),
+         Variable("label", "Label", 'label_values(opsloop_netperf_throughput_bytes_per_second{target_set=~"$target_set"}, label)')],
         [
             Panel("Throughput vs baseline", "Last result of each series (solid) and its baseline: a drop of more "
-                  "than the configured ratio opens a netperf finding.",
-                  [Query(f"opsloop_netperf_throughput_bits_per_second{{{sel}}}", "{{target_set}} {{label}} q={{queues}}"),
-                   Query(f"opsloop_netperf_baseline_bits_per_second{{{sel}}}", "baseline {{target_set}} {{label}} q={{queues}}")],
+                  "than the configured ratio opens a netperf finding. Exported in bytes/s, drawn in bits/s (x 8).",
+                  [Query(f"8 * opsloop_netperf_throughput_bytes_per_second{{{sel}}}", "{{target_set}} {{label}} q={{queues}}"),
+                   Query(f"8 * opsloop_netperf_baseline_bytes_per_second{{{sel}}}",
+                         "baseline {{target_set}} {{label}} q={{queues}}")],
                   unit="bps", width=FULL_WIDTH),
             Panel("Throughput / baseline", "Last result divided by the baseline; below 0.8 is a regression.",
                   [Query(f"opsloop_netperf_throughput_ratio{{{sel}}}", "{{target_set}} {{label}} q={{queues}}")],
@@ -260,7 +262,7 @@ def netperf() -> Dashboard:
                          "{{target_set}} {{label}} {{queues_low}}->{{queues_high}}")], unit="none", decimals=2,
                   thresholds=[(0.0, "red"), (1.5, "green")]),
             Panel("Throughput by queue count", "Latest throughput per queue count across the selected series.",
-                  [Query(f"max by (queues) (opsloop_netperf_throughput_bits_per_second{{{sel}}})", "{{queues}} queues")],
+                  [Query(f"8 * max by (queues) (opsloop_netperf_throughput_bytes_per_second{{{sel}}})", "{{queues}} queues")],
                   unit="bps", kind="bargauge"),
             Panel("netperf run errors", "Errors of the netperf collector per second by kind (no netserver, "
                   "timeout, parse).",

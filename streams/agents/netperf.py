@@ -3,8 +3,8 @@
 Feeds ``streams.detectors.netperf.NetperfDetector`` (one per target set: the state key) with the
 collector's set results (``result_from_metric``). Gauges (labels target_set, label, queues):
 
-* ``opsloop_netperf_throughput_bits_per_second``: the last result;
-* ``opsloop_netperf_baseline_bits_per_second``: the baseline it is compared with (median of accepted results);
+* ``opsloop_netperf_throughput_bytes_per_second``: the last result;
+* ``opsloop_netperf_baseline_bytes_per_second``: the baseline it is compared with (median of accepted results);
 * ``opsloop_netperf_throughput_ratio``: result / baseline (the seeds' regression: ~3.5 / ~8.4 = 0.42);
 * ``opsloop_netperf_queue_speedup{target_set, label}``: throughput with the most queues over the fewest.
 """
@@ -23,9 +23,9 @@ from streams.detectors.findingbook import FindingBook
 from streams.detectors.netperf import NetperfDetector, NetperfResult, result_from_metric
 
 SERIES = ["target_set", "label", "queues"]
-BITS_PER_GBIT = 1e9   # the wire and the detector use Gb/s; Prometheus gets bits per second
-THROUGHPUT = Gauge("opsloop_netperf_throughput_bits_per_second", "Last throughput result of a target set", SERIES)
-BASELINE = Gauge("opsloop_netperf_baseline_bits_per_second", "Baseline throughput of the series", SERIES)
+BYTES_PER_GBIT = 1e9 / 8   # the wire and the detector use Gb/s; Prometheus gets bytes per second
+THROUGHPUT = Gauge("opsloop_netperf_throughput_bytes_per_second", "Last throughput result of a target set", SERIES)
+BASELINE = Gauge("opsloop_netperf_baseline_bytes_per_second", "Baseline throughput of the series", SERIES)
 RATIO = Gauge("opsloop_netperf_throughput_ratio", "Last result divided by the baseline", SERIES)
 SPEEDUP = Gauge("opsloop_netperf_queue_speedup", "Throughput with the most queues over the fewest",
                 ["target_set", "label", "queues_low", "queues_high"])
@@ -74,10 +74,10 @@ class NetperfHandler(DetectorHandler):
 
     def _show(self, det: NetperfDetector, r: NetperfResult) -> None:
         labels = (r.target_set, r.label, "" if r.queues is None else str(r.queues))
-        THROUGHPUT.labels(*labels).set(r.gbps * BITS_PER_GBIT)
+        THROUGHPUT.labels(*labels).set(r.gbps * BYTES_PER_GBIT)
         base = det.baseline(r)
         if base is not None and base > 0:
-            BASELINE.labels(*labels).set(base * BITS_PER_GBIT)
+            BASELINE.labels(*labels).set(base * BYTES_PER_GBIT)
             RATIO.labels(*labels).set(r.gbps / base)
         sp = det.speedup(r.target_set, r.label)
         if sp is not None:

@@ -7,7 +7,7 @@ collector's metadata tags (``generation``, ``raw_capacity_tb``) with the configu
 
 Gauges, per host (labels host, generation), so the seed's table is a Grafana panel:
 ``opsloop_power_watts`` (smoothed draw), ``opsloop_power_energy_per_year_joules``, ``opsloop_power_eur_per_year``,
-``opsloop_power_eur_per_usable_tb_year{..., protection}``; per generation
+``opsloop_power_eur_per_usable_byte_year{..., protection}``; per generation
 ``opsloop_power_generation_median_watts``.
 """
 
@@ -27,10 +27,11 @@ from streams.detectors.power import POWER_METRICS, PowerDetector, ServerSpec, po
 
 HOST = ["host", "generation"]
 JOULES_PER_KWH = 3.6e6   # the detector reasons in kWh (prices are per kWh); Prometheus gets joules
+BYTES_PER_TB = 1e12      # disks are sold in decimal TB; Prometheus gets bytes
 WATTS = Gauge("opsloop_power_watts", "Smoothed power draw of the server (W)", HOST)
 ENERGY = Gauge("opsloop_power_energy_per_year_joules", "Energy one year at the current draw takes", HOST)
 EUR = Gauge("opsloop_power_eur_per_year", "Power cost per year at the current draw (EUR)", HOST)
-EUR_TB = Gauge("opsloop_power_eur_per_usable_tb_year", "Power cost per usable TB and year (EUR)",
+EUR_TB = Gauge("opsloop_power_eur_per_usable_byte_year", "Power cost per usable byte and year (EUR)",
                HOST + ["protection"])
 GEN_MEDIAN = Gauge("opsloop_power_generation_median_watts", "Median smoothed draw of a server generation (W)",
                    ["generation"])
@@ -132,7 +133,7 @@ class PowerHandler(DetectorHandler):
         row = det.cost_row(spec, w)
         ENERGY.labels(host, generation).set(row["kwh_per_year"] * JOULES_PER_KWH)
         EUR.labels(host, generation).set(row["eur_per_year"])
-        EUR_TB.labels(host, generation, spec.protection).set(row["eur_per_usable_tb_year"])
+        EUR_TB.labels(host, generation, spec.protection).set(row["eur_per_usable_tb_year"] / BYTES_PER_TB)
 
     def _show_generation(self, generation: str) -> None:
         det = self.detector

@@ -36,7 +36,8 @@ FRONTEND_RATE = Gauge("opsloop_lb_frontend_requests_per_second", "Requests per s
                       ["lb", "frontend"])
 SERVER_WEIGHT = Gauge("opsloop_lb_server_weight", "Current effective weight of a server", ["lb", "backend", "server"])
 SERVER_UP = Gauge("opsloop_lb_server_up", "1 when the load balancer considers the server UP", ["lb", "backend", "server"])
-COUNTER_RESETS = Counter("opsloop_lb_counter_resets_total", "Counters that went down (LB restart)", ["lb"])
+COUNTER_RESETS = Counter("opsloop_lb_resets_total", "Times an LB's request counters went down (LB restart)",
+                         ["lb"])
 
 
 @dataclass(slots=True)

@@ -56,7 +56,7 @@ def good_records(topic: Topic, key: str, ts: float) -> list[bytes]:
 PROCESSED: dict[Topic, tuple[str, Callable[[str], dict[str, str]], float]] = {
     Topic.IPMI: ("opsloop_power_watts", lambda k: {"host": k}, 201.0),
     Topic.IPTABLES: ("opsloop_firewall_ports", lambda k: {"hypervisor": k, "state": "protected"}, 1.0),
-    Topic.NETPERF: ("opsloop_netperf_throughput_bits_per_second", lambda k: {"target_set": k}, 8.4e9),   # 8.4 Gb/s on the wire
+    Topic.NETPERF: ("opsloop_netperf_throughput_bytes_per_second", lambda k: {"target_set": k}, 8.4e9 / 8),   # 8.4 Gb/s on the wire
     Topic.KEYSTONE: ("opsloop_keystone_small_request_p95_seconds", lambda k: {"host": k}, 0.432),   # 432 ms on the wire
     Topic.LB: ("opsloop_lb_server_requests_per_second", lambda k: {"lb": k, "server": "s1"}, 7.0),
 }

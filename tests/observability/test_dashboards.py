@@ -24,8 +24,7 @@ from tests.helpers import REPO, prom_query, unique, wait_until
 DASHBOARDS = REPO / "dashboards"
 # What Grafana substitutes before a query reaches Prometheus (All selected for every variable).
 GRAFANA_MACROS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}
-KNOWN_UNITS = {"watt", "kwatth", "currencyEUR", "Gbits", "percentunit", "ms", "s", "short", "none", "reqps", "ops",
-               "bool"}
+KNOWN_UNITS = {"watt", "kwatth", "currencyEUR", "bps", "percentunit", "s", "short", "none", "reqps", "ops", "bool"}
 
 
 def _generator() -> ModuleType:

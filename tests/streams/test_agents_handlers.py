@@ -135,7 +135,8 @@ def test_seed_power_table_as_gauges_from_collector_tags() -> None:
     batch = [m for g, (w, tb) in SEED_GENERATIONS.items() for m in power_samples(f"seed-{g}", g, w, tb, T0, 4)]
     h.handle(batch, T0)
     for g, cost in SEED_COST.items():
-        got = gauge("opsloop_power_eur_per_usable_tb_year", host=f"seed-{g}", generation=g, protection="replica:3")
+        got = 1e12 * gauge("opsloop_power_eur_per_usable_byte_year", host=f"seed-{g}", generation=g,
+                           protection="replica:3")   # per byte exported, per TB in the reference table
         assert got == pytest.approx(cost, abs=0.01)
         assert gauge("opsloop_power_watts", host=f"seed-{g}", generation=g) == pytest.approx(SEED_GENERATIONS[g][0])
     assert gauge("opsloop_power_energy_per_year_joules", host="seed-gen3", generation="gen3") == pytest.approx(155 * 8.76 * 3.6e6)
@@ -147,7 +148,7 @@ def test_power_config_overrides_tags_erasure_coding_halves_the_cost() -> None:
     conf = PowerSettings.model_validate({"hosts": {"ec-gen3": {"protection": "ec:2+1"}}})
     h = PowerHandler(conf)
     h.handle(power_samples("ec-gen3", "gen3", 155.0, 96, T0, 3), T0)
-    got = gauge("opsloop_power_eur_per_usable_tb_year", host="ec-gen3", generation="gen3", protection="ec:2+1")
+    got = 1e12 * gauge("opsloop_power_eur_per_usable_byte_year", host="ec-gen3", generation="gen3", protection="ec:2+1")
     assert got == pytest.approx(9.09 / 2, abs=0.01)
 
 

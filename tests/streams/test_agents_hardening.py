@@ -186,7 +186,7 @@ def test_netperf_and_keystone_state_is_bounded_too() -> None:
     assert len(n.detectors) == 30
     n.handle([], t0 + 500)
     assert n.detectors == {} and n.last_ts == {}
-    assert gauge("opsloop_netperf_throughput_bits_per_second", target_set="np-1", label="", queues="4") is None
+    assert gauge("opsloop_netperf_throughput_bytes_per_second", target_set="np-1", label="", queues="4") is None
     k = KeystoneHandler()
     k.bound_state(max_clock_skew_s=300, state_ttl_s=100, max_state_keys=1000)
     k.handle([metric("keystone_probe", {"p50_ms": 9.0, "count": 5}, {"host": f"ks-{i}", "probe": "token_validate"},
