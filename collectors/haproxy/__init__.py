@@ -10,8 +10,9 @@ from collectors.haproxy.collector import HaproxyCollector
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # load balancer name (the `host` tag, Kafka key) -> admin socket path
-    instances: dict[str, str] = Field(default_factory=dict)
+    # load balancer name (the `host` tag, Kafka key) -> admin socket path; at least one: without a
+    # target a round would print nothing and look like success
+    instances: dict[str, str] = Field(min_length=1)
     timeout_s: float = Field(default=2.0, gt=0, le=60)
     # Only these proxies (frontends/backends); empty = all.
     proxies: list[str] = Field(default_factory=list)

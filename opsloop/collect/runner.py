@@ -47,6 +47,17 @@ def print_round(rnd: Round, out: IO[str] = sys.stdout) -> None:
     out.flush()
 
 
+def run_once(collector: Collector, *, publisher: Publisher | None = None, stdout: bool = False) -> Round:
+    """One round for `opsloop collect --once`. Unlike :func:`run_loop`, which logs a failed round and goes
+    on, this raises (``CollectorUnavailable`` and any other error): the caller exits non-zero."""
+    rnd = run_round(collector)
+    if stdout:
+        print_round(rnd)
+    if publisher is not None:
+        publisher.publish_metrics(rnd.metrics)
+    return rnd
+
+
 def run_loop(collector: Collector, *, interval_s: float, publisher: Publisher | None = None,
              stdout: bool = False, once: bool = False, jitter_s: float = 0.0,
              stop: threading.Event | None = None, max_rounds: int | None = None) -> int:
