@@ -2,11 +2,13 @@
 
 Each subcommand is ``module:function`` taking ``argv`` and returning an exit code; modules are
 imported only when their subcommand runs, so `opsloop --help` stays fast and a broken optional
-dependency of one stage cannot break the others.
+dependency of one stage cannot break the others. Each of those modules also has ``build_parser()``,
+its argparse parser (sub-commands included), so tools and tests can walk every command's help.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
@@ -16,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "collect": ("opsloop.collect.cli:main", "run one collector (collectors/<name>/) on an interval or --once"),
     "stream": ("streams.cli:main", "stream processing: `opsloop stream worker`"),
     "detect": ("streams.detectors.cli:main", "anomaly detection: `opsloop detect replay`, `opsloop detect evaluate`"),
-    "sim": ("controllers.edge.sim_cli:main", "closed-loop edge-weight simulator (ours vs the seed's damping)"),
+    "sim": ("controllers.edge.sim_cli:main", "closed-loop edge-weight simulator: our controller vs the fixed-step baselines"),
     "edge": ("controllers.edge.service:main", "edge-weight control service: controller loop + topology API"),
     "weights": ("controllers.weights_cli:main", "edge weights: run the applier, show, history, apply, rollback"),
     "page": ("controllers.paging.cli:main", "paging actuator: findings -> Alertmanager alerts (run, render-config)"),
@@ -31,16 +33,25 @@ EPILOG = """examples:
   opsloop collect haproxy --once --stdout --config opsloop.yaml
   opsloop stream worker --config opsloop.yaml
   opsloop detect replay --input series.csv --output scores.csv
-  opsloop sim --scenario controllers/edge/scenarios/seed_experiment.yaml
+  opsloop sim --scenario controllers/edge/scenarios/demand_surge.yaml
   opsloop config check opsloop.yaml
+  opsloop --version
 """
 
 
 def usage() -> str:
     width = max(len(n) for n in COMMANDS)
-    lines = ["usage: opsloop <command> [options]   (opsloop <command> --help for details)", "", "commands:"]
+    lines = ["usage: opsloop <command> [options]   (opsloop <command> --help for details)",
+             "       opsloop --version", "", "commands:"]
     lines += [f"  {n:<{width}}  {h}" for n, (_, h) in COMMANDS.items()]
+    lines += ["", "options:", "  -h, --help  show this help and exit", "  --version   print the opsloop version and exit"]
     return "\n".join(lines) + "\n\n" + EPILOG
+
+
+def build_parser(name: str) -> argparse.ArgumentParser:
+    """The argparse parser of command ``name`` (imports only that command's module)."""
+    module = COMMANDS[name][0].split(":")[0]
+    return importlib.import_module(module).build_parser()  # type: ignore[no-any-return]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,11 +1,12 @@
 """`opsloop run`: the whole pipeline on this machine, with local real components (the `make run` job).
 
-Starts, in order: the stack (Kafka KRaft, Alertmanager, Prometheus), the lab edge (HAProxy in front of
-two toy origins, "near" with a capacity and "far" with more latency) and a light traffic generator,
-then the stream worker, the collectors, paging and the edge loop. Prints where to look and runs until
-Ctrl-C (or `opsloop run --stop` / `make stop` from another shell, which ends this process too), and
-stops every process by its PID. While it runs it supervises its children: one that dies is restarted
-with back-off (at most 5 restarts of one child in 5 minutes; then everything stops, naming it).
+Starts the stack (Kafka KRaft, Alertmanager, Prometheus), the lab edge (HAProxy in front of two toy
+origins, "near" with a capacity and "far" with more latency) and a light traffic generator, then the
+stream worker, the collectors, paging and the edge loop (every process is listed below). Prints
+where to look and runs until Ctrl-C (or `opsloop run --stop` / `make stop` from another shell, which
+ends this process too), and stops every process by its PID. While it runs it supervises its
+children: one that dies is restarted with back-off (at most --max-restarts restarts of one child
+within --restart-window; then everything stops, naming it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import argparse
 import os
 import signal
 import sys
+import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -212,19 +215,55 @@ def stop_running(run_dir: Path, settings: Settings, config_path: Path, timeout_s
     run_pidfile(run_dir).pidfile.unlink(missing_ok=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="opsloop run", description=__doc__, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def started_process_names() -> list[str]:
+    """What `opsloop run` starts, in order: the stack's components, then :func:`pipeline_processes`
+    (built with the default settings in a scratch directory, so nothing of a real run is touched)."""
+    settings = Settings()
+    with tempfile.TemporaryDirectory(prefix="opsloop-run-help-") as tmp:
+        procs = pipeline_processes(settings, Path(tmp) / "opsloop.yaml", Path(tmp), 0.0)
+    return Stack(settings.stack).component_names() + [proc.name for proc in procs]
+
+
+def run_description() -> str:
+    """The help's description: what the module says, then the processes, counted from the code's lists."""
+    try:
+        names = started_process_names()
+    except StackError as e:  # e.g. haproxy not installed yet: say so instead of failing --help
+        listing = f"The list of processes needs the lab's binaries: {e}"
+    else:
+        listing = (f"It starts {len(names)} processes, in this order: "
+                   + ", ".join(names) + ".")
+    return f"{__doc__}\n{textwrap.fill(listing, width=100, break_on_hyphens=False)}\n"
+
+
+class _RunParser(argparse.ArgumentParser):
+    """Derives the process list only when help is shown (it builds the process handles)."""
+
+    def format_help(self) -> str:
+        self.description = run_description()
+        return super().format_help()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _RunParser(prog="opsloop run", description=__doc__, epilog=EPILOG,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=Path, help="opsloop YAML config (defaults otherwise)")
-    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR / "pipeline")
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR / "pipeline",
+                   help="where the processes keep their files and logs (default %(default)s)")
     p.add_argument("--traffic-rate", type=float, default=60.0, help="requests/s through the lab edge")
     p.add_argument("--stop", action="store_true", help="stop a pipeline started by another `opsloop run`")
     p.add_argument("--duration", type=float, default=0, help="run this many seconds, then stop (0 = until Ctrl-C)")
     p.add_argument("--free-ports", action="store_true",
                    help="free loopback ports for the lab and the services the config does not place (tests)")
-    p.add_argument("--max-restarts", type=int, default=5, help="restarts of one child allowed within the window")
-    p.add_argument("--restart-window", type=float, default=300.0, help="the restart budget's window, seconds")
-    a = p.parse_args(argv)
+    p.add_argument("--max-restarts", type=int, default=5,
+                   help="restarts of one child allowed within the window (default %(default)s)")
+    p.add_argument("--restart-window", type=float, default=300.0,
+                   help="the restart budget's window, seconds (default %(default)s)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     ports = LabPorts.free() if a.free_ports and not a.stop else LabPorts()
     try:
         settings, config_path = effective_config(a.config, a.run_dir, ports)

@@ -656,27 +656,32 @@ def _violations(scn: Scenario, phases: list[dict[str, Any]], whole: dict[str, An
             # noisy demand: any single draw can exceed the band; judged on the quantile of the
             # excess, and the load follows the demand's own swings (only weights may not swing)
             if m["overshoot_p95"] is not None and m["overshoot_p95"] > tg.excess_p95 + 1e-9:
-                out.append(f"{name}: 95th-percentile overshoot {m['overshoot_p95']:.3f} > "
-                           f"{tg.excess_p95}")
+                out.append(f"{name}: 95th-percentile overshoot {m['overshoot_p95']:.1%} > "
+                           f"{tg.excess_p95:.1%}")
             if m["oscillation_weight"] > tg.oscillation_weight + 1e-9:
-                out.append(f"{name}: weights oscillate by {m['oscillation_weight']:.3f}")
+                out.append(f"{name}: weights oscillate by {m['oscillation_weight']:.1%} > "
+                           f"{tg.oscillation_weight:.1%}")
             continue
         if _long_enough(scn, ph):
             if m["time_to_capacity_s"] is None or m["time_to_capacity_s"] > limit + 1e-9:
+                took = "never" if m["time_to_capacity_s"] is None else f"{m['time_to_capacity_s']:g}s"
                 out.append(f"{name}: origins not within {against}+{tg.tolerance:.0%} after "
-                           f"{tg.capacity_within_intervals:g} intervals ({m['time_to_capacity_s']})")
+                           f"{tg.capacity_within_intervals:g} intervals ({limit:g}s): took {took}")
             if m["overshoot"] is None or m["overshoot"] > tg.overshoot + 1e-9:
-                out.append(f"{name}: overshoot {m['overshoot']} > {tg.overshoot} (over {against})")
+                shot = "unknown" if m["overshoot"] is None else f"{m['overshoot']:.1%}"
+                out.append(f"{name}: overshoot {shot} > {tg.overshoot:.1%} (over {against})")
         if m["oscillation_weight"] > tg.oscillation_weight + 1e-9:
-            out.append(f"{name}: weights oscillate by {m['oscillation_weight']:.3f}")
+            out.append(f"{name}: weights oscillate by {m['oscillation_weight']:.1%} > "
+                       f"{tg.oscillation_weight:.1%}")
         if m["oscillation_load"] > tg.oscillation_load + 1e-9:
-            out.append(f"{name}: load oscillates by {m['oscillation_load']:.3f} of capacity")
+            out.append(f"{name}: load oscillates by {m['oscillation_load']:.1%} of capacity > "
+                       f"{tg.oscillation_load:.1%}")
     if whole["excess_p95"] > tg.excess_p95 + 1e-9:
         out.append(f"95th-percentile excess over capacity outside step transients "
-                   f"{whole['excess_p95']:.3f} > {tg.excess_p95}")
+                   f"{whole['excess_p95']:.1%} > {tg.excess_p95:.1%}")
     if whole["churn"] > tg.churn + 1e-9:
-        out.append(f"churn {whole['churn']:.3f} of the traffic per interval outside step "
-                   f"transients > {tg.churn}")
+        out.append(f"churn {whole['churn']:.1%} of the traffic per interval outside step "
+                   f"transients > {tg.churn:.1%}")
     return out
 
 

@@ -2,8 +2,8 @@
 fixed-step baseline.
 
 Prints a table per controller (time to capacity, overshoot, settle time, oscillation,
-overload-seconds per origin), or the full result with weight trajectories as JSON; ``--plot``
-writes a PNG of origin load and weights over time. Exit status: 0 when every controller marked
+overload-seconds per origin), or the full result with weight trajectories as JSON; ``--plot [PNG]``
+writes a PNG of origin load and weights over time and says where. Exit status: 0 when every controller marked
 ``ours`` meets the targets, 1 when it does not, 2 for a bad scenario or arguments.
 """
 
@@ -12,15 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from controllers.edge.sim import (CONTROLLER_KINDS, Run, Scenario, ScenarioError, canonical_kind,
                                   load_scenario, run_scenario, trajectories)
 
 EPILOG = """examples:
-  opsloop sim --scenario controllers/edge/scenarios/seed_experiment.yaml
+  opsloop sim --scenario controllers/edge/scenarios/capacity_drop.yaml
   opsloop sim --scenario controllers/edge/scenarios/origin_failure.yaml --json > result.json
   opsloop sim --scenario controllers/edge/scenarios/demand_surge.yaml --plot surge.png
+  opsloop sim --scenario controllers/edge/scenarios/demand_surge.yaml --plot     # ./demand_surge.png
   opsloop sim --scenario my.yaml --controllers ours,fixed-step,fixed-step-headroom,undamped
 
 scenario format: controllers/edge/README.md
@@ -33,6 +35,11 @@ def _fmt(value: float | None, unit: str = "", scale: float = 1.0, digits: int = 
     return f"{value * scale:.{digits}f}{unit}"
 
 
+def _pct(fraction: float | None) -> str:
+    """A fraction (of capacity, of the traffic, of a weight) as a percentage: the table's one format for them."""
+    return _fmt(fraction, "%", 100, 1)
+
+
 def render_table(scn: Scenario, summaries: dict[str, dict[str, Any]]) -> str:
     lines = [f"scenario {scn.name}: {len(scn.edges)} edge(s) × {len(scn.origins)} origin(s), "
              f"interval {scn.interval_s:g}s, {scn.duration_s:g}s simulated",
@@ -42,29 +49,29 @@ def render_table(scn: Scenario, summaries: dict[str, dict[str, Any]]) -> str:
              f"{scn.targets.overshoot:.0%}, weight oscillation ≤ {scn.targets.oscillation_weight:.0%}",
              ""]
     header = (f"{'controller':<10} {'phase':<36} {'to capacity':>11} {'overshoot':>9} "
-              f"{'settle':>7} {'osc w':>6} {'osc load':>8}  overload-s per origin")
+              f"{'settle':>7} {'osc w':>6} {'osc load':>8}  overload per origin")
     lines.append(header)
     lines.append("-" * len(header))
     for kind, summ in summaries.items():
         for ph in summ["phases"]:
             m = ph["metrics"]
-            overload = " ".join(f"{o}={s:g}" for o, s in m["overload_s"].items())
+            overload = " ".join(f"{o}={s:g}s" for o, s in m["overload_s"].items())
             label = f"{ph['label']} @{ph['start_s']:g}s"
             if not m["feasible"]:
                 label += " (short)"
             lines.append(f"{kind:<10} {label[:36]:<36} {_fmt(m['time_to_capacity_s'], 's'):>11} "
-                         f"{_fmt(m['overshoot'], '%', 100, 1):>9} {_fmt(m['settle_s'], 's'):>7} "
-                         f"{m['oscillation_weight']:>6.3f} {m['oscillation_load']:>8.3f}  {overload}")
+                         f"{_pct(m['overshoot']):>9} {_fmt(m['settle_s'], 's'):>7} "
+                         f"{_pct(m['oscillation_weight']):>6} {_pct(m['oscillation_load']):>8}  {overload}")
     lines.append("")
     for kind, summ in summaries.items():
         verdict = "meets targets" if summ["meets_targets"] else "MISSES targets"
         lines.append(f"{kind:<10} {verdict}; mean latency {summ['mean_latency_ms']:.1f} ms, "
                      f"{summ['requests']:.0f} requests, {summ['failed_requests']:.0f} failed, "
-                     f"overload-s {sum(summ['overload_s'].values()):g}, excess p95 "
-                     f"{summ['excess_p95']:.1%}, churn {summ['churn']:.1%}/interval")
+                     f"overload {sum(summ['overload_s'].values()):g}s, excess p95 "
+                     f"{_pct(summ['excess_p95'])}, churn {_pct(summ['churn'])}/interval")
         for base, b in summ.get("baselines", {}).items():
-            lines.append(f"{'':<10}   vs {base}: overload-s (judged) {b['overload_s']:g} vs ours "
-                         f"{summ['judged_overload_s']:g}, mean latency "
+            lines.append(f"{'':<10}   vs {base}: overload (judged) {b['overload_s']:g}s vs ours "
+                         f"{summ['judged_overload_s']:g}s, mean latency "
                          f"{b['mean_latency_ms']:.1f} ms, {b['failed_requests']:.0f} failed")
         for violation in summ["violations"]:
             lines.append(f"{'':<10}   - {violation}")
@@ -112,10 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scenario", required=True, metavar="FILE", help="scenario YAML file")
     parser.add_argument("--json", action="store_true",
                         help="print metrics and weight trajectories as JSON")
-    parser.add_argument("--plot", metavar="PNG", help="write a plot of load and weights to PNG")
+    parser.add_argument("--plot", metavar="PNG", nargs="?", const="",
+                        help="write a plot of load and weights to PNG (default: ./<scenario file name>.png); "
+                             "the path written is printed on stderr")
     parser.add_argument("--controllers", metavar="LIST",
                         help=f"comma-separated, from {', '.join(CONTROLLER_KINDS)} "
-                             "('seed' = fixed-step; default: the scenario's list)")
+                             "(default: the scenario's list)")
     return parser
 
 
@@ -134,12 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as exc:
         print(f"opsloop sim: {exc}", file=sys.stderr)
         return 2
-    if args.plot:
+    if args.plot is not None:
+        plot = Path(args.plot or f"{Path(args.scenario).stem}.png").resolve()
         try:
-            write_plot(scn, runs, args.plot)
+            write_plot(scn, runs, str(plot))
         except OSError as exc:
-            print(f"opsloop sim: cannot write plot {args.plot}: {exc.strerror}", file=sys.stderr)
+            print(f"opsloop sim: cannot write plot {plot}: {exc.strerror}", file=sys.stderr)
             return 2
+        print(f"plot written to {plot}", file=sys.stderr)  # stderr: --json keeps stdout to the document
     if args.json:
         doc = {"scenario": scn.name, "interval_s": scn.interval_s,
                "controllers": {kind: {**summaries[kind], "trajectories": trajectories(scn, runs[kind])}

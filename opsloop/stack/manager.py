@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from opsloop.config import StackSettings
 from opsloop.stack import components
@@ -56,12 +57,24 @@ class Stack:
         tmp.write_bytes(orjson.dumps([{"targets": [address], "labels": {"component": name, **(labels or {})}}]))
         tmp.rename(targets / f"{name}.json")
 
-    def up(self) -> list[ManagedProcess]:
+    def component_names(self) -> list[str]:
+        """The components `up` starts, in start order (no side effects: for help texts and status)."""
+        optional = {"alertmanager": self.with_alertmanager, "prometheus": self.with_prometheus}
+        return ["kafka"] + [name for name, wanted in optional.items() if wanted]
+
+    def up(self, progress: Callable[[str, ManagedProcess], None] | None = None) -> list[ManagedProcess]:
+        """Start every component in order; ``progress(event, comp)`` hears "starting", "ready" and
+        "already running" for each one as it happens (a start can take a minute: say which one waits)."""
         started: list[ManagedProcess] = []
         try:
             for comp in self.components():
+                running = comp.running()
+                if progress is not None:
+                    progress("already running" if running else "starting", comp)
                 comp.start()
                 started.append(comp)
+                if progress is not None and not running:
+                    progress("ready", comp)
         except StackError:
             for comp in reversed(started):
                 comp.stop()
