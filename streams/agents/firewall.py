@@ -52,13 +52,19 @@ class FirewallHandler(DetectorHandler):
         return det
 
     def process(self, metrics: Sequence[Metric], now: float) -> None:
+        roles: dict[str, float] = {}   # role -> event time of its newest report in this batch
         for report in report_from_metrics(metrics, self.settings.roles):
             prev = self.detector.latest.get(report.hypervisor)
             if prev is not None and report.timestamp < prev.timestamp:
                 continue   # an older round replayed after a newer one: it says nothing new
-            self.detector.update(report)
+            self.detector.update(report, drift=False)
             self.touch(report.hypervisor)
             self._show(report)
+            roles[report.role] = max(roles.get(report.role, report.timestamp), report.timestamp)
+        # Each role compared once per batch, after all its reports (as the power handler does per
+        # generation): per report it would walk every member of the role for each of them.
+        for role, ts in roles.items():
+            self.detector.drift(role, ts)
         self._show_drift()
 
     def forget(self, keys: set[str]) -> None:

@@ -47,6 +47,10 @@ class FindingBook:
         self.published: dict[str, float] = {}          # key -> event time it was last published
         self.refresh_s = refresh_s
         self.outbox: list[tuple[str, Finding]] = []     # (event, finding) not yet handed to the sink
+        # split() per label until the next change: state_of(key) splits once per touched key, which
+        # is quadratic in the open findings when every key has one (e.g. power.cost per host)
+        self._version = 0
+        self._splits: dict[str, tuple[int, dict[str, FindingBook]]] = {}
 
     def raise_(self, *, detector: str, what: str, where: dict[str, str], observed: float | str | None,
                expected: float | str | None, score: float, severity: Severity, explanation: str,
@@ -60,6 +64,7 @@ class FindingBook:
                           explanation=explanation, first_seen=first_seen, last_seen=max(now, first_seen),
                           runbook=runbook_url(detector, runbook))   # dashboard: the paging actuator's Grafana base
         self.open[key] = finding.model_dump(mode="json")
+        self._version += 1
         if prev is None:
             self._publish(key, OPENED, finding, now)
         elif prev["severity"] != finding.severity.value:
@@ -70,10 +75,13 @@ class FindingBook:
 
     def clear(self, detector: str, where: dict[str, str], now: float, explanation: str) -> Finding | None:
         """Close the finding for (detector, where) if open; return the cleared finding."""
+        if not self.open:
+            return None   # the common case, without building the key
         key = where_key(detector, where)
         doc = self.open.pop(key, None)
         if doc is None:
             return None
+        self._version += 1
         self.published.pop(key, None)
         doc.update(cleared=True, last_seen=max(now, doc["first_seen"]), explanation=explanation, score=0.0)
         finding = Finding.model_validate(doc)
@@ -126,16 +134,23 @@ class FindingBook:
         return book
 
     def split(self, label: str) -> dict[str, "FindingBook"]:
-        """One book per value of the ``where`` label ``label`` (entries without it go under "")."""
+        """One book per value of the ``where`` label ``label`` (entries without it go under "").
+
+        The parts are shared until the book changes: read them, do not modify them."""
+        cached = self._splits.get(label)
+        if cached is not None and cached[0] == self._version:
+            return cached[1]
         out: dict[str, FindingBook] = {}
         for key, doc in self.open.items():
             part = out.setdefault(str(doc["where"].get(label, "")), FindingBook(self.refresh_s))
             part.open[key] = doc
             if key in self.published:
                 part.published[key] = self.published[key]
+        self._splits = {label: (self._version, out)}
         return out
 
     def merge(self, other: "FindingBook") -> None:
         """Add the open findings of ``other`` (restoring a detector from per-key parts)."""
         self.open.update(other.open)
         self.published.update(other.published)
+        self._version += 1

@@ -161,12 +161,19 @@ class FirewallDetector:
         self.latest: dict[str, HypervisorReport] = {}
         self.book = FindingBook()
 
-    def update(self, report: HypervisorReport | Mapping[str, Any]) -> list[Finding]:
+    def update(self, report: HypervisorReport | Mapping[str, Any], drift: bool = True) -> list[Finding]:
+        """Take one report; ``drift=False`` leaves the role comparison to a later :meth:`drift` call
+        (a stream handler compares each role once per batch: comparing per report is quadratic)."""
         rep = report if isinstance(report, HypervisorReport) else HypervisorReport.from_dict(report)
         self.latest[rep.hypervisor] = rep
         out = self._ports(rep)
-        out += self._drift(rep.role, rep.timestamp)
+        if drift:
+            out += self._drift(rep.role, rep.timestamp)
         return out
+
+    def drift(self, role: str, now: float) -> list[Finding]:
+        """Compare the hypervisors of ``role`` with their majority (ruleset, packages) at event time ``now``."""
+        return self._drift(role, now)
 
     def _ports(self, rep: HypervisorReport) -> list[Finding]:
         out: list[Finding] = []
