@@ -40,7 +40,7 @@ class CliError(ValueError):
     pass
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opsloop weights", description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -95,7 +95,7 @@ def parse_weights(text: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = _parser().parse_args(argv)
+    a = build_parser().parse_args(argv)
     from controllers.actuators.config import ActuatorConfigError, actuator_config
 
     try:

@@ -17,14 +17,20 @@ EPILOG = f"""examples:
 """
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opsloop config", description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("check", help="validate FILE and print the effective settings")
+    c = sub.add_parser("check", help="validate FILE and print the effective settings", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("file", nargs="?", help=f"config file (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG_PATH})")
-    sub.add_parser("defaults", help="print every setting with its default, as YAML")
-    a = p.parse_args(argv)
+    sub.add_parser("defaults", help="print every setting with its default, as YAML", epilog=EPILOG,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     if a.cmd == "defaults":
         print(yaml.safe_dump(defaults_document(), sort_keys=False), end="")
         return 0

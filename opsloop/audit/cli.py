@@ -29,7 +29,7 @@ unreachable Elasticsearch.
 """
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opsloop audit", description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--index", default=INDEX_PATTERN, help=f"index or data stream pattern (default {INDEX_PATTERN})")
     s.add_argument("--json", action="store_true", help="print the matching records as JSON lines")
     s.add_argument("--show-query", action="store_true", help="print the Elasticsearch query and exit")
-    t = sub.add_parser("install-templates", help="install the audit and log index templates (idempotent)")
+    t = sub.add_parser("install-templates", help="install the audit and log index templates (idempotent)",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     for sp in (s, t):
         sp.add_argument("--es", help=f"Elasticsearch URL (default: config, else {DEFAULT_ES})")
         sp.add_argument("--config", help="opsloop.yaml (for controllers.audit.elasticsearch_url)")
@@ -60,7 +61,7 @@ def es_url_from_args(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         url = es_url_from_args(args)
         if args.command == "install-templates":

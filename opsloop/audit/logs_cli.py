@@ -30,7 +30,7 @@ found, 1 when none, 2 on bad input or an unreachable Elasticsearch.
 """
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opsloop logs", description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         until = parse_time(args.until, "--until") if args.until else datetime.now(timezone.utc)
         q = LogQuery(since=parse_duration(args.since, "--since"), until=until, units=tuple(args.unit),

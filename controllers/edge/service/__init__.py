@@ -1,4 +1,4 @@
-"""`opsloop edge run`: the edge-weight control service (issue 7): topology API + controller loop.
+"""`opsloop edge run`: the edge-weight control service: topology API + controller loop.
 
 Data flow: ``telemetry.lb`` → stream worker's ``lb`` agent (its ``edge-demand`` handler, :mod:`streams.edge`) →
 ``edge.demand`` → **this service** (every ``interval_s``: observation → ``EdgeController`` →
@@ -130,8 +130,10 @@ class EdgeService:
         self.audit.close()
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="opsloop edge", description=__doc__, epilog=EPILOG,
+def build_parser() -> argparse.ArgumentParser:
+    # the help shows what the service does and its data flow; the rest of the docstring is for readers of the code
+    description = "\n\n".join(__doc__.split("\n\n")[:2])
+    p = argparse.ArgumentParser(prog="opsloop edge", description=description, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in (("run", "run the control loop and the topology API"),
@@ -149,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     overrides: dict = {"controllers": {"edge": {}}}
     edge = overrides["controllers"]["edge"]
     if args.topology is not None:
