@@ -74,13 +74,16 @@ the epoch; timestamps below 1e8 (e.g. 1, 2, 3 ...) are read as sample numbers of
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 DAY_S = 86400.0
 WEEK_S = 7 * DAY_S
-STATE_VERSION = 2
+STATE_VERSION = 3
 NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside", "h_width", "h_n", "hist")
+NEW_IN_V3 = ("zt", "zt_w", "zt_n", "pbuf", "period", "p_off", "level2", "scale2", "err2", "run2", "run2_x")
+ZT_BINS = 32         # log2 bins of |z| per side: 4 per doubling from z = 1
 QUANTUM_HITS = 3     # a step size seen this often (in ordinary data or not) is the series' resolution
 
 
@@ -117,6 +120,18 @@ class DetectorConfig:
     novelty_bins: int = 256          # ... is not novel: its score is damped (histogram bounded to this many bins)
     flat_min: int = 10               # a run of identical values this long or longer ...
     flat_p: float = 1e-5             # ... and this improbable (given how often values repeat) is a flatline
+    spike_share: float = 0.001         # > 0: a z whose side-of-the-band tail held more than this share of
+                                     # recent points (decayed histogram of z) is routine: value score damped
+    spike_min: float = 3.0           # ... and at least this many (decayed) points were beyond it
+    spike_after: float = 1000.0      # ... once the histogram holds this many (decayed) points
+    spike_rate: float = 0.0002       # decay of that histogram per point (about 5,000 points)
+    period_points: int = 400         # rows buffered before a short period is looked for (autocorrelation)
+    period_max: int = 133            # longest period looked for (rows); at least 3 cycles in the buffer
+    period_acf: float = 0.4          # autocorrelation a period's peak needs ...
+    period_prominence: float = 0.3   # ... and how far above the lowest autocorrelation at shorter lags
+    period_gamma: float = 0.1        # phase offset smoothing per visit
+    tail_cap: float = 10.0           # the tracked tail of z is capped here (heavy-tailed series need more)
+    tail_gain: float = 0.0           # > 0: the tail moves multiplicatively (x e^gain per exceedance)
 
 
 class StreamingDetector:
@@ -128,6 +143,7 @@ class StreamingDetector:
         "tail_q", "run0", "run0_x", "run0_xx", "run1", "run1_x", "run1_xx", "err_rate", "d_off", "d_scale", "d_cnt", "d_last",
         "d_vis", "w_off", "w_cnt", "w_last", "w_vis", "last",
         "l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside", "h_width", "h_n", "hist",
+        "zt", "zt_w", "zt_n", "pbuf", "period", "p_off", "level2", "scale2", "err2", "run2", "run2_x",
     )
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
@@ -177,6 +193,15 @@ class StreamingDetector:
         self.h_width = 0.0               # histogram of every value seen: bin width, count, counts by bin
         self.h_n = 0
         self.hist: dict[str, int] = {}
+        self.zt: list[float] = [0.0] * (2 * ZT_BINS)   # decayed histogram of signed z (log bins) ...
+        self.zt_w = 1.0                  # ... the weight of the next point (decay by growing weights)
+        self.zt_n = 0.0                  # ... and its total weight
+        self.pbuf: list[float] = []      # first rows, until a short period is looked for
+        self.period = 0                  # short period in rows (0: not looked for yet, -1: none found)
+        self.p_off: list[float] = []     # its phase offsets
+        self.level2 = self.scale2 = self.err2 = 0.0
+        self.run2 = 0
+        self.run2_x = 0.0
 
     # ----------------------------------------------------------------------------------- scoring
     def update(self, timestamp: float, value: float) -> float:
@@ -274,7 +299,24 @@ class StreamingDetector:
                     band1 = sb
 
         use_season = n_daily > 0 and self.err1 < self.err0 and (t - self.t_first) >= DAY_S
-        if use_season:
+        # Short-period model (index phase): level + phase offset, Holt-Winters error-correction form.
+        period = self.period
+        ph = -1
+        r2 = z2 = 0.0
+        s2 = floor
+        use_period = False
+        if period > 0:
+            ph = n % period
+            e2 = self.level2 + self.p_off[ph]
+            r2 = x - e2
+            s2 = self.scale2 if self.scale2 > floor else floor
+            z2 = (r2 if r2 >= 0.0 else -r2) / s2
+            use_period = self.err2 < self.err0 and (not use_season or self.err2 < self.err1)
+        if use_period:
+            z = z2
+            expected, band, model = e2, s2, "periodic"
+            use_season = False
+        elif use_season:
             z = z1
             expected, band, model = expected1, band1, "seasonal"
         else:
@@ -300,8 +342,8 @@ class StreamingDetector:
         mm = self.m_mean + ma * (xc - self.m_mean)
         self.m_mean = mm
         zm = (mm - lm if mm >= lm else lm - mm) / (lsd * math.sqrt(ma / (2.0 - ma)))
-        if use_season:
-            zl = zm = 0.0     # the long window holds the daily cycle: a busy hour is not a shift
+        if use_season or use_period:
+            zl = zm = 0.0     # the long window holds the cycle: a busy hour is not a shift
 
         # Flatline (a stuck sensor, a frozen exporter: variance change in its extreme form): a run of
         # identical values that is improbable given how often this series repeats a value.
@@ -323,13 +365,23 @@ class StreamingDetector:
             tm = self.tail_m / cfg.tail_ref
             zme = zm / tm if tm > 1.0 else zm
             score = max(_excess(ze, cfg.z0, width), _excess(zl, cfg.long_z0, width))
+            # Routine spikes: in a bursty series, a z this large (on this side of the expected value)
+            # is common; the empirical tail of recent z's says how common, and the value score is
+            # damped by it. A new kind of excursion (the other side, or larger) keeps its score.
+            zb = _z_bin(z) + (ZT_BINS if x >= expected else 0)
+            if score > 0.0 and cfg.spike_share > 0.0 and self.zt_n >= cfg.spike_after * self.zt_w:
+                top = ZT_BINS * 2 if zb >= ZT_BINS else ZT_BINS
+                beyond = sum(self.zt[zb:top])
+                share = beyond / self.zt_n
+                if share > cfg.spike_share and beyond >= cfg.spike_min * self.zt_w:
+                    score *= cfg.spike_share / share
             # Novelty against everything seen so far: a value in a neighbourhood the series visits
             # often (a periodic job's spike, a level it returns to) is not news; its value score is damped.
             hw = self.h_width
             if hw == 0.0:
                 hw = self.h_width = max(0.5 * lsd, floor, 1e-12)
             hb = int(math.floor(x / hw))
-            if score > 0.0 and self.h_n >= 200:
+            if score > 0.0 and self.h_n >= 200 and not use_period:
                 hist = self.hist
                 c = hist.get(str(hb), 0) + hist.get(str(hb - 1), 0) + hist.get(str(hb + 1), 0)
                 share = c / self.h_n
@@ -342,7 +394,16 @@ class StreamingDetector:
                 self.hist[key] = self.hist.get(key, 0) + 1
             self.h_n += 1
             self.tail_m = _tail_step(self.tail_m, zm, cfg.tail_quantile)
-            self.tail_q = _tail_step(self.tail_q, z, cfg.tail_quantile)
+            zw = self.zt_w
+            self.zt[zb] += zw
+            self.zt_n += zw
+            zw /= 1.0 - cfg.spike_rate
+            if zw > 1e6:             # renormalise now and then (the decay is carried by growing weights)
+                self.zt = [c / zw for c in self.zt]
+                self.zt_n /= zw
+                zw = 1.0
+            self.zt_w = zw
+            self.tail_q = _tail_step(self.tail_q, z, cfg.tail_quantile, cfg.tail_cap, cfg.tail_gain)
             # One alarm per event: after an alarm the series scores 0 until it is back in band
             # (calm_points in a row); then, until `refractory` points after the alarm, scores are
             # damped (a new excursion must be larger to alarm again), after that fully re-armed.
@@ -389,7 +450,7 @@ class StreamingDetector:
         if same < cfg.flat_min:     # a flatline must not shrink the band the series returns to
             self.scale0 = scale0 + br * (1.25 * ap0 - scale0)
             self.scale1 = scale1 + br * (1.25 * ap1 - scale1)
-        if z0 < cfg.shift_z or z1 < cfg.shift_z:
+        if z0 < cfg.shift_z or z1 < cfg.shift_z or (period > 0 and z2 < cfg.shift_z):
             # Model errors in units of the level model's scale, and not while both models are
             # surprised: an anomaly or a regime change must not decide which model is better.
             # A point that surprises one model but not the other costs that model a lot: what
@@ -399,6 +460,18 @@ class StreamingDetector:
             e1 = ap1 / s0 + (8.0 if z1 > cfg.shift_z else 0.0)
             self.err0 += er * (e0 - self.err0)
             self.err1 += er * (e1 - self.err1)
+            if period > 0:
+                ar2 = r2 if r2 >= 0.0 else -r2
+                if ar2 > clip * s2:
+                    ar2 = clip * s2
+                e2 = ar2 / s0 + (8.0 if z2 > cfg.shift_z else 0.0)
+                self.err2 += er * (e2 - self.err2)
+        if period > 0:
+            self._learn_period(x, r2, s2, z2, ph, a, br, clip, same < cfg.flat_min)
+        elif period == 0 and n > cfg.warmup_points:
+            self.pbuf.append(x)
+            if len(self.pbuf) >= cfg.period_points:
+                self._find_period()
 
         if b >= 0:
             # The bucket learns from its own residual, clipped by its own (wider) scale, so that a
@@ -515,6 +588,80 @@ class StreamingDetector:
                 self.run1 = 0
         return score
 
+    def _learn_period(self, x: float, r2: float, s2: float, z2: float, ph: int, a: float, br: float,
+                      clip: float, scale_ok: bool) -> None:
+        lim = clip * s2
+        p2 = r2 if -lim <= r2 <= lim else (lim if r2 > 0.0 else -lim)
+        self.level2 += a * p2
+        self.p_off[ph] += self.cfg.period_gamma * (1.0 - a) * p2
+        if scale_ok:
+            ap2 = p2 if p2 >= 0.0 else -p2
+            self.scale2 += br * (1.25 * ap2 - self.scale2)
+        # A run of same-sign outliers is a level shift: re-anchor the level to the run's mean.
+        if z2 > self.cfg.shift_z:
+            run = self.run2
+            if run * r2 > 0.0:
+                run += 1 if r2 > 0.0 else -1
+            else:
+                run = 1 if r2 > 0.0 else -1
+                self.run2_x = 0.0
+            self.run2_x += x - self.p_off[ph]
+            k = run if run > 0 else -run
+            if k >= self.cfg.shift_points:
+                self.level2 = self.run2_x / k
+                run = 0
+            self.run2 = run
+        elif self.run2:
+            self.run2 = 0
+
+    def _find_period(self) -> None:
+        """Look once for a short period in the buffered rows: the first autocorrelation peak (of the
+        linearly detrended rows) that is high and prominent. The daily profile covers longer ones."""
+        xs, self.pbuf = self.pbuf, []
+        self.period = -1
+        cfg = self.cfg
+        n = len(xs)
+        lag_max = min(cfg.period_max, n // 3)
+        if lag_max < 4:
+            return
+        mx = (n - 1) / 2.0
+        my = sum(xs) / n
+        sxx = sum((i - mx) ** 2 for i in range(n))
+        slope = sum((i - mx) * (v - my) for i, v in enumerate(xs)) / sxx
+        d = [v - my - slope * (i - mx) for i, v in enumerate(xs)]
+        var = sum(v * v for v in d)
+        if var <= 1e-12 * n * (1.0 + my * my):
+            return
+        acf = [1.0] + [sum(map(operator.mul, d[:-k], d[k:])) / var for k in range(1, lag_max + 1)]
+        low = acf[1]
+        best = 0
+        for k in range(2, lag_max):
+            low = min(low, acf[k])
+            if (acf[k] >= cfg.period_acf and acf[k] >= acf[k - 1] and acf[k] >= acf[k + 1]
+                    and acf[k] - low >= cfg.period_prominence):
+                if not best or acf[k] > acf[best] * 1.1:
+                    best = k
+                if acf[best] > 0.8:
+                    break
+        step = (self.t_last - self.t_first) / max(1, self.n - 1)
+        if not best or (self.n_daily and abs(best * step / DAY_S - round(best * step / DAY_S)) < 0.1
+                        and best * step > 0.5 * DAY_S):
+            return           # none, or a daily one: the time-keyed daily profile covers it
+        # Start the model from the buffer: phase means of the detrended rows (row j is point j + 1 + skip).
+        skip = self.n - n
+        sums = [0.0] * best
+        cnts = [0] * best
+        for j, v in enumerate(d):
+            ph = (j + 1 + skip) % best
+            sums[ph] += v
+            cnts[ph] += 1
+        self.p_off = [sums[p] / cnts[p] if cnts[p] else 0.0 for p in range(best)]
+        self.level2 = sum(xs[j] - self.p_off[(j + 1 + skip) % best] for j in range(n - best, n)) / best
+        res = [abs(xs[j] - self.level2 - self.p_off[(j + 1 + skip) % best]) for j in range(n - 2 * best, n)]
+        self.scale2 = 1.25 * sum(res) / len(res)
+        self.err2 = self.err0
+        self.period = best
+
     def _size_buckets(self) -> None:
         """Pick bucket widths from the median sampling step seen in warm-up."""
         steps = sorted(self.steps)
@@ -592,7 +739,7 @@ class StreamingDetector:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "StreamingDetector":
-        if not isinstance(doc, dict) or doc.get("version") not in (1, STATE_VERSION):
+        if not isinstance(doc, dict) or doc.get("version") not in (1, 2, STATE_VERSION):
             raise ValueError(f"detector state: unsupported or missing version (got {doc.get('version')!r}"
                              if isinstance(doc, dict) else "detector state: expected a JSON object")
         known = {f.name for f in fields(DetectorConfig)}
@@ -603,6 +750,8 @@ class StreamingDetector:
                 continue
             if name not in doc and name in NEW_IN_V2 and doc["version"] == 1:
                 continue     # a version-1 state: the long window starts from the fast model's level
+            if name not in doc and name in NEW_IN_V3 and doc["version"] < 3:
+                continue     # an older state: the new parts start empty
             if name not in doc:
                 raise ValueError(f"detector state: missing field {name!r}")
             v = doc[name]
@@ -627,9 +776,21 @@ def _excess(z: float, z0: float, width: float) -> float:
     return 1.0 - math.exp(-u * u)
 
 
-def _tail_step(q: float, z: float, p: float) -> float:
-    """Robbins-Monro step of the (1-p) quantile of z (capped at 10): up by (1-p) on exceedance, down by p."""
-    q += 0.05 * ((1.0 - p) if (z if z < 10.0 else 10.0) > q else -p)
+def _z_bin(z: float) -> int:
+    if z <= 1.0:
+        return 0
+    b = int(4.0 * math.log2(z))
+    return b if b < ZT_BINS else ZT_BINS - 1
+
+
+def _tail_step(q: float, z: float, p: float, cap: float = 10.0, gain: float = 0.0) -> float:
+    """Robbins-Monro step of the (1-p) quantile of z (capped at `cap`): up by (1-p) on exceedance, down by
+    p; additive (0.05), or multiplicative with `gain` so that a heavy tail far above 3 is reached quickly."""
+    up = (z if z < cap else cap) > q
+    if gain > 0.0:
+        q *= math.exp(gain * ((1.0 - p) if up else -p))
+    else:
+        q += 0.05 * ((1.0 - p) if up else -p)
     return q if q > 0.5 else 0.5
 
 
