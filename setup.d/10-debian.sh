@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Debian packages of the real components the pipeline and its tests run (COMPONENTS.md).
+# Debian packages of the real components the pipeline and its tests run (systemd: systemd-analyze, with
+# which tests/deploy verifies the units in deploy/systemd).
 # netperf lives in Debian's non-free component: enable it on the same mirror as main.
 set -euo pipefail
 PKGS=(prometheus prometheus-alertmanager haproxy socat ipmitool openipmi libopenipmi-dev iptables iperf3
-      docker-compose netperf iproute2 build-essential curl ca-certificates openjdk-17-jre-headless maven)
+      docker-compose netperf iproute2 build-essential curl ca-certificates openjdk-17-jre-headless maven
+      systemd)
 
 source "$(dirname "$0")/lib/steps.bash"
 # Called by apt_ensure before it installs anything; the sources file appears whole (temp, then rename).
