@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from opsloop.dotted import get_dotted
 from opsloop.kafka_security import KafkaSecurity
 from opsloop.validation import error_lines
 
@@ -143,7 +144,7 @@ class Settings(_Section):
         Also finds a section given under its deprecated name (settings built in code, not by
         :func:`load_settings`, which moves them)."""
         for where in (path, *(old for old, new in DEPRECATED_SECTIONS.items() if new == path)):
-            value = _get_path(self.model_dump(include={where.split(".")[0]}), where)
+            value = get_dotted(self.model_dump(include={where.split(".")[0]}), where)
             if value:
                 return dict(value)
         return {}
@@ -257,7 +258,7 @@ def validation_errors(doc: dict[str, Any]) -> list[str]:
             if f"{group}.{name}" not in sections:
                 errors.append(f"{group}.{name}: unknown section (known: {', '.join(known)})")
     for path, model in sections.items():
-        section = _get_path(doc, path)
+        section = get_dotted(doc, path)
         if section is None:
             continue
         try:
@@ -325,25 +326,16 @@ def env_overrides(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
 def _migrate_deprecated(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     warnings = []
     for old, new in DEPRECATED_SECTIONS.items():
-        value = _get_path(doc, old)
+        value = get_dotted(doc, old)
         if value is None:
             continue
-        if _get_path(doc, new) is not None:
+        if get_dotted(doc, new) is not None:
             raise ConfigError(f"both {old} (the old name) and {new} are set: keep only {new}")
         old_group, old_name = old.split(".", 1)
         doc = {**doc, old_group: {k: v for k, v in doc[old_group].items() if k != old_name}}
         doc = _deep_merge(doc, _nest(new, value))
         warnings.append(f"section {old} is deprecated: rename it to {new}")
     return doc, warnings
-
-
-def _get_path(doc: dict[str, Any], path: str) -> Any:
-    node: Any = doc
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def _nest(path: str, value: Any) -> dict[str, Any]:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from opsloop.dotted import get_dotted
+
 LOGS_INDEX_PATTERN = "opsloop-logs-*"
 MAX_LIMIT = 10_000
 # opsloop's levels (opsloop/log.py writes logging's level names in lower case), least severe first,
@@ -107,33 +109,26 @@ def search_logs(client: Any, q: LogQuery, index: str = LOGS_INDEX_PATTERN) -> li
     return [h["_source"] for h in reversed(resp["hits"]["hits"])]
 
 
-def _get(doc: dict[str, Any], dotted: str) -> Any:
+def _field(doc: dict[str, Any], dotted: str) -> Any:
     """A field whether the shipper nested it (``{"systemd": {"unit": ..}}``) or kept the dots."""
-    if dotted in doc:
-        return doc[dotted]
-    cur: Any = doc
-    for part in dotted.split("."):
-        if not isinstance(cur, dict) or part not in cur:
-            return None
-        cur = cur[part]
-    return cur
+    return get_dotted(doc, dotted, flat_key=True)
 
 
 def level_of(doc: dict[str, Any]) -> str:
-    level = _get(doc, "opsloop.level")
+    level = _field(doc, "opsloop.level")
     if isinstance(level, str):
         return level
-    prio = _get(doc, "syslog.priority")
+    prio = _field(doc, "syslog.priority")
     return _PRIORITY_NAMES.get(int(prio), str(prio)) if isinstance(prio, (int, str)) and str(prio).isdigit() else "-"
 
 
 def render_line(doc: dict[str, Any]) -> str:
     """``time level unit event key=value ...`` for opsloop's lines, ``time level unit message`` otherwise."""
-    source = _get(doc, "systemd.unit") or _get(doc, "container.name") or _get(doc, "syslog.identifier") or "-"
+    source = _field(doc, "systemd.unit") or _field(doc, "container.name") or _field(doc, "syslog.identifier") or "-"
     head = f"{doc.get('@timestamp', '-')}  {level_of(doc):<8} {source}"
-    event = _get(doc, "opsloop.event")
+    event = _field(doc, "opsloop.event")
     if event is None:
         return f"{head}  {doc.get('message', '')}"
-    fields = _get(doc, "opsloop.fields") or {}
+    fields = _field(doc, "opsloop.fields") or {}
     kv = " ".join(f"{k}={v}" for k, v in fields.items()) if isinstance(fields, dict) else str(fields)
-    return f"{head}  {_get(doc, 'opsloop.service') or '-'}: {event}" + (f"  {kv}" if kv else "")
+    return f"{head}  {_field(doc, 'opsloop.service') or '-'}: {event}" + (f"  {kv}" if kv else "")
