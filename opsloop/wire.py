@@ -8,8 +8,8 @@ One sample::
 A Kafka record carries either one sample (what Telegraf writes with ``json`` and batch
 format off) or a batch ``{"schema_version": 1, "metrics": [sample, ...]}`` (Telegraf's batch
 shape plus our version field). Collectors send one batch per series key and round: the stream
-stage's cost is per message, not per sample (COMPONENTS.md: ~50x between a naive Faust agent
-and a plain loop), so fewer, larger messages are the main performance lever.
+stage's cost is per message, not per sample (a naive Faust agent costs about 50 times a plain
+consumer loop per message), so fewer, larger messages are the main performance lever.
 
 Parsing never raises for a bad *sample* inside a good batch: :func:`parse_record` returns the
 good samples and one :class:`Rejected` per bad one, so a dead-letter record can be written for
