@@ -159,7 +159,7 @@ class Pipeline:
     def __init__(self, settings: Settings | None = None) -> None:
         s = settings or Settings.model_validate(bench_settings())
         self.settings = s
-        self.rates = LbRates(ttl_s=s.stream.series_ttl_s, max_series=s.stream.max_state_keys)
+        self.rates = LbRates.from_settings(s.stream)
         self.demand = DemandAggregator(rates=self.rates)
         self.lb = FanOut("lb", [self.rates, self.demand])
         conf = DetectorsSettings.model_validate(s.section("streams.detectors"))
@@ -170,11 +170,14 @@ class Pipeline:
         self.all = FanOut("detectors", self.detectors)
         self.detector_topics = {str(t) for h in self.detectors for t in h.topics}
         self.state_bytes = 0
+        self.state_keys = 0
         self.demand_records = 0
+        self.outbox: list[tuple[str, bytes, bytes]] = []   # (topic, key, value) the worker would send
 
     def handle(self, msgs: Sequence[Any]) -> int:
         """One fetched batch (any topics), as the worker's two agents take it: decode and handle (the
-        runtime's code, GC paused), send the demand records and encode every touched state key."""
+        runtime's code, GC paused), encode the demand records and every touched state key (what the
+        worker sends to ``edge.demand`` and the ``detector-state`` changelog); returns the samples."""
         lb = [m for m in msgs if m.topic == Topic.LB.value]
         det = [m for m in msgs if m.topic in self.detector_topics]
         n = 0
@@ -182,7 +185,7 @@ class Pipeline:
             with gc_paused():
                 n += len(decode_and_handle("lb", lb, self.lb).metrics)
             for rec in self.demand.drain():
-                rec.encode()
+                self.outbox.append((Topic.EDGE_DEMAND.value, rec.key.encode(), rec.encode()))
                 self.demand_records += 1
         if det:
             with gc_paused():
@@ -192,5 +195,12 @@ class Pipeline:
                 for key in h.touched():
                     state = h.state_of(key)
                     if state is not None:
-                        self.state_bytes += len(orjson.dumps(state))
+                        value = orjson.dumps(state)
+                        self.state_bytes += len(value)
+                        self.state_keys += 1
+                        self.outbox.append(("detector-state", f"{h.name}|{key}".encode(), value))
         return n
+
+    def drain(self) -> list[tuple[str, bytes, bytes]]:
+        out, self.outbox = self.outbox, []
+        return out

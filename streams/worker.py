@@ -39,7 +39,7 @@ def build_app(settings: Settings, app_id: str | None = None) -> faust.App:
     """The app with every agent registered (one place: the data flow reads top to bottom)."""
     app = create_app(settings, app_id)
     # telemetry.lb: request-rate gauges, then edge demand from the same rates -> edge.demand (controllers/edge)
-    rates = LbRates(ttl_s=settings.stream.series_ttl_s)
+    rates = LbRates.from_settings(settings.stream)   # series_ttl_s; capped at stream.max_state_keys
     demand, send_demand = edge_demand_stage(app, settings, rates)
     batch_agent(app, LB_AGENT, [Topic.LB], [rates, demand], settings, after_batch=[send_demand])
     register_detector_agents(app, settings)   # firewall, keystone, netperf, power, anomaly -> findings

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from prometheus_client import Counter, Gauge
 
 from opsloop.findings import Finding, Severity
-from opsloop.wire import Metric, topic_for
+from opsloop.wire import Metric, label_string, topic_for
 from streams.agents.base import DetectorHandler, log, number
 from streams.agents.settings import AnomalySettings, SeriesSpec
 from streams.detectors.anomaly import DetectorConfig, StreamingDetector
@@ -41,7 +41,10 @@ DROPPED = Counter("opsloop_anomaly_series_dropped_total", "Samples of new series
 
 
 def series_label(tags: Mapping[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(tags.items()))
+    """The tag set as ``k=v,...`` with separators in keys or values escaped (:func:`opsloop.wire.label_string`):
+    ``{"host": "a,rack=1"}`` and ``{"host": "a", "rack": "1"}`` are two series, not one state key.
+    Without separators it is the plain join, so keys written before stay the same."""
+    return label_string(tags)
 
 
 @dataclass(slots=True)
@@ -78,6 +81,7 @@ class AnomalyHandler(DetectorHandler):
             self.specs.setdefault(spec.metric, []).append(spec)
         self.topics = tuple(sorted({topic_for(s.metric, {}) for s in self.settings.series}, key=str))
         self.series: dict[str, Series] = {}
+        self._scored: list[str] = []   # series scored by the last process() call
         self._keys: dict[tuple[str, str, tuple[tuple[str, str], ...]], str] = {}
 
     @staticmethod
@@ -101,6 +105,7 @@ class AnomalyHandler(DetectorHandler):
         for key, score in scored.items():
             self._show(self.series[key], score)
         self._touched.update(scored)
+        self._scored = list(scored)
 
     def _key_of(self, spec: SeriesSpec, tags: Mapping[str, str]) -> str:
         ck = (spec.metric, spec.field, tuple(tags.items()))
@@ -164,6 +169,10 @@ class AnomalyHandler(DetectorHandler):
 
     def books(self) -> Iterable[FindingBook]:
         return [s.book for s in self.series.values()]
+
+    def changed_books(self) -> Iterable[FindingBook]:
+        # only a scored point changes its series' book (_point -> _finding)
+        return [s.book for k in self._scored if (s := self.series.get(k)) is not None]
 
     def key_of_finding(self, finding: Finding) -> str | None:
         where = dict(finding.where)

@@ -71,7 +71,7 @@ class DetectorHandler:
         self._now = now
         self.process(metrics, now)
         self._expire(now)
-        for book in self.books():
+        for book in self.changed_books():
             self._collect(book)
 
     @staticmethod
@@ -159,6 +159,11 @@ class DetectorHandler:
 
     def books(self) -> Iterable[FindingBook]:
         raise NotImplementedError
+
+    def changed_books(self) -> Iterable[FindingBook]:
+        """The books the last ``process`` call may have changed (default: all); a handler with a book
+        per series returns those of the series it touched, so a batch costs what it touched."""
+        return self.books()
 
     def key_of_finding(self, finding: Finding) -> str | None:
         return finding.where.get(self.key_label)

@@ -65,7 +65,8 @@ class FirewallHandler(DetectorHandler):
         # generation): per report it would walk every member of the role for each of them.
         for role, ts in roles.items():
             self.detector.drift(role, ts)
-        self._show_drift()
+        if roles:   # drift changes only with a report (forget and restore refresh the gauges themselves)
+            self._show_drift()
 
     def forget(self, keys: set[str]) -> None:
         for key in keys:
@@ -106,9 +107,10 @@ class FirewallHandler(DetectorHandler):
         REPORT_TS.labels(rep.hypervisor).set(rep.timestamp)
 
     def _show_drift(self) -> None:
-        drifting = {(f.where["hypervisor"], f.where.get("role", ""), "ruleset" if f.detector == FINGERPRINT_DRIFT
-                     else "package") for f in self.detector.book.open_findings()
-                    if f.detector in (FINGERPRINT_DRIFT, PACKAGE_DRIFT)}
+        # the book's stored findings as they are (no Finding model per open finding and call)
+        drifting = {(d["where"]["hypervisor"], d["where"].get("role", ""), "ruleset" if d["detector"] == FINGERPRINT_DRIFT
+                     else "package") for d in self.detector.book.open.values()
+                    if d["detector"] in (FINGERPRINT_DRIFT, PACKAGE_DRIFT)}
         for rep in self.detector.latest.values():
             for kind in ("ruleset", "package"):
                 DRIFT.labels(rep.hypervisor, rep.role, kind).set(1.0 if (rep.hypervisor, rep.role, kind) in drifting

@@ -151,11 +151,13 @@ class StatefulAgent:
     async def run_batch(self, events: Sequence[EventT]) -> None:
         if self.needs_restore:
             self.restore()
-        # One handler call per source partition, so every touched key is known to come from
-        # that partition (its table entry must live in the same partition number).
-        groups: dict[tuple[str, int], list[EventT]] = {}
+        # One handler call per source partition number, so every touched key is known to come from
+        # that partition (its table entry must live in the same partition number). The topics of a
+        # partition number share one call: a handler's fixed cost per call (gauges, sweeps, books)
+        # is then paid once per partition, not once per topic and partition.
+        groups: dict[int, list[EventT]] = {}
         for e in events:
-            groups.setdefault((e.message.topic, e.message.partition), []).append(e)
+            groups.setdefault(e.message.partition, []).append(e)
         owner: dict[tuple[DetectorHandler, str], EventT] = {}
         for group in groups.values():
             await process_batch(self.name, [e.message for e in group], self._all, self._send_deadletter,

@@ -11,7 +11,7 @@ that goes down means the load balancer restarted (or was reloaded): that interva
 reported as a negative rate. A sample whose timestamp does not advance (a duplicate from an
 at-least-once replay) is ignored. Series silent for ``ttl_s`` (receive time: a sample stamped in
 the future stops refreshing its series, so it cannot pin it) are forgotten and removed from the
-gauges, and so are the least recently seen beyond ``max_series``; both counted in
+gauges, and so are the least recently seen beyond ``max_series`` (the worker's ``stream.max_state_keys``); both counted in
 ``opsloop_stream_state_dropped_total{handler="lb-rates"}``.
 """
 
@@ -22,6 +22,7 @@ from typing import Sequence
 
 from prometheus_client import Counter, Gauge
 
+from opsloop.config import StreamSettings
 from opsloop.wire import Metric
 from streams.bounded import DEFAULT_MAX_STATE_KEYS, STATE_KEYS, Recency, count_dropped
 
@@ -92,6 +93,11 @@ class LbRates:
         self._servers: dict[tuple[str, str], dict[str, Rate]] = {}
         # the rates of the last handled batch, for a handler that runs after this one on the same batch
         self.fresh: list[Rate] = []
+
+    @classmethod
+    def from_settings(cls, stream: StreamSettings) -> "LbRates":
+        """The worker's handler: ``stream.series_ttl_s`` and a cap of ``stream.max_state_keys`` series."""
+        return cls(ttl_s=stream.series_ttl_s, max_series=stream.max_state_keys)
 
     def servers(self, lb: str, backend: str) -> dict[str, Rate]:
         """Latest rate of every server of one backend (a view: do not modify)."""

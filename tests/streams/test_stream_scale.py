@@ -1,0 +1,125 @@
+"""What the stream stage's throughput work must not change: state keys, caps, finding books, drift, GC.
+
+Each fast path here stands next to the slow one it replaces and must give the same result.
+"""
+
+from __future__ import annotations
+
+import gc
+
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import REGISTRY
+
+from opsloop.config import StreamSettings
+from opsloop.findings import Severity
+from opsloop.wire import _LABEL_ESCAPES, Metric, label_string, metric
+from streams.agents.anomaly import AnomalyHandler
+from streams.agents.firewall import FirewallHandler
+from streams.agents.settings import AnomalySettings, SeriesSpec
+from streams.detectors.findingbook import FindingBook
+from streams.detectors.firewall import FirewallDetector, report_from_metrics
+from streams.lb.rates import LbRates
+from streams.runtime.batch import gc_paused
+
+T0 = 1_790_000_000.0
+
+
+def reference_label_string(labels: dict[str, str]) -> str:
+    """The escaping join, without the fast path."""
+    return ",".join(f"{str(k).translate(_LABEL_ESCAPES)}={str(v).translate(_LABEL_ESCAPES)}"
+                    for k, v in sorted(labels.items()))
+
+
+@given(st.dictionaries(st.text(alphabet="ab,=|\\x ", max_size=4), st.text(alphabet="ab,=|\\x ", max_size=4),
+                       max_size=4))
+def test_label_string_fast_path_equals_the_escaping_join(labels: dict[str, str]) -> None:
+    assert label_string(labels) == reference_label_string(labels)
+
+
+def test_label_string_keeps_skip_and_non_string_values() -> None:
+    assert label_string({"b": 2, "a": "x,y", "c": "z"}, skip=["c"]) == "a=x\\,y,b=2"  # type: ignore[dict-item]
+
+
+def test_anomaly_tag_values_with_separators_are_distinct_series() -> None:
+    h = AnomalyHandler(AnomalySettings(series=[SeriesSpec(metric="ipmi_power", field="watts")]))
+    h.handle([metric("ipmi_power", {"watts": 150.0}, {"host": "a,rack=1"}, T0),
+              metric("ipmi_power", {"watts": 150.0}, {"host": "a", "rack": "1"}, T0)], T0)
+    assert len(h.series) == 2
+    assert sorted(h.series) == ["ipmi_power.watts|host=a,rack=1", "ipmi_power.watts|host=a\\,rack\\=1"]
+
+
+def test_lb_rates_cap_is_stream_max_state_keys() -> None:
+    rates = LbRates.from_settings(StreamSettings(max_state_keys=3, series_ttl_s=600))
+    before = REGISTRY.get_sample_value("opsloop_stream_state_dropped_total",
+                                       {"handler": "lb-rates", "reason": "cap"}) or 0.0
+    rows = [metric("haproxy", {"hrsp_2xx": 10}, {"host": "capped-lb", "proxy": "be", "sv": f"s{i}", "type": "server"},
+                   T0) for i in range(5)]
+    rates.handle(rows, T0)
+    after = REGISTRY.get_sample_value("opsloop_stream_state_dropped_total", {"handler": "lb-rates", "reason": "cap"})
+    assert len(rates._recent) == 3   # noqa: SLF001
+    assert after == before + 2
+
+
+def _raise(book: FindingBook, host: str, now: float) -> None:
+    book.raise_(detector="power.cost", what="w", where={"host": host}, observed=1.0, expected=None, score=0.1,
+                severity=Severity.INFO, explanation="e", now=now)
+
+
+def test_finding_book_split_follows_every_change() -> None:
+    book = FindingBook()
+    _raise(book, "a", T0)
+    assert set(book.split("host")) == {"a"}
+    _raise(book, "b", T0)
+    assert set(book.split("host")) == {"a", "b"}
+    book.clear("power.cost", {"host": "a"}, T0 + 1, "gone")
+    assert set(book.split("host")) == {"b"}
+    other = FindingBook()
+    _raise(other, "c", T0)
+    book.merge(other)
+    assert set(book.split("host")) == {"b", "c"}
+    assert book.split("host")["c"].open == other.open
+
+
+def _fw_round(hv: str, ts: float, fp: str, ports: int = 3) -> list[Metric]:
+    out = [metric("iptables_vm_port", {"protected": 1}, {"host": hv, "port_id": f"p{j}", "vm": f"vm{j}"}, ts)
+           for j in range(ports)]
+    out.append(metric("iptables_ruleset", {"fingerprint": fp, "base_fingerprint": fp}, {"host": hv}, ts))
+    return out
+
+
+def test_firewall_drift_once_per_batch_gives_the_per_report_findings() -> None:
+    # five hypervisors, two rounds in one batch; hv3 drifts in the second round, hv1 is back in line
+    batch = [*(m for i in range(5) for m in _fw_round(f"hv{i}", T0, "fp-b" if i == 1 else "fp-a")),
+             *(m for i in range(5) for m in _fw_round(f"hv{i}", T0 + 60, "fp-b" if i == 3 else "fp-a"))]
+    per_report = FirewallDetector()
+    for rep in report_from_metrics(batch):
+        per_report.update(rep)
+    h = FirewallHandler()
+    h.handle(batch, T0 + 60)
+    assert set(h.detector.book.open) == set(per_report.book.open)
+    assert [d["where"]["hypervisor"] for d in h.detector.book.open.values()] == ["hv3"]
+    assert REGISTRY.get_sample_value("opsloop_firewall_drift",
+                                     {"hypervisor": "hv3", "role": "default", "kind": "ruleset"}) == 1.0
+    assert REGISTRY.get_sample_value("opsloop_firewall_drift",
+                                     {"hypervisor": "hv1", "role": "default", "kind": "ruleset"}) == 0.0
+
+
+def test_gc_paused_restores_the_collector_state() -> None:
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()   # a caller's own pause is left alone
+    finally:
+        gc.enable()
+    try:
+        with gc_paused():
+            raise ValueError("handler bug")
+    except ValueError:
+        pass
+    assert gc.isenabled()
