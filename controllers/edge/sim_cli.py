@@ -53,6 +53,7 @@ def render_table(scn: Scenario, summaries: dict[str, dict[str, Any]]) -> str:
     lines.append(header)
     lines.append("-" * len(header))
     for kind, summ in summaries.items():
+        kind = canonical_kind(kind)  # a scenario may still list a baseline by its old name
         for ph in summ["phases"]:
             m = ph["metrics"]
             overload = " ".join(f"{o}={s:g}s" for o, s in m["overload_s"].items())
@@ -64,6 +65,7 @@ def render_table(scn: Scenario, summaries: dict[str, dict[str, Any]]) -> str:
                          f"{_pct(m['oscillation_weight']):>6} {_pct(m['oscillation_load']):>8}  {overload}")
     lines.append("")
     for kind, summ in summaries.items():
+        kind = canonical_kind(kind)
         verdict = "meets targets" if summ["meets_targets"] else "MISSES targets"
         lines.append(f"{kind:<10} {verdict}; mean latency {summ['mean_latency_ms']:.1f} ms, "
                      f"{summ['requests']:.0f} requests, {summ['failed_requests']:.0f} failed, "
