@@ -82,7 +82,8 @@ DAY_S = 86400.0
 WEEK_S = 7 * DAY_S
 STATE_VERSION = 3
 NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside", "h_width", "h_n", "hist")
-NEW_IN_V3 = ("zt", "zt_w", "zt_n", "pbuf", "period", "p_off", "level2", "scale2", "err2", "run2", "run2_x")
+NEW_IN_V3 = ("zt", "zt_w", "zt_n", "pbuf", "period", "p_off", "level2", "scale2", "err2", "run2", "run2_x",
+             "d_ms", "d_ml", "d_var", "d_abs", "tail_d")
 ZT_BINS = 32         # log2 bins of |z| per side: 4 per doubling from z = 1
 QUANTUM_HITS = 3     # a step size seen this often (in ordinary data or not) is the series' resolution
 
@@ -123,13 +124,17 @@ class DetectorConfig:
     spike_share: float = 0.001         # > 0: a z whose side-of-the-band tail held more than this share of
                                      # recent points (decayed histogram of z) is routine: value score damped
     spike_min: float = 3.0           # ... and at least this many (decayed) points were beyond it
-    spike_after: float = 1000.0      # ... once the histogram holds this many (decayed) points
+    spike_after: float = 700.0      # ... once the histogram holds this many (decayed) points
+    spike_skip: int = 150              # rows not counted in that histogram (start-up)
     spike_rate: float = 0.0002       # decay of that histogram per point (about 5,000 points)
     period_points: int = 400         # rows buffered before a short period is looked for (autocorrelation)
     period_max: int = 133            # longest period looked for (rows); at least 3 cycles in the buffer
     period_acf: float = 0.4          # autocorrelation a period's peak needs ...
     period_prominence: float = 0.3   # ... and how far above the lowest autocorrelation at shorter lags
     period_gamma: float = 0.1        # phase offset smoothing per visit
+    slope_rate: float = 0.02         # short-window mean of the steps (about 40 points) ...
+    slope_long: float = 0.002        # ... under their long-window mean and variance (about 500 points)
+    slope_z0: float = 4.0            # ... z below this scores 0
     tail_cap: float = 10.0           # the tracked tail of z is capped here (heavy-tailed series need more)
     tail_gain: float = 0.0           # > 0: the tail moves multiplicatively (x e^gain per exceedance)
 
@@ -144,6 +149,7 @@ class StreamingDetector:
         "d_vis", "w_off", "w_cnt", "w_last", "w_vis", "last",
         "l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside", "h_width", "h_n", "hist",
         "zt", "zt_w", "zt_n", "pbuf", "period", "p_off", "level2", "scale2", "err2", "run2", "run2_x",
+        "d_ms", "d_ml", "d_var", "d_abs", "tail_d",
     )
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
@@ -193,7 +199,7 @@ class StreamingDetector:
         self.h_width = 0.0               # histogram of every value seen: bin width, count, counts by bin
         self.h_n = 0
         self.hist: dict[str, int] = {}
-        self.zt: list[float] = [0.0] * (2 * ZT_BINS)   # decayed histogram of signed z (log bins) ...
+        self.zt: list[float] = [0.0] * (4 * ZT_BINS)   # decayed histogram of signed z (log bins) ...
         self.zt_w = 1.0                  # ... the weight of the next point (decay by growing weights)
         self.zt_n = 0.0                  # ... and its total weight
         self.pbuf: list[float] = []      # first rows, until a short period is looked for
@@ -202,6 +208,9 @@ class StreamingDetector:
         self.level2 = self.scale2 = self.err2 = 0.0
         self.run2 = 0
         self.run2_x = 0.0
+        self.d_ms = self.d_ml = self.d_var = 0.0   # steps: short and long mean, long variance ...
+        self.d_abs = 0.0                           # ... mean absolute step ...
+        self.tail_d = self.cfg.tail_ref            # ... and the tracked tail of their z
 
     # ----------------------------------------------------------------------------------- scoring
     def update(self, timestamp: float, value: float) -> float:
@@ -224,6 +233,7 @@ class StreamingDetector:
             return 0.0
 
         dx = x - self.x_prev
+        sdx = dx                         # signed step (the slope component)
         if dx < 0.0:
             dx = -dx
         self.x_prev = x
@@ -342,8 +352,30 @@ class StreamingDetector:
         mm = self.m_mean + ma * (xc - self.m_mean)
         self.m_mean = mm
         zm = (mm - lm if mm >= lm else lm - mm) / (lsd * math.sqrt(ma / (2.0 - ma)))
+        # Slope: the short-window mean of the (clipped) steps under the long-window distribution of
+        # steps. A trend that speeds up (a disk filling ten times faster) moves no single value far
+        # from the fast level, which follows it; the steps themselves show it.
+        zs = 0.0
+        if cfg.slope_rate > 0.0:
+            dc = sdx
+            da = self.d_abs if self.d_abs > floor else floor     # the typical step size
+            if n > cfg.warmup_points:
+                dlim = 6.0 * da          # a jump is the level models' business, not a slope
+                dc = dlim if dc > dlim else (-dlim if dc < -dlim else dc)
+            self.d_ms += cfg.slope_rate * (dc - self.d_ms)
+            dd = self.d_ms - self.d_ml
+            # The spread of the short mean itself (not of single steps): noisy steps telescope.
+            dsd = math.sqrt(self.d_var) if self.d_var > 0.0 else 0.0
+            # ... and never so small that one clipped step (a spike, a jump) alone reaches slope_z0.
+            fl = cfg.slope_rate * 6.0 * da / cfg.slope_z0
+            zs = (dd if dd >= 0.0 else -dd) / (dsd if dsd > fl else fl)
+            lr = cfg.slope_long if cfg.slope_long > 1.0 / n else 1.0 / n
+            self.d_ml += lr * (dc - self.d_ml)
+            self.d_abs += lr * ((dc if dc >= 0.0 else -dc) - self.d_abs)
+            if zs < 2.0 or n <= cfg.warmup_points:      # a new slope must not widen its own yardstick
+                self.d_var += lr * (dd * dd - self.d_var)
         if use_season or use_period:
-            zl = zm = 0.0     # the long window holds the cycle: a busy hour is not a shift
+            zl = zm = zs = 0.0     # the long window holds the cycle: a busy hour is not a shift
 
         # Flatline (a stuck sensor, a frozen exporter: variance change in its extreme form): a run of
         # identical values that is improbable given how often this series repeats a value.
@@ -364,17 +396,16 @@ class StreamingDetector:
             ze = z / tail if tail > 1.0 else z
             tm = self.tail_m / cfg.tail_ref
             zme = zm / tm if tm > 1.0 else zm
-            score = max(_excess(ze, cfg.z0, width), _excess(zl, cfg.long_z0, width))
             # Routine spikes: in a bursty series, a z this large (on this side of the expected value)
             # is common; the empirical tail of recent z's says how common, and the value score is
             # damped by it. A new kind of excursion (the other side, or larger) keeps its score.
-            zb = _z_bin(z) + (ZT_BINS if x >= expected else 0)
-            if score > 0.0 and cfg.spike_share > 0.0 and self.zt_n >= cfg.spike_after * self.zt_w:
-                top = ZT_BINS * 2 if zb >= ZT_BINS else ZT_BINS
-                beyond = sum(self.zt[zb:top])
-                share = beyond / self.zt_n
-                if share > cfg.spike_share and beyond >= cfg.spike_min * self.zt_w:
-                    score *= cfg.spike_share / share
+            # The fast model's z and the long window's z keep their own histograms: a value that
+            # is routine against the fast band can still be new against everything seen lately.
+            up = x >= expected
+            zb = _z_bin(z) + (ZT_BINS if up else 0)
+            zlb = _z_bin(zl) + (3 * ZT_BINS if sm >= lm else 2 * ZT_BINS)
+            score = max(self._routine(_excess(ze, cfg.z0, width), zb),
+                        self._routine(_excess(zl, cfg.long_z0, width), zlb))
             # Novelty against everything seen so far: a value in a neighbourhood the series visits
             # often (a periodic job's spike, a level it returns to) is not news; its value score is damped.
             hw = self.h_width
@@ -388,15 +419,21 @@ class StreamingDetector:
                 if share > cfg.novelty_p:
                     score *= cfg.novelty_p / share
             # A flatline or a shifted mean is news even at an ordinary value.
-            score = max(score, _excess(zf, 1.0, 0.5), _excess(zme, cfg.mean_z0, width))
+            td = self.tail_d / cfg.tail_ref
+            zse = zs / td if td > 1.0 else zs
+            score = max(score, _excess(zf, 1.0, 0.5), _excess(zme, cfg.mean_z0, width),
+                        _excess(zse, cfg.slope_z0, width))
             key = str(hb)
             if key in self.hist or len(self.hist) < cfg.novelty_bins:
                 self.hist[key] = self.hist.get(key, 0) + 1
             self.h_n += 1
             self.tail_m = _tail_step(self.tail_m, zm, cfg.tail_quantile)
+            self.tail_d = _tail_step(self.tail_d, zs, cfg.tail_quantile)
             zw = self.zt_w
-            self.zt[zb] += zw
-            self.zt_n += zw
+            if n > cfg.spike_skip:      # not the first rows: their z's are large while the scale settles
+                self.zt[zb] += zw
+                self.zt[zlb] += zw
+                self.zt_n += zw
             zw /= 1.0 - cfg.spike_rate
             if zw > 1e6:             # renormalise now and then (the decay is carried by growing weights)
                 self.zt = [c / zw for c in self.zt]
@@ -586,6 +623,17 @@ class StreamingDetector:
                 self.run1 = run
             elif self.run1:
                 self.run1 = 0
+        return score
+
+    def _routine(self, score: float, zb: int) -> float:
+        """`score` damped by how common a z in bin `zb` or beyond (same side, same z) was lately."""
+        cfg = self.cfg
+        if score > 0.0 and cfg.spike_share > 0.0 and self.zt_n >= cfg.spike_after * self.zt_w:
+            top = (zb // ZT_BINS + 1) * ZT_BINS
+            beyond = sum(self.zt[zb:top])
+            share = beyond / self.zt_n
+            if share > cfg.spike_share and beyond >= cfg.spike_min * self.zt_w:
+                return score * cfg.spike_share / share
         return score
 
     def _learn_period(self, x: float, r2: float, s2: float, z2: float, ph: int, a: float, br: float,
