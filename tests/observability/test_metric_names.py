@@ -247,7 +247,7 @@ def test_promtool_check_metrics_passes_on_every_service_of_the_pipeline(stack, l
                                   "backend": "be_web", "servers": {"near": "near", "far": "far"}}]}}
     write_config(config, doc)
     tag, now = unique("names"), time.time()
-    produce(stack.kafka_bootstrap, [
+    samples = [
         (Topic.IPMI, f"{tag}-gen3", encode_batch(metric("ipmi_power", {"watts": 155.0},
                                                         {"host": f"{tag}-gen3", "source": "dcmi", "generation": "gen3",
                                                          "raw_capacity_tb": "96"}, now - 60 + i) for i in range(3))),
@@ -256,7 +256,7 @@ def test_promtool_check_metrics_passes_on_every_service_of_the_pipeline(stack, l
                                                           now - 60 + i) for i, g in enumerate((8.4, 8.4)))),
         (Topic.KEYSTONE, f"{tag}-ks", encode_batch([metric("s3_frontend_requests", {
             "requests": 10.0, "small_requests": 10.0, "small_p50_ms": 600.0, "small_p95_ms": 750.0}, {"host": f"{tag}-ks"},
-            now - 60)]))])
+            now - 60)]))]
     procs = [start_worker(tmp_path, config, doc, stack), start_collector("haproxy", tmp_path, config, doc, stack)]
     ctl = EdgeControl(config, tmp_path / "edge-control", api_port, token).start()
     actuator = opsloop_process("actuator", ["weights", "run", "--config", str(config), "--edge", lb,
@@ -287,11 +287,16 @@ def test_promtool_check_metrics_passes_on_every_service_of_the_pipeline(stack, l
     def with_samples(text: str) -> set[str]:
         return set(re.findall(r"^(opsloop_\w+)[{ ]", text, re.M))
 
+    def ready(port: int, needed: set[str]) -> str | None:
+        text = scrape(port)
+        return text if needed <= with_samples(text) else None
+
     try:
+        produce(stack.kafka_bootstrap, samples)   # once the worker is up (it creates the topics)
         texts: dict[str, str] = {}
         for service, (port, needed) in services.items():
-            texts[service] = wait_until(lambda p=port, n=needed: (t := scrape(p)) if n <= with_samples(t) else None,
-                                        timeout=180, interval=2, what=f"{service}: samples of {sorted(needed)}")
+            texts[service] = wait_until(lambda p=port, n=needed: ready(p, n), timeout=180, interval=2,
+                                        what=f"{service}: samples of {sorted(needed)}")
         # The converted values: 750 ms -> 0.75 s, 8.4 Gb/s -> 1.05e9 B/s, 155 W for a year in joules.
         ks = re.search(rf'^opsloop_keystone_small_request_p95_seconds\{{host="{tag}-ks"\}} (\S+)$',
                        texts["stream worker"], re.M)
