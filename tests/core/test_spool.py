@@ -160,3 +160,38 @@ def test_publish_never_raises_into_the_collection_loop(tmp_path: Path) -> None:
     assert REGISTRY.get_sample_value("opsloop_spool_quarantined_lines_total", {"collector": "torn-test"}) == 1.0
     assert pub.spool.count_records() == 3
     pub._drop_producer()
+
+
+def test_dropped_records_are_a_counter_that_only_adds_new_drops(tmp_path: Path) -> None:
+    """A full spool's drops are exported as opsloop_spool_dropped_records_total: present at 0 from the
+    start, then raised by each update by the drops since the previous one (never set, never re-added)."""
+    import socket
+
+    from prometheus_client import REGISTRY
+
+    from opsloop.collect.publisher import Publisher
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]    # closed again: nothing listens there, every record is spooled
+    one = len(recs(1)[0].to_line())
+    pub = Publisher(f"127.0.0.1:{port}", tmp_path, collector="drop-test", spool_max_bytes=one * 2,
+                    send_timeout_s=1.0)
+    dropped = lambda: REGISTRY.get_sample_value("opsloop_spool_dropped_records_total",  # noqa: E731
+                                                {"collector": "drop-test"})
+    assert dropped() == 0.0
+    assert REGISTRY.get_sample_value("opsloop_spool_dropped_records", {"collector": "drop-test"}) is None
+    assert {f.type for f in REGISTRY.collect() if f.name == "opsloop_spool_dropped_records"} == {"counter"}
+    try:
+        for v in range(5):
+            pub._retry_at = float("inf")   # in back-off: publish goes straight to the spool
+            pub.publish(recs(v))
+        assert pub.spool.dropped_records == 3
+        assert dropped() == 3.0
+        pub._update_gauges()               # no new drop: the counter stays
+        assert dropped() == 3.0
+        pub._retry_at = float("inf")
+        pub.publish(recs(9))
+        assert dropped() == 4.0
+    finally:
+        pub._drop_producer()
