@@ -83,7 +83,9 @@ WEEK_S = 7 * DAY_S
 STATE_VERSION = 3
 NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside", "h_width", "h_n", "hist")
 NEW_IN_V3 = ("zt", "zt_w", "zt_n", "pbuf", "period", "p_off", "level2", "scale2", "err2", "run2", "run2_x",
-             "d_ms", "d_ml", "d_var", "d_abs", "tail_d")
+             "d_ms", "d_ml", "d_var", "d_abs", "tail_d", "log_mode", "lo", "wbuf")
+EVT_BIN = 8          # z = 4: the threshold of the fitted tail
+LN2 = math.log(2.0)
 ZT_BINS = 32         # log2 bins of |z| per side: 4 per doubling from z = 1
 QUANTUM_HITS = 3     # a step size seen this often (in ordinary data or not) is the series' resolution
 
@@ -125,6 +127,7 @@ class DetectorConfig:
                                      # recent points (decayed histogram of z) is routine: value score damped
     spike_min: float = 3.0           # ... and at least this many (decayed) points were beyond it
     spike_after: float = 700.0      # ... once the histogram holds this many (decayed) points
+    spike_evt: float = 5.0           # (decayed) points beyond z = 4 needed to fit a tail (0: off)
     spike_skip: int = 150              # rows not counted in that histogram (start-up)
     spike_rate: float = 0.0002       # decay of that histogram per point (about 5,000 points)
     period_points: int = 400         # rows buffered before a short period is looked for (autocorrelation)
@@ -135,6 +138,8 @@ class DetectorConfig:
     slope_rate: float = 0.02         # short-window mean of the steps (about 40 points) ...
     slope_long: float = 0.002        # ... under their long-window mean and variance (about 500 points)
     slope_z0: float = 4.0            # ... z below this scores 0
+    log_points: int = 100            # rows that decide whether the series is modelled in log space ...
+    log_skew: float = 0.6            # ... (all positive, skewness above this, and much less in log space)
     tail_cap: float = 10.0           # the tracked tail of z is capped here (heavy-tailed series need more)
     tail_gain: float = 0.0           # > 0: the tail moves multiplicatively (x e^gain per exceedance)
 
@@ -149,7 +154,7 @@ class StreamingDetector:
         "d_vis", "w_off", "w_cnt", "w_last", "w_vis", "last",
         "l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside", "h_width", "h_n", "hist",
         "zt", "zt_w", "zt_n", "pbuf", "period", "p_off", "level2", "scale2", "err2", "run2", "run2_x",
-        "d_ms", "d_ml", "d_var", "d_abs", "tail_d",
+        "d_ms", "d_ml", "d_var", "d_abs", "tail_d", "log_mode", "lo", "wbuf",
     )
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
@@ -210,6 +215,9 @@ class StreamingDetector:
         self.run2_x = 0.0
         self.d_ms = self.d_ml = self.d_var = 0.0   # steps: short and long mean, long variance ...
         self.d_abs = 0.0                           # ... mean absolute step ...
+        self.log_mode = 0                # 0: not decided yet, 1: log space, -1: as is
+        self.lo = 0.0                    # log space: values below this are read as this
+        self.wbuf: list[list[float]] = []   # the first rows, until log_mode is decided
         self.tail_d = self.cfg.tail_ref            # ... and the tracked tail of their z
 
     # ----------------------------------------------------------------------------------- scoring
@@ -218,6 +226,29 @@ class StreamingDetector:
         x = float(value)
         if x != x or x in (math.inf, -math.inf):
             return 0.0
+        if self.log_mode == 0 and self.cfg.log_points > 0:
+            # Undecided: a positive, right-skewed series (latency, traffic volumes) is modelled in
+            # log space, where its multiplicative noise is additive and a burst of x3 is the same
+            # size at night as at noon. Decided once, from the first `log_points` values; the
+            # buffered rows are then replayed into a fresh log-space state (their scores stand).
+            self.wbuf.append([float(timestamp), x])
+            if len(self.wbuf) >= self.cfg.log_points:
+                buf, self.wbuf = self.wbuf, []
+                if _right_skewed([v for _, v in buf], self.cfg.log_skew):
+                    fresh = StreamingDetector(self.cfg)
+                    fresh.log_mode = 1
+                    fresh.lo = 0.5 * min(v for _, v in buf)
+                    for t, v in buf[:-1]:
+                        fresh.update(t, v)
+                    for name in self.__slots__:
+                        setattr(self, name, getattr(fresh, name))
+                else:
+                    self.log_mode = -1
+        if self.log_mode == 1:
+            x = math.log(x if x > self.lo else self.lo)
+        return self._update(timestamp, x)
+
+    def _update(self, timestamp: float, x: float) -> float:
         cfg = self.cfg
         n = self.n + 1
         self.n = n
@@ -626,14 +657,33 @@ class StreamingDetector:
         return score
 
     def _routine(self, score: float, zb: int) -> float:
-        """`score` damped by how common a z in bin `zb` or beyond (same side, same z) was lately."""
+        """`score` damped by how common a z in bin `zb` or beyond (same side, same z) is lately: the
+        larger of the empirical tail share and a Pareto tail fitted to the z's beyond 4 (Hill's
+        estimator; the extreme-value view of SPOT, Siffer et al., KDD 2017): in a bursty series a spike
+        a little above the largest seen so far is still routine."""
         cfg = self.cfg
-        if score > 0.0 and cfg.spike_share > 0.0 and self.zt_n >= cfg.spike_after * self.zt_w:
-            top = (zb // ZT_BINS + 1) * ZT_BINS
-            beyond = sum(self.zt[zb:top])
-            share = beyond / self.zt_n
-            if share > cfg.spike_share and beyond >= cfg.spike_min * self.zt_w:
-                return score * cfg.spike_share / share
+        if score <= 0.0 or cfg.spike_share <= 0.0 or self.zt_n < cfg.spike_after * self.zt_w:
+            return score
+        base = (zb // ZT_BINS) * ZT_BINS
+        zt = self.zt
+        beyond = sum(zt[zb:base + ZT_BINS])
+        share = beyond / self.zt_n if beyond >= cfg.spike_min * self.zt_w else 0.0
+        if cfg.spike_evt:
+            nu = logs = 0.0
+            for k in range(base + EVT_BIN, base + ZT_BINS):
+                c = zt[k]
+                if c:
+                    nu += c
+                    logs += c * ((k - base + 0.5) / 4.0 - EVT_BIN / 4.0)
+            if nu >= cfg.spike_evt * self.zt_w and logs > 0.0:
+                alpha = nu / (logs * LN2)
+                rel = (zb - base - EVT_BIN + 0.5) / 4.0         # log2(z / u)
+                if rel > 0.0:
+                    p = nu / self.zt_n * 2.0 ** (-alpha * rel)
+                    if p > share:
+                        share = p
+        if share > cfg.spike_share:
+            return score * cfg.spike_share / share
         return score
 
     def _learn_period(self, x: float, r2: float, s2: float, z2: float, ph: int, a: float, br: float,
@@ -747,14 +797,19 @@ class StreamingDetector:
 
     # ------------------------------------------------------------------------------ explanation
     def explain(self) -> dict[str, Any]:
-        """The last point: observed, expected value, band (expected +- z0 scales), z, model used."""
+        """The last point: observed, expected value, band (expected +- z0 scales), z, model used
+        (in the series' own units, also when it is modelled in log space)."""
         observed, expected, scale, z, model = self.last
         half = self.cfg.z0 * scale
+        lower, upper = expected - half, expected + half
+        if self.log_mode == 1:
+            observed, expected, lower, upper = (_exp(observed), _exp(expected), _exp(lower), _exp(upper))
+            model += " (log)"
         return {
             "observed": observed,
             "expected": expected,
-            "lower": expected - half,
-            "upper": expected + half,
+            "lower": lower,
+            "upper": upper,
             "z": z,
             "model": model,
             "points": self.n,
@@ -822,6 +877,27 @@ def _excess(z: float, z0: float, width: float) -> float:
         return 0.0
     u = (z - z0) / width
     return 1.0 - math.exp(-u * u)
+
+
+def _exp(v: float) -> float:
+    return math.exp(v if v < 700.0 else 700.0)
+
+
+def _right_skewed(xs: list[float], min_skew: float) -> bool:
+    """All positive, skewness at least `min_skew`, and at most half of it left in log space."""
+    if not xs or min(xs) <= 0.0:
+        return False
+
+    def skew(v: list[float]) -> float:
+        n = len(v)
+        m = sum(v) / n
+        m2 = sum((e - m) ** 2 for e in v) / n
+        if m2 <= 1e-24 * (1.0 + m * m):
+            return 0.0
+        return sum((e - m) ** 3 for e in v) / n / m2 ** 1.5
+
+    sx = skew(xs)
+    return sx >= min_skew and abs(skew([math.log(v) for v in xs])) <= 0.5 * sx
 
 
 def _z_bin(z: float) -> int:
