@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from opsloop.redact import redact_credentials
+
 MAX_SHOWN = 80
 
 
 def shown(value: object) -> str:
     """``repr`` of an offending value, cut to :data:`MAX_SHOWN` characters."""
-    text = repr(value)
+    text = redact_credentials(repr(value))   # a URL's user:password@ never reaches the output
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
 
 

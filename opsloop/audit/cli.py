@@ -12,6 +12,7 @@ from opsloop.audit.search import INDEX_PATTERN, parse_duration, parse_time, rend
 from opsloop.audit.templates import AUDIT_TEMPLATE, LOGS_TEMPLATE, install_template
 from opsloop.audit.trail import AuditSettings
 from opsloop.config import ConfigError, load_settings
+from opsloop.es_client import ElasticsearchSettings, check_url
 
 DEFAULT_ES = "http://127.0.0.1:29200"
 
@@ -51,23 +52,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def es_url_from_args(args: argparse.Namespace) -> str:
     """--es, else controllers.audit.elasticsearch_url in --config, else the local default."""
+    return es_from_args(args).describe()
+
+
+def es_from_args(args: argparse.Namespace) -> ElasticsearchSettings:
+    """The connection: hosts from --es, else the config's audit Elasticsearch, else the local default;
+    auth and CA from the config (``audit.elasticsearch``) either way."""
+    es = AuditSettings.from_settings(load_settings(args.config)).es() if args.config else None
+    es = es or ElasticsearchSettings()
     if args.es:
-        return str(args.es)
-    if args.config:
-        url = AuditSettings.from_settings(load_settings(args.config)).elasticsearch_url
-        if url:
-            return url
-    return DEFAULT_ES
+        return es.with_hosts([check_url(str(args.es), "--es")])
+    return es if es.hosts else es.with_hosts([DEFAULT_ES])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        url = es_url_from_args(args)
+        es = es_from_args(args)
+        url = es.describe()   # hosts only: credentials never in a printed URL
         if args.command == "install-templates":
-            from elasticsearch import Elasticsearch
-
-            client = Elasticsearch(url, request_timeout=10)
+            client = es.client()
             for name in (AUDIT_TEMPLATE, LOGS_TEMPLATE):
                 install_template(client, name)
                 print(f"installed index template {name}")
@@ -76,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.show_query:
             print(orjson.dumps(why_query(args.edge, at, window), option=orjson.OPT_INDENT_2).decode())
             return 0
-        from elasticsearch import Elasticsearch
-
-        answer = why_weights_changed(Elasticsearch(url, request_timeout=10), args.edge, at, window, args.index)
+        answer = why_weights_changed(es.client(), args.edge, at, window, args.index)
     except (ValueError, ConfigError, AuditError) as e:
         print(f"opsloop audit: {e}", file=sys.stderr)
         return 2

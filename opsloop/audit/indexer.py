@@ -33,6 +33,7 @@ from prometheus_client import Counter, Gauge
 
 from opsloop.audit.record import AuditRecord
 from opsloop.audit.templates import AUDIT_TEMPLATE, install_template
+from opsloop.es_client import ElasticsearchSettings
 from opsloop.log import get_logger
 
 log = get_logger("audit.indexer")
@@ -232,6 +233,9 @@ def _reason(info: dict[str, Any]) -> str:
     return str(err)[:300]
 
 
-def client_for(url: str, request_timeout_s: float = 10.0) -> Elasticsearch:
-    """A client for the indexer: no client-side retries (the indexer's back-off does that)."""
-    return Elasticsearch(url, request_timeout=request_timeout_s, max_retries=0, retry_on_timeout=False)
+def client_for(es: ElasticsearchSettings | str, request_timeout_s: float | None = None) -> Elasticsearch:
+    """A client for the indexer (hosts, API key or basic auth, CA from the settings; a URL string means one
+    host without auth): no client-side retries (the indexer's back-off does that)."""
+    settings = es if isinstance(es, ElasticsearchSettings) else ElasticsearchSettings(hosts=[es])
+    timeout = settings.request_timeout_s if request_timeout_s is None else request_timeout_s
+    return settings.client(request_timeout=timeout, max_retries=0, retry_on_timeout=False)

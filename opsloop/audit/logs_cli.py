@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import orjson
 
-from opsloop.audit.cli import DEFAULT_ES, es_url_from_args
+from opsloop.audit.cli import DEFAULT_ES, es_from_args
 from opsloop.audit.logs import LEVELS, LOGS_INDEX_PATTERN, LogQuery, logs_query, render_line, search_logs
 from opsloop.audit.search import parse_duration, parse_time
 from opsloop.config import ConfigError
@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         until = parse_time(args.until, "--until") if args.until else datetime.now(timezone.utc)
         q = LogQuery(since=parse_duration(args.since, "--since"), until=until, units=tuple(args.unit),
                      level=args.level, text=args.grep, limit=args.limit)
-        url = es_url_from_args(args)
+        es = es_from_args(args)
+        url = es.describe()   # hosts only: credentials never in a printed URL
     except (ValueError, ConfigError) as e:
         print(f"opsloop logs: {e}", file=sys.stderr)
         return 2
@@ -64,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print(orjson.dumps(logs_query(q), option=orjson.OPT_INDENT_2).decode())
         return 0
     try:
-        from elasticsearch import Elasticsearch
-
-        docs = search_logs(Elasticsearch(url, request_timeout=10), q, args.index)
+        docs = search_logs(es.client(), q, args.index)
     except Exception as e:  # noqa: BLE001 - connection refused, timeouts, HTTP errors: say which and where
         print(f"opsloop logs: Elasticsearch at {url}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

@@ -14,9 +14,12 @@ is itself invalid (a programming error in the actuator, better caught in its tes
 
 Configuration (all keys optional)::
 
-    controllers:
-      audit:
-        elasticsearch_url: http://127.0.0.1:29200   # omit: no indexing (log and Kafka only)
+    audit:
+        elasticsearch:                              # omit: no indexing (log and Kafka only)
+          hosts: ["https://es1:9200"]               # auth and CA: opsloop/es_client.py
+          api_key_file: /etc/opsloop/secrets/es-api-key
+          ca_file: /etc/opsloop/es-ca.pem
+        elasticsearch_url: http://127.0.0.1:29200   # the short form: one host, no auth
         stream: opsloop-audit                       # data stream name (must start with opsloop-audit)
         max_buffered: 10000                         # records kept while Elasticsearch is down
         kafka: true                                 # also publish to the `audit` topic
@@ -26,11 +29,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opsloop.audit.indexer import DEFAULT_STREAM, ElasticsearchIndexer, client_for
 from opsloop.audit.record import AuditError, AuditRecord, build
 from opsloop.config import Settings
+from opsloop.es_client import ElasticsearchSettings, check_url
 from opsloop.log import get_logger
 from opsloop.wire import describe_validation_error
 
@@ -46,11 +50,29 @@ class AuditSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     elasticsearch_url: str | None = Field(default=None, pattern=r"^https?://")
+    elasticsearch: ElasticsearchSettings = Field(default_factory=ElasticsearchSettings)
     stream: str = Field(default=DEFAULT_STREAM, pattern=r"^opsloop-audit[a-z0-9._\-]*$")
     max_buffered: int = Field(default=10_000, ge=1, le=10_000_000)
     batch_size: int = Field(default=500, ge=1, le=10_000)
     max_backoff_s: float = Field(default=30.0, gt=0)
     kafka: bool = False
+
+    @field_validator("elasticsearch_url")
+    @classmethod
+    def _no_credentials(cls, url: str | None) -> str | None:
+        return url if url is None else check_url(url, "elasticsearch_url")
+
+    @model_validator(mode="after")
+    def _one_host_list(self) -> "AuditSettings":
+        if self.elasticsearch_url and self.elasticsearch.hosts:
+            raise ValueError("set elasticsearch_url or elasticsearch.hosts, not both")
+        return self
+
+    def es(self) -> ElasticsearchSettings | None:
+        """The Elasticsearch connection (``elasticsearch_url`` is the one-host form), None when not set."""
+        if self.elasticsearch_url:
+            return self.elasticsearch.with_hosts([self.elasticsearch_url])
+        return self.elasticsearch if self.elasticsearch.hosts else None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "AuditSettings":
@@ -68,8 +90,9 @@ class AuditLog:
     def from_settings(cls, settings: Settings, start: bool = True) -> "AuditLog":
         cfg = AuditSettings.from_settings(settings)
         sinks: list[AuditSink] = []
-        if cfg.elasticsearch_url:
-            indexer = ElasticsearchIndexer(client_for(cfg.elasticsearch_url), cfg.stream, cfg.max_buffered,
+        es = cfg.es()
+        if es is not None:
+            indexer = ElasticsearchIndexer(client_for(es), cfg.stream, cfg.max_buffered,
                                            cfg.batch_size, max_backoff_s=cfg.max_backoff_s)
             sinks.append(indexer.start() if start else indexer)
         if cfg.kafka:
