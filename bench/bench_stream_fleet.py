@@ -138,14 +138,14 @@ class Worker:
     """One ``opsloop stream worker`` process with the benches' settings (every detector on)."""
 
     def __init__(self, tmp: Path, bootstrap: str, app_id: str | None = None, name: str | None = None,
-                 **stream: Any) -> None:
+                 partitions: int = PARTITIONS, **stream: Any) -> None:
         self.name = name or uuid.uuid4().hex[:8]
         self.port = free_port()
         self.app_id = app_id or f"bench-{self.name}"
         cfg = tmp / f"opsloop-{self.name}.yaml"
         doc = bench_settings(app_id=self.app_id, data_dir=str(tmp / f"streams-{self.name}"), metrics_port=self.port,
                              web_port=free_port(), **stream)
-        doc["kafka"] = {"bootstrap_servers": bootstrap, "partitions": PARTITIONS}
+        doc["kafka"] = {"bootstrap_servers": bootstrap, "partitions": partitions}
         cfg.write_text(yaml.safe_dump(doc))
         self.proc = ManagedProcess(
             name=f"bench-worker-{self.name}", workdir=tmp / f"worker-{self.name}", ready_timeout_s=120,
@@ -179,7 +179,7 @@ def time_worker(w: Worker, n_samples: int, timeout_s: float = 900) -> tuple[floa
             t_first, v_first = time.perf_counter(), v
         if v >= n_samples:
             break
-        time.sleep(0.05)
+        time.sleep(0.25)   # each poll costs the worker a request on its metrics thread
     if t_first is None or v_first is None:
         return 0.0, 0.0
     elapsed = time.perf_counter() - t_first

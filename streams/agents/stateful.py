@@ -39,7 +39,7 @@ from streams.agents.base import DetectorHandler
 from streams.agents.findings_sink import FindingsSink
 from streams.runtime import health
 from streams.runtime.app import raw_topic
-from streams.runtime.batch import DeadLetter, FanOut, process_batch
+from streams.runtime.batch import DeadLetter, FanOut, gc_paused, process_batch
 
 log = get_logger("stream.agents")
 
@@ -167,8 +167,9 @@ class StatefulAgent:
                     owner[(h, key)] = group[-1]
         for h in self.handlers:
             await self.sink.publish(h.drain_outbox())
-        for (h, key), event in owner.items():
-            self.write_state(h, key, event)
+        with gc_paused():   # synchronous: a state dict per touched key, all alive until written
+            for (h, key), event in owner.items():
+                self.write_state(h, key, event)
 
     def write_state(self, handler: DetectorHandler, key: str, event: EventT) -> None:
         try:

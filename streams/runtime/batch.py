@@ -243,10 +243,14 @@ def decode_and_handle(agent: str, messages: Sequence[RawMessage], handler: Handl
 async def process_batch(agent: str, messages: Sequence[RawMessage], handler: Handler,
                         send_deadletter: SendDeadLetter, highwater: Highwater | None = None,
                         max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S) -> DecodedBatch:
-    """Decode, dead-letter, handle, and account for one batch. Never raises for bad data or a handler bug."""
+    """Decode, dead-letter, handle, and account for one batch. Never raises for bad data or a handler bug.
+
+    The returned batch no longer holds the decoded samples (``metrics`` is empty): they are released
+    before the garbage collector runs again, which would otherwise walk every one of them once more."""
     t0 = time.perf_counter()
     with gc_paused():
         batch = decode_and_handle(agent, messages, handler, max_clock_skew_s)
+        batch.metrics = []
     for dl in batch.deadletters:
         health.DEADLETTERED.labels(dl.topic or "handler").inc()
         log.warning("deadlettered", agent=agent, source_topic=dl.topic, partition=dl.partition, offset=dl.offset,

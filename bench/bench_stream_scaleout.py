@@ -1,0 +1,191 @@
+"""Scale-out of the stream stage: 1, 2 and 3 workers of one app on one broker with 12 partitions.
+
+Throughput: the five telemetry topics (12 partitions each) are filled with rounds of a fleet
+(``bench/stream_workload.py``, every handler on); for k = 1, 2, 3 a new app (its own consumer group,
+reading from the start) runs k workers started together. Samples/s in total and per worker are taken
+over the window in which all k workers are processing (after the group's first rebalance, until 85 %
+of the backlog is done), from each worker's ``opsloop_stream_samples_total``.
+
+Join: live rounds arrive at a steady rate while 2 workers keep up; a third joins. The consumer group's
+lag (records between the topics' ends and the committed offsets, polled every 0.5 s) before, at
+its peak during the rebalance, and the seconds until it is back to its level before the join.
+
+The machine has 2 shared cores: three workers share them, so the total cannot grow with the workers
+here; per-worker figures and the join's lag are what carry over to a machine with a core per worker.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.bench_stream_fleet import TOPICS, Worker, kafka_stack, produce
+from bench.stream_workload import Fleet, fleet_round
+from opsloop.topics import ensure_topics
+
+PARTITIONS = 12
+LIVE_FLEET = Fleet(lbs=20, hosts=200, hypervisors=150, keystones=3, netperf_sets=2)
+
+
+def start_together(workers: list[Worker]) -> None:
+    threads = [threading.Thread(target=w.start) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def throughput(tmp: Path, bootstrap: str, k: int, n_samples: int) -> dict[str, Any]:
+    app = f"scale{k}-{uuid.uuid4().hex[:6]}"
+    workers = [Worker(tmp, bootstrap, app_id=app, name=f"{app}-{i}", partitions=PARTITIONS) for i in range(k)]
+    start_together(workers)
+    try:
+        t_all = None
+        start: list[float] = []
+        counts: list[float] = [0.0] * k
+        deadline = time.monotonic() + 1200
+        while time.monotonic() < deadline:
+            counts = [w.samples() for w in workers]
+            now = time.perf_counter()
+            if t_all is None and all(c > 0 for c in counts):
+                t_all, start = now, counts
+            if sum(counts) >= 0.85 * n_samples:
+                break
+            time.sleep(0.25)
+        if t_all is None:
+            return {"k": k, "total": 0.0, "per_worker": [0.0] * k}
+        elapsed = time.perf_counter() - t_all
+        per = [(c - s) / elapsed for c, s in zip(counts, start)]
+        return {"k": k, "total": sum(per), "per_worker": per, "window_s": elapsed}
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def group_lag(bootstrap: str, group: str, consumer: Any, admin: Any) -> int:
+    from kafka import TopicPartition
+
+    committed = admin.list_consumer_group_offsets(group)
+    parts = [TopicPartition(t, p) for t in TOPICS for p in range(PARTITIONS)]
+    ends = consumer.end_offsets(parts)
+    lag = 0
+    for tp in parts:
+        c = committed.get(tp)
+        lag += ends[tp] - (c.offset if c is not None and c.offset >= 0 else 0)
+    return lag
+
+
+def join_lag(tmp: Path, bootstrap: str, seconds_before: float, seconds_after: float) -> dict[str, Any]:
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+
+    app = f"join-{uuid.uuid4().hex[:6]}"
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=20, batch_size=1 << 20,
+                             max_request_size=8 << 20)
+    stop = threading.Event()
+    t0 = time.time()
+
+    def live() -> None:   # one round of LIVE_FLEET every 2 s
+        n = 0
+        while not stop.is_set():
+            t = time.monotonic()
+            for topic, key, value in fleet_round(LIVE_FLEET, n, t0):
+                producer.send(topic, key=key, value=value)
+            producer.flush()
+            n += 1
+            stop.wait(max(0.0, 2.0 - (time.monotonic() - t)))
+
+    probe = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    workers = [Worker(tmp, bootstrap, app_id=app, name=f"{app}-{i}", partitions=PARTITIONS) for i in range(3)]
+    feeder = threading.Thread(target=live, daemon=True)
+    try:
+        start_together(workers[:2])
+        feeder.start()
+        time.sleep(5)   # the first rounds, the group settled
+        series: list[tuple[float, int]] = []
+        t_join = time.monotonic() + seconds_before
+        joined = threading.Thread(target=workers[2].start)
+        while time.monotonic() < t_join + seconds_after:
+            if not joined.is_alive() and time.monotonic() >= t_join and not workers[2].proc.running():
+                joined.start()
+            series.append((time.monotonic() - t_join, group_lag(bootstrap, app, probe, admin)))
+            time.sleep(0.5)
+        joined.join()
+    finally:
+        stop.set()
+        feeder.join(timeout=10)
+        for w in workers:
+            w.stop()
+        producer.close()
+        probe.close()
+        admin.close()
+    before = [lag for t, lag in series if t < 0]
+    after = [(t, lag) for t, lag in series if t >= 0]
+    base = statistics.median(before) if before else 0
+    peak_t, peak = max(after, key=lambda x: x[1]) if after else (0.0, 0)
+    settle = next((t for t, lag in after if t > peak_t and lag <= max(2 * base, base + 750)), None)
+    return {"before": base, "peak": peak, "peak_at_s": peak_t, "settled_s": settle,
+            "round_records": sum(1 for _ in fleet_round(LIVE_FLEET, 0, t0)), "series": series}
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    fleet = Fleet()
+    rounds = 8 if quick else 16
+    with tempfile.TemporaryDirectory(prefix="opsloop-bench-") as d:
+        tmp = Path(d)
+        stack = kafka_stack(tmp)
+        stack.up()
+        try:
+            ensure_topics(stack.kafka_bootstrap, PARTITIONS, 1)
+            records = [r for n in range(rounds) for r in fleet_round(fleet, n, time.time() - 3600 - rounds * 15)]
+            n_samples = sum(v.count(b'"timestamp":') for _, _, v in records)   # once per sample
+            produce(stack.kafka_bootstrap, records)
+            del records
+            curve = [throughput(tmp, stack.kafka_bootstrap, k, n_samples) for k in (1, 2, 3)]
+        finally:
+            stack.down()
+        stack = kafka_stack(tmp / "join")   # empty topics: the joining group sees the live rounds only
+        stack.up()
+        try:
+            ensure_topics(stack.kafka_bootstrap, PARTITIONS, 1)
+            join = join_lag(tmp, stack.kafka_bootstrap, 10 if quick else 15, 30 if quick else 45)
+        finally:
+            stack.down()
+    one = curve[0]["total"]
+    print("scale-out: " + "; ".join(f"{c['k']} worker(s): {c['total']:,.0f} samples/s total, per worker "
+                                    + "/".join(f"{x:,.0f}" for x in c["per_worker"]) for c in curve), flush=True)
+    print(f"join: lag before {join['before']:,.0f} records, peak {join['peak']:,.0f} at +{join['peak_at_s']:.1f} s, "
+          f"settled at +{join['settled_s']} s (a round is {join['round_records']} records)", flush=True)
+    rows = [{"benchmark": f"stream scale-out, {c['k']} worker(s), 12 partitions", "metric": "samples/s total",
+             "value": round(c["total"]), "baseline": "1 worker (same run; 2 shared cores)", "baseline_value": round(one),
+             "ratio": round(c["total"] / one, 3) if one else 0.0, "unit": "samples/s", "target": "report", "ok": None}
+            for c in curve]
+    rows += [{"benchmark": f"stream scale-out, {c['k']} worker(s), 12 partitions", "metric": "samples/s per worker",
+              "value": round(c["total"] / c["k"]), "baseline": "1 worker (same run)", "baseline_value": round(one),
+              "ratio": round(c["total"] / c["k"] / one, 3) if one else 0.0, "unit": "samples/s", "target": "report",
+              "ok": None} for c in curve[1:]]
+    rows.append({"benchmark": "stream scale-out, 3rd worker joins 2 under live load", "metric": "peak group lag",
+                 "value": round(join["peak"]), "baseline": "lag before the join (median)",
+                 "baseline_value": round(join["before"]), "ratio": 0.0, "unit": "records", "target": "report",
+                 "ok": None})
+    rows.append({"benchmark": "stream scale-out, 3rd worker joins 2 under live load", "metric": "back to the lag before",
+                 "value": round(join["settled_s"], 1) if join["settled_s"] is not None else "not within the run",
+                 "baseline": "peak at (s after the join)", "baseline_value": round(join["peak_at_s"], 1), "ratio": 0.0,
+                 "unit": "s after the join", "target": "report", "ok": None})
+    return rows
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="examples:\n  python -m bench.bench_stream_scaleout --quick\n"
+                                        "  python -m bench --only stream_scaleout")
+    ap.add_argument("--quick", action="store_true", help="8 rounds of backlog, a shorter join")
+    for row in run(quick=ap.parse_args().quick):
+        print(row)
