@@ -32,7 +32,8 @@ TELEGRAF_HRSP_FIELDS = tuple(f"http_response.{c}" for c in ("1xx", "2xx", "3xx",
 
 SERVER_RATE = Gauge("opsloop_lb_server_requests_per_second", "Requests per second to one origin server",
                     ["lb", "backend", "server"])
-BACKEND_RATE = Gauge("opsloop_lb_backend_requests_per_second", "Requests per second through one backend", ["lb", "backend"])
+BACKEND_RATE = Gauge("opsloop_lb_backend_requests_per_second", "Requests per second through one backend",
+                     ["lb", "backend"])
 FRONTEND_RATE = Gauge("opsloop_lb_frontend_requests_per_second", "Requests per second into one frontend (listener)",
                       ["lb", "frontend"])
 SERVER_WEIGHT = Gauge("opsloop_lb_server_weight", "Current effective weight of a server", ["lb", "backend", "server"])

@@ -8,12 +8,13 @@ from controllers.metrics import EDGE_FAIL_STATIC
 
 WEIGHT = Gauge("opsloop_edge_weight", "Published traffic share of an origin for a listener and edge",
                ["listener", "edge", "origin"])
-DEMAND = Gauge("opsloop_edge_demand_requests_per_second", "Measured request rate of a listener at an edge", ["listener", "edge"])
+DEMAND = Gauge("opsloop_edge_demand_requests_per_second", "Measured request rate of a listener at an edge",
+               ["listener", "edge"])
 # Per listener: an origin behind several listeners has a capacity (and a load) in each topology.
 CAPACITY = Gauge("opsloop_edge_origin_capacity_requests_per_second", "Policy capacity of an origin for a listener",
                  ["listener", "origin"])
-LOAD = Gauge("opsloop_edge_origin_load_requests_per_second", "Measured request rate a listener's edges send to an origin",
-             ["listener", "origin"])
+LOAD = Gauge("opsloop_edge_origin_load_requests_per_second",
+             "Measured request rate a listener's edges send to an origin", ["listener", "origin"])
 HEALTHY = Gauge("opsloop_edge_origin_healthy", "1 when the controller considers the origin healthy",
                 ["listener", "origin"])
 FAIL_STATIC = EDGE_FAIL_STATIC  # shared definition: controllers/metrics.py
