@@ -126,9 +126,9 @@ class DetectorConfig:
     spike_share: float = 0.001         # > 0: a z whose side-of-the-band tail held more than this share of
                                      # recent points (decayed histogram of z) is routine: value score damped
     spike_min: float = 3.0           # ... and at least this many (decayed) points were beyond it
-    spike_after: float = 700.0      # ... once the histogram holds this many (decayed) points
+    spike_after: float = 150.0      # ... once the histogram holds this many (decayed) points
     spike_evt: float = 5.0           # (decayed) points beyond z = 4 needed to fit a tail (0: off)
-    spike_skip: int = 150              # rows not counted in that histogram (start-up)
+    spike_skip: int = 60              # rows not counted in that histogram (start-up)
     spike_rate: float = 0.0002       # decay of that histogram per point (about 5,000 points)
     period_points: int = 400         # rows buffered before a short period is looked for (autocorrelation)
     period_max: int = 133            # longest period looked for (rows); at least 3 cycles in the buffer
@@ -463,7 +463,9 @@ class StreamingDetector:
             zw = self.zt_w
             if n > cfg.spike_skip:      # not the first rows: their z's are large while the scale settles
                 self.zt[zb] += zw
-                self.zt[zlb] += zw
+                # The long window's z counts as routine only for spikes (the fast model surprised
+                # too): a slow climb must not make its own later points look common.
+                self.zt[zlb if z > cfg.z0 else 2 * ZT_BINS + (ZT_BINS if zlb >= 3 * ZT_BINS else 0)] += zw
                 self.zt_n += zw
             zw /= 1.0 - cfg.spike_rate
             if zw > 1e6:             # renormalise now and then (the decay is carried by growing weights)
