@@ -26,6 +26,7 @@ import logging
 import ssl
 import stat
 import threading
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
@@ -158,15 +159,18 @@ _UNREACHABLE = ("ECONNREFUSED", "Connection refused", "EHOSTUNREACH", "ENETUNREA
 class _Recorder(logging.Handler):
     """Collects the kafka client's warnings during the preflight and spots a decisive failure early."""
 
-    def __init__(self, sec: KafkaSecurity) -> None:
+    def __init__(self, sec: KafkaSecurity, threads: set[str]) -> None:
         super().__init__(logging.WARNING)
         self.sec = sec
+        self.threads = threads   # only this preflight's client: an earlier one may still be retrying
         self.messages: list[str] = []
         self.verdict: str | None = None   # "tls" | "sasl" once the failure is certain
         self.decided = threading.Event()
         self._sasl_drops = 0
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.threadName not in self.threads:
+            return
         msg = record.getMessage()
         self.messages.append(msg)
         if self.verdict:
@@ -200,13 +204,15 @@ def preflight(bootstrap: str, sec: KafkaSecurity, timeout_s: float = 10.0) -> No
     from kafka.errors import KafkaError
 
     opts = kafka_python_options(sec)   # raises KafkaSecurityError for an unreadable password or CA file
-    recorder = _Recorder(sec)
+    client_id = f"opsloop-preflight-{uuid.uuid4().hex[:8]}"
+    # kafka-python logs from the caller's thread and from its IO thread, named after the client id.
+    recorder = _Recorder(sec, {f"{client_id}-connect", f"kafka-io-{client_id}"})
     kafka_log = logging.getLogger("kafka")
     outcome: list[BaseException | None] = []
 
     def connect() -> None:
         try:
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="opsloop-preflight",
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=client_id,
                                      request_timeout_ms=int(timeout_s * 1000),
                                      bootstrap_timeout_ms=int(timeout_s * 1000), **opts)
             admin.close()
@@ -222,7 +228,7 @@ def preflight(bootstrap: str, sec: KafkaSecurity, timeout_s: float = 10.0) -> No
     kafka_log.addHandler(recorder)
     kafka_log.propagate = False
     try:
-        thread = threading.Thread(target=connect, name="kafka-preflight", daemon=True)
+        thread = threading.Thread(target=connect, name=f"{client_id}-connect", daemon=True)
         thread.start()
         recorder.decided.wait(timeout_s + 5)
     finally:

@@ -15,8 +15,11 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError
 
-from opsloop.kafka_security import (KafkaSecurity, KafkaSecurityError, kafka_python_options, preflight,
-                                    read_secret_file)
+from opsloop.config import KafkaSettings
+from opsloop.kafka_clients import preflight_or_exit
+from opsloop.kafka_security import (KafkaSecurity, KafkaSecurityError, KafkaUnreachable, kafka_python_options,
+                                    preflight, read_secret_file)
+from opsloop.stack import free_port
 from tests.kafka_secure import USERS, SecureBroker, make_ca_and_broker_cert, secure_broker
 
 pytestmark = pytest.mark.integration
@@ -84,6 +87,56 @@ def test_an_untrusted_ca_fails_the_handshake(broker: SecureBroker, tmp_path: Pat
         admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=10_000,
                                  api_version_auto_timeout_ms=10_000, **kafka_python_options(sec))
         admin.close()
+    # The preflight names the cause and the CA file instead of a bootstrap time-out.
+    with pytest.raises(KafkaSecurityError) as e:
+        preflight(broker.bootstrap, sec, timeout_s=8)
+    assert not isinstance(e.value, KafkaUnreachable)
+    assert "TLS handshake" in str(e.value) and f"not trusted by ssl_cafile {other_ca}" in str(e.value), str(e.value)
+
+
+def test_no_broker_at_all_is_unreachable_not_a_settings_error(broker: SecureBroker) -> None:
+    """A service that tolerates an outage (a collector spools) starts anyway: only a warning."""
+    sec = security(broker, "scram")
+    with pytest.raises(KafkaUnreachable, match="no broker answered"):
+        preflight(f"127.0.0.1:{free_port()}", sec, timeout_s=3)
+
+
+def test_preflight_or_exit_logs_one_line_and_exits_2(broker: SecureBroker) -> None:
+    events: list[tuple[str, str, dict]] = []
+
+    class Log:
+        def __getattr__(self, level: str):
+            return lambda event, **fields: events.append((level, event, fields))
+
+    k = KafkaSettings(bootstrap_servers=broker.bootstrap, security=security(broker, "plain", password="bad-pw-1"))
+    with pytest.raises(SystemExit) as e:
+        preflight_or_exit(k, "test", Log(), timeout_s=8)
+    assert e.value.code == 2
+    assert [(lvl, ev) for lvl, ev, _ in events] == [("error", "kafka_preflight_failed")], events
+    assert "bad-pw-1" not in str(events)
+    events.clear()
+    preflight_or_exit(k.model_copy(update={"security": security(broker, "plain")}), "test", Log(), timeout_s=30)
+    assert [(lvl, ev) for lvl, ev, _ in events] == [("info", "kafka_preflight_ok")]
+    events.clear()
+    preflight_or_exit(KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}"), "test", Log())  # PLAINTEXT
+    assert events == []   # nothing to check: no password, no certificate
+
+
+def test_topic_prefix_names_topics_groups_and_the_faust_app(tmp_path: Path) -> None:
+    from opsloop.config import Settings
+    from opsloop.wire import Topic
+    from streams.runtime.app import create_app, raw_topic
+
+    k = KafkaSettings(topic_prefix="staging.")
+    assert k.topic(Topic.FINDINGS) == "staging.findings" and k.group("opsloop-paging") == "staging.opsloop-paging"
+    assert KafkaSettings().topic(Topic.AUDIT) == "audit"
+    with pytest.raises(ValueError, match="topic_prefix"):
+        KafkaSettings(topic_prefix="bad prefix/")
+    settings = Settings.model_validate({"kafka": {"topic_prefix": "staging."},
+                                        "stream": {"app_id": "opsloop-streams", "data_dir": str(tmp_path)}})
+    app = create_app(settings)
+    assert app.conf.id == "staging.opsloop-streams"   # its group id and its changelog topics' prefix
+    assert raw_topic(app, Topic.LB, Topic.DEADLETTER).topics == ("staging.telemetry.lb", "staging.telemetry.deadletter")
 
 
 def test_settings_are_checked_and_the_password_never_printed(tmp_path: Path) -> None:
