@@ -120,6 +120,7 @@ class DetectorConfig:
     mean_rate: float = 0.1           # short-window mean (about 10 points) of the value ...
     mean_z0: float = 4.0             # ... whose z under the long window (standard error, own tail) below this scores 0
     novelty_p: float = 0.02          # a value whose neighbourhood held more than this share of the history ...
+                                     # (>= 1 turns off every damping by history, the routine spikes' too)
     novelty_bins: int = 256          # ... is not novel: its score is damped (histogram bounded to this many bins)
     flat_min: int = 10               # a run of identical values this long or longer ...
     flat_p: float = 1e-5             # ... and this improbable (given how often values repeat) is a flatline
@@ -666,6 +667,8 @@ class StreamingDetector:
         cfg = self.cfg
         if score <= 0.0 or cfg.spike_share <= 0.0 or self.zt_n < cfg.spike_after * self.zt_w:
             return score
+        if cfg.novelty_p >= 1.0:
+            return score      # novelty off (the lab: every repeat of the demo's jump pages): no history damping
         base = (zb // ZT_BINS) * ZT_BINS
         zt = self.zt
         beyond = sum(zt[zb:base + ZT_BINS])
