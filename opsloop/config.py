@@ -36,6 +36,8 @@ LOOPBACK = "127.0.0.1"
 CONFIG_ENV = "OPSLOOP_CONFIG"
 DEFAULT_CONFIG_PATH = Path("/etc/opsloop/opsloop.yaml")
 ENV_PREFIX = "OPSLOOP__"
+# Settings whose environment value is taken verbatim, never parsed as YAML (secrets).
+VERBATIM_ENV_KEYS = frozenset({"password", "api_key", "token"})
 SECTION_GROUP = "opsloop.config_sections"
 # Groups whose keys are registered sections: a key nobody registered is an error, not silently ignored.
 SECTION_GROUPS = ("streams", "controllers")
@@ -310,10 +312,13 @@ def env_overrides(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
         if not key.startswith(ENV_PREFIX) or len(key) == len(ENV_PREFIX):
             continue
         parts = [part.lower() for part in key[len(ENV_PREFIX):].split("__")]
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else raw
-        except yaml.YAMLError:
-            value = raw
+        if parts[-1] in VERBATIM_ENV_KEYS:
+            value: Any = raw   # a secret is a string as given: YAML would turn "0x1f" into 31, "yes" into true
+        else:
+            try:
+                value = yaml.safe_load(raw) if raw.strip() else raw
+            except yaml.YAMLError:
+                value = raw
         node = doc
         for part in parts[:-1]:
             node = node.setdefault(part, {})

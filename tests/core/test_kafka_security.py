@@ -154,3 +154,14 @@ def test_settings_are_checked_and_the_password_never_printed(tmp_path: Path) -> 
     loose.chmod(0o600)
     assert KafkaSecurity(protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", username="u",
                          password_file=loose).secret() == "s3cret"
+
+
+def test_the_password_from_the_environment_is_taken_verbatim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OPSLOOP__KAFKA__SECURITY__PASSWORD is not parsed as YAML: "0x1f" stays "0x1f", "yes" stays "yes"."""
+    from opsloop.config import load_settings
+
+    for raw in ("0x1f", "yes", "123456", " spaced: colon "):
+        monkeypatch.setenv("OPSLOOP__KAFKA__SECURITY__PASSWORD", raw)
+        s = load_settings(overrides={"kafka": {"security": {"protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
+                                                            "username": "u"}}}, discover=False)
+        assert s.kafka.security.secret() == raw
