@@ -137,16 +137,21 @@ def one_size(n_series: int, idle_rss_kib: int | None) -> dict[str, Any]:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    head = ("| series | samples/s | RSS MiB (idle) | RSS growth per series | changelog keys | changelog MiB "
-            "| bytes per key | changelog bytes per series | dropped (handler/reason) |\n|---|---|---|---|---|---|---|---|---|")
+    head = ("| series | samples/s | RSS MiB (idle) | RSS growth per series | marginal RSS per series | changelog keys "
+            "| changelog MiB | bytes per key | changelog bytes per series | dropped (handler/reason) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|")
     rows = []
+    prev: dict[str, Any] | None = None
     for r in results:
+        marginal = ("-" if prev is None else
+                    f"{(r['rss_kib'] - prev['rss_kib']) * 1024 / (r['series'] - prev['series']):,.0f} B")
+        prev = r
         keys = sum(k for k, _ in r["state"].values())
         size = sum(b for _, b in r["state"].values())
         growth = (r["rss_kib"] - r["idle_kib"]) * 1024 / r["series"]
         drops = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(r["dropped"].items()) if v) or "none"
         rows.append(f"| {r['series']:,} | {r['rate']:,.0f} | {r['rss_kib'] / 1024:,.0f} ({r['idle_kib'] / 1024:,.0f}) "
-                    f"| {growth:,.0f} B | {keys:,} | {size / 2**20:,.1f} | {size / max(keys, 1):,.0f} B "
+                    f"| {growth:,.0f} B | {marginal} | {keys:,} | {size / 2**20:,.1f} | {size / max(keys, 1):,.0f} B "
                     f"| {size / r['series']:,.0f} B | {drops} |")
     per_handler = ["", "changelog per handler (keys, bytes per key): " + "; ".join(
         f"{r['series']:,} series: " + ", ".join(f"{h} {k:,} × {b / max(k, 1):,.0f} B"

@@ -60,9 +60,10 @@ class Fleet:
     def with_series(cls, n: int) -> "Fleet":
         """A fleet of about ``n`` series, the same mix as the default one (sizes scaled per source)."""
         base = cls()
-        k = max(1.0, n / base.series)
-        return cls(lbs=round(base.lbs * k), hosts=round(base.hosts * k), hypervisors=round(base.hypervisors * k),
-                   keystones=max(1, round(base.keystones * k)), netperf_sets=base.netperf_sets)
+        k = n / base.series
+        return cls(lbs=max(1, round(base.lbs * k)), hosts=max(1, round(base.hosts * k)),
+                   hypervisors=max(1, round(base.hypervisors * k)), keystones=max(1, round(base.keystones * k)),
+                   netperf_sets=base.netperf_sets)
 
 
 def _lb(lb: str, n: int, ts: float, servers: int) -> bytes:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 from opsloop.findings import Finding, Severity
@@ -86,6 +86,9 @@ class ServerSpec:
             raise ValueError(f"{self.host}: fill_ratio {self.fill_ratio} must be in (0, 1]")
         if self.raw_tb <= 0:
             raise ValueError(f"{self.host}: raw_tb {self.raw_tb} must be > 0")
+
+
+_SPEC_FIELDS = tuple(f.name for f in fields(ServerSpec))
 
 
 class PowerDetector:
@@ -227,7 +230,8 @@ class PowerDetector:
         book = self.book.split("host").get(host, FindingBook())
         if spec is None and host not in self.sums and not book.open:
             return None
-        return {"spec": asdict(spec) if spec else None, "sums": self.sums.get(host),
+        # a flat dataclass of atomic values: a shallow copy is what asdict() gives, without its deep copies
+        return {"spec": {f: getattr(spec, f) for f in _SPEC_FIELDS} if spec else None, "sums": self.sums.get(host),
                 "utilisation": self.utilisation.get(host), "book": book.to_dict()}
 
     def forget(self, host: str) -> None:
