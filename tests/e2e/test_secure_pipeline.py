@@ -7,7 +7,8 @@ from a 0600 file. Every topic, consumer group and the Faust app id carry ``kafka
 second deployment with another prefix on the same broker sees none of it.
 
 A wrong password or an untrusted CA ends the collector and the stream worker with exit status 2 and one
-error line naming the problem (the preflight), never a worker waiting on a broker it cannot join.
+error line naming the problem (the preflight), never a worker waiting on a broker it cannot join; so does
+the paging actuator (a kafka-python consumer and producer).
 """
 
 from __future__ import annotations
@@ -217,7 +218,8 @@ def error_lines(stderr: str) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("service", [["collect", "haproxy"], ["stream", "worker"]], ids=["collector", "worker"])
+@pytest.mark.parametrize("service", [["collect", "haproxy"], ["stream", "worker"], ["page", "run"]],
+                         ids=["collector", "worker", "paging"])
 @pytest.mark.parametrize("fault", ["wrong-password", "untrusted-ca"])
 def test_bad_credentials_stop_a_service_at_once_with_one_clear_line(broker: SecureBroker, lab_edge, tmp_path: Path,
                                                                     service: list[str], fault: str) -> None:
@@ -227,6 +229,8 @@ def test_bad_credentials_stop_a_service_at_once_with_one_clear_line(broker: Secu
     kafka = kafka_section(broker, tmp_path, f"{unique('x')}.", password=wrong if fault == "wrong-password" else PASSWORD,
                           ca=ca)
     doc = config_doc(tmp_path, kafka, {"haproxy": {"instances": {"lb": str(lab_edge.admin_socket)}}})
+    doc["controllers"] = {"paging": {"alertmanager_urls": ["http://127.0.0.1:9"], "metrics_port": free_port(),
+                                     "state_file": str(tmp_path / "paging-state.json")}}
     config = write_config(tmp_path / "opsloop.yaml", doc)
     r = run_until_exit([*service, "--config", str(config)], tmp_path / "run")
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
