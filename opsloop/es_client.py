@@ -77,8 +77,11 @@ class ElasticsearchSettings(BaseModel):
         elif self.api_key_file is not None:
             opts["api_key"] = read_secret_file(self.api_key_file, "elasticsearch.api_key_file")
         if self.username is not None:
-            password = (self.password.get_secret_value() if self.password is not None
-                        else read_secret_file(self.password_file, "elasticsearch.password_file"))  # type: ignore[arg-type]
+            if self.password is not None:
+                password = self.password.get_secret_value()
+            else:
+                assert self.password_file is not None   # the model validator guarantees one of them
+                password = read_secret_file(self.password_file, "elasticsearch.password_file")
             opts["basic_auth"] = (self.username, password)
         if self.ca_file is not None:
             if not self.ca_file.is_file():

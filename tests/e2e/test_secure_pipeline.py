@@ -226,8 +226,8 @@ def test_bad_credentials_stop_a_service_at_once_with_one_clear_line(broker: Secu
     lab_edge.start()
     wrong = "definitely-not-the-password"
     ca = make_ca_and_broker_cert(tmp_path / "other-ca")[0] if fault == "untrusted-ca" else None
-    kafka = kafka_section(broker, tmp_path, f"{unique('x')}.", password=wrong if fault == "wrong-password" else PASSWORD,
-                          ca=ca)
+    kafka = kafka_section(broker, tmp_path, f"{unique('x')}.",
+                          password=wrong if fault == "wrong-password" else PASSWORD, ca=ca)
     doc = config_doc(tmp_path, kafka, {"haproxy": {"instances": {"lb": str(lab_edge.admin_socket)}}})
     doc["controllers"] = {"paging": {"alertmanager_urls": ["http://127.0.0.1:9"], "metrics_port": free_port(),
                                      "state_file": str(tmp_path / "paging-state.json")}}

@@ -159,8 +159,8 @@ def test_a_wrong_password_or_untrusted_ca_is_refused_and_never_printed(proxy: Au
     # The CLI says where and why, exit 2, no secret in its output.
     config = write_config(tmp_path / "opsloop.yaml", {"audit": {"elasticsearch": {
         "hosts": [proxy.url], "username": USER, "password_file": str(tmp_path / "pw"), "ca_file": str(proxy.ca)}}})
-    r = subprocess.run([sys.executable, "-m", "opsloop.audit.cli", "search", "--edge", "ams", "--at", "2026-11-22T03:12", "--config",
-                        str(config)], capture_output=True, text=True, timeout=60, cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "opsloop.audit.cli", "search", "--edge", "ams",
+                        "--at", "2026-11-22T03:12", "--config", str(config)], capture_output=True, text=True, timeout=60, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 2, r.stderr
     assert f"Elasticsearch at {proxy.url}" in r.stderr and "401" in r.stderr, r.stderr
