@@ -388,7 +388,12 @@ class EdgeController(_Controller):
         self._demand_history: deque[np.ndarray] = deque(
             maxlen=max(s.demand_window, s.variability_window + 2, 4))
         self._latency_history: deque[np.ndarray] = deque(maxlen=self._demand_history.maxlen)
-        self._predicted_demand: np.ndarray | None = None
+        # log network latency (+ unloaded response) at the weights in force: our own moves
+        self._move_history: deque[np.ndarray] = deque(maxlen=self._demand_history.maxlen)
+        self._scale = np.ones(n_edges)  # estimate / the window's largest measurement
+        self._last_latency: np.ndarray | None = None
+        # the clients' elasticity as seen across our own big moves, per edge (latest few)
+        self._elasticity_obs: list[deque[float]] = [deque(maxlen=5) for _ in range(n_edges)]
         self._z = NormalDist().inv_cdf(s.demand_quantile)
         self.hold_down = HoldDown(n_origins, s)
         self._over_last = np.zeros(n_origins, dtype=bool)
@@ -408,18 +413,48 @@ class EdgeController(_Controller):
     def _latency_now(self, latency: np.ndarray) -> np.ndarray:
         return self._mean_latency(self.weights, latency, self._service_now)
 
-    def _predicted_demand_at(self, weights: np.ndarray, demand: np.ndarray,
-                             latency_now: np.ndarray, latency: np.ndarray) -> np.ndarray:
-        """Worst-case demand at ``weights``: grows as latency falls (relieved origins answer at
-        their unloaded speed), never assumed to fall."""
+    def _predicted_demand_at(self, weights: np.ndarray, latency: np.ndarray,
+                             elasticity: np.ndarray | float | None = None) -> np.ndarray:
+        """Worst-case demand at ``weights``: each of the last ``demand_window`` measurements
+        grows from the latency its clients saw then to the latency at ``weights`` (relieved
+        origins answering at their unloaded speed), never assumed to fall; the largest, times
+        the estimate's ramp/variability factor. Each measurement is taken from its own latency,
+        so one move's worst case does not compound with the next one's. ``elasticity``: the
+        clients' (default: the worst case assumed, ``settings.elasticity``)."""
         new = self._mean_latency(weights, latency, self._service_base)
-        growth = np.maximum(1.0, latency_now / np.maximum(new, _EPS))
-        return demand * growth ** self.settings.elasticity
+        window = self.settings.demand_window
+        samples = np.stack(list(self._demand_history)[-window:])
+        seen = np.stack(list(self._latency_history)[-window:])
+        growth = np.maximum(1.0, seen / np.maximum(new, _EPS)[None, :])
+        eps = self.settings.elasticity if elasticity is None else elasticity
+        return self._scale * (samples * growth ** eps).max(axis=0)
 
-    def _predicted_load(self, weights: np.ndarray, demand: np.ndarray, latency_now: np.ndarray,
-                        latency: np.ndarray) -> np.ndarray:
-        predicted = self._predicted_demand_at(weights, demand, latency_now, latency)
+    def _predicted_load(self, weights: np.ndarray, latency: np.ndarray) -> np.ndarray:
+        predicted = self._predicted_demand_at(weights, latency)
         return (weights * predicted[:, None]).sum(axis=0)
+
+    def _elasticity_seen(self) -> np.ndarray:
+        """Per edge: the median elasticity seen across our own big moves, the worst case assumed
+        (``settings.elasticity``) until one was seen. Used to plan targets only: the relax step
+        and the overload check keep the worst case, so a low reading costs speed, not safety."""
+        worst = self.settings.elasticity
+        return np.array([max(o) if o else worst for o in self._elasticity_obs])
+
+    def _learn_elasticity(self, hist: np.ndarray, log_latency: np.ndarray) -> None:
+        """A move of ours that changed an edge's latency by more than 10 % between two intervals
+        shows how its clients' rate answers latency: −Δln(rate)/Δln(latency), up to the worst
+        case. Only our moves count (an overloaded origin slowing down comes with a demand rise),
+        and a rate that moved with the latency (a demand change at the same time) says nothing."""
+        moves = self._move_history
+        if len(hist) < 2 or len(moves) < 2 or np.isnan(moves[-2]).any():
+            return
+        ours = moves[-1] - moves[-2]
+        d_lat = log_latency[-1] - log_latency[-2]
+        d_rate = np.log(np.maximum(hist[-1], 1e-9)) - np.log(np.maximum(hist[-2], 1e-9))
+        for e in np.flatnonzero((np.abs(ours) > 0.1) & (np.sign(ours) == np.sign(d_lat))):
+            seen = -d_rate[e] / d_lat[e]
+            if seen >= 0:
+                self._elasticity_obs[e].append(float(min(seen, self.settings.elasticity)))
 
     def _observe_service(self, obs: Observation) -> None:
         if obs.origin_latency_ms is None:
@@ -444,6 +479,11 @@ class EdgeController(_Controller):
         s = self.settings
         self._demand_history.append(measured)
         self._latency_history.append(row_latency)
+        self._move_history.append(
+            np.log(np.maximum(self._mean_latency(self.weights, self._last_latency,
+                                                 self._service_base), _EPS))
+            if self.weights is not None and self._last_latency is not None
+            else np.full(len(measured), np.nan))
         hist = np.stack(self._demand_history)
         estimate = hist[-s.demand_window:].max(axis=0)
         uplift = np.zeros(len(measured))
@@ -451,25 +491,38 @@ class EdgeController(_Controller):
         # the clients' own demand: what they sent, corrected for the latency our weights gave
         # them (elastic clients send less on a slower mix), so our moves do not read as noise
         log_latency = np.log(np.maximum(np.stack(self._latency_history), _EPS))
+        self._learn_elasticity(hist, log_latency)
         logs = np.log(np.maximum(hist, 1e-9)) + s.elasticity * log_latency
         changes = np.diff(logs, axis=0)
         # a big move (> 10 % latency) says more about the clients' elasticity than about their
         # demand: such intervals are left out
         changes[np.abs(np.diff(log_latency, axis=0)) > 0.1] = np.nan
-        if s.anticipate_ramp and len(changes) >= 3:
-            last3 = changes[-3:]
-            with np.errstate(invalid="ignore"):
-                rising = (np.nan_to_num(last3) > 0).all(axis=0) \
-                    & (np.nan_to_num(last3).mean(axis=0) > s.ramp_threshold)
-            estimate = estimate + np.where(rising, (hist[-1] - hist[-4]) / 3, 0.0)
+        # σ: the per-interval noise of log-demand, from the median absolute deviation of second
+        # differences (var = 6σ² for white noise; a step or a steady ramp leaves it alone)
+        sigma = np.zeros(len(measured))
         if len(changes) >= 5:
             second = np.diff(changes, axis=0)
             valid = (~np.isnan(second)).sum(axis=0) >= 4
-            sigma = np.zeros(len(measured))
             if valid.any():
                 part = second[:, valid]
                 mad = np.nanmedian(np.abs(part - np.nanmedian(part, axis=0)), axis=0)
                 sigma[valid] = 1.4826 * mad / math.sqrt(6.0)
+        if s.anticipate_ramp and len(changes) >= 3:
+            # a ramp rises three times running, by more than the threshold and clearly more than
+            # the noise (the mean of three rises has sd √2·σ/3: 2.5 of those); one more interval
+            # of its mean rise is added, or of the latest when that is under a third of the
+            # mean: a step (a big rise, the clients' transient, then nothing) is no ramp
+            last3 = np.nan_to_num(changes[-3:])
+            mean_change = last3.mean(axis=0)
+            rising = (last3 > 0).all(axis=0) & (mean_change > s.ramp_threshold) \
+                & (mean_change > 2.5 * math.sqrt(2.0) * sigma / 3.0)
+            mean_rise, last_rise = (hist[-1] - hist[-4]) / 3, hist[-1] - hist[-2]
+            slope = np.where(last3[-1] >= mean_change / 3, mean_rise,
+                             np.minimum(mean_rise, last_rise))
+            # a rise too small to matter is no ramp (it must not trigger an early joint move)
+            rising &= slope > 0.5 * s.ramp_threshold * np.maximum(hist[-1], _EPS)
+            estimate = estimate + np.where(rising, slope, 0.0)
+        if len(changes) >= 5:
             uplift = np.clip(self._z * sigma - s.headroom, 0.0, s.max_uplift)
             # noisy demand (the quantile needs more than the headroom): plan on the window's
             # mean level, so the weights do not chase every draw; a rise beyond 2σ of that level
@@ -483,65 +536,87 @@ class EdgeController(_Controller):
         return estimate * (1.0 + uplift), uplift, rising
 
     def _plan(self, estimate: np.ndarray, capacity: np.ndarray, latency: np.ndarray,
-              healthy: np.ndarray, headroom: float):
-        """The LP target, re-planned on the demand the clients would send at it (a relieved
-        origin's clients come back faster): a short fixed-point iteration."""
+              healthy: np.ndarray, headroom: float, fixed: np.ndarray | None = None):
+        """The LP target on the demand the clients will send once no origin is overloaded.
+
+        Each of the last ``demand_window`` measurements is grown from the latency its clients
+        saw to the latency of the same weights with every origin answering at its unloaded
+        speed (the *rebound* of a relieved origin's clients), with the elasticity seen across
+        our own moves (:meth:`_elasticity_seen`). What a move toward nearer origins adds is the
+        relax step's business (worst case, every step); planning it into the target would push
+        traffic away on a demand that only arrives if the traffic stays near.
+
+        ``fixed`` [E, O]: shares that stay where they are (what the step bound cannot move this
+        interval); the LP plans the rest of each edge's demand on the capacity they leave."""
         s = self.settings
-        # the rebound is read from the origins' response times; without them there is nothing
-        # to predict it from (the relax step's worst-case prediction still guards the approach)
-        latency_now = self._latency_now(latency) \
-            if self.weights is not None and self._service_now is not None else None
-        demand = estimate
-        for _ in range(3):
-            sol = solve(demand, capacity, latency, healthy, previous=self.weights,
+        relieved = np.maximum(estimate, self._relieved_demand()) if self.weights is not None \
+            else estimate
+
+        def plan_on(demand: np.ndarray):
+            if fixed is None:
+                return solve(demand, capacity, latency, healthy, previous=self.weights,
+                             headroom=headroom, stickiness_ms=s.stickiness_ms)
+            free = np.clip(1.0 - fixed.sum(axis=1), 0.0, 1.0)
+            pinned = (fixed * demand[:, None]).sum(axis=0)
+            room = np.clip(capacity - pinned / (1.0 - headroom), 0.0, None)
+            sol = solve(demand * free, room, latency, healthy, previous=self.weights,
                         headroom=headroom, stickiness_ms=s.stickiness_ms)
-            if latency_now is None or sol.status != "optimal":
-                return sol, demand  # in a shortfall the origins stay loaded: no relief to expect
-            rebound = np.maximum(estimate, self._predicted_demand_at(sol.weights, estimate,
-                                                                     latency_now, latency))
-            if np.allclose(rebound, demand, rtol=0.01, atol=1e-6):
-                return sol, demand
-            demand = rebound
-        return sol, demand
+            sol.weights = fixed + sol.weights * free[:, None]
+            sol.weights /= np.maximum(sol.weights.sum(axis=1, keepdims=True), _EPS)
+            return sol
+
+        sol = plan_on(relieved)
+        if sol.status == "optimal" or np.allclose(relieved, estimate):
+            return sol, relieved
+        # a shortfall: the origins stay loaded, no relief to expect; the excess is shared on
+        # what the clients send now
+        return plan_on(estimate), estimate
+
+    def _relieved_demand(self) -> np.ndarray:
+        """Per edge: the demand at the weights of each recent measurement were every origin
+        answering at its unloaded speed (rebound after a shed), the largest, times the
+        estimate's ramp/variability factor. Without origin response times: the estimate."""
+        window = self.settings.demand_window
+        samples = np.stack(list(self._demand_history)[-window:])
+        seen = np.stack(list(self._latency_history)[-window:])
+        unloaded = np.exp(np.stack(list(self._move_history)[-window:]))
+        growth = np.where(np.isfinite(unloaded), np.maximum(1.0, seen / np.maximum(
+            np.nan_to_num(unloaded, nan=1.0), _EPS)), 1.0)
+        return self._scale * (samples * growth ** self._elasticity_seen()[None, :]).max(axis=0)
 
     def _bounded_shed(self, current: np.ndarray, estimate: np.ndarray, capacity: np.ndarray,
                       latency: np.ndarray, healthy: np.ndarray, plan_healthy: np.ndarray,
                       headroom: float | None = None) -> np.ndarray:
-        """The joint shed plan (deeper headroom), made to fit the per-interval step bound: where
-        an edge cannot move its whole planned share off an origin in one step, the origin's
-        planned capacity is lowered by what stays and the LP takes the rest from other edges."""
+        """The joint shed plan (deeper headroom), made to fit the per-interval step bound: what
+        an edge cannot move off an origin this interval (its share beyond ``max_step``) stays
+        there in the plan, and the LP places everything else around it, so the origin is
+        relieved by the edges that can move (not by lowering its capacity until it empties)."""
         s = self.settings
         headroom = max(s.shed_headroom, s.headroom) if headroom is None else headroom
-        cap = capacity.copy()
-        target = current
-        for _ in range(4):
-            sol, planned = self._plan(estimate, cap, latency, plan_healthy, headroom)
-            target = sol.weights
-            reached = enforce_safety(current, target, latency, healthy, s.max_step)
-            # what the bounded step leaves on an origin beyond what the plan put there (in a
-            # shortfall too: there the plan is the common overload factor)
-            wanted = (target * planned[:, None]).sum(axis=0)
-            excess = (reached * planned[:, None]).sum(axis=0) - wanted
-            stuck = plan_healthy & (excess > 1e-6 + 1e-3 * np.maximum(wanted, 1.0))
-            if not stuck.any():
-                break
-            cap = np.where(stuck, np.clip(cap - excess / (1.0 - headroom), 0.0, None), cap)
-        return target
+        # from the weights in force: a share on an unusable origin moves freely (to where the
+        # plan wants it), as the final guard will move it
+        base = self.weights if self.weights is not None else current
+        usable = usable_mask(latency, plan_healthy)
+        fixed = np.where(usable, np.clip(base - s.max_step, 0.0, None), 0.0)
+        sol, _ = self._plan(estimate, capacity, latency, plan_healthy, headroom)
+        if sol.status != "optimal" or not fixed.any():
+            return sol.weights  # a shortfall: the common overload factor needs every edge's share
+        pinned, _ = self._plan(estimate, capacity, latency, plan_healthy, headroom, fixed)
+        return pinned.weights if pinned.status == "optimal" else sol.weights
 
     def _propose(self, obs: Observation):  # type: ignore[override]
         s = self.settings
         measured = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
         latency = np.asarray(obs.latency, dtype=float)
         self._observe_service(obs)
+        self._last_latency = latency
         in_force = self._latency_now(latency) if self.weights is not None \
             else np.ones(len(measured))
         estimate, uplift, rising = self._demand_estimate(measured, in_force)
-        measured_estimate = estimate
-        if self._predicted_demand is not None:
-            # the last interval's average still contains the clients' transient after our last
-            # move: never plan below what we predicted for the weights now in force
-            estimate = np.maximum(estimate, self._predicted_demand)
-        self._predicted_demand = None
+        # the ramp/variability factor of the estimate over the window's largest measurement: the
+        # predictions from each measurement's own latency carry it
+        raw = np.stack(list(self._demand_history)[-s.demand_window:]).max(axis=0)
+        self._scale = np.divide(estimate, raw, out=np.ones_like(estimate), where=raw > _EPS)
         capacity = np.asarray(obs.capacity, dtype=float)
         healthy = np.asarray(obs.healthy, dtype=bool)
         # hold-down: a returning origin is planned as absent, then with a ramping capacity;
@@ -567,8 +642,8 @@ class EdgeController(_Controller):
         cap_plan = plan_capacity * (1.0 - s.headroom)
         # offered load: what the clients would send at these weights if no origin slowed them
         # down (an overloaded origin's slow answers hide part of the demand until it is relieved)
-        offered = estimate if solution.status != "optimal" else self._predicted_demand_at(
-            current, estimate, self._latency_now(latency), latency)  # a shortfall stays loaded
+        offered = estimate if solution.status != "optimal" else np.maximum(
+            estimate, self._predicted_demand_at(current, latency))  # a shortfall stays loaded
         load = (current * offered[:, None]).sum(axis=0)
         over = healthy & (load > capacity + 1e-9)
         # hot: over capacity by more than the noise margin, or over it a second interval running
@@ -610,7 +685,9 @@ class EdgeController(_Controller):
         limited = False
         biggest = float(np.abs(relax).max()) if relax.size else 0.0
         finite_latency = np.where(np.isfinite(latency), latency, 0.0)
-        latency_gain = float((estimate[:, None] * relax * finite_latency).sum())
+        # judged on the demand the target was planned on (the LP's own objective): on today's
+        # demand a swap that the rebound makes worthwhile can look neutral and stall for good
+        latency_gain = float((planned[:, None] * relax * finite_latency).sum())
         # hysteresis: an origin between its plan (capacity·(1-h)) and its capacity is left alone;
         # a move is only worth making when it lowers latency (toward nearer origins) or takes
         # load off an origin that is above its plan (a ramp, a held-down origin's ramp-in)
@@ -618,16 +695,15 @@ class EdgeController(_Controller):
         relieves = bool((np.where(relax < 0, -relax, 0.0)[:, above_plan]).sum() > s.deadband)
         if biggest > s.deadband and (latency_gain < 0 or relieves):
             beta_max = min(s.relax_gain, s.relax_step / biggest)
-            latency_now = self._latency_now(latency)
             # an origin the move sends more traffic to must end within its plan; one it takes
             # traffic off (or leaves alone) only must not get worse
             gaining = (relax * estimate[:, None]).sum(axis=0) > 1e-9
             ceiling = np.where(gaining, cap_plan, np.maximum(
-                cap_plan, self._predicted_load(after_shed, estimate, latency_now, latency)))
+                cap_plan, self._predicted_load(after_shed, latency)))
 
             def fits(b: float) -> bool:
                 trial = after_shed + b * relax
-                pred = self._predicted_load(trial, estimate, latency_now, latency)
+                pred = self._predicted_load(trial, latency)
                 return bool((pred[healthy] <= ceiling[healthy] * (1 + 1e-9) + 1e-9).all())
 
             beta_full = min(1.0, s.relax_step / biggest)
@@ -645,15 +721,6 @@ class EdgeController(_Controller):
             if beta * biggest < s.deadband:
                 beta = 0.0
         proposal = after_shed + beta * relax
-        if (beta > 0 or joint) and solution.status == "optimal":
-            # from the measurements, not from the last prediction: predictions must not compound;
-            # a joint move may shift whole edges between far-apart origins, where the worst-case
-            # growth is no forecast: bounded there by the shed headroom
-            predicted = self._predicted_demand_at(proposal, measured_estimate,
-                                                  self._latency_now(latency), latency)
-            if joint:
-                predicted = np.minimum(predicted, measured_estimate * (1.0 + s.shed_headroom))
-            self._predicted_demand = predicted
 
         parts = []
         warm = over & ~hot
@@ -663,6 +730,9 @@ class EdgeController(_Controller):
         if hot.any():
             names = ", ".join(f"#{o} {load[o]:.0f}/{capacity[o]:.0f} req/s" for o in np.flatnonzero(hot))
             parts.append(f"shed off overloaded origin(s) {names}, every edge moved jointly")
+        if joint and not hot.any():
+            parts.append("making room ahead of a ramp on origin(s) " + ", ".join(
+                f"#{o} {load[o]:.0f}/{capacity[o]:.0f} req/s" for o in np.flatnonzero(ramping_up)))
         held = self.hold_down.held(float(obs.now)) & healthy
         if held.any():
             parts.append(f"holding down returning origin(s) {', '.join(f'#{o}' for o in np.flatnonzero(held))}")
