@@ -5,9 +5,10 @@ Rows (see the project's bench table format):
   plain Python rolling z-score loop over the same data in the same run (target >= 50k points/s/core);
 * ``anomaly.window_score.<corpus>``: the standard window score (docs/anomaly-window-scoring.md; three
   cost profiles, one threshold per corpus) of opsloop beside a rolling z-score over 500 points and river's
-  HalfSpaceTrees, all on the same corpora in the same run: SKAB (from ``--skab DIR`` or
-  ``OPSLOOP_SKAB_DIR``; max over its 8 channels per experiment), the fixed-seed synthetic corpus and the
-  scenarios;
+  HalfSpaceTrees, all on the same corpora in the same run: the operational corpus
+  (``streams/detectors/ops_corpus.py``; reporting seeds as ``ops``, tuning seeds as ``ops-tune``),
+  SKAB (from ``--skab DIR`` or ``OPSLOOP_SKAB_DIR``; max over its 8 channels per experiment), the
+  fixed-seed GutenTAG-style synthetic corpus and the scenarios;
 * ``anomaly.<scenario>``: event precision, recall and mean detection delay (threshold 0.5, first 15 %
   of each series as warm-up, as NAB's probationary period), against the rolling z-score (|z| > 4);
 * ``firewall`` / ``netperf`` / ``keystone`` / ``power``: the domain detectors on scenarios built from
@@ -30,6 +31,7 @@ from streams.detectors.evaluation import evaluate
 from streams.detectors.firewall import UNPROTECTED, FirewallDetector
 from streams.detectors.keystone import HEAVY, REGIME, HeavyHitterDetector, LatencyRegimeDetector
 from streams.detectors.netperf import DROP, NO_SCALING, NetperfDetector
+from streams.detectors.ops_corpus import REPORT_SEEDS, TUNE_SEEDS, ops_corpus
 from streams.detectors.power import PowerDetector, ServerSpec
 from streams.detectors.scenarios import Scenario, all_scenarios
 
@@ -159,7 +161,13 @@ def corpus_scores(corpus: list[LabelledSeries], detector: Any) -> list[tuple[str
 
 
 def corpora(quick: bool, skab: str | None = None) -> dict[str, list[LabelledSeries]]:
-    out = {"synthetic": synthetic(n=1500 if quick else 3000), "scenarios": scenario_corpus()}
+    """Operational series on the REPORTING seeds (the detector was tuned on the other half; the full run
+    also shows the tuning half, so the gap between the two is visible), the GutenTAG-style corpus, the
+    scenarios and SKAB."""
+    out = {"ops": ops_corpus(REPORT_SEEDS[:2], n=2500) if quick else ops_corpus(REPORT_SEEDS)}
+    if not quick:
+        out["ops-tune"] = ops_corpus(TUNE_SEEDS)
+    out |= {"synthetic": synthetic(n=1500 if quick else 3000), "scenarios": scenario_corpus()}
     d = skab_dir(skab)
     if d is not None:
         out["skab"] = load_skab(d)

@@ -11,7 +11,8 @@ def test_window_scores_beat_the_same_run_baselines(monkeypatch) -> None:
     rows = bench_detect._window_scores(quick=True)
     assert rows[0]["metric"] == "not run" and SKAB_ENV in rows[0]["value"]     # SKAB says how to enable it
     scored = rows[1:]
-    assert {r["benchmark"] for r in scored} == {"anomaly.window_score.synthetic", "anomaly.window_score.scenarios"}
+    assert {r["benchmark"] for r in scored} == {"anomaly.window_score.ops", "anomaly.window_score.synthetic",
+                                                 "anomaly.window_score.scenarios"}
     assert {r["baseline"] for r in scored} == {"rolling z-score (500)", "river HalfSpaceTrees"}
     assert {r["metric"] for r in scored} == {"standard", "reward_low_fp", "reward_low_fn"}
     for r in scored:
