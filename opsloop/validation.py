@@ -26,7 +26,8 @@ def error_lines(e: ValidationError, prefix: str = "") -> list[str]:
     for err in e.errors(include_url=False):
         loc = ".".join(str(p) for p in err.get("loc", ()))
         where = f"{prefix}{loc}" if loc else (prefix.rstrip(".") or "(top level)")
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        # A validator's own message may quote the value: no user:password@ of a URL in it either.
+        msg = redact_credentials(str(err.get("msg", "invalid")).removeprefix("Value error, "))
         if err.get("type") == "extra_forbidden":
             lines.append(f"{where}: unknown setting")
         elif err.get("type") == "missing":

@@ -177,6 +177,12 @@ def test_settings_refuse_credentials_in_urls_loose_files_and_two_auths(tmp_path:
     with pytest.raises(ConfigError) as e:
         load_settings(overrides={"audit": {"elasticsearch_url": f"http://ops:{secret}@es1:9200"}}, discover=False)
     assert "credentials in the URL are refused" in str(e.value) and secret not in str(e.value)
+    # A validator that quotes the bad value (the paging actuator's URL check) is masked too.
+    with pytest.raises(ConfigError) as e:
+        load_settings(overrides={"controllers": {"paging": {"alertmanager_urls": [f"ftp://pager:{secret}@am:9093"]}}},
+                      discover=False)
+    assert "controllers.paging.alertmanager_urls" in str(e.value) and "ftp://***@am:9093" in str(e.value)
+    assert secret not in str(e.value), str(e.value)
     with pytest.raises(ConfigError, match="not both"):
         load_settings(overrides={"audit": {"elasticsearch": {"hosts": ["https://es1:9200"], "api_key": "k",
                                                              "username": "u", "password": "p"}}}, discover=False)
