@@ -27,6 +27,8 @@ from typing import Annotated, Any, Iterable, Mapping
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from opsloop.redact import redact_credentials
+
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
 
@@ -191,7 +193,8 @@ def describe_validation_error(e: ValidationError, prefix: str = "") -> str:
         elif err.get("type") == "finite_number":
             msg = "not a finite number"
         parts.append(f"{where}: {msg} (got {shown})")
-    return "; ".join(parts)
+    # A config value or a validator's message may quote a URL: its user:password@ never reaches the output.
+    return redact_credentials("; ".join(parts))
 
 
 @dataclass(slots=True)

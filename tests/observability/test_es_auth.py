@@ -183,6 +183,11 @@ def test_settings_refuse_credentials_in_urls_loose_files_and_two_auths(tmp_path:
                       discover=False)
     assert "controllers.paging.alertmanager_urls" in str(e.value) and "ftp://***@am:9093" in str(e.value)
     assert secret not in str(e.value), str(e.value)
+    from controllers.paging.config import PagingConfigError, paging_config
+
+    with pytest.raises(PagingConfigError) as e:   # `opsloop page run --alertmanager URL` checks it this way
+        paging_config(load_settings(discover=False), {"alertmanager_urls": [f"ftp://pager:{secret}@am:9093"]})
+    assert "ftp://***@am:9093" in str(e.value) and secret not in str(e.value), str(e.value)
     with pytest.raises(ConfigError, match="not both"):
         load_settings(overrides={"audit": {"elasticsearch": {"hosts": ["https://es1:9200"], "api_key": "k",
                                                              "username": "u", "password": "p"}}}, discover=False)
