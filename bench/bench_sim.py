@@ -7,7 +7,9 @@ not wall clock, so the run is deterministic. Rows per scenario: overload-seconds
 tick (target ≤ 10 % of each baseline's), mean latency outside shortfalls (target ≤ 1.10 × the
 baseline's), the 95th-percentile excess over capacity outside step transients (≤ 5 %), churn
 outside step transients (≤ 3 points per interval) and whether the scenario's own verdict passes.
-``--quick`` runs the eight kinds of the issue only.
+``--quick`` runs the eight kinds of the issue only; the full run adds every variant of the
+robustness suite (``scenarios/robustness``) and one row counting the variants that meet every
+target.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from controllers.edge.sim import load_scenario, run_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "controllers" / "edge" / "scenarios"
+ROBUSTNESS = SCENARIOS / "robustness"
 EIGHT_KINDS = ("seed_experiment", "origin_failure", "mesh_peak", "shortfall", "surge_one_edge",
                "noise_near_capacity", "flapping_origin", "capacity_halved")
 
@@ -31,10 +34,13 @@ def _row(bench: str, metric: str, value: float, baseline: str, base: float, unit
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
-    names = EIGHT_KINDS if quick else sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+    paths = [SCENARIOS / f"{n}.yaml" for n in EIGHT_KINDS] if quick else \
+        sorted(SCENARIOS.glob("*.yaml")) + sorted(ROBUSTNESS.glob("*.yaml"))
     rows: list[dict[str, Any]] = []
-    for name in names:
-        scn = load_scenario(SCENARIOS / f"{name}.yaml")
+    passed = {"ours": 0, "fixed-step": 0}
+    for path in paths:
+        name = path.stem if path.parent == SCENARIOS else f"robustness/{path.stem}"
+        scn = load_scenario(path)
         summaries, _ = run_scenario(scn, ["ours", "fixed-step", "fixed-step-headroom"])
         ours = summaries["ours"]
         bench = f"edge sim {name}"
@@ -63,6 +69,14 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         rows.append(_row(bench, "scenario verdict (1 = meets targets)",
                          float(ours["meets_targets"]), "fixed-step",
                          float(fixed["meets_targets"]), "bool", "1", ours["meets_targets"]))
+        if name.startswith("robustness/"):
+            passed["ours"] += int(ours["meets_targets"])
+            passed["fixed-step"] += int(fixed["meets_targets"])
+    n_robust = sum(1 for p in paths if p.parent == ROBUSTNESS)
+    if n_robust:
+        rows.append(_row("edge sim robustness suite", f"variants meeting every target (of {n_robust})",
+                         passed["ours"], "fixed-step", passed["fixed-step"], "scenarios",
+                         f"{n_robust}", passed["ours"] == n_robust))
     return rows
 
 

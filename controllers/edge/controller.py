@@ -392,6 +392,8 @@ class EdgeController(_Controller):
         self._move_history: deque[np.ndarray] = deque(maxlen=self._demand_history.maxlen)
         self._scale = np.ones(n_edges)  # estimate / the window's largest measurement
         self._last_latency: np.ndarray | None = None
+        self._sigma = np.zeros(n_edges)  # per-interval noise of log-demand (peak-held)
+        self._rising = np.zeros(n_edges, dtype=bool)  # a ramp seen at the last tick
         # the clients' elasticity as seen across our own big moves, per edge (latest few)
         self._elasticity_obs: list[deque[float]] = [deque(maxlen=5) for _ in range(n_edges)]
         self._z = NormalDist().inv_cdf(s.demand_quantile)
@@ -507,6 +509,11 @@ class EdgeController(_Controller):
                 part = second[:, valid]
                 mad = np.nanmedian(np.abs(part - np.nanmedian(part, axis=0)), axis=0)
                 sigma[valid] = 1.4826 * mad / math.sqrt(6.0)
+            # variability is a lasting property of the demand, and a few calm draws (or moves
+            # of ours left out) must not drop the headroom at once: it rises at once, decays
+            # slowly (half-life ~13 intervals)
+            sigma = np.maximum(sigma, self._sigma * 0.95)
+            self._sigma = sigma
         if s.anticipate_ramp and len(changes) >= 3:
             # a ramp rises three times running, by more than the threshold and clearly more than
             # the noise (the mean of three rises has sd √2·σ/3: 2.5 of those); one more interval
@@ -519,17 +526,32 @@ class EdgeController(_Controller):
             mean_rise, last_rise = (hist[-1] - hist[-4]) / 3, hist[-1] - hist[-2]
             slope = np.where(last3[-1] >= mean_change / 3, mean_rise,
                              np.minimum(mean_rise, last_rise))
+            # a fast ramp is over before it rose three times: two steady rises, each well above
+            # the threshold and the noise, already make one
+            last2 = last3[-2:]
+            fast = (last2.min(axis=0) > 2.0 * s.ramp_threshold) \
+                & (last2.min(axis=0) > 3.0 * sigma) & (last2[-1] >= last2[0] / 2) & ~rising
+            slope = np.where(fast, np.minimum((hist[-1] - hist[-3]) / 2, last_rise), slope)
+            rising |= fast
+            # a ramp still rising stays one (hysteresis): a relax step must not undo the room
+            # made for it because one rise fell under the bar
+            going_on = self._rising & ~rising & (last3[-1] > 0)
+            slope = np.where(going_on, np.clip(last_rise, 0.0, None), slope)
+            rising |= going_on
             # a rise too small to matter is no ramp (it must not trigger an early joint move)
             rising &= slope > 0.5 * s.ramp_threshold * np.maximum(hist[-1], _EPS)
+            # the measurement is the last interval's mean (its middle); the plan must hold to
+            # the end of the next interval: 1.5 intervals of the ramp ahead
             estimate = estimate + np.where(rising, slope, 0.0)
+        self._rising = rising
         if len(changes) >= 5:
             uplift = np.clip(self._z * sigma - s.headroom, 0.0, s.max_uplift)
             # noisy demand (the quantile needs more than the headroom): plan on the window's
-            # mean level, so the weights do not chase every draw; a rise beyond 2σ of that level
+            # mean level, so the weights do not chase every draw; a rise beyond 3σ of that level
             # is a step, not noise, and the max of the last measurements stays in charge
             noisy = uplift > s.noisy_uplift
             level = hist[-s.variability_window:].mean(axis=0)
-            step = hist[-1] > level * (1.0 + 2.0 * sigma)
+            step = hist[-1] > level * (1.0 + 3.0 * sigma)
             calm_estimate = np.maximum(level, estimate - hist[-s.demand_window:].max(axis=0)
                                        + level)  # keeps the ramp's slope
             estimate = np.where(noisy & ~step & ~rising, calm_estimate, estimate)

@@ -30,7 +30,8 @@ Metrics per controller and phase (a phase starts at t=0 and at each plant-changi
   origin load over capacity, over the phase's last ``steady_intervals`` intervals, counting only
   series that change direction there (a monotone approach is convergence, not oscillation);
 - ``overload_s``: seconds each origin spent above its capacity;
-- ``overshoot_p95``, ``churn``: the 95th percentile of that excess, the traffic share moved per tick.
+- ``overshoot_p95``, ``churn``: the 95th percentile of that excess, the traffic share moved per tick
+  (in the whole-run figure, less what had to leave an origin the controller saw unhealthy).
 
 In a phase whose demand exceeds all healthy capacity (a shortfall) the band is the common
 overload factor (total load / total capacity) × (1+tol), not capacity. Whole run: ``excess_p95``
@@ -624,8 +625,14 @@ def run_metrics(scn: Scenario, run: Run, phases: list[dict[str, Any]]) -> dict[s
         # the listener's traffic share per origin before and after each tick; the moves that
         # answer a step (within the settling allowance) are the job, not churn
         share = lambda w: np.einsum("ke,keo->ko", rates, w) / np.maximum(rates.sum(axis=1), 1e-9)[:, None]
-        moved = 0.5 * np.abs(share(run.tick_weights[1:]) - share(run.tick_weights[:-1])).sum(axis=1)
+        before = share(run.tick_weights[:-1])
+        moved = 0.5 * np.abs(share(run.tick_weights[1:]) - before).sum(axis=1)
         tick_idx = np.clip(np.round(run.tick_times / scn.dt_s).astype(int) - 1, 0, len(run.times) - 1)
+        # traffic on an origin the controller sees unhealthy must leave it (every controller
+        # moves it alike, by the safety rule): not churn
+        delay = int(round(scn.health_detection_delay_s / scn.dt_s))
+        seen_down = ~run.healthy[np.clip(tick_idx - delay, 0, None)]
+        moved = np.clip(moved - np.where(seen_down, before, 0.0).sum(axis=1), 0.0, None)
         calm = ~transient[tick_idx]
         churn = float(moved[calm].mean()) if calm.any() else 0.0
     within = np.minimum(run.loads, run.capacity) * run.healthy

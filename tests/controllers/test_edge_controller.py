@@ -261,8 +261,10 @@ def test_plan_follows_demand_variability_not_our_own_moves():
         draw = 1.0 + 0.12 * rng.standard_normal()
         dn = noisy.step(_obs([250 * draw], [300, 1000], [[10, 40]], [True, True], now=15 * k))
         ds = steady.step(_obs([250], [300, 1000], [[10, 40]], [True, True], now=15 * k))
-    # ±12 % demand: planned on an upper quantile, so the near origin keeps more room
-    assert dn.weights[0, 0] * 250 < ds.weights[0, 0] * 250 * 0.97
+    # ±12 % demand: planned on an upper quantile, so the near origin keeps more room: its
+    # 95th-percentile demand stays within capacity, where the steady demand fills the plan
+    assert dn.weights[0, 0] < ds.weights[0, 0]
+    assert dn.weights[0, 0] * 250 * (1 + 1.645 * 0.12) <= 300 * (1 + 1e-3)
     assert "above the estimate" in dn.reason
     assert (ds.weights[0, 0] * 250) <= 300 * 0.95 + 1e-6
 

@@ -1,0 +1,63 @@
+"""The robustness suite: new variants of the eight scenario kinds (1-5 edges x 2-5 origins, other
+latencies, noise seeds and periods, surge edges, flap periods, capacity ratios), each judged by the
+simulator's own verdict against both fixed-step baselines of the same run (simulated time only).
+
+Misses are named here with their figures (and in controllers/edge/README.md); a named miss that
+no longer occurs fails the test, so the list cannot go stale."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controllers.edge.sim import load_scenario, run_scenario
+
+SUITE = Path(__file__).resolve().parents[2] / "controllers" / "edge" / "scenarios" / "robustness"
+NAMES = sorted(p.stem for p in SUITE.glob("*.yaml"))
+KINDS = ("useu", "failure", "mesh", "shortfall", "surge", "noise", "flap", "capacity")
+
+# scenario -> the violation kinds it still shows (prefix of the verdict's message), with figures
+KNOWN_MISSES: dict[str, set[str]] = {
+    # all traffic of both edges returns to the recovered origin: held down 2 intervals, then
+    # ramped in; 3.4 % of the traffic per interval moves outside the 3-interval transient
+    "failure_two_by_two": {"churn"},
+    # origin flapping every 20 s: held down (no failed requests to it: 326 vs 471), 23.5 ms vs
+    # the baselines' 21.4 ms mean latency (1.10x; limit 1.10)
+    "flap_odd_period": {"mean latency"},
+    # x1.3 in 60 s: over before a ramp can be told from noise; overshoot 5.6 %, overload 51 s =
+    # 17 % of the headroom baseline's 308 s (7 % of the plain one's)
+    "mesh_fast_ramp": {"overshoot", "overload-seconds"},
+    # independent draws every interval: 95th-percentile plan; overload 30 s = 28 % of 108 s
+    "noise_closed_loop": {"overload-seconds"},
+    # open-loop clients at 95 %: no overload at all, latency 1.13x / 1.12x
+    "noise_three_edges_open_loop": {"mean latency"},
+    # draws held 30 s (two intervals): the plan chases them; weights swing 14.6 points,
+    # p95 excess 6.9 %, overload 17 % / 27 %, latency 1.11x / 1.09x
+    "noise_two_edges": {"95th-percentile", "weights oscillate", "overload-seconds", "mean latency"},
+    # 40 % short, fast-slowing origins: the common-factor share swings 6.7 % of capacity
+    "shortfall_deep": {"load oscillates"},
+    # ramp into a 20 % shortfall: common factor reached in 90 s (limit 45), overshoot 7.6 %,
+    # p95 excess 6.7 %, overload 64 s = 17 % of the baselines' 375 s
+    "shortfall_ramp": {"origins not within", "overshoot", "95th-percentile", "overload-seconds"},
+}
+
+
+def test_every_kind_has_several_variants():
+    for kind in KINDS:
+        assert len([n for n in NAMES if n.startswith(kind)]) >= 3, kind
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_variant_meets_the_targets_against_both_baselines(name):
+    scn = load_scenario(SUITE / f"{name}.yaml")
+    summaries, _ = run_scenario(scn, ["ours", "fixed-step", "fixed-step-headroom"])
+    ours = summaries["ours"]
+    assert set(ours["baselines"]) == {"fixed-step", "fixed-step-headroom"}
+    allowed = KNOWN_MISSES.get(name, set())
+    unexpected = [v for v in ours["violations"] if not any(k in v for k in allowed)]
+    assert not unexpected, unexpected
+    for kind in allowed:
+        assert any(kind in v for v in ours["violations"]), f"{name}: {kind!r} no longer missed"
+    # the safety side holds everywhere, named misses or not
+    assert ours["churn"] <= 0.05 and ours["excess_p95"] <= 0.10
