@@ -120,7 +120,7 @@ WEEK_S = 7 * DAY_S
 STATE_VERSION = 3
 NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside", "h_width", "h_n", "hist")
 NEW_IN_V3 = ("zt", "zt_w", "zt_n", "pbuf", "period", "p_off", "level2", "scale2", "err2", "run2", "run2_x",
-             "d_ms", "d_ml", "d_var", "d_abs", "tail_d", "log_mode", "lo", "wbuf")
+             "d_ms", "d_ml", "d_var", "d_abs", "tail_d", "log_mode", "lo", "wbuf", "trend0")
 EVT_BIN = 8          # z = 4: the threshold of the fitted tail
 LN2 = math.log(2.0)
 ZT_BINS = 32         # log2 bins of |z| per side: 4 per doubling from z = 1
@@ -176,6 +176,8 @@ class DetectorConfig:
     slope_rate: float = 0.02         # short-window mean of the steps (about 40 points) ...
     slope_long: float = 0.002        # ... under their long-window mean and variance (about 500 points)
     slope_z0: float = 4.0            # ... z below this scores 0
+    trend_beta: float = 0.2          # > 0: the plain level model has a damped trend (Holt), per point ...
+    trend_phi: float = 0.9           # ... damped by this factor per point
     log_points: int = 100            # rows that decide whether the series is modelled in log space ...
     log_skew: float = 0.6            # ... (all positive, skewness above this, and much less in log space)
 
@@ -190,7 +192,7 @@ class StreamingDetector:
         "d_vis", "w_off", "w_cnt", "w_last", "w_vis", "last",
         "l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside", "h_width", "h_n", "hist",
         "zt", "zt_w", "zt_n", "pbuf", "period", "p_off", "level2", "scale2", "err2", "run2", "run2_x",
-        "d_ms", "d_ml", "d_var", "d_abs", "tail_d", "log_mode", "lo", "wbuf",
+        "d_ms", "d_ml", "d_var", "d_abs", "tail_d", "log_mode", "lo", "wbuf", "trend0",
     )
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
@@ -252,6 +254,7 @@ class StreamingDetector:
         self.d_ms = self.d_ml = self.d_var = 0.0   # steps: short and long mean, long variance ...
         self.d_abs = 0.0                           # ... mean absolute step ...
         self.log_mode = 0                # 0: not decided yet, 1: log space, -1: as is
+        self.trend0 = 0.0                # damped trend of the plain level model
         self.lo = 0.0                    # log space: values below this are read as this
         self.wbuf: list[list[float]] = []   # the first rows, until log_mode is decided
         self.tail_d = self.cfg.tail_ref            # ... and the tracked tail of their z
@@ -313,7 +316,7 @@ class StreamingDetector:
             self._size_buckets()
 
         clip = cfg.clip
-        level0 = self.level0
+        level0 = self.level0 + self.trend0     # damped-trend prediction (Holt): ramps are not residuals
         level1 = self.level1
         scale0 = self.scale0
         scale1 = self.scale1
@@ -550,6 +553,8 @@ class StreamingDetector:
         lim1 = clip * s1
         p1 = r1 if -lim1 <= r1 <= lim1 else (lim1 if r1 > 0.0 else -lim1)
         self.level0 = level0 + a * p0
+        if cfg.trend_beta > 0.0:
+            self.trend0 = cfg.trend_phi * self.trend0 + a * cfg.trend_beta * p0
         self.level1 = level1 + a * p1
         ap0 = p0 if p0 >= 0.0 else -p0
         ap1 = p1 if p1 >= 0.0 else -p1
@@ -663,6 +668,7 @@ class StreamingDetector:
                 if k >= k_shift:
                     mean = self.run0_x / k
                     self.level0 = mean
+                    self.trend0 = 0.0
                     # The new regime may be noisier: widen the scale to the run's spread.
                     var = self.run0_xx / k - mean * mean
                     if var > self.scale0 * self.scale0:
