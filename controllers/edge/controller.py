@@ -9,38 +9,43 @@ applying the target at once (:class:`UndampedController`) oscillates.
 Control law of :class:`EdgeController` (one step per interval, weights ``W`` per edge × origin)
 -----------------------------------------------------------------------------------------------
 1. *Demand estimate.* The max of the last ``demand_window`` (2) measurements — a rise is seen at
-   once, a fall after 2 intervals — and never below what the last move predicted. On a *ramp*
-   (three rises in a row, ``ramp_threshold`` per interval on average) one more interval of it is
-   added. The *variability* of the clients' own demand (measurements corrected for the latency
-   our weights gave them, so our own moves are not read as noise) is the median absolute
-   deviation of second differences of log-demand (a step or a ramp leaves it alone); the plan
-   covers the ``demand_quantile`` (95 %) of it: demand × (1 + max(0, z·σ − headroom)). When that
-   uplift is clear (``noisy_uplift``), the window's mean level replaces the max of the last
-   draws, so the weights do not chase noise.
+   once, a fall after 2 intervals. On a *ramp* (three rises in a row, ``ramp_threshold`` per
+   interval on average and clearly above the measured noise, or two large ones; one still rising
+   stays a ramp) one more interval of it is added; a step (a big rise, then the clients'
+   transient) is not carried on. The *variability* of the clients' own demand (measurements
+   corrected for the latency our weights gave them, so our own moves are not read as noise) is
+   the median absolute deviation of second differences of log-demand (a step or a ramp leaves it
+   alone), held at its peak and decaying slowly; the plan covers the ``demand_quantile`` (95 %)
+   of it: demand × (1 + max(0, z·σ − headroom)). When that uplift is clear (``noisy_uplift``),
+   the window's mean level replaces the max of the last draws (unless a draw is beyond 3σ), so
+   the weights do not chase noise. Every measurement is kept with the latency its clients saw.
 2. *Hold-down* (:class:`HoldDown`): an origin that comes back healthy is planned as absent for
    ``hold_down_intervals`` × ``hold_down_backoff``^(flaps−1) (≤ ``hold_down_max_intervals``; the
    flap count is forgotten after that long without a change), then its capacity ramps in over
    ``slowstart_intervals`` — Envoy's outlier-ejection back-off and HAProxy's ``slowstart``. An
    edge with no other healthy origin may use it at once.
-3. *Target* ``T = solve(D̂, capacity, latency, healthy, previous=W, headroom=h)`` (h = 5 %),
-   re-planned on the demand the clients would send at ``T`` (*rebound*): when the telemetry gives
-   origins' response times (``Observation.origin_latency_ms``), a relieved origin answers at its
-   unloaded speed and elastic clients speed up; a short fixed-point iteration plans for that.
+3. *Target* ``T = solve(D̂, capacity, latency, healthy, previous=W, headroom=h)`` (h = 5 %) on
+   the demand the clients will send once no origin is overloaded (*rebound*): when the telemetry
+   gives origins' response times (``Observation.origin_latency_ms``), each measurement is grown
+   from the latency its clients saw to the latency of the same weights at unloaded speed, with
+   the elasticity seen across our own moves (−Δln rate/Δln latency over a move of > 10 %; the
+   worst case ``elasticity`` until one was seen). In a shortfall: on what clients send now.
 4. *Shed jointly and at once.* An origin is *hot* when its offered load at the current weights
-   (the measured demand plus that rebound) exceeds capacity by ``hot_margin`` (3 %), or exceeds
-   capacity for a second interval running. Then every edge moves toward the joint plan with
-   ``shed_headroom`` (8 %) in one step — the edge that makes room on an origin moves in the same
-   step as the one shed onto it — and where ``max_step`` stops an edge from moving its whole
-   planned share, that origin's planned capacity is lowered and the LP takes the rest from other
-   edges (:meth:`EdgeController._bounded_shed`). A ramp that will carry an origin past its plan
-   gets the same joint move with the normal headroom, before the origin is over. Above capacity
-   but within the margin (*warm*): a ``relax_gain`` fraction of the decrease per interval.
+   (worst-case prediction) exceeds capacity by ``hot_margin`` (3 %), or exceeds capacity for a
+   second interval running. Then every edge moves toward the joint plan with ``shed_headroom``
+   (8 %) in one step — the edge that makes room on an origin moves in the same step as the one
+   shed onto it — and what ``max_step`` keeps an edge from moving off an origin stays there in
+   the plan while the LP places the rest around it (:meth:`EdgeController._bounded_shed`). A
+   ramp that will carry an origin past its plan gets the same joint move with the normal
+   headroom, before the origin is over. Above capacity but within the margin (*warm*): a
+   ``relax_gain`` fraction of the decrease per interval.
 5. *Relax slowly and safely.* The rest of ``T − W`` is applied as ``β·(T − W)``, β ≤ ``relax_gain``
    (0.5), ``β·|T − W|∞ ≤ relax_step`` (0.2), β the largest for which every origin that gains
    traffic keeps a *predicted* load ≤ capacity·(1−h), assuming worst-case elastic clients
-   (demand ∝ (L(W)/L(V))^ε, ε = ``elasticity`` = 1). Hysteresis: when nothing is hot or warm, a
-   relax move is made only if it lowers latency-weighted traffic; an origin between its plan and
-   its capacity is left alone.
+   (each measurement grown by (L_seen/L(W))^ε, ε = ``elasticity`` = 1, never assumed to fall:
+   worst cases of successive moves do not compound). Hysteresis: when nothing is hot or warm, a
+   relax move is made only if it lowers latency-weighted traffic on the planned demand; an
+   origin between its plan and its capacity is left alone.
 6. *Final guard* (:func:`enforce_safety`, applied to every controller): shares off an unhealthy or
    unreachable origin move at once; other changes ≤ ``max_step`` (0.5) per origin per interval;
    rows sum to 1, are never all-zero, and put nothing on an unhealthy origin while a healthy one is
