@@ -9,7 +9,10 @@ detector therefore combines a few simple, well-studied streaming estimators inst
 1. **Robust exponential smoothing** (Gelper, Fried & Croux, "Robust forecasting with exponential
    and Holt-Winters smoothing", J. Forecasting 2010): level and scale are updated with Huber-clipped
    residuals, so a spike moves neither the expected value nor the band. The scale is a clipped
-   EWMA of absolute residuals (x 1.25, the mean-absolute-deviation to sigma factor).
+   EWMA of absolute residuals (x 1.25, the mean-absolute-deviation to sigma factor). The plain
+   level model carries a damped trend (Holt's linear method with damping, Gardner & McKenzie 1985;
+   ``trend_beta``, ``trend_phi``): the morning ramp of a daily load or a filling disk is then
+   predicted, not a residual, so the band stays tight and an outage on a ramp is a large z.
 2. **Seasonal baseline per time-of-day and time-of-week bucket** (the additive Holt-Winters error
    correction form, keyed by *time* rather than sample index, so irregular timestamps and gaps work).
    Each daily bucket also keeps its own robust scale, so a time of day that is naturally busy or
