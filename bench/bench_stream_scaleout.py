@@ -1,10 +1,10 @@
 """Scale-out of the stream stage: 1, 2 and 3 workers of one app on one broker with 12 partitions.
 
-Throughput: the five telemetry topics (12 partitions each) are filled with rounds of a fleet
-(``bench/stream_workload.py``, every handler on); for k = 1, 2, 3 a new app (its own consumer group,
-reading from the start) runs k workers started together. Samples/s in total and per worker are taken
-over the window in which all k workers are processing (after the group's first rebalance, until 85 %
-of the backlog is done), from each worker's ``opsloop_stream_samples_total``.
+Throughput: for k = 1, 2, 3, on a fresh broker (five telemetry topics of 12 partitions), k workers of
+one app start together and join (the group Stable, every worker assigned); then rounds of a fleet
+(``bench/stream_workload.py``, every handler on) are sent and the workers are timed from the first
+counted sample to the last (each worker's ``opsloop_stream_samples_total``): samples/s in total and
+per worker.
 
 Join: live rounds arrive at a steady rate while 2 workers keep up; a third joins. The consumer group's
 lag (records between the topics' ends and the committed offsets, polled every 0.5 s) before, at
@@ -40,31 +40,63 @@ def start_together(workers: list[Worker]) -> None:
         t.join()
 
 
-def throughput(tmp: Path, bootstrap: str, k: int, n_samples: int) -> dict[str, Any]:
-    app = f"scale{k}-{uuid.uuid4().hex[:6]}"
-    workers = [Worker(tmp, bootstrap, app_id=app, name=f"{app}-{i}", partitions=PARTITIONS) for i in range(k)]
-    start_together(workers)
+def members(bootstrap: str, group: str) -> int:
+    """Members of a Stable consumer group that have partitions assigned (0 while it rebalances)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        t_all = None
-        start: list[float] = []
+        desc = admin.describe_groups([group])[group]
+    except Exception:  # noqa: BLE001 - coordinator not ready yet
+        return 0
+    finally:
+        admin.close()
+    if desc.get("error") or desc.get("group_state") != "Stable":
+        return 0
+    return sum(1 for m in desc["members"] if (m.get("member_assignment") or {}).get("assigned_partitions"))
+
+
+def throughput(tmp: Path, k: int, fleet: Fleet, rounds: int) -> dict[str, Any]:
+    """k workers of a new app on a fresh broker: they join first (group Stable, every worker assigned),
+    then the rounds are sent and timed from the first counted sample to the last."""
+    stack = kafka_stack(tmp / f"scale{k}")
+    stack.up()
+    app = f"scale{k}-{uuid.uuid4().hex[:6]}"
+    workers: list[Worker] = []
+    try:
+        ensure_topics(stack.kafka_bootstrap, PARTITIONS, 1)
+        workers = [Worker(tmp, stack.kafka_bootstrap, app_id=app, name=f"{app}-{i}", partitions=PARTITIONS)
+                   for i in range(k)]
+        start_together(workers)
+        deadline = time.monotonic() + 180
+        while members(stack.kafka_bootstrap, app) < k and time.monotonic() < deadline:
+            time.sleep(1)
+        time.sleep(3)   # the table recoveries after the assignment (empty changelogs)
+        records = [r for n in range(rounds) for r in fleet_round(fleet, n, time.time() - 3600 - rounds * 15)]
+        n_samples = sum(v.count(b'"timestamp":') for _, _, v in records)   # once per sample
+        feeder = threading.Thread(target=produce, args=(stack.kafka_bootstrap, records))
+        t_send = time.perf_counter()
+        feeder.start()
+        t_first = None
+        first: list[float] = []
         counts: list[float] = [0.0] * k
         deadline = time.monotonic() + 1200
         while time.monotonic() < deadline:
             counts = [w.samples() for w in workers]
-            now = time.perf_counter()
-            if t_all is None and all(c > 0 for c in counts):
-                t_all, start = now, counts
-            if sum(counts) >= 0.85 * n_samples:
+            if t_first is None and sum(counts) > 0:
+                t_first, first = time.perf_counter(), counts
+            if sum(counts) >= n_samples:
                 break
             time.sleep(0.25)
-        if t_all is None:
-            return {"k": k, "total": 0.0, "per_worker": [0.0] * k}
-        elapsed = time.perf_counter() - t_all
-        per = [(c - s) / elapsed for c, s in zip(counts, start)]
-        return {"k": k, "total": sum(per), "per_worker": per, "window_s": elapsed}
+        elapsed = time.perf_counter() - (t_first or time.perf_counter())
+        feeder.join()
+        per = [(c - f) / elapsed if elapsed > 0 else 0.0 for c, f in zip(counts, first or counts)]
+        return {"k": k, "total": sum(per), "per_worker": per, "seconds": elapsed,
+                "send_s": None if t_first is None else t_first - t_send, "samples": n_samples}
     finally:
         for w in workers:
             w.stop()
+        stack.down()
 
 
 def group_lag(bootstrap: str, group: str, consumer: Any, admin: Any) -> int:
@@ -110,9 +142,16 @@ def join_lag(tmp: Path, bootstrap: str, seconds_before: float, seconds_after: fl
         series: list[tuple[float, int]] = []
         t_join = time.monotonic() + seconds_before
         joined = threading.Thread(target=workers[2].start)
+        joiner_first: float | None = None   # when the joining worker counted its first sample
         while time.monotonic() < t_join + seconds_after:
             if not joined.is_alive() and time.monotonic() >= t_join and not workers[2].proc.running():
                 joined.start()
+            if joiner_first is None and not joined.is_alive() and time.monotonic() >= t_join:
+                try:
+                    if workers[2].samples() > 0:
+                        joiner_first = time.monotonic() - t_join
+                except Exception:  # noqa: BLE001 - its metrics server is not up yet
+                    pass
             try:
                 series.append((time.monotonic() - t_join, group_lag(bootstrap, app, probe, admin)))
             except Exception:  # noqa: BLE001 - the coordinator is busy with the rebalance: next poll
@@ -135,25 +174,15 @@ def join_lag(tmp: Path, bootstrap: str, seconds_before: float, seconds_after: fl
     # back to normal: no more behind than the round in flight
     settle = next((t for t, lag in after if t > peak_t and lag <= max(base, round_records)), None)
     return {"before": base, "peak": peak, "peak_at_s": peak_t, "settled_s": settle,
-            "round_records": round_records, "series": series}
+            "round_records": round_records, "joiner_first_s": joiner_first, "series": series}
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
     fleet = Fleet()
-    rounds = 8 if quick else 16
+    rounds = 10 if quick else 30
     with tempfile.TemporaryDirectory(prefix="opsloop-bench-") as d:
         tmp = Path(d)
-        stack = kafka_stack(tmp)
-        stack.up()
-        try:
-            ensure_topics(stack.kafka_bootstrap, PARTITIONS, 1)
-            records = [r for n in range(rounds) for r in fleet_round(fleet, n, time.time() - 3600 - rounds * 15)]
-            n_samples = sum(v.count(b'"timestamp":') for _, _, v in records)   # once per sample
-            produce(stack.kafka_bootstrap, records)
-            del records
-            curve = [throughput(tmp, stack.kafka_bootstrap, k, n_samples) for k in (1, 2, 3)]
-        finally:
-            stack.down()
+        curve = [throughput(tmp, k, fleet, rounds) for k in (1, 2, 3)]
         print("scale-out: " + "; ".join(f"{c['k']} worker(s): {c['total']:,.0f} samples/s total, per worker "
                                         + "/".join(f"{x:,.0f}" for x in c["per_worker"]) for c in curve), flush=True)
         stack = kafka_stack(tmp / "join")   # empty topics: the joining group sees the live rounds only
@@ -165,7 +194,8 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
             stack.down()
     one = curve[0]["total"]
     print(f"join: lag before {join['before']:,.0f} records, peak {join['peak']:,.0f} at +{join['peak_at_s']:.1f} s, "
-          f"settled at +{join['settled_s']} s (a round is {join['round_records']} records)", flush=True)
+          f"settled at +{join['settled_s']} s, the joining worker's first sample at +{join['joiner_first_s']} s "
+          f"(started at +0; a round is {join['round_records']} records every 2 s)", flush=True)
     rows = [{"benchmark": f"stream scale-out, {c['k']} worker(s), 12 partitions", "metric": "samples/s total",
              "value": round(c["total"]), "baseline": "1 worker (same run; 2 shared cores)", "baseline_value": round(one),
              "ratio": round(c["total"] / one, 3) if one else 0.0, "unit": "samples/s", "target": "report", "ok": None}
