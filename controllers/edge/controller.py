@@ -38,7 +38,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    the plan while the LP places the rest around it (:meth:`EdgeController._bounded_shed`). A
    ramp that will carry an origin past its plan gets the same joint move with the normal
    headroom, before the origin is over. Above capacity but within the margin (*warm*): a
-   ``relax_gain`` fraction of the decrease per interval.
+   ``relax_gain`` fraction of the decrease per interval. In a shortfall an origin is hot only
+   above the common overload factor by the margin (else the shares stay put).
 5. *Relax slowly and safely.* The rest of ``T − W`` is applied as ``β·(T − W)``, β ≤ ``relax_gain``
    (0.5), ``β·|T − W|∞ ≤ relax_step`` (0.2), β the largest for which every origin that gains
    traffic keeps a *predicted* load ≤ capacity·(1−h), assuming worst-case elastic clients
@@ -676,6 +677,12 @@ class EdgeController(_Controller):
         # hot: over capacity by more than the noise margin, or over it a second interval running
         hot = over & ((load > capacity * (1 + s.hot_margin) + 1e-9) | self._over_last)
         self._over_last = over
+        if solution.status == "shed":
+            # a shortfall: every origin is over capacity by design; an origin is hot only when
+            # it carries more than the common overload factor by the margin, else the shares
+            # stay (re-planning every interval on noisy demand only swings the load)
+            factor = load[healthy].sum() / max(float(capacity[healthy].sum()), _EPS)
+            over = hot = healthy & (load > capacity * max(factor, 1.0) * (1 + s.hot_margin) + 1e-9)
         # a ramp that will carry an origin past its plan: make room now, jointly, not after
         ramping_up = healthy & (load > cap_plan + 1e-9) & \
             ((current * rising[:, None]) > s.deadband).any(axis=0)

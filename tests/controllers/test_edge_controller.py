@@ -326,3 +326,38 @@ def test_live_loop_gets_hold_down_and_headroom_from_the_service_settings():
     settled = [tick(True) for _ in range(16)]
     assert settled[0] == 0.0 and settled[-1] > 0.9
     assert loop.listeners["hd"].controller.hold_down.flaps[0] >= 3
+
+
+def _closed_loop(ctl: EdgeController, base: float, eps: float, ticks: int, capacity=(200.0, 1000.0),
+                 net=(10.0, 60.0), service=10.0) -> list[float]:
+    """Clients of elasticity ``eps`` against ``ctl`` (one edge, near/far origin, unloaded origins):
+    rate = base · (L_near / L)^eps. Returns the near share after each tick."""
+    lat = np.array([[net[0], net[1]]])
+    ref = net[0] + service
+    near = []
+    for k in range(ticks):
+        w = ctl.weights
+        mean = float((w[0] * (np.array(net) + service)).sum())
+        rate = base * (ref / mean) ** eps
+        d = ctl.step(Observation(now=15.0 * (k + 1), demand=np.array([rate]),
+                                 capacity=np.array(capacity), latency=lat,
+                                 healthy=np.array([True, True]),
+                                 origin_latency_ms=np.array([service, service])))
+        near.append(float(d.weights[0, 0]))
+    return near
+
+
+def test_elasticity_seen_across_our_moves_sets_the_target_not_the_worst_case():
+    """Clients of elasticity 0.5: the first shed shows it (−Δln rate / Δln latency), and the target
+    then puts the near origin at its plan for those clients; the relax step still guards with the
+    worst case, so the approach never overloads it."""
+    ctl = EdgeController(1, 2, initial=[[1.0, 0.0]])
+    near = _closed_loop(ctl, base=260.0, eps=0.5, ticks=14)
+    assert ctl._elasticity_seen()[0] == pytest.approx(0.5, abs=0.05)
+    # equilibrium for eps 0.5 at the plan (190 req/s near): rate·w = 190
+    w = near[-1]
+    rate = 260.0 * (20.0 / (w * 20.0 + (1 - w) * 70.0)) ** 0.5
+    assert rate * w == pytest.approx(190.0, rel=0.03)
+    for w in near:
+        r = 260.0 * (20.0 / (w * 20.0 + (1 - w) * 70.0)) ** 0.5
+        assert r * w <= 200.0 * 1.0 + 1e-6
