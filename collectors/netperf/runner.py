@@ -75,6 +75,31 @@ def kill_group(pid: int) -> None:
         pass
 
 
+def _group_members_alive(pgid: int) -> bool:
+    """True while a process of group ``pgid`` is still running (zombies do not count)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def _wait_group_dead(pgid: int, grace_s: float) -> None:
+    # SIGKILL is delivered asynchronously: a member can still be running for a moment after killpg
+    # returns (longer on a loaded machine). Waiting here makes "nothing it started is still running
+    # when run() returns" a guarantee rather than a likelihood.
+    deadline = time.monotonic() + grace_s
+    while _group_members_alive(pgid) and time.monotonic() < deadline:
+        kill_group(pgid)
+        time.sleep(0.01)
+
+
 class Runner:
     """Runs tools with at most ``max_processes`` alive at once (callers beyond that wait their turn)."""
 
@@ -118,6 +143,7 @@ class Runner:
             # Always: on timeout to stop the tool, after a normal exit to catch anything it forked.
             # The leader is not reaped yet, so its pid (= the group id) cannot have been reused.
             kill_group(proc.pid)
+            _wait_group_dead(proc.pid, _REAP_GRACE_S)
             proc.wait()
             for t in readers:
                 t.join(_REAP_GRACE_S)
