@@ -1,5 +1,8 @@
 """The pipeline end to end through a broker that only speaks SASL_SSL, with a CA made in the test.
 
+The closed loop runs too, every service a process: collector -> stream worker -> edge control service ->
+edge.weights -> weight actuator -> HAProxy weights.
+
 haproxy collector (real HAProxy, real traffic) -> telemetry.lb -> Faust stream worker (lb-rates and
 edge-demand agents, detector tables) -> edge.demand -> the edge controller's own demand consumer; every
 client authenticates with SCRAM-SHA-512 over TLS from one ``kafka.security`` block, the password read
@@ -16,10 +19,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import orjson
+import requests
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
@@ -29,7 +34,7 @@ from opsloop.config import KafkaSettings
 from opsloop.kafka_clients import client_options
 from opsloop.lab.traffic import TrafficGenerator
 from opsloop.topics import ensure_topics
-from opsloop.stack import free_port
+from opsloop.stack import ManagedProcess, free_port
 from opsloop.wire import Topic, metric
 from tests.helpers import REPO, metrics_up, opsloop_process, unique, wait_until, write_config
 from tests.kafka_secure import USERS, SecureBroker, make_ca_and_broker_cert, secure_broker
@@ -86,10 +91,9 @@ def topics_and_groups(kafka: KafkaSettings) -> tuple[set[str], set[str]]:
         admin.close()
 
 
-def read_all(kafka: KafkaSettings, topic: str) -> list[Any]:
-    """Every record in ``topic`` (name as on the cluster) from the beginning."""
-    consumer = KafkaConsumer(**client_options(kafka), group_id=None, enable_auto_commit=False,
-                             consumer_timeout_ms=3000)
+def read_all(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> list[Any]:
+    """Every record in ``topic`` (name as on the cluster) up to its end when called, from the beginning."""
+    consumer = KafkaConsumer(**client_options(kafka), group_id=None, enable_auto_commit=False)
     try:
         parts = consumer.partitions_for_topic(topic) or set()
         if not parts:
@@ -97,7 +101,14 @@ def read_all(kafka: KafkaSettings, topic: str) -> list[Any]:
         tps = [TopicPartition(topic, p) for p in parts]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
-        return list(consumer)
+        end = consumer.end_offsets(tps)   # a topic still being written to: stop at today's end
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < end[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"reading {topic} to its end took over {timeout_s} s"
+            for recs in consumer.poll(timeout_ms=500).values():
+                out.extend(r for r in recs if r.offset < end[TopicPartition(r.topic, r.partition)])
+        return out
     finally:
         consumer.close()
 
@@ -244,3 +255,80 @@ def test_bad_credentials_stop_a_service_at_once_with_one_clear_line(broker: Secu
     else:
         assert "TLS handshake" in text and f"not trusted by ssl_cafile {ca}" in text, text
     assert wrong not in r.stderr and PASSWORD not in r.stderr and wrong not in r.stdout
+
+
+def test_the_closed_loop_runs_over_sasl_ssl(broker: SecureBroker, lab_edge, tmp_path: Path) -> None:
+    """Every service of the edge loop as a process, every one through the SASL_SSL listener under one prefix:
+    collector -> stream worker -> edge control service -> edge.weights -> weight actuator -> HAProxy."""
+    from controllers.edge.service.api_token import create_token_file
+    from opsloop.haproxy_api import HaproxyAPI
+
+    lab_edge.start(capacities={"near": 1000.0})
+    lb, prefix = unique("edge"), f"{unique('loop')}."
+    token = create_token_file(tmp_path / "edge.token")
+    api_port, act_port = free_port(), free_port()
+    kafka = kafka_section(broker, tmp_path, prefix)
+    doc = config_doc(tmp_path, kafka, {"haproxy": {"instances": {lb: str(lab_edge.admin_socket)}}})
+    doc["controllers"] = {
+        "edge": {"interval_s": 1.0, "metrics_port": free_port(), "overrides_file": str(tmp_path / "overrides.json"),
+                 "api": {"port": api_port, "token_file": str(tmp_path / "edge.token")},
+                 "controller": {"stale_after_s": 10},
+                 "topology": {"listeners": [{
+                     "name": "web", "backend": "be_web", "edges": [{"name": lb}],
+                     "origins": [{"name": "near", "capacity_rps": 1000}, {"name": "far", "capacity_rps": 1000}],
+                     "latency_ms": {lb: {"near": 2, "far": 30}}}]}},
+        "actuator": {"mode": "live", "stale_after_s": 30, "store_dir": str(tmp_path / "actuator-store"),
+                     "targets": [{"edge": lb, "listener": "web", "kind": "haproxy",
+                                  "socket": str(lab_edge.admin_socket), "backend": "be_web",
+                                  "servers": {"near": "near", "far": "far"}}]}}
+    config = write_config(tmp_path / "opsloop.yaml", doc)
+    settings = KafkaSettings.model_validate(kafka)
+    hap = HaproxyAPI(lab_edge.admin_socket)
+    wport, cport = doc["stream"]["metrics_port"], doc["collector"]["metrics_port"]
+
+    def status() -> dict[str, Any]:
+        r = requests.get(f"http://127.0.0.1:{api_port}/v1/status", timeout=5,
+                         headers={"Authorization": f"Bearer {token}"})
+        r.raise_for_status()
+        return r.json()["web"]
+
+    procs = [
+        opsloop_process("stream-worker", ["stream", "worker", "--config", str(config)], tmp_path / "worker",
+                        ready=lambda: metrics_up(wport)),
+        opsloop_process("collector-haproxy", ["collect", "haproxy", "--config", str(config)], tmp_path / "collector",
+                        ready=lambda: metrics_up(cport)),
+        ManagedProcess(name="edge-control", argv=[sys.executable, "-m", "controllers.edge.service", "run", "--config",
+                                                  str(config)], workdir=tmp_path / "edge-control",
+                       env={"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+                       ready=lambda: requests.get(f"http://127.0.0.1:{api_port}/openapi.json", timeout=1).ok,
+                       ready_timeout_s=90),
+        opsloop_process("actuator", ["weights", "run", "--config", str(config), "--edge", lb, "--metrics-port",
+                                     str(act_port)], tmp_path / "actuator", ready=lambda: metrics_up(act_port)),
+    ]
+    gen = None
+    started: list[Any] = []
+    try:
+        for p in procs:
+            p.start()
+            started.append(p)
+        gen = TrafficGenerator(lab_edge.url, RATE, workers=4).start()
+        decided = wait_until(lambda: (s := status()).get("mode") == "normal" and s["demand_rps"].get(lb, 0) > 0 and s,
+                             timeout=120, interval=0.5, what="the edge controller deciding on live demand")
+        assert decided["version"] > 0, decided
+
+        def applied() -> dict[str, Any] | None:
+            s = status()
+            near, far = hap.get_weight("be_web", "near")[0], hap.get_weight("be_web", "far")[0]
+            want = (s.get("weights") or {}).get(lb, {}).get("near")
+            return s if want is not None and near + far > 0 and abs(near / (near + far) - want) <= 0.01 else None
+        wait_until(applied, timeout=90, interval=0.5, what="the controller's weights applied in HAProxy")
+        # Every record of the loop went through prefixed topics; the actuator's group carries the prefix too.
+        topics, groups = topics_and_groups(settings)
+        assert read_all(settings, settings.topic(Topic.EDGE_WEIGHTS)), "no decision in the prefixed edge.weights"
+        assert "edge.weights" not in topics and "telemetry.lb" not in topics, sorted(topics)
+        assert any(g.startswith(f"{prefix}opsloop-actuator") for g in groups), groups
+    finally:
+        if gen is not None:
+            gen.stop()
+        for p in reversed(started):
+            p.stop()
