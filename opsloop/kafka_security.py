@@ -16,8 +16,10 @@ The ``kafka.security`` section of the config file::
 
 kafka-python (collectors, controllers, admin), aiokafka (benchmarks) and Faust (the stream worker) each
 spell these options differently; :func:`kafka_python_options`, :func:`aiokafka_options` and
-:func:`faust_credentials` translate the one block. The password is a ``SecretStr``: `config check` and
-logs print ``**********``.
+:func:`faust_credentials` translate the one block; every client takes them through
+:mod:`opsloop.kafka_clients`, never by hand. The password is a ``SecretStr``: `config check` and logs
+print ``**********``. :func:`preflight` (run by every service at start) turns a rejected login or an
+untrusted certificate into one clear error instead of a client retrying until its time-out.
 """
 
 from __future__ import annotations
