@@ -690,6 +690,19 @@ class EdgeController(_Controller):
         if ramping_up.any() and not hot.any():
             target = self._bounded_shed(current, estimate, plan_capacity, latency, healthy,
                                         plan_healthy, s.headroom)
+            # making room is no shed: an origin already above its plan gains nothing from it
+            # (the plan's rebound estimate may route an edge back onto it mid-ramp); the rest of
+            # each edge's move is scaled so the shares it frees and takes still match
+            move = target - current
+            move[:, healthy & (load > cap_plan + 1e-9)] = np.minimum(
+                move[:, healthy & (load > cap_plan + 1e-9)], 0.0)
+            gain, give = np.clip(move, 0.0, None), np.clip(-move, 0.0, None)
+            both = np.minimum(gain.sum(axis=1), give.sum(axis=1))
+            gain *= np.divide(both, gain.sum(axis=1), out=np.zeros_like(both),
+                              where=gain.sum(axis=1) > _EPS)[:, None]
+            give *= np.divide(both, give.sum(axis=1), out=np.zeros_like(both),
+                              where=give.sum(axis=1) > _EPS)[:, None]
+            target = current + gain - give
             joint = True
         if hot.any():
             # shed deeper than the plan, and move every edge at once toward the joint plan: the
