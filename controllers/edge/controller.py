@@ -525,10 +525,25 @@ class EdgeController(_Controller):
             # the noise (the mean of three rises has sd √2·σ/3: 2.5 of those); one more interval
             # of its mean rise is added, or of the latest when that is under a third of the
             # mean: a step (a big rise, the clients' transient, then nothing) is no ramp
-            last3 = np.nan_to_num(changes[-3:])
+            # an interval of a big move of ours still shows a ramp (an edge moved in a shed
+            # must not lose its ramp while the others keep theirs): the rise counted is the
+            # smaller of the raw one and the one corrected with the elasticity seen across our
+            # moves, so neither a shed's drop nor a relief's rebound reads as a ramp
+            raw_logs = np.log(np.maximum(hist, 1e-9))
+            seen = np.minimum(np.diff(raw_logs, axis=0), np.diff(
+                raw_logs + self._elasticity_seen() * log_latency, axis=0))
+            filled = np.isnan(changes[-3:])
+            last3 = np.where(filled, seen[-3:], changes[-3:])
+            # a filled interval may hold a step of demand (it slowed the origins): when it is
+            # the largest rise by more than 3x the others', it is a step, not a ramp
+            cols = np.arange(last3.shape[1])
+            steady3 = ~(filled[last3.argmax(axis=0), cols]
+                        & (last3.max(axis=0) > 3.0 * np.median(last3, axis=0)))
+            steady2 = ~(filled[1:][last3[-2:].argmax(axis=0), cols]
+                        & (last3[-2:].max(axis=0) > 3.0 * last3[-2:].min(axis=0)))
             mean_change = last3.mean(axis=0)
             rising = (last3 > 0).all(axis=0) & (mean_change > s.ramp_threshold) \
-                & (mean_change > 2.5 * math.sqrt(2.0) * sigma / 3.0)
+                & (mean_change > 2.5 * math.sqrt(2.0) * sigma / 3.0) & steady3
             mean_rise, last_rise = (hist[-1] - hist[-4]) / 3, hist[-1] - hist[-2]
             slope = np.where(last3[-1] >= mean_change / 3, mean_rise,
                              np.minimum(mean_rise, last_rise))
@@ -536,7 +551,7 @@ class EdgeController(_Controller):
             # the threshold and the noise, already make one
             last2 = last3[-2:]
             fast = (last2.min(axis=0) > 2.0 * s.ramp_threshold) \
-                & (last2.min(axis=0) > 3.0 * sigma) & (last2[-1] >= last2[0] / 2) & ~rising
+                & (last2.min(axis=0) > 3.0 * sigma) & (last2[-1] >= last2[0] / 2) & steady2 & ~rising
             slope = np.where(fast, np.minimum((hist[-1] - hist[-3]) / 2, last_rise), slope)
             rising |= fast
             # a ramp still rising stays one (hysteresis): a relax step must not undo the room
@@ -702,7 +717,24 @@ class EdgeController(_Controller):
                               where=gain.sum(axis=1) > _EPS)[:, None]
             give *= np.divide(both, give.sum(axis=1), out=np.zeros_like(both),
                               where=give.sum(axis=1) > _EPS)[:, None]
-            target = current + gain - give
+            move = gain - give
+            # and an origin the move sends traffic to must stay within its plan for worst-case
+            # elastic clients, as in a relax step: the largest fraction of the move that does
+            gaining = (move * estimate[:, None]).sum(axis=0) > 1e-9
+
+            def room(b: float) -> bool:
+                pred = self._predicted_load(current + b * move, latency)
+                return bool((pred[gaining & healthy] <= cap_plan[gaining & healthy] * (1 + 1e-9)
+                             + 1e-9).all())
+
+            scale = 1.0
+            if not room(1.0):
+                lo, hi = 0.0, 1.0
+                for _ in range(20):
+                    mid = (lo + hi) / 2
+                    lo, hi = (mid, hi) if room(mid) else (lo, mid)
+                scale = lo
+            target = current + scale * move
             joint = True
         if hot.any():
             # shed deeper than the plan, and move every edge at once toward the joint plan: the

@@ -38,9 +38,6 @@ KNOWN_MISSES: dict[str, set[str]] = {
     # 40 % short, fast-slowing origins: one correction near the phase's end (an origin 3 %
     # above the common overload factor on a noisy reading) moves its load 7.2 % of capacity
     "shortfall_deep": {"load oscillates"},
-    # ramp into a 20 % shortfall: common factor reached in 90 s (limit 45), overshoot 7.6 %,
-    # p95 excess 6.7 %, overload 64 s = 17 % of the baselines' 375 s
-    "shortfall_ramp": {"origins not within", "overshoot", "95th-percentile", "overload-seconds"},
 }
 
 
