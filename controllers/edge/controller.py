@@ -11,7 +11,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
 1. *Demand estimate.* The max of the last ``demand_window`` (2) measurements — a rise is seen at
    once, a fall after 2 intervals. On a *ramp* (three rises in a row, ``ramp_threshold`` per
    interval on average and clearly above the measured noise, or two large ones; one still rising
-   stays a ramp) one more interval of it is added; a step (a big rise, then the clients'
+   stays a ramp; an interval of a big latency change counts with its smaller reading, raw or
+   corrected by the elasticity seen, unless it holds a step) one more interval of it is added; a step (a big rise, then the clients'
    transient) is not carried on. The *variability* of the clients' own demand (measurements
    corrected for the latency our weights gave them, so our own moves are not read as noise) is
    the median absolute deviation of second differences of log-demand (a step or a ramp leaves it
@@ -37,7 +38,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    shed onto it — and what ``max_step`` keeps an edge from moving off an origin stays there in
    the plan while the LP places the rest around it (:meth:`EdgeController._bounded_shed`). A
    ramp that will carry an origin past its plan gets the same joint move with the normal
-   headroom, before the origin is over. Above capacity but within the margin (*warm*): a
+   headroom, before the origin is over; it only takes traffic off origins above their plan and
+   gives an origin no more than keeps it within its plan for worst-case elastic clients. Above capacity but within the margin (*warm*): a
    ``relax_gain`` fraction of the decrease per interval. In a shortfall an origin is hot only
    above the common overload factor by the margin (else the shares stay put).
 5. *Relax slowly and safely.* The rest of ``T − W`` is applied as ``β·(T − W)``, β ≤ ``relax_gain``
