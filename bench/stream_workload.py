@@ -19,7 +19,6 @@ touched state key (what the worker writes to the ``detector-state`` changelog on
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
