@@ -102,10 +102,10 @@ class StatefulAgent:
         return sorted({str(t) for h in self.handlers for t in h.topics})
 
     def register(self) -> None:
-        # internal=True: Faust creates the source topics at subscription if they do not exist yet
-        # (with the app's partition count, the same as the state table's), instead of the consumer
-        # waiting for a metadata refresh (minutes) after a collector first creates them.
-        source = self.app.topic(*self.topics, value_serializer="raw", key_serializer="raw", internal=True)
+        # raw_topic: kafka.topic_prefix applied like every other topic of the deployment, and
+        # internal=True (Faust creates the source topics at subscription with the app's partition
+        # count, the same as the state table's, instead of waiting minutes for a metadata refresh).
+        source = raw_topic(self.app, *self.topics)
 
         async def agent(stream: faust.StreamT) -> None:
             async for events in stream.take_events(self.size, within=self.within):

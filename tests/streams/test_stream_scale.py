@@ -123,3 +123,15 @@ def test_gc_paused_restores_the_collector_state() -> None:
     except ValueError:
         pass
     assert gc.isenabled()
+
+
+def test_detectors_agent_reads_the_prefixed_topics(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from opsloop.config import Settings
+    from streams.worker import build_app
+
+    app = build_app(Settings.model_validate({"kafka": {"topic_prefix": "site1."},
+                                             "stream": {"data_dir": str(tmp_path / "streams")}}))
+    topics = {name: sorted(agent.channel.topics) for name, agent in app.agents.items()}
+    assert topics["lb"] == ["site1.telemetry.lb"]
+    assert topics["detectors"] == ["site1.telemetry.ipmi", "site1.telemetry.iptables", "site1.telemetry.keystone",
+                                   "site1.telemetry.netperf"]
