@@ -15,7 +15,10 @@ no call site repeats it:
 from __future__ import annotations
 
 import sys
-from typing import Any
+import threading
+from typing import Any, Callable
+
+from kafka.errors import KafkaError
 
 from opsloop.config import KafkaSettings
 from opsloop.kafka_security import (KafkaSecurityError, KafkaUnreachable, faust_credentials, kafka_python_options,
@@ -68,3 +71,27 @@ def preflight_or_exit(kafka: KafkaSettings, service: str, log: Any, timeout_s: f
         sys.exit(EXIT_KAFKA_SETTINGS)
     log.info("kafka_preflight_ok", service=service, protocol=kafka.security.protocol,
              mechanism=kafka.security.sasl_mechanism, user=kafka.security.username)
+
+
+def connect_with_retry(connect: Callable[[], None], stop: threading.Event, service: str, log: Any,
+                       initial_s: float = 0.5, max_s: float = 30.0) -> bool:
+    """Call ``connect()`` (which builds Kafka clients) until it succeeds: True; False if ``stop`` is set first.
+
+    kafka-python's clients ask a broker for its API versions when they are built, so a broker that is
+    away at start raises ``NoBrokersAvailable`` there, before any of the service's own retry loops:
+    a service started before its broker (a reboot, a rolling broker restart) must wait, not crash.
+    Retries back off exponentially (``initial_s`` doubling to ``max_s``) with a warning each time.
+    """
+    delay = initial_s
+    attempt = 0
+    while not stop.is_set():
+        attempt += 1
+        try:
+            connect()
+            return True
+        except (KafkaError, OSError) as e:
+            log.warning("kafka_unavailable", service=service, attempt=attempt, retry_in_s=delay,
+                        error=f"{type(e).__name__}: {e}"[:300])
+        stop.wait(delay)
+        delay = min(delay * 2, max_s)
+    return False

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from opsloop.audit import AuditLog
 from opsloop.config import KafkaSettings
 from opsloop.findings import Finding, Severity
-from opsloop.kafka_clients import client_options, kafka_settings, preflight_or_exit
+from opsloop.kafka_clients import client_options, connect_with_retry, kafka_settings, preflight_or_exit
 from opsloop.log import get_logger
 from opsloop.wire import describe_validation_error
 
@@ -246,7 +246,9 @@ class ActuatorService:
     def run(self, stop: threading.Event) -> None:
         if self._consumer is None:
             preflight_or_exit(self.kafka, "actuator", log)   # a wrong password or CA: exit now, say why
-        self.connect()
+        if not connect_with_retry(self.connect, stop, "actuator", log):   # broker away at start: wait
+            self.close()
+            return
         log.info("actuator_started", edges=self.edges, group_id=self.group_id, mode=self.config.mode,
                  targets=[s.actuator.target.describe() for s in self.slots.values()])
         try:

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from opsloop.config import KafkaSettings
 from opsloop.findings import Finding, Severity
-from opsloop.kafka_clients import client_options, kafka_settings, preflight_or_exit
+from opsloop.kafka_clients import client_options, connect_with_retry, kafka_settings, preflight_or_exit
 from opsloop.log import get_logger
 from opsloop.wire import Topic, deadletter_record
 
@@ -238,7 +238,9 @@ class PagingService:
     def run(self, stop: threading.Event) -> None:
         if self._consumer is None:
             preflight_or_exit(self.kafka, "paging", log)   # a wrong password or CA: exit now, say why
-        self._connect()
+        if not connect_with_retry(self._connect, stop, "paging", log):   # broker away at start: wait
+            self.close()
+            return
         self.load_state()
         log.info("paging_started", topic=self.topic, group_id=self.group_id,
                  alertmanagers=self.config.alertmanager_urls, resend_interval_s=self.config.resend_interval_s)

@@ -33,7 +33,7 @@ from controllers.edge.service.overrides import OverridesError, load_overrides
 from controllers.edge.service.store import TopologyStore
 from opsloop.audit import AuditLog
 from opsloop.config import ConfigError, Settings, load_settings
-from opsloop.kafka_clients import preflight_or_exit
+from opsloop.kafka_clients import connect_with_retry, preflight_or_exit
 from opsloop.log import get_logger, setup_logging
 from opsloop.metrics import serve_metrics
 from opsloop.topics import ensure_topics
@@ -84,12 +84,21 @@ class EdgeService:
     def start(self) -> "EdgeService":
         kafka = self.settings.kafka
         preflight_or_exit(kafka, "edge-control", log)   # a wrong password or CA: exit now, say why
-        try:
-            ensure_topics(kafka, self.settings.kafka.partitions, self.settings.kafka.replication_factor)
-        except Exception as e:  # noqa: BLE001 - producers still auto-create; say why
-            log.warning("topics_not_created", error=str(e))
-        recovered = recover_decisions(kafka) if self.cfg.recover else {}
-        self.publisher = DecisionPublisher(kafka)
+        recovered: dict = {}
+
+        def connect() -> None:
+            nonlocal recovered
+            recovered = recover_decisions(kafka) if self.cfg.recover else {}
+            self.publisher = DecisionPublisher(kafka)
+            # Once a broker answers (a broker away at start would make this fail for good, and the
+            # demand consumer would then wait for a topic nobody creates).
+            try:
+                ensure_topics(kafka, self.settings.kafka.partitions, self.settings.kafka.replication_factor)
+            except Exception as e:  # noqa: BLE001 - e.g. no right to create topics: producers still auto-create
+                log.warning("topics_not_created", error=str(e))
+
+        if not connect_with_retry(connect, self._stop, "edge-control", log):   # broker away at start: wait
+            return self
         self.loop = ControlLoop(self.store, self.book, self.cfg.controller_settings(), self.publisher,
                                 recovered)
         self.consumer = DemandConsumer(kafka, self.book).start()
