@@ -39,9 +39,11 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    the plan while the LP places the rest around it (:meth:`EdgeController._bounded_shed`). A
    ramp that will carry an origin past its plan gets the same joint move with the normal
    headroom, before the origin is over; it only takes traffic off origins above their plan and
-   gives an origin no more than keeps it within its plan for worst-case elastic clients. Above capacity but within the margin (*warm*): a
-   ``relax_gain`` fraction of the decrease per interval. In a shortfall an origin is hot only
-   above the common overload factor by the margin (else the shares stay put).
+   gives an origin no more than keeps it within its plan for worst-case elastic clients. Above
+   capacity but within the margin (*warm*): a ``relax_gain`` fraction of the decrease per
+   interval. In a shortfall an origin is hot only
+   above the common overload factor by the margin on the estimate and, on the last
+   measurement, by 2σ of the demand noise (3–5 %) as well (else the shares stay put).
 5. *Relax slowly and safely.* The rest of ``T − W`` is applied as ``β·(T − W)``, β ≤ ``relax_gain``
    (0.5), ``β·|T − W|∞ ≤ relax_step`` (0.2), β the largest for which every origin that gains
    traffic keeps a *predicted* load ≤ capacity·(1−h), assuming worst-case elastic clients
@@ -698,8 +700,16 @@ class EdgeController(_Controller):
             # a shortfall: every origin is over capacity by design; an origin is hot only when
             # it carries more than the common overload factor by the margin, else the shares
             # stay (re-planning every interval on noisy demand only swings the load)
-            factor = load[healthy].sum() / max(float(capacity[healthy].sum()), _EPS)
-            over = hot = healthy & (load > capacity * max(factor, 1.0) * (1 + s.hot_margin) + 1e-9)
+            # origins are compared with each other here: two edges' noise apart (≤ 5 %)
+            margin = min(0.05, max(s.hot_margin, 2.0 * float(self._sigma.max(initial=0.0))))
+
+            def above_common(rows: np.ndarray, margin: float) -> np.ndarray:
+                carried = (current * rows[:, None]).sum(axis=0)
+                factor = carried[healthy].sum() / max(float(capacity[healthy].sum()), _EPS)
+                return healthy & (carried > capacity * max(factor, 1.0) * (1 + margin) + 1e-9)
+            # on the estimate and on the last measurement alike: the estimate's per-edge max of
+            # noisy draws alone can put one origin above the others when none is
+            over = hot = above_common(offered, s.hot_margin) & above_common(measured, margin)
         # a ramp that will carry an origin past its plan: make room now, jointly, not after
         ramping_up = healthy & (load > cap_plan + 1e-9) & \
             ((current * rising[:, None]) > s.deadband).any(axis=0)

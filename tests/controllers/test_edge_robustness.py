@@ -35,9 +35,6 @@ KNOWN_MISSES: dict[str, set[str]] = {
     # draws held 30 s (two intervals): the plan chases them; weights swing 14.6 points,
     # p95 excess 6.9 %, overload 17 % / 27 %, latency 1.11x / 1.09x
     "noise_two_edges": {"95th-percentile", "weights oscillate", "overload-seconds", "mean latency"},
-    # 40 % short, fast-slowing origins: one correction near the phase's end (an origin 3 %
-    # above the common overload factor on a noisy reading) moves its load 6.9 % of capacity
-    "shortfall_deep": {"load oscillates"},
 }
 
 
