@@ -34,7 +34,7 @@ import requests
 import yaml
 from kafka import KafkaConsumer, TopicPartition
 
-from controllers.edge.service.api_token import create_token_file
+from opsloop.controllers.edge.service.api_token import create_token_file
 from opsloop.config import StackSettings
 from opsloop.haproxy_api import HaproxyAPI
 from opsloop.lab.edge import EdgeSpec, OriginSpec, haproxy_process, origin_process
@@ -108,8 +108,8 @@ def _near_share(hap: HaproxyAPI) -> float:
 
 
 def _measure(samples: int, tmp: Path, stack: Stack) -> list[dict[str, float]]:
-    from controllers.edge.model import EdgeWeights
-    from streams.edge.demand import EdgeDemand
+    from opsloop.controllers.edge.model import EdgeWeights
+    from opsloop.streams.edge.demand import EdgeDemand
 
     procs: list[ManagedProcess] = []
     origins = [OriginSpec("near", free_port(), capacity=NEAR_CAPACITY), OriginSpec("far", free_port(), latency_ms=5)]
@@ -153,7 +153,7 @@ def _measure(samples: int, tmp: Path, stack: Stack) -> list[dict[str, float]]:
     try:
         procs.append(_proc("worker", [*cli, "stream", "worker", "--config", str(cfg)], tmp, ports["worker"]))
         procs.append(_proc("collector", [*cli, "collect", "haproxy", "--config", str(cfg)], tmp, ports["collector"]))
-        procs.append(_proc("edge", ["-m", "controllers.edge.service", "run", "--config", str(cfg)], tmp,
+        procs.append(_proc("edge", ["-m", "opsloop.controllers.edge.service", "run", "--config", str(cfg)], tmp,
                            ports["api"], "/openapi.json"))
         procs.append(_proc("actuator", [*cli, "weights", "run", "--config", str(cfg), "--edge", lb], tmp,
                            ports["actuator"]))

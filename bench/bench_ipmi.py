@@ -22,9 +22,9 @@ from pathlib import Path
 
 import yaml
 
-from collectors.ipmi import Config, build
-from collectors.ipmi.bmcsim import BMCFleet, BMCSpec
-from collectors.ipmi.bmcsim.procs import live_children
+from opsloop.collectors.ipmi import Config, build
+from opsloop.collectors.ipmi.bmcsim import BMCFleet, BMCSpec
+from opsloop.collectors.ipmi.bmcsim.procs import live_children
 
 DEAD_SHARE = 0.10
 CONCURRENCY = 16

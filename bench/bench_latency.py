@@ -40,8 +40,8 @@ from typing import Any, Callable
 import requests
 import yaml
 
-from collectors.iptables.neutron_layout import LayoutPort, filter_table
-from controllers.paging.amconfig import write_alertmanager_config
+from opsloop.collectors.iptables.neutron_layout import LayoutPort, filter_table
+from opsloop.controllers.paging.amconfig import write_alertmanager_config
 from opsloop.config import StackSettings
 from opsloop.stack import ManagedProcess, Stack, free_port
 from bench.bench_stream import _produce, _records
@@ -249,7 +249,7 @@ def _measure(tmp: Path, trials: int) -> tuple[list[float], list[float], dict[str
         prom.start()
         procs.append(prom)
         services = {
-            "paging actuator": _opsloop("paging", tmp, ["-m", "controllers.paging.cli", "run", "--config", str(config)],
+            "paging actuator": _opsloop("paging", tmp, ["-m", "opsloop.controllers.paging.cli", "run", "--config", str(config)],
                                         paging_port),
             "stream worker": _opsloop("worker", tmp, ["-m", "opsloop.cli", "stream", "worker", "--config", str(config)],
                                       worker_port),

@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from controllers.edge.scheduler import greedy, solve
-from controllers.edge.sim import load_scenario, run_scenario
+from opsloop.controllers.edge.scheduler import greedy, solve
+from opsloop.controllers.edge.sim import load_scenario, run_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "controllers" / "edge" / "scenarios"
 FULL_SIZES = [(10, 3), (100, 20), (1000, 100)]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from controllers.edge.sim import load_scenario, run_scenario
+from opsloop.controllers.edge.sim import load_scenario, run_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "controllers" / "edge" / "scenarios"
 ROBUSTNESS = SCENARIOS / "robustness"

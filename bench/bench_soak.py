@@ -153,7 +153,7 @@ class Hypervisor:
     """A network namespace with two VM taps and Neutron's iptables layout (nft backend)."""
 
     def __init__(self, workdir: Path) -> None:
-        from collectors.iptables.neutron_layout import LayoutPort
+        from opsloop.collectors.iptables.neutron_layout import LayoutPort
 
         self.netns = f"opsl-soak-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self.host = f"hv-soak-{uuid.uuid4().hex[:6]}"
@@ -162,7 +162,7 @@ class Hypervisor:
         self.intact = ""
 
     def __enter__(self) -> "Hypervisor":
-        from collectors.iptables.neutron_layout import filter_table
+        from opsloop.collectors.iptables.neutron_layout import filter_table
 
         _sh("ip", "netns", "add", self.netns)
         for p in self.ports:

@@ -23,10 +23,10 @@ from opsloop.config import StackSettings, StreamSettings
 from opsloop.stack import ManagedProcess, Stack, free_port
 from opsloop.topics import ensure_topics
 from opsloop.wire import Topic
-from streams.edge.demand import DemandAggregator
-from streams.lb.rates import LbRates
-from streams.runtime.batch import decode_messages
-from streams.runtime.gc_tuning import tune_gc
+from opsloop.streams.edge.demand import DemandAggregator
+from opsloop.streams.lb.rates import LbRates
+from opsloop.streams.runtime.batch import decode_messages
+from opsloop.streams.runtime.gc_tuning import tune_gc
 
 ROWS = 50  # samples per record (one LB's show stat per round)
 

@@ -38,7 +38,7 @@ from opsloop.config import Settings, StackSettings, StreamSettings
 from opsloop.stack import ManagedProcess, Stack, free_port
 from opsloop.topics import ensure_topics
 from opsloop.wire import TELEMETRY_TOPICS, Topic
-from streams.runtime.gc_tuning import tune_gc
+from opsloop.streams.runtime.gc_tuning import tune_gc
 
 TOPICS = [t.value for t in TELEMETRY_TOPICS]
 TARGET = 100_000   # samples/s per worker, every handler on

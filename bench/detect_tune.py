@@ -13,10 +13,10 @@ import collections
 import dataclasses
 import time
 
-from streams.detectors.anomaly import DetectorConfig, StreamingDetector
-from streams.detectors.evaluate_corpora import load_skab, scenario_corpus, skab_dir, synthetic
-from streams.detectors.evaluate_windows import all_profiles, window_score
-from streams.detectors.ops_corpus import REPORT_SEEDS, TUNE_SEEDS, ops_corpus
+from opsloop.streams.detectors.anomaly import DetectorConfig, StreamingDetector
+from opsloop.streams.detectors.evaluate_corpora import load_skab, scenario_corpus, skab_dir, synthetic
+from opsloop.streams.detectors.evaluate_windows import all_profiles, window_score
+from opsloop.streams.detectors.ops_corpus import REPORT_SEEDS, TUNE_SEEDS, ops_corpus
 
 
 def scores_of(corpus, cfg):

@@ -12,7 +12,7 @@ collectors send every interval, one Kafka record per source and round (Telegraf 
   (keystone detector, anomaly detector on ``p50_ms`` and ``small_p95_ms``);
 * ``telemetry.netperf``: a few target sets (netperf detector).
 
-``Pipeline`` runs exactly the handlers the worker runs (``streams.worker.build_app``): the ``lb``
+``Pipeline`` runs exactly the handlers the worker runs (``opsloop.streams.worker.build_app``): the ``lb``
 agent's rates + demand and the ``detectors`` agent's five detectors, plus the JSON encoding of each
 touched state key (what the worker writes to the ``detector-state`` changelog once per batch).
 """
@@ -26,11 +26,11 @@ import orjson
 
 from opsloop.config import Settings
 from opsloop.wire import Topic
-from streams.agents import detector_handlers
-from streams.agents.settings import DetectorsSettings
-from streams.edge.demand import DemandAggregator
-from streams.lb.rates import LbRates
-from streams.runtime.batch import FanOut, decode_and_handle, gc_paused
+from opsloop.streams.agents import detector_handlers
+from opsloop.streams.agents.settings import DetectorsSettings
+from opsloop.streams.edge.demand import DemandAggregator
+from opsloop.streams.lb.rates import LbRates
+from opsloop.streams.runtime.batch import FanOut, decode_and_handle, gc_paused
 
 ROUND_S = 15.0
 

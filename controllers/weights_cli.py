@@ -96,7 +96,7 @@ def parse_weights(text: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    from controllers.actuators.config import ActuatorConfigError, actuator_config
+    from opsloop.controllers.actuators.config import ActuatorConfigError, actuator_config
 
     try:
         settings = load_settings(a.config, {"kafka": {"bootstrap_servers": a.bootstrap}}
@@ -129,7 +129,7 @@ def _audit(settings: Any, kafka: bool) -> Any:
 def _run(a: argparse.Namespace, settings: Any, config: Any) -> int:
     from opsloop.metrics import serve_service_metrics, stop_on_signals
 
-    from controllers.actuators.service import ActuatorService
+    from opsloop.controllers.actuators.service import ActuatorService
 
     edges = a.edge or config.edges
     try:
@@ -146,7 +146,7 @@ def _run(a: argparse.Namespace, settings: Any, config: Any) -> int:
 
 def _show(act: Any, as_json: bool) -> bool:
     """Print one target's live weights next to the last applied ones; False when the LB is unreadable."""
-    from controllers.actuators.base import ActuatorError
+    from opsloop.controllers.actuators.base import ActuatorError
 
     try:
         live: dict[str, int] | None = act.read()
@@ -173,8 +173,8 @@ def _show(act: Any, as_json: bool) -> bool:
 
 
 def _operator(a: argparse.Namespace, settings: Any, config: Any) -> int:
-    from controllers.actuators.service import make_actuator
-    from controllers.edge.model import EdgeWeights
+    from opsloop.controllers.actuators.service import make_actuator
+    from opsloop.controllers.edge.model import EdgeWeights
 
     audit = _audit(settings, kafka=False)
     if a.command == "show" and a.listener is None:  # every listener of the edge

@@ -171,7 +171,7 @@ class Settings(_Section):
 
 def collector_config_model(name: str) -> type[BaseModel]:
     try:
-        mod = importlib.import_module(f"collectors.{name}")
+        mod = importlib.import_module(f"opsloop.collectors.{name}")
     except ModuleNotFoundError:
         raise ValueError(f"unknown collector {name!r} (no folder collectors/{name}/)") from None
     model = getattr(mod, "Config", None)

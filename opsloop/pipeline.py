@@ -105,7 +105,7 @@ def pipeline_processes(settings: Settings, config_path: Path, run_dir: Path, tra
                        argv=_py("opsloop.lab.traffic", "--url", f"http://127.0.0.1:{ports.frontend}/",
                                 "--rate", str(traffic_rate))),
         ManagedProcess(name="bmcs", workdir=bmc_dir, ready=inventory.exists, ready_timeout_s=120,
-                       argv=_py("collectors.ipmi.bmcsim", "--count", str(bmcs), "--dir", str(bmc_dir / "state"),
+                       argv=_py("opsloop.collectors.ipmi.bmcsim", "--count", str(bmcs), "--dir", str(bmc_dir / "state"),
                                 "--inventory", str(inventory))),
         ManagedProcess(name="pager", workdir=run_dir / "pager",
                        argv=_py("opsloop.lab.pager", "--port", str(ports.pager), "--out", str(run_dir / "pager" / "pages.jsonl"))),
@@ -156,7 +156,7 @@ def effective_config(base: Path | None, run_dir: Path, ports: LabPorts = LabPort
     # The closed loop over the lab edge: controller (topology = the lab) and the HAProxy actuator.
     token = run_dir / "edge-api.token"
     if not token.exists():
-        from controllers.edge.service.api_token import create_token_file
+        from opsloop.controllers.edge.service.api_token import create_token_file
 
         create_token_file(token)  # 0600 from creation
     controllers.setdefault("edge", {
@@ -175,7 +175,7 @@ def effective_config(base: Path | None, run_dir: Path, ports: LabPorts = LabPort
 
 def alertmanager_config(run_dir: Path, ports: LabPorts = LabPorts()) -> Path:
     """alerts/alertmanager.yml with every receiver pointed at the lab pager (a dummy PagerDuty key)."""
-    from controllers.paging.amconfig import write_alertmanager_config
+    from opsloop.controllers.paging.amconfig import write_alertmanager_config
 
     key = run_dir / "pager" / "pagerduty-routing-key"
     key.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import argparse
 from opsloop.subcommands import Subcommands, build_dispatcher, dispatch
 
 SUBCOMMANDS: Subcommands = {
-    "worker": ("streams.worker:main", "the Faust worker running every stream agent (/metrics on loopback)"),
+    "worker": ("opsloop.streams.worker:main", "the Faust worker running every stream agent (/metrics on loopback)"),
 }
 
 EPILOG = """examples:

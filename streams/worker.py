@@ -14,11 +14,11 @@ from opsloop.log import JsonFormatter, get_logger, setup_logging
 from opsloop.metrics import serve_metrics
 from opsloop.topics import ensure_topics
 from opsloop.wire import Topic
-from streams.agents import register_detector_agents
-from streams.edge.agent import edge_demand_stage
-from streams.lb.rates import LbRates
-from streams.runtime.app import batch_agent, create_app
-from streams.runtime.gc_tuning import tune_gc
+from opsloop.streams.agents import register_detector_agents
+from opsloop.streams.edge.agent import edge_demand_stage
+from opsloop.streams.lb.rates import LbRates
+from opsloop.streams.runtime.app import batch_agent, create_app
+from opsloop.streams.runtime.gc_tuning import tune_gc
 
 log = get_logger("stream.worker")
 LB_AGENT = "lb"

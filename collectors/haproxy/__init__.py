@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from collectors.haproxy.collector import HaproxyCollector
+from opsloop.collectors.haproxy.collector import HaproxyCollector
 
 
 class Config(BaseModel):

@@ -5,8 +5,8 @@ See README.md in this folder. ``build(Config(...)).collect()`` reads every BMC o
 
 from __future__ import annotations
 
-from collectors.ipmi.collector import IpmiCollector
-from collectors.ipmi.config import Config, InventoryError, resolve_hosts
+from opsloop.collectors.ipmi.collector import IpmiCollector
+from opsloop.collectors.ipmi.config import Config, InventoryError, resolve_hosts
 
 __all__ = ["Config", "IpmiCollector", "InventoryError", "build"]
 

@@ -15,11 +15,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from collectors.ipmi.config import Config, ResolvedHost
-from collectors.ipmi.credentials import CredentialError, resolve_password, scrub
-from collectors.ipmi.parse import (ParseError, classify_failure, parse_dcmi_power, parse_sdr_csv, pick_total,
+from opsloop.collectors.ipmi.config import Config, ResolvedHost
+from opsloop.collectors.ipmi.credentials import CredentialError, resolve_password, scrub
+from opsloop.collectors.ipmi.parse import (ParseError, classify_failure, parse_dcmi_power, parse_sdr_csv, pick_total,
                                    power_sensors, preview)
-from collectors.ipmi.runner import ToolResult, run_tool
+from opsloop.collectors.ipmi.runner import ToolResult, run_tool
 from opsloop.collect.types import CollectError, CollectorUnavailable, Round
 from opsloop.wire import Metric, WireError, metric
 

@@ -11,7 +11,7 @@ import os
 import stat
 from pathlib import Path
 
-from collectors.ipmi.config import ResolvedHost
+from opsloop.collectors.ipmi.config import ResolvedHost
 
 MAX_PASSWORD_BYTES = 20  # IPMI v2 passwords are at most 20 bytes
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from opsloop.collect.types import Collector
 
-from collectors.iptables.collector import IptablesCollector
-from collectors.iptables.config import Config, Target
+from opsloop.collectors.iptables.collector import IptablesCollector
+from opsloop.collectors.iptables.config import Config, Target
 
 __all__ = ["Config", "Target", "build", "IptablesCollector"]
 

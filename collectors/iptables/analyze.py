@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from collectors.iptables.parse import Chain, Rule, Ruleset
+from opsloop.collectors.iptables.parse import Chain, Rule, Ruleset
 
 Direction = Literal["ingress", "egress"]
 _TERMINAL = frozenset({"ACCEPT", "DROP", "REJECT", "RETURN"})

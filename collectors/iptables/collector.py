@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from opsloop.collect.types import CollectError, CollectorUnavailable, Round
 from opsloop.wire import Metric, WireError, metric
 
-from collectors.iptables.analyze import PortStatus, analyze_port
-from collectors.iptables.config import Config, Target
-from collectors.iptables.fingerprint import fingerprint
-from collectors.iptables.parse import Ruleset, RulesetParseError, parse_ruleset
-from collectors.iptables.ports import PortsError, VmPort, parse_ports, read_ports_file
-from collectors.iptables.privilege import looks_like_permission_error, missing_network_capabilities
+from opsloop.collectors.iptables.analyze import PortStatus, analyze_port
+from opsloop.collectors.iptables.config import Config, Target
+from opsloop.collectors.iptables.fingerprint import fingerprint
+from opsloop.collectors.iptables.parse import Ruleset, RulesetParseError, parse_ruleset
+from opsloop.collectors.iptables.ports import PortsError, VmPort, parse_ports, read_ports_file
+from opsloop.collectors.iptables.privilege import looks_like_permission_error, missing_network_capabilities
 from opsloop.collect.tool import ToolMissing, ToolResult, ToolTimeout, run_tool
-from collectors.iptables.versions import UNKNOWN, dpkg_query_argv, parse_versions
+from opsloop.collectors.iptables.versions import UNKNOWN, dpkg_query_argv, parse_versions
 
 SAVE_TOOLS = {("ipv4", "legacy"): "iptables-legacy-save", ("ipv4", "nft"): "iptables-nft-save",
               ("ipv6", "legacy"): "ip6tables-legacy-save", ("ipv6", "nft"): "ip6tables-nft-save"}

@@ -17,7 +17,7 @@ import hashlib
 import re
 from collections.abc import Iterable
 
-from collectors.iptables.parse import Rule, Ruleset
+from opsloop.collectors.iptables.parse import Rule, Ruleset
 
 _VM_DEVICE = re.compile(r"^(tap|qvb|qvo|qbr)[0-9a-f]")
 

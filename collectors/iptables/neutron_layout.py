@@ -3,7 +3,7 @@
 What the OVS-hybrid (``neutron-openvswi``) or linuxbridge (``neutron-linuxbri``) agent's
 iptables firewall driver installs in the filter table for a set of ports; modelled on
 ``iptables-save`` output of real compute nodes. Used to build test "hypervisors" in network
-namespaces and to document what :mod:`collectors.iptables.analyze` expects. Rules that need
+namespaces and to document what :mod:`opsloop.collectors.iptables.analyze` expects. Rules that need
 state outside iptables (ipset ``--match-set``) are left out so that it restores anywhere.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from collectors.iptables.analyze import default_device, port_chains
+from opsloop.collectors.iptables.analyze import default_device, port_chains
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from collectors.iptables.analyze import default_device
+from opsloop.collectors.iptables.analyze import default_device
 
 
 class PortsError(ValueError):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from opsloop.collect.types import Collector
 
-from collectors.lvs.collector import LvsCollector
-from collectors.lvs.config import Config
+from opsloop.collectors.lvs.collector import LvsCollector
+from opsloop.collectors.lvs.config import Config
 
 __all__ = ["Config", "build", "LvsCollector"]
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from opsloop.collect.types import CollectError, CollectorUnavailable, Round
 from opsloop.wire import Metric, metric
 
-from collectors.lvs.config import Config
-from collectors.lvs.parse import (RATE_FIELDS, STAT_FIELDS, IpvsadmListing, LvsParseError, RealKey, Service,
+from opsloop.collectors.lvs.config import Config
+from opsloop.collectors.lvs.parse import (RATE_FIELDS, STAT_FIELDS, IpvsadmListing, LvsParseError, RealKey, Service,
                                   ServiceKey, parse_ipvsadm, parse_proc_ip_vs, parse_proc_ip_vs_stats)
-from collectors.lvs.rates import RateTracker, Rates
+from opsloop.collectors.lvs.rates import RateTracker, Rates
 from opsloop.collect.tool import ToolMissing, ToolTimeout, run_tool
 
 _UNAVAILABLE_KINDS = frozenset({"unsupported", "tool"})

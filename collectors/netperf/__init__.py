@@ -6,8 +6,8 @@ See README.md in this folder. ``build(Config(...)).collect()`` measures every du
 
 from __future__ import annotations
 
-from collectors.netperf.collector import NetperfCollector
-from collectors.netperf.config import Config, TargetSet
+from opsloop.collectors.netperf.collector import NetperfCollector
+from opsloop.collectors.netperf.config import Config, TargetSet
 
 __all__ = ["Config", "NetperfCollector", "TargetSet", "build"]
 

@@ -1,7 +1,7 @@
-"""``python -m collectors.netperf``: see collectors/netperf/cli.py."""
+"""``python -m opsloop.collectors.netperf``: see collectors/netperf/cli.py."""
 
 import sys
 
-from collectors.netperf.cli import main
+from opsloop.collectors.netperf.cli import main
 
 sys.exit(main())

@@ -17,15 +17,15 @@ from pydantic import ValidationError
 from opsloop.collect.types import CollectorUnavailable
 from opsloop.wire import describe_validation_error
 
-from collectors.netperf.collector import NetperfCollector
-from collectors.netperf.config import Config
+from opsloop.collectors.netperf.collector import NetperfCollector
+from opsloop.collectors.netperf.config import Config
 
 EPILOG = """\
 examples:
   # validate the collectors.netperf section of a config file
-  python -m collectors.netperf --config opsloop.yaml --check
+  python -m opsloop.collectors.netperf --config opsloop.yaml --check
   # measure every target set once; samples and errors as JSON lines on stdout
-  python -m collectors.netperf --config collectors/netperf/sample.yaml
+  python -m opsloop.collectors.netperf --config collectors/netperf/sample.yaml
   # the same through the runtime, publishing to Kafka on an interval
   opsloop collect netperf --config opsloop.yaml
 
@@ -47,7 +47,7 @@ def load_section(path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m collectors.netperf", description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m opsloop.collectors.netperf", description=__doc__.split("\n")[0],
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, required=True, help="YAML file with a collectors.netperf section")
     parser.add_argument("--check", action="store_true", help="validate the config and exit")

@@ -21,12 +21,12 @@ from typing import Callable
 from opsloop.collect.types import CollectError, CollectorUnavailable, Round
 from opsloop.wire import Metric, metric
 
-from collectors.netperf.config import Config, Target, TargetSet
-from collectors.netperf.drivers import TEST, Driver, Outcome, driver_for
-from collectors.netperf.runner import Runner, ToolMissing
-from collectors.netperf.schedule import JitterSchedule, RoundGuard
-from collectors.netperf.stats import Summary, summarize
-from collectors.netperf.units import to_gbps
+from opsloop.collectors.netperf.config import Config, Target, TargetSet
+from opsloop.collectors.netperf.drivers import TEST, Driver, Outcome, driver_for
+from opsloop.collectors.netperf.runner import Runner, ToolMissing
+from opsloop.collectors.netperf.schedule import JitterSchedule, RoundGuard
+from opsloop.collectors.netperf.stats import Summary, summarize
+from opsloop.collectors.netperf.units import to_gbps
 
 SET_METRIC = "netperf_throughput"
 TARGET_METRIC = "netperf_target_throughput"

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from collectors.netperf.config import Target, TargetSet
-from collectors.netperf.parse import (OMNI_SELECTORS, ParseError, StreamResult, ToolReportedError,
+from opsloop.collectors.netperf.config import Target, TargetSet
+from opsloop.collectors.netperf.parse import (OMNI_SELECTORS, ParseError, StreamResult, ToolReportedError,
                                       parse_iperf3, parse_netperf, preview)
-from collectors.netperf.runner import Completed
+from opsloop.collectors.netperf.runner import Completed
 
 TEST = "TCP_STREAM"
 # Substrings of the tools' messages that mean "nobody answered at that address".

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from collectors.netperf.units import UnitError, to_bits_per_second
+from opsloop.collectors.netperf.units import UnitError, to_bits_per_second
 
 # The omni output selectors we ask netperf for, in this order (``-- -o`` / ``-- -k``).
 OMNI_SELECTORS: tuple[str, ...] = ("THROUGHPUT", "THROUGHPUT_UNITS", "ELAPSED_TIME", "PROTOCOL")

@@ -25,12 +25,12 @@ from typing import Callable
 from opsloop.audit import AuditLog, AuditMode
 from opsloop.log import get_logger
 
-from controllers.actuators import metrics
-from controllers.actuators.base import ActuatorError, ApplyResult, Target
-from controllers.actuators.mapping import MappingError, to_integer_weights, to_shares
-from controllers.actuators.safety import bound_step, reaches, share_difference
-from controllers.actuators.store import Entry, StoreError, WeightStore
-from controllers.edge.model import EdgeWeights
+from opsloop.controllers.actuators import metrics
+from opsloop.controllers.actuators.base import ActuatorError, ApplyResult, Target
+from opsloop.controllers.actuators.mapping import MappingError, to_integer_weights, to_shares
+from opsloop.controllers.actuators.safety import bound_step, reaches, share_difference
+from opsloop.controllers.actuators.store import Entry, StoreError, WeightStore
+from opsloop.controllers.edge.model import EdgeWeights
 
 log = get_logger("actuator")
 

@@ -2,8 +2,8 @@
 
 A :class:`Target` is one load balancer's view of one listener on one edge: read the integer weight
 of each origin, write them as one batch, say which origins it reports DOWN. An :class:`Actuator`
-applies a whole :class:`~controllers.edge.model.EdgeWeights` decision to a target with every safety
-rule (:class:`controllers.actuators.applier.EdgeActuator`).
+applies a whole :class:`~opsloop.controllers.edge.model.EdgeWeights` decision to a target with every safety
+rule (:class:`opsloop.controllers.actuators.applier.EdgeActuator`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from controllers.edge.model import EdgeWeights
+from opsloop.controllers.edge.model import EdgeWeights
 
 
 class ActuatorError(RuntimeError):

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from opsloop.config import DEFAULT_RUN_DIR, LOOPBACK, Settings
 from opsloop.wire import Topic, describe_validation_error
 
-from controllers.actuators.mapping import HAPROXY_MAX_WEIGHT, IPVS_MAX_WEIGHT
+from opsloop.controllers.actuators.mapping import HAPROXY_MAX_WEIGHT, IPVS_MAX_WEIGHT
 
 SECTION = "actuator"
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$"
@@ -61,7 +61,7 @@ class LvsTargetConfig(_Target):
     @field_validator("service")
     @classmethod
     def _service(cls, v: str) -> str:
-        from controllers.actuators.lvs import parse_service_spec
+        from opsloop.controllers.actuators.lvs import parse_service_spec
 
         parse_service_spec(v)
         return v
@@ -69,7 +69,7 @@ class LvsTargetConfig(_Target):
     @field_validator("reals")
     @classmethod
     def _reals(cls, v: dict[str, str]) -> dict[str, str]:
-        from controllers.actuators.lvs import parse_real_spec
+        from opsloop.controllers.actuators.lvs import parse_real_spec
 
         for origin, real in v.items():
             try:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from opsloop.haproxy_api import HaproxyAPI, HaproxyError, StatParseError, parse_show_stat
 
-from controllers.actuators.base import ActuatorError
-from controllers.actuators.config import HaproxyTargetConfig
-from controllers.actuators.mapping import HAPROXY_MAX_WEIGHT
+from opsloop.controllers.actuators.base import ActuatorError
+from opsloop.controllers.actuators.config import HaproxyTargetConfig
+from opsloop.controllers.actuators.mapping import HAPROXY_MAX_WEIGHT
 
 
 def _kind(error: HaproxyError) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-from controllers.metrics import EDGE_FAIL_STATIC
+from opsloop.controllers.metrics import EDGE_FAIL_STATIC
 
 APPLIES = Counter("opsloop_actuator_applies_total", "Decisions handled by result",
                   ["edge", "listener", "result"])

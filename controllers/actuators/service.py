@@ -37,12 +37,12 @@ from opsloop.kafka_clients import client_options, connect_with_retry, kafka_sett
 from opsloop.log import get_logger
 from opsloop.wire import describe_validation_error
 
-from controllers.actuators import metrics
-from controllers.actuators.applier import EdgeActuator
-from controllers.actuators.base import ApplyResult, Target
-from controllers.actuators.config import ActuatorConfig, HaproxyTargetConfig, LvsTargetConfig
-from controllers.actuators.store import WeightStore
-from controllers.edge.model import EdgeWeights
+from opsloop.controllers.actuators import metrics
+from opsloop.controllers.actuators.applier import EdgeActuator
+from opsloop.controllers.actuators.base import ApplyResult, Target
+from opsloop.controllers.actuators.config import ActuatorConfig, HaproxyTargetConfig, LvsTargetConfig
+from opsloop.controllers.actuators.store import WeightStore
+from opsloop.controllers.edge.model import EdgeWeights
 
 log = get_logger("actuator.service")
 FAIL_STATIC_DETECTOR = "edge.fail_static"
@@ -53,10 +53,10 @@ REFUSALS = frozenset({"refused", "stale_version"})
 
 def make_target(cfg: HaproxyTargetConfig | LvsTargetConfig) -> Target:
     if isinstance(cfg, HaproxyTargetConfig):
-        from controllers.actuators.haproxy import HaproxyTarget
+        from opsloop.controllers.actuators.haproxy import HaproxyTarget
 
         return HaproxyTarget(cfg)
-    from controllers.actuators.lvs import LvsTarget
+    from opsloop.controllers.actuators.lvs import LvsTarget
 
     return LvsTarget(cfg)
 

@@ -9,7 +9,7 @@ time, read the current weights and decision status. OpenAPI 3 spec at ``GET /ope
   once; the token is checked before the body is read (an unauthenticated client cannot make the
   server read 64 KiB); the request line is logged as its path only (no query string, no
   ``user:password@`` of an absolute URL).
-* Every change goes through :class:`~controllers.edge.service.store.TopologyStore`, which validates
+* Every change goes through :class:`~opsloop.controllers.edge.service.store.TopologyStore`, which validates
   it and writes an audit record (before/after, reason). The next controller interval uses it.
 
 Plain :mod:`http.server` (threaded): a handful of small JSON requests, no event loop to share.
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import orjson
 from prometheus_client import Counter
 
-from controllers.edge.service.store import TopologyError, TopologyStore
+from opsloop.controllers.edge.service.store import TopologyError, TopologyStore
 from opsloop.log import get_logger
 
 log = get_logger("controller.edge.api")

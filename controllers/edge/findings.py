@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from opsloop.findings import Finding, Severity
 
-from controllers.edge.controller import Decision
-from controllers.edge.model import Mode
+from opsloop.controllers.edge.controller import Decision
+from opsloop.controllers.edge.model import Mode
 
 SHED_DETECTOR = "edge.capacity_shortfall"
 HOLD_DETECTOR = "edge.weights_held"

@@ -59,7 +59,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controllers.edge.controller import (ControllerSettings, EdgeController, FixedStepController,
+from opsloop.controllers.edge.controller import (ControllerSettings, EdgeController, FixedStepController,
                                          FixedStepSettings, Observation, UndampedController,
                                          _Controller)
 

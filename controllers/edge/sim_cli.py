@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from controllers.edge.sim import (CONTROLLER_KINDS, Run, Scenario, ScenarioError, canonical_kind,
+from opsloop.controllers.edge.sim import (CONTROLLER_KINDS, Run, Scenario, ScenarioError, canonical_kind,
                                   load_scenario, run_scenario, trajectories)
 
 EPILOG = """examples:

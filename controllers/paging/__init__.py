@@ -1,6 +1,6 @@
 """Paging actuator: findings from the streams become Alertmanager alerts (`opsloop page`).
 
-Flow: ``findings`` topic (consumer group ``opsloop-paging``) -> :class:`~controllers.paging.book.PagingBook`
+Flow: ``findings`` topic (consumer group ``opsloop-paging``) -> :class:`~opsloop.controllers.paging.book.PagingBook`
 (one alert per finding id, open / re-send / resolve) -> ``POST /api/v2/alerts`` on every configured
 Alertmanager, with back-off while it is down -> one audit record (``audit`` topic + log line) per action.
 
@@ -10,7 +10,7 @@ annotations), ``book`` (state by finding id), ``alertmanager`` (HTTP client, bac
 receivers), ``cli`` (``main(argv)``).
 """
 
-from controllers.paging.config import PagingConfig
+from opsloop.controllers.paging.config import PagingConfig
 
 Config = PagingConfig
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from opsloop.audit.record import AuditRecord, build
 from opsloop.log import get_logger
 
-from controllers.paging import metrics
+from opsloop.controllers.paging import metrics
 
 log = get_logger("paging.audit")
 ACTOR = "opsloop-paging"

@@ -20,7 +20,7 @@ from typing import Any
 
 from opsloop.findings import Finding, Severity
 
-from controllers.paging.mapping import SEVERITY_RANK, Links, annotations_for, labels_for, postable
+from opsloop.controllers.paging.mapping import SEVERITY_RANK, Links, annotations_for, labels_for, postable
 
 STATE_VERSION = 1
 

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _render(a: argparse.Namespace) -> int:
-    from controllers.paging.amconfig import render_alertmanager_config
+    from opsloop.controllers.paging.amconfig import render_alertmanager_config
 
     try:
         text = render_alertmanager_config(webhook_url=a.webhook_url, routing_key_file=a.routing_key_file,
@@ -75,8 +75,8 @@ def _render(a: argparse.Namespace) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
-    from controllers.paging.config import PagingConfigError, paging_config
-    from controllers.paging.service import PagingService
+    from opsloop.controllers.paging.config import PagingConfigError, paging_config
+    from opsloop.controllers.paging.service import PagingService
 
     try:
         settings = load_settings(a.config, {"kafka": {"bootstrap_servers": a.bootstrap}} if a.bootstrap else None)

@@ -24,12 +24,12 @@ from opsloop.kafka_clients import client_options, connect_with_retry, kafka_sett
 from opsloop.log import get_logger
 from opsloop.wire import Topic, deadletter_record
 
-from controllers.paging import metrics
-from controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError, Backoff
-from controllers.paging.audit import Auditor
-from controllers.paging.book import Action, PagingBook
-from controllers.paging.config import PagingConfig
-from controllers.paging.mapping import Links
+from opsloop.controllers.paging import metrics
+from opsloop.controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError, Backoff
+from opsloop.controllers.paging.audit import Auditor
+from opsloop.controllers.paging.book import Action, PagingBook
+from opsloop.controllers.paging.config import PagingConfig
+from opsloop.controllers.paging.mapping import Links
 
 log = get_logger("paging")
 

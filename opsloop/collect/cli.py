@@ -32,7 +32,7 @@ EPILOG = """examples:
 
 def available_collectors() -> list[str]:
     """The packages under collectors/ (folders with an __init__.py); collectors/telegraf is configuration only."""
-    import collectors
+    from opsloop import collectors
 
     return sorted(m.name for m in pkgutil.iter_modules(collectors.__path__) if m.ispkg)
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides["kafka"]["bootstrap_servers"] = a.bootstrap
     try:
         settings = load_settings(a.config, overrides)
-        mod = importlib.import_module(f"collectors.{a.name}")
+        mod = importlib.import_module(f"opsloop.collectors.{a.name}")
     except ConfigError as e:
         print(f"opsloop collect: {e}", file=sys.stderr)
         return 2

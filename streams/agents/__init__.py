@@ -11,17 +11,17 @@ from __future__ import annotations
 import faust
 
 from opsloop.config import Settings
-from streams.agents.base import DetectorHandler
-from streams.agents.settings import DetectorsSettings, detectors_settings
+from opsloop.streams.agents.base import DetectorHandler
+from opsloop.streams.agents.settings import DetectorsSettings, detectors_settings
 
 
 def detector_handlers(conf: DetectorsSettings) -> list[DetectorHandler]:
     """The enabled handlers, fresh (no Kafka needed: what unit tests and benchmarks use)."""
-    from streams.agents.anomaly import AnomalyHandler
-    from streams.agents.firewall import FirewallHandler
-    from streams.agents.keystone import KeystoneHandler
-    from streams.agents.netperf import NetperfHandler
-    from streams.agents.power import PowerHandler
+    from opsloop.streams.agents.anomaly import AnomalyHandler
+    from opsloop.streams.agents.firewall import FirewallHandler
+    from opsloop.streams.agents.keystone import KeystoneHandler
+    from opsloop.streams.agents.netperf import NetperfHandler
+    from opsloop.streams.agents.power import PowerHandler
 
     r = conf.refresh_s
     out: list[DetectorHandler] = []
@@ -40,7 +40,7 @@ def detector_handlers(conf: DetectorsSettings) -> list[DetectorHandler]:
 
 def register_detector_agents(app: faust.App, settings: Settings) -> list[DetectorHandler]:
     """Register the ``detectors`` agent running every enabled detector (state table, findings sink)."""
-    from streams.agents.stateful import detector_agent, findings_sink, state_table
+    from opsloop.streams.agents.stateful import detector_agent, findings_sink, state_table
 
     handlers = detector_handlers(detectors_settings(settings))
     for h in handlers:

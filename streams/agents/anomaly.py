@@ -25,10 +25,10 @@ from prometheus_client import Counter, Gauge
 
 from opsloop.findings import Finding, Severity
 from opsloop.wire import Metric, label_string, topic_for
-from streams.agents.base import DetectorHandler, log, number
-from streams.agents.settings import AnomalySettings, SeriesSpec
-from streams.detectors.anomaly import DetectorConfig, StreamingDetector
-from streams.detectors.findingbook import FindingBook
+from opsloop.streams.agents.base import DetectorHandler, log, number
+from opsloop.streams.agents.settings import AnomalySettings, SeriesSpec
+from opsloop.streams.detectors.anomaly import DetectorConfig, StreamingDetector
+from opsloop.streams.detectors.findingbook import FindingBook
 
 LABELS = ["metric", "field", "series"]
 SCORE = Gauge("opsloop_anomaly_score", "Anomaly score in [0, 1] of the series' last point", LABELS)

@@ -3,7 +3,7 @@
 A handler is plain Python (no I/O, no awaits), like the runtime's batch handlers: ``handle(metrics,
 now)`` feeds one batch of valid samples to its detectors. On top of that, a *detector* handler
 keeps its state per **state key** (a series, a hypervisor, a host ...) so that the agent loop
-(:mod:`streams.agents.stateful`) can persist exactly the keys a batch changed into a Faust table,
+(:mod:`opsloop.streams.agents.stateful`) can persist exactly the keys a batch changed into a Faust table,
 and restore them after a restart or rebalance:
 
 * ``touched()``: the keys changed since the last call (what the loop writes, once per batch);
@@ -27,9 +27,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from opsloop.findings import Finding
 from opsloop.log import get_logger
 from opsloop.wire import Metric, Topic
-from streams.bounded import STATE_KEYS, Recency, count_dropped, drop_children
-from streams.detectors.findingbook import FindingBook
-from streams.runtime.batch import DEFAULT_MAX_CLOCK_SKEW_S
+from opsloop.streams.bounded import STATE_KEYS, Recency, count_dropped, drop_children
+from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.runtime.batch import DEFAULT_MAX_CLOCK_SKEW_S
 
 __all__ = ["DetectorHandler", "Publication", "drop_children", "log", "number"]
 

@@ -29,7 +29,7 @@ from prometheus_client.metrics_core import Metric as PromMetric
 
 from opsloop.findings import Finding
 from opsloop.log import get_logger
-from streams.agents.base import Publication
+from opsloop.streams.agents.base import Publication
 
 log = get_logger("stream.findings")
 

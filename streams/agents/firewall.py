@@ -1,6 +1,6 @@
 """Firewall agent: ``telemetry.iptables`` -> unprotected VM ports (critical) and drift between hypervisors.
 
-Feeds ``streams.detectors.firewall.FirewallDetector`` one report per hypervisor and round (see
+Feeds ``opsloop.streams.detectors.firewall.FirewallDetector`` one report per hypervisor and round (see
 ``report_from_metrics`` for the collector's metric names). State key: the hypervisor (its last
 report and the findings about it). Gauges, per hypervisor, for the firewall dashboard:
 
@@ -21,10 +21,10 @@ from prometheus_client import Gauge
 
 from opsloop.findings import Finding
 from opsloop.wire import Metric, Topic
-from streams.agents.base import DetectorHandler, drop_children
-from streams.agents.settings import FirewallSettings
-from streams.detectors.findingbook import FindingBook
-from streams.detectors.firewall import (FINGERPRINT_DRIFT, PACKAGE_DRIFT, FirewallDetector, HypervisorReport,
+from opsloop.streams.agents.base import DetectorHandler, drop_children
+from opsloop.streams.agents.settings import FirewallSettings
+from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.firewall import (FINGERPRINT_DRIFT, PACKAGE_DRIFT, FirewallDetector, HypervisorReport,
                                         report_from_metrics)
 
 PORTS = Gauge("opsloop_firewall_ports", "VM ports per hypervisor by firewall state", ["hypervisor", "role", "state"])

@@ -1,6 +1,6 @@
 """Keystone agent: ``telemetry.keystone`` -> latency regime, heavy-hitter credentials, p95 of small requests.
 
-Per Keystone host (the state key) it runs the three detectors of ``streams.detectors.keystone`` on
+Per Keystone host (the state key) it runs the three detectors of ``opsloop.streams.detectors.keystone`` on
 what ``collectors/keystone`` publishes per round:
 
 * ``keystone_probe{host, probe}`` p50_ms and ``keystone_requests{host, method, endpoint}`` p50_ms (for
@@ -25,10 +25,10 @@ from prometheus_client import Gauge
 
 from opsloop.findings import Finding
 from opsloop.wire import Metric, Topic, label_string
-from streams.agents.base import DetectorHandler, drop_children, log, number
-from streams.agents.settings import KeystoneSettings
-from streams.detectors.findingbook import FindingBook
-from streams.detectors.keystone import (OTHER_CREDENTIALS, HeavyHitterDetector, LatencyRegimeDetector,
+from opsloop.streams.agents.base import DetectorHandler, drop_children, log, number
+from opsloop.streams.agents.settings import KeystoneSettings
+from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.keystone import (OTHER_CREDENTIALS, HeavyHitterDetector, LatencyRegimeDetector,
                                         SmallRequestP95Detector, probe_latency)
 
 P95_ROUND = Gauge("opsloop_keystone_small_request_p95_seconds", "p95 latency of small requests in the last round",

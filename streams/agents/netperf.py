@@ -1,6 +1,6 @@
 """netperf agent: ``telemetry.netperf`` -> throughput drops against the baseline, queues that stop paying off.
 
-Feeds ``streams.detectors.netperf.NetperfDetector`` (one per target set: the state key) with the
+Feeds ``opsloop.streams.detectors.netperf.NetperfDetector`` (one per target set: the state key) with the
 collector's set results (``result_from_metric``). Gauges (labels target_set, label, queues):
 
 * ``opsloop_netperf_throughput_bytes_per_second``: the last result;
@@ -17,10 +17,10 @@ from prometheus_client import Gauge
 
 from opsloop.findings import Finding
 from opsloop.wire import Metric, Topic
-from streams.agents.base import DetectorHandler, drop_children, log
-from streams.agents.settings import NetperfSettings
-from streams.detectors.findingbook import FindingBook
-from streams.detectors.netperf import NetperfDetector, NetperfResult, result_from_metric
+from opsloop.streams.agents.base import DetectorHandler, drop_children, log
+from opsloop.streams.agents.settings import NetperfSettings
+from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.netperf import NetperfDetector, NetperfResult, result_from_metric
 
 SERIES = ["target_set", "label", "queues"]
 BYTES_PER_GBIT = 1e9 / 8   # the wire and the detector use Gb/s; Prometheus gets bytes per second

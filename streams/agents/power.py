@@ -1,6 +1,6 @@
 """Power agent: ``telemetry.ipmi`` -> energy, cost per usable TB-year, generation deviation, idle servers.
 
-Feeds ``streams.detectors.power.PowerDetector``. A server's inventory entry (generation, raw TB,
+Feeds ``opsloop.streams.detectors.power.PowerDetector``. A server's inventory entry (generation, raw TB,
 protection, fill ratio) comes from ``controllers.detectors.power.hosts`` or else from the
 collector's metadata tags (``generation``, ``raw_capacity_tb``) with the configured defaults
 (``replica:3``, 70 % fill: the seed's assumptions). State key: the host.
@@ -20,10 +20,10 @@ from prometheus_client import Gauge
 
 from opsloop.findings import Finding
 from opsloop.wire import Metric, Topic
-from streams.agents.base import DetectorHandler, drop_children, log
-from streams.agents.settings import PowerSettings
-from streams.detectors.findingbook import FindingBook
-from streams.detectors.power import POWER_METRICS, PowerDetector, ServerSpec, power_reading, spec_from_tags
+from opsloop.streams.agents.base import DetectorHandler, drop_children, log
+from opsloop.streams.agents.settings import PowerSettings
+from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.power import POWER_METRICS, PowerDetector, ServerSpec, power_reading, spec_from_tags
 
 HOST = ["host", "generation"]
 JOULES_PER_KWH = 3.6e6   # the detector reasons in kWh (prices are per kWh); Prometheus gets joules

@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from opsloop.config import Settings
 from opsloop.wire import WireError, describe_validation_error, topic_for
-from streams.detectors.anomaly import DetectorConfig
-from streams.detectors.power import protection_efficiency
+from opsloop.streams.detectors.anomaly import DetectorConfig
+from opsloop.streams.detectors.power import protection_efficiency
 
 SECTION = "detectors"
 

@@ -2,7 +2,7 @@
 
 The runtime's ``batch_agent`` calls a sync handler and stops there; a detector also has to write
 its state and send its findings, both async. This loop follows the same pattern (``take_events``,
-``streams.runtime.batch.process_batch`` for decoding, dead letters and health metrics) and adds:
+``opsloop.streams.runtime.batch.process_batch`` for decoding, dead letters and health metrics) and adds:
 
 0. **One agent for all detectors** (``detectors``), over the union of their topics: a record is
    fetched, decoded and dead-lettered once, and every handler sees the batch.
@@ -35,11 +35,11 @@ from faust.types import TP, EventT
 from opsloop.config import Settings
 from opsloop.log import get_logger
 from opsloop.wire import Topic
-from streams.agents.base import DetectorHandler
-from streams.agents.findings_sink import FindingsSink
-from streams.runtime import health
-from streams.runtime.app import raw_topic
-from streams.runtime.batch import DeadLetter, FanOut, gc_paused, process_batch
+from opsloop.streams.agents.base import DetectorHandler
+from opsloop.streams.agents.findings_sink import FindingsSink
+from opsloop.streams.runtime import health
+from opsloop.streams.runtime.app import raw_topic
+from opsloop.streams.runtime.batch import DeadLetter, FanOut, gc_paused, process_batch
 
 log = get_logger("stream.agents")
 

@@ -7,9 +7,9 @@ import argparse
 from opsloop.subcommands import Subcommands, build_dispatcher, dispatch
 
 SUBCOMMANDS: Subcommands = {
-    "replay": ("streams.detectors.replay_cli:main",
+    "replay": ("opsloop.streams.detectors.replay_cli:main",
                "run the streaming detector over a timestamp,value CSV; one score in [0,1] per row"),
-    "evaluate": ("streams.detectors.evaluate_cli:main",
+    "evaluate": ("opsloop.streams.detectors.evaluate_cli:main",
                  "backtest the detector on labelled history: window score (three cost profiles), "
                  "precision, recall and delay per event, optional --plot PNG"),
 }

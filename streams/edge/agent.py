@@ -13,9 +13,9 @@ from prometheus_client import Counter
 from opsloop.config import Settings
 from opsloop.log import get_logger
 from opsloop.wire import Topic
-from streams.edge.demand import DemandAggregator
-from streams.lb.rates import LbRates
-from streams.runtime.app import AfterBatch, raw_topic
+from opsloop.streams.edge.demand import DemandAggregator
+from opsloop.streams.lb.rates import LbRates
+from opsloop.streams.runtime.app import AfterBatch, raw_topic
 
 log = get_logger("stream.edge_demand")
 

@@ -1,7 +1,7 @@
 """Aggregate HAProxy request rates into per-edge, per-listener demand records for ``edge.demand``.
 
 Input: ``telemetry.lb`` samples (``haproxy`` measurement, tags ``host`` = the load balancer = the
-*edge*, ``proxy``, ``sv``, ``type``). Rates come from :class:`streams.lb.rates.LbRates` (Δcount/Δt
+*edge*, ``proxy``, ``sv``, ``type``). Rates come from :class:`opsloop.streams.lb.rates.LbRates` (Δcount/Δt
 on event time, counter resets skipped). Output, once per edge, backend and collection round: one
 :class:`EdgeDemand` — demand = Σ server request rates of the backend (what the edge *offered* the
 origins, 503s included: an origin rejecting load above its capacity must not hide the demand), or
@@ -22,7 +22,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from opsloop.wire import Metric, describe_validation_error
-from streams.lb.rates import LbRates
+from opsloop.streams.lb.rates import LbRates
 
 SCHEMA_VERSION = 1
 DOWN_STATUSES = ("DOWN", "MAINT")

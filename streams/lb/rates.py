@@ -24,7 +24,7 @@ from prometheus_client import Counter, Gauge
 
 from opsloop.config import StreamSettings
 from opsloop.wire import Metric
-from streams.bounded import DEFAULT_MAX_STATE_KEYS, STATE_KEYS, Recency, count_dropped
+from opsloop.streams.bounded import DEFAULT_MAX_STATE_KEYS, STATE_KEYS, Recency, count_dropped
 
 HRSP_FIELDS = ("hrsp_1xx", "hrsp_2xx", "hrsp_3xx", "hrsp_4xx", "hrsp_5xx", "hrsp_other")
 # Stock Telegraf inputs.haproxy renames hrsp_* to http_response.*.

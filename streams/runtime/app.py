@@ -1,6 +1,6 @@
 """The Faust application: typed settings in one place, raw bytes on the wire, batch agents.
 
-Values travel as raw bytes and are decoded by :mod:`streams.runtime.batch` (orjson + pydantic), not
+Values travel as raw bytes and are decoded by :mod:`opsloop.streams.runtime.batch` (orjson + pydantic), not
 by Faust's codecs: one decode per record, and bad records reach the dead-letter topic instead of
 failing inside Faust's deserializer.
 """
@@ -16,10 +16,10 @@ from opsloop.config import Settings
 from opsloop.kafka_clients import faust_app_options
 from opsloop.log import get_logger
 from opsloop.wire import Topic
-from streams.runtime import health
-from streams.runtime.batch import DeadLetter, FanOut, Handler, process_batch
-from streams.runtime.transport import kafka_transport
-from streams.runtime.watchdog import install_recovery_watchdog
+from opsloop.streams.runtime import health
+from opsloop.streams.runtime.batch import DeadLetter, FanOut, Handler, process_batch
+from opsloop.streams.runtime.transport import kafka_transport
+from opsloop.streams.runtime.watchdog import install_recovery_watchdog
 
 log = get_logger("stream")
 

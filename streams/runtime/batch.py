@@ -20,7 +20,7 @@ from prometheus_client import Counter
 
 from opsloop.log import get_logger
 from opsloop.wire import Metric, Parsed, Rejected, deadletter_record, parse_record
-from streams.runtime import health
+from opsloop.streams.runtime import health
 
 log = get_logger("stream")
 

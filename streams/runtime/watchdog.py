@@ -55,7 +55,7 @@ import mode
 from faust.types import TP
 
 from opsloop.log import get_logger
-from streams.runtime import health
+from opsloop.streams.runtime import health
 
 log = get_logger("stream.watchdog")
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kafka import KafkaProducer
 
-from controllers.paging.amconfig import write_alertmanager_config
+from opsloop.controllers.paging.amconfig import write_alertmanager_config
 from opsloop.stack import ManagedProcess, free_port
 from opsloop.stack.components import alertmanager
 from tests.helpers import REPO, metrics_up, unique
@@ -131,7 +131,7 @@ def start_actuator(workdir: Path, bootstrap: str, alertmanager_url: str, **pagin
     config = workdir / "opsloop.yaml"
     config.write_text(yaml.safe_dump({"kafka": {"bootstrap_servers": bootstrap},
                                       "controllers": {"paging": section}}))
-    proc = ManagedProcess(name="paging", argv=[sys.executable, "-m", "controllers.paging.cli", "run",
+    proc = ManagedProcess(name="paging", argv=[sys.executable, "-m", "opsloop.controllers.paging.cli", "run",
                                                "--config", str(config)],
                           workdir=workdir, env={"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
                           ready=lambda: metrics_up(port), ready_timeout_s=60, ports={"metrics": ("127.0.0.1", port)})

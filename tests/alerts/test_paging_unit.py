@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controllers.paging.alertmanager import AlertmanagerError, Backoff, PostResult
-from controllers.paging.book import PagingBook
-from controllers.paging.config import PagingConfig, PagingConfigError, paging_config
-from controllers.paging.mapping import Links, alertname_for, annotations_for, label_name, labels_for
-from controllers.paging.service import PagingService, decode_finding
+from opsloop.controllers.paging.alertmanager import AlertmanagerError, Backoff, PostResult
+from opsloop.controllers.paging.book import PagingBook
+from opsloop.controllers.paging.config import PagingConfig, PagingConfigError, paging_config
+from opsloop.controllers.paging.mapping import Links, alertname_for, annotations_for, label_name, labels_for
+from opsloop.controllers.paging.service import PagingService, decode_finding
 from opsloop.config import Settings
 from opsloop.findings import Finding, Severity
 from opsloop.runbooks import finding_runbook_url
@@ -329,8 +329,8 @@ def test_labels_are_cut_to_alertmanager_safe_sizes_saying_what_was_cut() -> None
 
 
 def test_oversized_findings_are_accepted_by_a_real_alertmanager(test_alertmanager) -> None:
-    from controllers.paging.alertmanager import AlertmanagerClient
-    from controllers.paging.book import PagingBook
+    from opsloop.controllers.paging.alertmanager import AlertmanagerClient
+    from opsloop.controllers.paging.book import PagingBook
     from tests.alerts.conftest import am_url
 
     book = PagingBook()
@@ -390,7 +390,7 @@ def test_credentials_in_alertmanager_urls_never_reach_a_log_line(capsys) -> None
     import io
     import socket
 
-    from controllers.paging.alertmanager import AlertmanagerClient
+    from opsloop.controllers.paging.alertmanager import AlertmanagerClient
     from opsloop.log import setup_logging
 
     with socket.socket() as s:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controllers.paging.amconfig import render_alertmanager_config
+from opsloop.controllers.paging.amconfig import render_alertmanager_config
 from opsloop.runbooks import DEFAULT_DASHBOARD_BASE_URL, DEFAULT_RUNBOOK_BASE_URL, alert_anchor
 from tests.helpers import REPO
 

@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 import yaml
 
-from controllers.edge.controller import Decision
-from controllers.edge.findings import decision_findings
-from controllers.edge.model import Mode
-from controllers.paging.mapping import Links, annotations_for
+from opsloop.controllers.edge.controller import Decision
+from opsloop.controllers.edge.findings import decision_findings
+from opsloop.controllers.edge.model import Mode
+from opsloop.controllers.paging.mapping import Links, annotations_for
 from opsloop import runbooks
 from opsloop.findings import Finding, Severity
 from opsloop.runbooks import (DEFAULT_DASHBOARD_BASE_URL, DEFAULT_RUNBOOK_BASE_URL, FINDING_RUNBOOKS,
                               finding_runbook_url, render_rules)
-from streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.findingbook import FindingBook
 from tests.helpers import REPO
 
 RUNBOOKS = REPO / "docs" / "runbooks"

@@ -91,7 +91,7 @@ def test_stack_up_reports_each_component_as_it_becomes_ready(tmp_path: Path) -> 
 
 def test_sim_plot_says_where_it_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from controllers.edge.sim_cli import main
+    from opsloop.controllers.edge.sim_cli import main
 
     scenario = str(SCENARIOS / "capacity_drop.yaml")
     monkeypatch.chdir(tmp_path)
@@ -110,7 +110,7 @@ def test_sim_plot_says_where_it_wrote(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_sim_table_prints_every_fraction_as_a_percentage(capsys: pytest.CaptureFixture[str]) -> None:
-    from controllers.edge.sim_cli import main
+    from opsloop.controllers.edge.sim_cli import main
 
     # the fixed-step baseline misses targets here, so the misses are printed too
     assert main(["--scenario", str(SCENARIOS / "demand_surge.yaml"), "--controllers", "ours,fixed-step"]) in (0, 1)

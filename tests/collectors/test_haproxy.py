@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.haproxy import Config, build
-from collectors.haproxy.collector import row_to_metric
+from opsloop.collectors.haproxy import Config, build
+from opsloop.collectors.haproxy.collector import row_to_metric
 from opsloop.haproxy_api import HaproxyAPI, HaproxyError, StatParseError, parse_show_stat
 from opsloop.lab.traffic import TrafficGenerator
-from streams.lb.rates import LbRates, request_count
+from opsloop.streams.lb.rates import LbRates, request_count
 from tests.helpers import wait_until
 
 TESTDATA = Path(__file__).resolve().parents[2] / "collectors" / "haproxy" / "testdata"

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from collectors.ipmi import Config, build
-from collectors.ipmi.bmcsim import BMCFleet, BMCSpec
-from collectors.ipmi.bmcsim.procs import live_children
-from collectors.ipmi.collector import IpmiCollector
+from opsloop.collectors.ipmi import Config, build
+from opsloop.collectors.ipmi.bmcsim import BMCFleet, BMCSpec
+from opsloop.collectors.ipmi.bmcsim.procs import live_children
+from opsloop.collectors.ipmi.collector import IpmiCollector
 from opsloop.collect.types import Round
 
 pytestmark = pytest.mark.integration

@@ -10,10 +10,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from collectors.ipmi import Config, InventoryError, build
-from collectors.ipmi.config import resolve_hosts
-from collectors.ipmi.credentials import CredentialError, resolve_password, scrub
-from collectors.ipmi.runner import run_tool
+from opsloop.collectors.ipmi import Config, InventoryError, build
+from opsloop.collectors.ipmi.config import resolve_hosts
+from opsloop.collectors.ipmi.credentials import CredentialError, resolve_password, scrub
+from opsloop.collectors.ipmi.runner import run_tool
 from opsloop.collect.types import CollectorUnavailable
 
 SAMPLE = Path(__file__).resolve().parents[2] / "collectors" / "ipmi" / "sample.yaml"
@@ -47,7 +47,7 @@ def test_zero_retries_is_refused_because_ipmitool_reads_it_as_four() -> None:
 
 
 def test_bmcsim_cli_rejects_bad_counts_and_builds_seed_fleet(capsys: pytest.CaptureFixture[str]) -> None:
-    from collectors.ipmi.bmcsim.__main__ import fleet_specs, main
+    from opsloop.collectors.ipmi.bmcsim.__main__ import fleet_specs, main
 
     with pytest.raises(SystemExit) as e:
         main(["--count", "2", "--dead", "3", "--inventory", "/dev/null"])

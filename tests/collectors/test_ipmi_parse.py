@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.ipmi.parse import (ParseError, classify_failure, parse_dcmi_power, parse_sdr_csv, pick_total,
+from opsloop.collectors.ipmi.parse import (ParseError, classify_failure, parse_dcmi_power, parse_sdr_csv, pick_total,
                                    power_sensors)
 from opsloop.collect.types import ERROR_KINDS
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.iptables import Config, build
-from collectors.iptables.neutron_layout import LayoutPort, filter_table
+from opsloop.collectors.iptables import Config, build
+from opsloop.collectors.iptables.neutron_layout import LayoutPort, filter_table
 from opsloop.collect.types import Round
 
 pytestmark = pytest.mark.integration
@@ -214,7 +214,7 @@ def test_permission_denied_from_iptables_save_is_an_error_not_all_fine(hyperviso
 def test_without_capabilities_collect_raises_unavailable(hypervisors):
     hv = hypervisors("hv1")
     script = textwrap.dedent(f"""
-        from collectors.iptables import Config, build
+        from opsloop.collectors.iptables import Config, build
         from opsloop.collect.types import CollectorUnavailable
         try:
             build(Config.model_validate({{"targets": [{hv.target()!r}]}})).collect()
@@ -281,8 +281,8 @@ def test_a_port_open_over_ipv6_only_is_unprotected(hypervisors):
 
 def test_recorded_ip6tables_nft_save_is_read_as_protected():
     """Output recorded from the real ip6tables-nft-save 1.8.9 after restoring the IPv6 layout."""
-    from collectors.iptables.analyze import analyze_port
-    from collectors.iptables.parse import parse_ruleset
+    from opsloop.collectors.iptables.analyze import analyze_port
+    from opsloop.collectors.iptables.parse import parse_ruleset
 
     text = (REPO / "collectors/iptables/testdata/neutron-1port.ip6tables-nft-save.txt").read_text()
     status = analyze_port(parse_ruleset(text), PREFIX, "aaaaaaaa-1111-4222-8333-444455556666", "tapaaaaaaaa-11")

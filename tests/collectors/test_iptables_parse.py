@@ -10,13 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from collectors.iptables import Config
-from collectors.iptables.analyze import analyze_port
-from collectors.iptables.fingerprint import fingerprint
-from collectors.iptables.neutron_layout import LayoutPort, filter_table
-from collectors.iptables.parse import RulesetParseError, parse_ruleset
-from collectors.iptables.ports import PortsError, parse_ports
-from collectors.iptables.versions import parse_versions
+from opsloop.collectors.iptables import Config
+from opsloop.collectors.iptables.analyze import analyze_port
+from opsloop.collectors.iptables.fingerprint import fingerprint
+from opsloop.collectors.iptables.neutron_layout import LayoutPort, filter_table
+from opsloop.collectors.iptables.parse import RulesetParseError, parse_ruleset
+from opsloop.collectors.iptables.ports import PortsError, parse_ports
+from opsloop.collectors.iptables.versions import parse_versions
 
 TESTDATA = Path(__file__).resolve().parents[2] / "collectors" / "iptables" / "testdata"
 NFT_SAVE = (TESTDATA / "neutron-2ports.nft-save.txt").read_text()

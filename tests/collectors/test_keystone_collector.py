@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collectors.keystone import Config, build
-from collectors.keystone.testserver import free_port
+from opsloop.collectors.keystone import Config, build
+from opsloop.collectors.keystone.testserver import free_port
 from opsloop.collect.types import CollectorUnavailable
 
 TESTDATA = Path(__file__).resolve().parents[2] / "collectors" / "keystone" / "testdata"

@@ -8,8 +8,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from collectors.keystone import Config, build
-from collectors.keystone.credentials import CredentialsError, load
+from opsloop.collectors.keystone import Config, build
+from opsloop.collectors.keystone.credentials import CredentialsError, load
 from opsloop.collect.types import Collector
 
 SAMPLE = Path(__file__).resolve().parents[2] / "collectors" / "keystone" / "sample.yaml"

@@ -8,8 +8,8 @@ import pytest
 import requests
 import yaml
 
-from collectors.keystone import Config, build
-from collectors.keystone.testserver import KeystoneAdmin, provision_probe_user, s3_load, write_credentials_file
+from opsloop.collectors.keystone import Config, build
+from opsloop.collectors.keystone.testserver import KeystoneAdmin, provision_probe_user, s3_load, write_credentials_file
 from tests.collectors.keystone_lab import keystone_lab  # noqa: F401  (session fixture)
 from tests.helpers import wait_until
 

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.keystone import nginx_log, sigv4, uwsgi_log, uwsgi_stats
-from collectors.keystone.latency import percentile, summarize
+from opsloop.collectors.keystone import nginx_log, sigv4, uwsgi_log, uwsgi_stats
+from opsloop.collectors.keystone.latency import percentile, summarize
 
 TESTDATA = Path(__file__).resolve().parents[2] / "collectors" / "keystone" / "testdata"
 FUZZ = settings(max_examples=300, deadline=None)

@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.keystone.tail import MAX_LINE_BYTES, LogTail
+from opsloop.collectors.keystone.tail import MAX_LINE_BYTES, LogTail
 
 
 def append(path: Path, text: str) -> None:

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from collectors.lvs import Config, build
-from collectors.lvs.collector import LvsCollector
-from collectors.lvs.parse import (LvsParseError, RealKey, ServiceKey, parse_ipvsadm, parse_ipvsadm_list,
+from opsloop.collectors.lvs import Config, build
+from opsloop.collectors.lvs.collector import LvsCollector
+from opsloop.collectors.lvs.parse import (LvsParseError, RealKey, ServiceKey, parse_ipvsadm, parse_ipvsadm_list,
                                   parse_proc_ip_vs, parse_proc_ip_vs_stats)
-from collectors.lvs.rates import RateTracker, counter_increase
+from opsloop.collectors.lvs.rates import RateTracker, counter_increase
 from opsloop.collect.types import CollectorUnavailable
 
 TESTDATA = Path(__file__).resolve().parents[2] / "collectors" / "lvs" / "testdata"

@@ -12,9 +12,9 @@ import yaml
 from opsloop.collect.types import CollectorUnavailable, Round
 from opsloop.wire import Topic
 
-from collectors.netperf import Config, build
-from collectors.netperf.cli import main
-from collectors.netperf.collector import SET_METRIC, TARGET_METRIC
+from opsloop.collectors.netperf import Config, build
+from opsloop.collectors.netperf.cli import main
+from opsloop.collectors.netperf.collector import SET_METRIC, TARGET_METRIC
 from tests.collectors.netperf_lab import Server, free_port, iperf3_server, netserver, processes_with, wait_for
 
 pytestmark = pytest.mark.integration

@@ -11,12 +11,12 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from collectors.netperf import Config, build
-from collectors.netperf.cli import main
-from collectors.netperf.config import TargetSet, parse_target
-from collectors.netperf.drivers import Iperf3Driver, NetperfDriver
-from collectors.netperf.schedule import JitterSchedule, RoundGuard
-from collectors.netperf.stats import summarize
+from opsloop.collectors.netperf import Config, build
+from opsloop.collectors.netperf.cli import main
+from opsloop.collectors.netperf.config import TargetSet, parse_target
+from opsloop.collectors.netperf.drivers import Iperf3Driver, NetperfDriver
+from opsloop.collectors.netperf.schedule import JitterSchedule, RoundGuard
+from opsloop.collectors.netperf.stats import summarize
 
 SAMPLE = Path(__file__).resolve().parents[2] / "collectors" / "netperf" / "sample.yaml"
 

@@ -13,8 +13,8 @@ from typing import Iterator
 
 import pytest
 
-from collectors.netperf import Config, build
-from collectors.netperf.collector import SET_METRIC, TARGET_METRIC
+from opsloop.collectors.netperf import Config, build
+from opsloop.collectors.netperf.collector import SET_METRIC, TARGET_METRIC
 from tests.collectors.netperf_lab import GOODPUT_FACTOR, NetnsLab, Server, iperf3_server, netserver
 
 pytestmark = pytest.mark.integration

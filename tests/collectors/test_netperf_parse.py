@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.netperf.parse import (ParseError, ToolReportedError, parse_iperf3, parse_netperf,
+from opsloop.collectors.netperf.parse import (ParseError, ToolReportedError, parse_iperf3, parse_netperf,
                                       parse_omni_csv, parse_omni_keyval)
-from collectors.netperf.units import UnitError, bits_per_second_factor, to_bits_per_second, to_gbps
+from opsloop.collectors.netperf.units import UnitError, bits_per_second_factor, to_bits_per_second, to_gbps
 
 TESTDATA = Path(__file__).resolve().parents[2] / "collectors" / "netperf" / "testdata"
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from collectors.netperf.runner import Runner, ToolMissing
+from opsloop.collectors.netperf.runner import Runner, ToolMissing
 from tests.collectors.netperf_lab import processes_with
 
 

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from collectors.iptables.neutron_layout import LayoutPort, filter_table
+from opsloop.collectors.iptables.neutron_layout import LayoutPort, filter_table
 from opsloop.haproxy_api import HaproxyAPI
 from opsloop.wire import Topic, parse_record
 from tests.helpers import read_topic, wait_until

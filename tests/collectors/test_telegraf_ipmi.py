@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from collectors.ipmi.bmcsim import BMCFleet, BMCSpec
+from opsloop.collectors.ipmi.bmcsim import BMCFleet, BMCSpec
 from opsloop.wire import Metric, Topic
 from tests.collectors.telegraf_lab import IPMITOOL_WRAPPER, ensure_telegraf, parse_all, run_telegraf, sample_config
 from tests.helpers import read_topic, unique, wait_until

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from opsloop.audit import AuditLog, AuditRecord
 
-from controllers.actuators.applier import EdgeActuator
-from controllers.actuators.config import HaproxyTargetConfig
-from controllers.actuators.haproxy import HaproxyTarget
-from controllers.actuators.store import WeightStore
-from controllers.edge.model import EdgeWeights
+from opsloop.controllers.actuators.applier import EdgeActuator
+from opsloop.controllers.actuators.config import HaproxyTargetConfig
+from opsloop.controllers.actuators.haproxy import HaproxyTarget
+from opsloop.controllers.actuators.store import WeightStore
+from opsloop.controllers.edge.model import EdgeWeights
 
 
 class ListSink:

@@ -13,13 +13,13 @@ from hypothesis import given, settings, strategies as st
 from opsloop.audit import AuditLog
 from opsloop.findings import Finding
 
-from controllers.actuators import metrics
-from controllers.actuators.applier import EdgeActuator
-from controllers.actuators.base import ActuatorError
-from controllers.actuators.config import ActuatorConfig
-from controllers.actuators.mapping import to_shares
-from controllers.actuators.service import ActuatorService
-from controllers.actuators.store import WeightStore
+from opsloop.controllers.actuators import metrics
+from opsloop.controllers.actuators.applier import EdgeActuator
+from opsloop.controllers.actuators.base import ActuatorError
+from opsloop.controllers.actuators.config import ActuatorConfig
+from opsloop.controllers.actuators.mapping import to_shares
+from opsloop.controllers.actuators.service import ActuatorService
+from opsloop.controllers.actuators.store import WeightStore
 from tests.controllers.actuator_support import ListSink, decision
 from tests.helpers import unique
 

@@ -13,13 +13,13 @@ from hypothesis import given, settings, strategies as st
 from opsloop.audit import AuditLog
 from opsloop.config import Settings
 
-from collectors.lvs.parse import LvsParseError, parse_proc_ip_vs
-from controllers.actuators import metrics
-from controllers.actuators.applier import EdgeActuator
-from controllers.actuators.base import ActuatorError
-from controllers.actuators.config import ActuatorConfigError, LvsTargetConfig, actuator_config
-from controllers.actuators.lvs import LvsTarget, parse_ipvsadm_list
-from controllers.actuators.store import WeightStore
+from opsloop.collectors.lvs.parse import LvsParseError, parse_proc_ip_vs
+from opsloop.controllers.actuators import metrics
+from opsloop.controllers.actuators.applier import EdgeActuator
+from opsloop.controllers.actuators.base import ActuatorError
+from opsloop.controllers.actuators.config import ActuatorConfigError, LvsTargetConfig, actuator_config
+from opsloop.controllers.actuators.lvs import LvsTarget, parse_ipvsadm_list
+from opsloop.controllers.actuators.store import WeightStore
 from tests.controllers.actuator_support import ListSink, decision
 from tests.controllers.fake_ipvsadm import listing
 from tests.helpers import unique

@@ -7,8 +7,8 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from controllers.actuators.mapping import MappingError, to_integer_weights, to_shares
-from controllers.actuators.safety import bound_step, share_difference
+from opsloop.controllers.actuators.mapping import MappingError, to_integer_weights, to_shares
+from opsloop.controllers.actuators.safety import bound_step, share_difference
 
 ORIGINS = ["a", "b", "c", "d", "e"]
 

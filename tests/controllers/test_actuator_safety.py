@@ -13,12 +13,12 @@ from prometheus_client import REGISTRY
 from opsloop.audit import AuditLog
 from opsloop.findings import Finding
 
-from controllers.actuators import metrics
-from controllers.actuators.applier import EdgeActuator
-from controllers.actuators.config import ActuatorConfig
-from controllers.actuators.service import ActuatorService
-from controllers.actuators.store import Entry, WeightStore
-from controllers.edge.model import EdgeWeights
+from opsloop.controllers.actuators import metrics
+from opsloop.controllers.actuators.applier import EdgeActuator
+from opsloop.controllers.actuators.config import ActuatorConfig
+from opsloop.controllers.actuators.service import ActuatorService
+from opsloop.controllers.actuators.store import Entry, WeightStore
+from opsloop.controllers.edge.model import EdgeWeights
 from tests.controllers.actuator_support import ListSink
 from tests.controllers.test_actuator_applier import ORIGINS, MemoryTarget
 from tests.helpers import unique

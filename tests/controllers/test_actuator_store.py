@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from controllers.actuators.store import Entry, StoreError, WeightStore
+from opsloop.controllers.actuators.store import Entry, StoreError, WeightStore
 
 
 def entry(v: int, action: str = "apply") -> Entry:

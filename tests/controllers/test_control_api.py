@@ -9,9 +9,9 @@ import pytest
 import requests
 from hypothesis import given, settings, strategies as st
 
-from controllers.edge.api import EdgeApi, openapi_spec
-from controllers.edge.service.config import TopologySpec
-from controllers.edge.service.store import TopologyStore
+from opsloop.controllers.edge.api import EdgeApi, openapi_spec
+from opsloop.controllers.edge.service.config import TopologySpec
+from opsloop.controllers.edge.service.store import TopologyStore
 from opsloop.audit import AuditLog
 
 TOKEN = secrets.token_hex(20)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from controllers.edge.service import main
-from controllers.edge.service.api_token import create_token_file
-from controllers.edge.service.config import (ConfigError, EdgeServiceSettings, load_topology, read_token,
+from opsloop.controllers.edge.service import main
+from opsloop.controllers.edge.service.api_token import create_token_file
+from opsloop.controllers.edge.service.config import (ConfigError, EdgeServiceSettings, load_topology, read_token,
                                              ApiSettings)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "controllers" / "edge" / "topology.yaml"

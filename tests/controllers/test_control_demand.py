@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from opsloop.wire import metric
-from streams.edge.demand import DemandAggregator, EdgeDemand, server_up
+from opsloop.streams.edge.demand import DemandAggregator, EdgeDemand, server_up
 
 T0 = 1_795_000_000.0
 
@@ -83,7 +83,7 @@ def test_collector_rows_of_real_show_stat_output() -> None:
     """Rows as the haproxy collector emits them from HAProxy 2.6 ``show stat`` (testdata)."""
     from pathlib import Path
 
-    from collectors.haproxy.collector import row_to_metric
+    from opsloop.collectors.haproxy.collector import row_to_metric
     from opsloop.haproxy_api import parse_show_stat
 
     text = (Path(__file__).resolve().parents[2] / "collectors/haproxy/testdata/show_stat_haproxy26.csv").read_text()
@@ -123,8 +123,8 @@ def test_demand_equals_sum_of_server_rates(counts, dt) -> None:
 
 def test_sharing_the_workers_rates_gives_the_same_records_as_standalone() -> None:
     """The worker's ``lb`` agent runs lb-rates then edge-demand on one decoded batch (FanOut)."""
-    from streams.lb.rates import LbRates
-    from streams.runtime.batch import FanOut
+    from opsloop.streams.lb.rates import LbRates
+    from opsloop.streams.runtime.batch import FanOut
 
     rates = LbRates()
     shared = DemandAggregator(rates=rates)
@@ -142,7 +142,7 @@ def test_sharing_the_workers_rates_gives_the_same_records_as_standalone() -> Non
 
 
 def test_a_silent_server_leaves_the_demand_after_the_ttl() -> None:
-    from streams.lb.rates import LbRates
+    from opsloop.streams.lb.rates import LbRates
 
     rates = LbRates(ttl_s=10)
     agg = DemandAggregator(rates=rates)

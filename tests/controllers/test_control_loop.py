@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from prometheus_client import REGISTRY
 
-from controllers.edge.controller import ControllerSettings
-from controllers.edge.model import EdgeWeights, Mode
-from controllers.edge.service.config import TopologySpec
-from controllers.edge.service.inputs import DemandBook
-from controllers.edge.service.loop import ControlLoop
-from controllers.edge.service.store import TopologyStore
+from opsloop.controllers.edge.controller import ControllerSettings
+from opsloop.controllers.edge.model import EdgeWeights, Mode
+from opsloop.controllers.edge.service.config import TopologySpec
+from opsloop.controllers.edge.service.inputs import DemandBook
+from opsloop.controllers.edge.service.loop import ControlLoop
+from opsloop.controllers.edge.service.store import TopologyStore
 from opsloop.audit import AuditLog
-from streams.edge.demand import EdgeDemand, OriginState
+from opsloop.streams.edge.demand import EdgeDemand, OriginState
 
 T0 = 1_795_000_000.0
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from controllers.edge.service.config import TopologySpec
-from controllers.edge.service.overrides import OverridesError, load_overrides
-from controllers.edge.service.store import TopologyStore
+from opsloop.controllers.edge.service.config import TopologySpec
+from opsloop.controllers.edge.service.overrides import OverridesError, load_overrides
+from opsloop.controllers.edge.service.store import TopologyStore
 from opsloop.audit import AuditLog
 
 

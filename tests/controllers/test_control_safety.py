@@ -17,12 +17,12 @@ from typing import Iterator
 import pytest
 import requests
 
-from controllers.edge.api import EdgeApi
-from controllers.edge.model import EdgeWeights
-from controllers.edge.service.api_token import create_token_file
-from controllers.edge.service.config import ApiSettings, ConfigError, TopologySpec, read_token
-from controllers.edge.service.overrides import OverridesError
-from controllers.edge.service.store import TopologyStore
+from opsloop.controllers.edge.api import EdgeApi
+from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.controllers.edge.service.api_token import create_token_file
+from opsloop.controllers.edge.service.config import ApiSettings, ConfigError, TopologySpec, read_token
+from opsloop.controllers.edge.service.overrides import OverridesError
+from opsloop.controllers.edge.service.store import TopologyStore
 from opsloop.audit import AuditLog
 from tests.controllers.test_control_loop import T0, Harness
 from tests.helpers import wait_until
@@ -233,8 +233,8 @@ def test_token_file_is_private_from_creation_and_an_open_one_is_refused(tmp_path
 def test_a_demand_record_from_the_future_cannot_pin_the_book() -> None:
     from prometheus_client import REGISTRY
 
-    from controllers.edge.service.inputs import DemandBook
-    from streams.edge.demand import EdgeDemand
+    from opsloop.controllers.edge.service.inputs import DemandBook
+    from opsloop.streams.edge.demand import EdgeDemand
 
     clock = [T0]
     book = DemandBook(max_clock_skew_s=5.0, ttl_s=600.0, clock=lambda: clock[0])

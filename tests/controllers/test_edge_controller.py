@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from controllers.edge.controller import (ControllerSettings, EdgeController, Observation,
+from opsloop.controllers.edge.controller import (ControllerSettings, EdgeController, Observation,
                                          FixedStepController, UndampedController, enforce_safety,
                                          usable_mask)
-from controllers.edge.model import Mode
+from opsloop.controllers.edge.model import Mode
 from tests.controllers.test_edge_strategies import problems
 
 INF = math.inf
@@ -189,7 +189,7 @@ def test_bad_observations_and_settings_are_named():
 
 
 def test_shortfall_and_hold_raise_findings():
-    from controllers.edge.findings import HOLD_DETECTOR, SHED_DETECTOR, decision_findings
+    from opsloop.controllers.edge.findings import HOLD_DETECTOR, SHED_DETECTOR, decision_findings
     from opsloop.findings import Finding, Severity
 
     ctrl = EdgeController(2, 2, initial=[[1.0, 0.0], [0.0, 1.0]])
@@ -289,12 +289,12 @@ def test_a_rebound_seen_in_origin_response_time_is_planned_for():
 
 def test_live_loop_gets_hold_down_and_headroom_from_the_service_settings():
     """controllers.edge.controller settings pass through the service config to the running loop."""
-    from controllers.edge.service.config import EdgeServiceSettings
-    from controllers.edge.service.inputs import DemandBook
-    from controllers.edge.service.loop import ControlLoop
-    from controllers.edge.service.store import TopologyStore
+    from opsloop.controllers.edge.service.config import EdgeServiceSettings
+    from opsloop.controllers.edge.service.inputs import DemandBook
+    from opsloop.controllers.edge.service.loop import ControlLoop
+    from opsloop.controllers.edge.service.store import TopologyStore
     from opsloop.audit import AuditLog
-    from streams.edge.demand import EdgeDemand, OriginState
+    from opsloop.streams.edge.demand import EdgeDemand, OriginState
 
     cfg = EdgeServiceSettings.model_validate({
         "interval_s": 1.0, "overrides_file": None,

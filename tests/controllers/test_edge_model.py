@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from controllers.edge.model import EdgeWeights, Listener, Mode, Topology
+from opsloop.controllers.edge.model import EdgeWeights, Listener, Mode, Topology
 
 
 def _record(**overrides):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 
-from controllers.edge.scheduler import MIN_RATE, SchedulerError, greedy, solve
+from opsloop.controllers.edge.scheduler import MIN_RATE, SchedulerError, greedy, solve
 from tests.controllers.test_edge_strategies import problems
 
 INF = math.inf

@@ -12,8 +12,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controllers.edge.sim import ScenarioError, load_scenario, run_scenario, simulate
-from controllers.edge.sim_cli import main
+from opsloop.controllers.edge.sim import ScenarioError, load_scenario, run_scenario, simulate
+from opsloop.controllers.edge.sim_cli import main
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "controllers" / "edge" / "scenarios"
 SHIPPED = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
@@ -264,7 +264,7 @@ def _random_scenarios(draw):
 @settings(max_examples=15, deadline=None)
 @given(_random_scenarios())
 def test_random_scenarios_keep_the_safety_rules_in_closed_loop(doc):
-    from controllers.edge.sim import Scenario
+    from opsloop.controllers.edge.sim import Scenario
     scn = Scenario.model_validate(doc)
     for kind in scn.controllers:
         run = simulate(scn, kind)

@@ -10,7 +10,7 @@ import pytest
 
 from opsloop.haproxy_api import HaproxyAPI
 
-from controllers.actuators.mapping import to_integer_weights
+from opsloop.controllers.actuators.mapping import to_integer_weights
 from tests.controllers.actuator_support import decision, haproxy_actuator, stop_haproxy
 from tests.helpers import run_cli, unique, write_config
 

@@ -8,7 +8,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ("opsloop", "collectors", "streams", "controllers", "bench")
+PACKAGES = ("opsloop", "opsloop.collectors", "opsloop.streams", "opsloop.controllers", "bench")
 
 
 def all_modules() -> list[str]:

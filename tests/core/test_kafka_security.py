@@ -125,7 +125,7 @@ def test_preflight_or_exit_logs_one_line_and_exits_2(broker: SecureBroker) -> No
 def test_topic_prefix_names_topics_groups_and_the_faust_app(tmp_path: Path) -> None:
     from opsloop.config import Settings
     from opsloop.wire import Topic
-    from streams.runtime.app import create_app, raw_topic
+    from opsloop.streams.runtime.app import create_app, raw_topic
 
     k = KafkaSettings(topic_prefix="staging.")
     assert k.topic(Topic.FINDINGS) == "staging.findings" and k.group("opsloop-paging") == "staging.opsloop-paging"

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.ipmi.bmcsim import BMCFleet, BMCSpec
+from opsloop.collectors.ipmi.bmcsim import BMCFleet, BMCSpec
 from opsloop.pipeline import LAB_ANOMALY
 from opsloop.stack import Stack, free_port
 from tests.alerts.conftest import am_url, ensure_topics, start_actuator, start_alertmanager, webhook_receiver

@@ -26,8 +26,8 @@ import pytest
 import requests
 from kafka import KafkaConsumer, TopicPartition
 
-from controllers.edge.model import EdgeWeights
-from controllers.edge.service.api_token import create_token_file
+from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.controllers.edge.service.api_token import create_token_file
 from opsloop.haproxy_api import HaproxyAPI, parse_show_stat
 from opsloop.lab.traffic import TrafficGenerator
 from opsloop.stack import ManagedProcess, free_port
@@ -91,7 +91,7 @@ class EdgeControl:
 
     def start(self) -> "EdgeControl":
         self.proc = ManagedProcess(
-            name="edge-control", argv=[sys.executable, "-m", "controllers.edge.service", "run", "--config",
+            name="edge-control", argv=[sys.executable, "-m", "opsloop.controllers.edge.service", "run", "--config",
                                        str(self.config)],
             workdir=self.workdir, env={"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
             ready=self._ready, ready_timeout_s=90)

@@ -28,7 +28,7 @@ import requests
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
-from controllers.edge.service.inputs import DemandBook, DemandConsumer
+from opsloop.controllers.edge.service.inputs import DemandBook, DemandConsumer
 from opsloop.collect.publisher import Publisher
 from opsloop.config import KafkaSettings
 from opsloop.kafka_clients import client_options
@@ -260,7 +260,7 @@ def test_bad_credentials_stop_a_service_at_once_with_one_clear_line(broker: Secu
 def test_the_closed_loop_runs_over_sasl_ssl(broker: SecureBroker, lab_edge, tmp_path: Path) -> None:
     """Every service of the edge loop as a process, every one through the SASL_SSL listener under one prefix:
     collector -> stream worker -> edge control service -> edge.weights -> weight actuator -> HAProxy."""
-    from controllers.edge.service.api_token import create_token_file
+    from opsloop.controllers.edge.service.api_token import create_token_file
     from opsloop.haproxy_api import HaproxyAPI
 
     lab_edge.start(capacities={"near": 1000.0})
@@ -297,7 +297,7 @@ def test_the_closed_loop_runs_over_sasl_ssl(broker: SecureBroker, lab_edge, tmp_
                         ready=lambda: metrics_up(wport)),
         opsloop_process("collector-haproxy", ["collect", "haproxy", "--config", str(config)], tmp_path / "collector",
                         ready=lambda: metrics_up(cport)),
-        ManagedProcess(name="edge-control", argv=[sys.executable, "-m", "controllers.edge.service", "run", "--config",
+        ManagedProcess(name="edge-control", argv=[sys.executable, "-m", "opsloop.controllers.edge.service", "run", "--config",
                                                   str(config)], workdir=tmp_path / "edge-control",
                        env={"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
                        ready=lambda: requests.get(f"http://127.0.0.1:{api_port}/openapi.json", timeout=1).ok,

@@ -218,7 +218,7 @@ def test_findings_topic_garbage_is_deadlettered_and_paging_goes_on(stack, tmp_pa
 
 def fuzzed_findings(valid: bytes, rng: random.Random, n: int) -> list[bytes]:
     """Damaged copies of a valid finding that do not decode as a finding."""
-    from controllers.paging.service import decode_finding
+    from opsloop.controllers.paging.service import decode_finding
 
     out: list[bytes] = []
     while len(out) < n:

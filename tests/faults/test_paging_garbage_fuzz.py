@@ -12,9 +12,9 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controllers.paging import metrics
-from controllers.paging.config import PagingConfig
-from controllers.paging.service import PagingService, decode_finding
+from opsloop.controllers.paging import metrics
+from opsloop.controllers.paging.config import PagingConfig
+from opsloop.controllers.paging.service import PagingService, decode_finding
 from opsloop.findings import Finding, Severity
 from opsloop.wire import Topic
 

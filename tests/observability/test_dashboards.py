@@ -225,7 +225,7 @@ def test_control_loop_panels_show_decided_applied_and_observed_shares(stack, lab
     """The closed edge loop, live (lab edge with traffic -> collector -> worker -> edge control service ->
     `opsloop weights run` -> HAProxy), scraped by Prometheus: every control-loop panel fills, and the
     decided, applied and observed shares of the "Share per origin" panel agree once the loop has settled."""
-    from controllers.edge.service.api_token import create_token_file
+    from opsloop.controllers.edge.service.api_token import create_token_file
     from opsloop.stack import free_port
     from tests.e2e.test_edge_loop import EdgeControl
     from tests.helpers import metrics_up, opsloop_process, write_config
@@ -300,7 +300,7 @@ def test_anomaly_band_panel_draws_the_band_around_the_observed_value(stack, tmp_
 
     import yaml
 
-    from collectors.ipmi.bmcsim import BMCFleet, BMCSpec
+    from opsloop.collectors.ipmi.bmcsim import BMCFleet, BMCSpec
     from opsloop.pipeline import LAB_ANOMALY
     from opsloop.stack import free_port
     from tests.helpers import write_config

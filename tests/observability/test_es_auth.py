@@ -183,7 +183,7 @@ def test_settings_refuse_credentials_in_urls_loose_files_and_two_auths(tmp_path:
                       discover=False)
     assert "controllers.paging.alertmanager_urls" in str(e.value) and "ftp://***@am:9093" in str(e.value)
     assert secret not in str(e.value), str(e.value)
-    from controllers.paging.config import PagingConfigError, paging_config
+    from opsloop.controllers.paging.config import PagingConfigError, paging_config
 
     with pytest.raises(PagingConfigError) as e:   # `opsloop page run --alertmanager URL` checks it this way
         paging_config(load_settings(discover=False), {"alertmanager_urls": [f"ftp://pager:{secret}@am:9093"]})
@@ -200,7 +200,7 @@ def test_settings_refuse_credentials_in_urls_loose_files_and_two_auths(tmp_path:
 def test_user_and_password_in_any_logged_url_are_masked(tmp_path: Path) -> None:
     """Alertmanager and Elasticsearch URLs with user:password@ in a log line (the paging actuator logged
     its Alertmanager URLs at start and in connection errors) come out masked, whoever logs them."""
-    from controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError
+    from opsloop.controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError
 
     url = f"http://pager:hunter2-s3cret@127.0.0.1:{free_port()}"
     out = io.StringIO()

@@ -119,7 +119,7 @@ for collector in list(REGISTRY._collector_to_names):
                 getattr(child, op)({"info": {"k": "v"}}.get(op, 1) if op != "state" else child._states[0])
                 break
 from opsloop.findings import Finding
-from streams.agents.findings_sink import ACTIVE   # the custom collector: one open finding
+from opsloop.streams.agents.findings_sink import ACTIVE   # the custom collector: one open finding
 ACTIVE.update(Finding(detector="x.y", what="w", where={"host": "h"}, first_seen=0.0, last_seen=0.0))
 sys.stdout.write(generate_latest(REGISTRY).decode())
 """
@@ -219,7 +219,7 @@ def test_promtool_check_metrics_passes_on_every_service_of_the_pipeline(stack, l
     """The live loop (lab edge with traffic -> haproxy collector -> worker -> edge control -> actuator ->
     HAProxy), the paging service, and the worker fed power/netperf/Keystone samples: each service's
     /metrics, once its own families carry samples, passes `promtool check metrics` and the naming check."""
-    from controllers.edge.service.api_token import create_token_file
+    from opsloop.controllers.edge.service.api_token import create_token_file
     from opsloop.lab.traffic import TrafficGenerator
     from opsloop.stack import free_port
     from opsloop.wire import Topic, encode_batch, metric

@@ -11,13 +11,13 @@ from prometheus_client import REGISTRY
 from opsloop.config import Settings
 from opsloop.findings import Severity
 from opsloop.wire import Metric, metric
-from streams.agents.anomaly import AnomalyHandler
-from streams.agents.base import DetectorHandler
-from streams.agents.firewall import FirewallHandler
-from streams.agents.keystone import KeystoneHandler
-from streams.agents.netperf import NetperfHandler
-from streams.agents.power import PowerHandler
-from streams.agents.settings import (AnomalySettings, DetectorsSettings, KeystoneSettings, PowerSettings,
+from opsloop.streams.agents.anomaly import AnomalyHandler
+from opsloop.streams.agents.base import DetectorHandler
+from opsloop.streams.agents.firewall import FirewallHandler
+from opsloop.streams.agents.keystone import KeystoneHandler
+from opsloop.streams.agents.netperf import NetperfHandler
+from opsloop.streams.agents.power import PowerHandler
+from opsloop.streams.agents.settings import (AnomalySettings, DetectorsSettings, KeystoneSettings, PowerSettings,
                                      detectors_settings)
 
 T0 = 1_790_000_000.0

@@ -1,7 +1,7 @@
 """Stream-stage hardening: samples from the future, one dead letter per bad record, bounded handler
 state, the power detector's work per batch, and unambiguous finding ids and series keys.
 
-Each test drives the real decode path (``streams.runtime.batch``) or the real handlers; nothing is
+Each test drives the real decode path (``opsloop.streams.runtime.batch``) or the real handlers; nothing is
 timed (the power test counts comparisons, not seconds).
 """
 
@@ -16,17 +16,17 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from controllers.edge.service.inputs import DemandBook
+from opsloop.controllers.edge.service.inputs import DemandBook
 from opsloop.findings import Finding
 from opsloop.wire import DEADLETTER_VALUE_LIMIT, Metric, encode_batch, label_string, metric
-from streams.agents.firewall import FirewallHandler
-from streams.agents.keystone import KeystoneHandler
-from streams.agents.netperf import NetperfHandler
-from streams.agents.power import PowerHandler
-from streams.detectors.findingbook import where_key
-from streams.edge.demand import DemandAggregator, EdgeDemand
-from streams.lb.rates import LbRates
-from streams.runtime.batch import DeadLetter, decode_messages, process_batch
+from opsloop.streams.agents.firewall import FirewallHandler
+from opsloop.streams.agents.keystone import KeystoneHandler
+from opsloop.streams.agents.netperf import NetperfHandler
+from opsloop.streams.agents.power import PowerHandler
+from opsloop.streams.detectors.findingbook import where_key
+from opsloop.streams.edge.demand import DemandAggregator, EdgeDemand
+from opsloop.streams.lb.rates import LbRates
+from opsloop.streams.runtime.batch import DeadLetter, decode_messages, process_batch
 from tests.streams.test_agents_runtime import Msg
 
 

@@ -14,7 +14,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from opsloop.findings import Finding
 from opsloop.wire import Topic, encode_batch, metric
-from streams.agents.stateful import STATE_TABLE
+from opsloop.streams.agents.stateful import STATE_TABLE
 from tests.e2e.pipeline import pipeline_config, start_worker
 from tests.helpers import read_topic, scrape_metric, unique, wait_until, write_config
 

@@ -4,8 +4,8 @@ while the series is out of its band, and clears when it is back."""
 from __future__ import annotations
 
 from opsloop.wire import metric
-from streams.agents.anomaly import AnomalyHandler
-from streams.agents.settings import AnomalySettings
+from opsloop.streams.agents.anomaly import AnomalyHandler
+from opsloop.streams.agents.settings import AnomalySettings
 
 T0 = 1_790_000_000.0
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
 
-from streams.detectors import scenarios
-from streams.detectors.anomaly import DetectorConfig, StreamingDetector, score_series
-from streams.detectors.evaluate_windows import window_score
-from streams.detectors.evaluation import evaluate
+from opsloop.streams.detectors import scenarios
+from opsloop.streams.detectors.anomaly import DetectorConfig, StreamingDetector, score_series
+from opsloop.streams.detectors.evaluate_windows import window_score
+from opsloop.streams.detectors.evaluation import evaluate
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)

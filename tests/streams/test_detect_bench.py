@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench import bench_detect
-from streams.detectors.evaluate_corpora import SKAB_ENV
+from opsloop.streams.detectors.evaluate_corpora import SKAB_ENV
 
 
 def test_window_scores_beat_the_same_run_baselines(monkeypatch) -> None:

@@ -11,13 +11,13 @@ from hypothesis import given, settings, strategies as st
 
 from opsloop.findings import Finding, Severity
 from opsloop.wire import metric
-from streams.detectors.firewall import (FINGERPRINT_DRIFT, PACKAGE_DRIFT, UNPROTECTED, FirewallDetector,
+from opsloop.streams.detectors.firewall import (FINGERPRINT_DRIFT, PACKAGE_DRIFT, UNPROTECTED, FirewallDetector,
                                         report_from_metrics)
-from streams.detectors.keystone import (HEAVY, REGIME, SMALL_P95, HeavyHitterDetector, LatencyRegimeDetector,
+from opsloop.streams.detectors.keystone import (HEAVY, REGIME, SMALL_P95, HeavyHitterDetector, LatencyRegimeDetector,
                                         SmallRequestP95Detector)
-from streams.detectors.netperf import DROP, NO_SCALING, NetperfDetector
-from streams.detectors.power import PowerDetector, ServerSpec, cost_per_usable_tb_year, protection_efficiency
-from streams.detectors.sketches import LogHistogram, SpaceSaving
+from opsloop.streams.detectors.netperf import DROP, NO_SCALING, NetperfDetector
+from opsloop.streams.detectors.power import PowerDetector, ServerSpec, cost_per_usable_tb_year, protection_efficiency
+from opsloop.streams.detectors.sketches import LogHistogram, SpaceSaving
 
 T0 = 1_700_000_000.0
 

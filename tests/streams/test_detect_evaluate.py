@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.detectors.cli import main as detect_main
-from streams.detectors.evaluate_windows import (PROFILES, scaled_sigmoid, window_score, windows_around_events,
+from opsloop.streams.detectors.cli import main as detect_main
+from opsloop.streams.detectors.evaluate_windows import (PROFILES, scaled_sigmoid, window_score, windows_around_events,
                                                 windows_from_labels)
 
 N = 1000

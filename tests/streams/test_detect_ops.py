@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from streams.detectors.anomaly import NEW_IN_V3, DetectorConfig, StreamingDetector, score_series
-from streams.detectors.ops_corpus import KINDS, NORMAL, REPORT_SEEDS, TUNE_SEEDS, ops_corpus
+from opsloop.streams.detectors.anomaly import NEW_IN_V3, DetectorConfig, StreamingDetector, score_series
+from opsloop.streams.detectors.ops_corpus import KINDS, NORMAL, REPORT_SEEDS, TUNE_SEEDS, ops_corpus
 
 T0 = 1_704_067_200.0
 

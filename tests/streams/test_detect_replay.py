@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from streams.detectors.anomaly import score_series
-from streams.detectors.replay_cli import ReplayError, main, parse_timestamp, parse_value, replay
+from opsloop.streams.detectors.anomaly import score_series
+from opsloop.streams.detectors.replay_cli import ReplayError, main, parse_timestamp, parse_value, replay
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
@@ -20,7 +20,7 @@ SCENARIO = REPO / "tests" / "streams" / "scenarios" / "keystone_latency.csv"
 
 
 def _run(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "streams.detectors.replay_cli", *args], input=stdin,
+    return subprocess.run([PYTHON, "-m", "opsloop.streams.detectors.replay_cli", *args], input=stdin,
                           capture_output=True, text=True, cwd=REPO, timeout=120)
 
 

@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from streams.detectors.anomaly import NEW_IN_V2, DetectorConfig, StreamingDetector, score_series
+from opsloop.streams.detectors.anomaly import NEW_IN_V2, DetectorConfig, StreamingDetector, score_series
 from opsloop.pipeline import LAB_ANOMALY
-from streams.detectors.evaluate_corpora import scenario_corpus, synthetic
-from streams.detectors.evaluation import alarms
+from opsloop.streams.detectors.evaluate_corpora import scenario_corpus, synthetic
+from opsloop.streams.detectors.evaluation import alarms
 
 T0 = 1_704_067_200.0
 

@@ -10,9 +10,9 @@ import pytest
 
 from opsloop.config import load_settings
 from opsloop.wire import Metric, metric
-from streams.runtime import health
-from streams.runtime.app import create_app
-from streams.runtime.batch import FanOut
+from opsloop.streams.runtime import health
+from opsloop.streams.runtime.app import create_app
+from opsloop.streams.runtime.batch import FanOut
 
 
 def _settings(tmp_path: Path, **stream: Any):

@@ -17,9 +17,9 @@ import pytest
 from faust.types import TP
 
 from opsloop.config import ConfigError, load_settings
-from streams.runtime import health
-from streams.runtime.app import create_app
-from streams.runtime.watchdog import EXIT_RECOVERY_STALLED, RecoveryWatchdog
+from opsloop.streams.runtime import health
+from opsloop.streams.runtime.app import create_app
+from opsloop.streams.runtime.watchdog import EXIT_RECOVERY_STALLED, RecoveryWatchdog
 
 STALL_S = 8.0
 

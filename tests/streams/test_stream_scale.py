@@ -14,13 +14,13 @@ from prometheus_client import REGISTRY
 from opsloop.config import StreamSettings
 from opsloop.findings import Severity
 from opsloop.wire import _LABEL_ESCAPES, Metric, label_string, metric
-from streams.agents.anomaly import AnomalyHandler
-from streams.agents.firewall import FirewallHandler
-from streams.agents.settings import AnomalySettings, SeriesSpec
-from streams.detectors.findingbook import FindingBook
-from streams.detectors.firewall import FirewallDetector, report_from_metrics
-from streams.lb.rates import LbRates
-from streams.runtime.batch import gc_paused
+from opsloop.streams.agents.anomaly import AnomalyHandler
+from opsloop.streams.agents.firewall import FirewallHandler
+from opsloop.streams.agents.settings import AnomalySettings, SeriesSpec
+from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.firewall import FirewallDetector, report_from_metrics
+from opsloop.streams.lb.rates import LbRates
+from opsloop.streams.runtime.batch import gc_paused
 
 T0 = 1_790_000_000.0
 
@@ -127,7 +127,7 @@ def test_gc_paused_restores_the_collector_state() -> None:
 
 def test_detectors_agent_reads_the_prefixed_topics(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from opsloop.config import Settings
-    from streams.worker import build_app
+    from opsloop.streams.worker import build_app
 
     app = build_app(Settings.model_validate({"kafka": {"topic_prefix": "site1."},
                                              "stream": {"data_dir": str(tmp_path / "streams")}}))

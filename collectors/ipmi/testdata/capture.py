@@ -1,6 +1,6 @@
 """Re-capture this folder's files from real ipmitool 1.8.19 against simulated BMCs (ipmi_sim).
 
-    .venv/bin/python -m collectors.ipmi.testdata.capture
+    .venv/bin/python -m opsloop.collectors.ipmi.testdata.capture
 
 Each case writes <case>.stdout and <case>.stderr exactly as ipmitool printed them, with the
 argv the collector uses (-I lanplus -E -L ADMINISTRATOR -N 1 -R 1 -v -C 3).
@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from collectors.ipmi.bmcsim import BMCFleet, BMCSpec
+from opsloop.collectors.ipmi.bmcsim import BMCFleet, BMCSpec
 
 HERE = Path(__file__).resolve().parent
 

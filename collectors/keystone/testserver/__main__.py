@@ -17,9 +17,9 @@ import yaml
 from . import KeystoneLab, KeystoneServerError
 
 EPILOG = """examples:
-  python -m collectors.keystone.testserver --workdir /tmp/ks-lab
-  python -m collectors.keystone.testserver --no-cache --s3-users 8     # the slow regime (hundreds of ms)
-  python -m collectors.keystone.testserver --workdir /tmp/ks-lab --config-out /tmp/ks-lab/opsloop.yaml
+  python -m opsloop.collectors.keystone.testserver --workdir /tmp/ks-lab
+  python -m opsloop.collectors.keystone.testserver --no-cache --s3-users 8     # the slow regime (hundreds of ms)
+  python -m opsloop.collectors.keystone.testserver --workdir /tmp/ks-lab --config-out /tmp/ks-lab/opsloop.yaml
       then: opsloop collect keystone --config /tmp/ks-lab/opsloop.yaml --once --stdout
 
 It prints the collectors.keystone config section to use; secrets stay in the 0600 credentials file.
@@ -27,7 +27,7 @@ It prints the collectors.keystone config section to use; secrets stay in the 060
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m collectors.keystone.testserver",
+    parser = argparse.ArgumentParser(prog="python -m opsloop.collectors.keystone.testserver",
                                      description="Run a real Keystone (uWSGI, SQLite, fernet) with an nginx S3 "
                                                  "front end on loopback, until Ctrl-C.",
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

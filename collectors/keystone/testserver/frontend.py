@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import requests
 
-from collectors.keystone import sigv4
+from opsloop.collectors.keystone import sigv4
 
 from .server import free_port, stop_process_group
 

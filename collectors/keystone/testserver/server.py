@@ -28,7 +28,7 @@ from string import Template
 
 import requests
 
-from collectors.keystone.uwsgi_log import LOGFORMAT
+from opsloop.collectors.keystone.uwsgi_log import LOGFORMAT
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_VENV = REPO_ROOT / ".cache" / "keystone-venv"

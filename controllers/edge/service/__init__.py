@@ -1,6 +1,6 @@
 """`opsloop edge run`: the edge-weight control service: topology API + controller loop.
 
-Data flow: ``telemetry.lb`` → stream worker's ``lb`` agent (its ``edge-demand`` handler, :mod:`streams.edge`) →
+Data flow: ``telemetry.lb`` → stream worker's ``lb`` agent (its ``edge-demand`` handler, :mod:`opsloop.streams.edge`) →
 ``edge.demand`` → **this service** (every ``interval_s``: observation → ``EdgeController`` →
 ``edge.weights`` + ``findings`` + gauges) → actuators (``controllers/actuators``) → load balancers.
 
@@ -24,13 +24,13 @@ import threading
 import time
 from pathlib import Path
 
-from controllers.edge.service.config import (EdgeServiceSettings, read_token, resolve_topology,
+from opsloop.controllers.edge.service.config import (EdgeServiceSettings, read_token, resolve_topology,
                                              service_settings)
-from controllers.edge.service.inputs import DemandBook, DemandConsumer
-from controllers.edge.service.kafka_io import DecisionPublisher, recover_decisions
-from controllers.edge.service.loop import ControlLoop
-from controllers.edge.service.overrides import OverridesError, load_overrides
-from controllers.edge.service.store import TopologyStore
+from opsloop.controllers.edge.service.inputs import DemandBook, DemandConsumer
+from opsloop.controllers.edge.service.kafka_io import DecisionPublisher, recover_decisions
+from opsloop.controllers.edge.service.loop import ControlLoop
+from opsloop.controllers.edge.service.overrides import OverridesError, load_overrides
+from opsloop.controllers.edge.service.store import TopologyStore
 from opsloop.audit import AuditLog
 from opsloop.config import ConfigError, Settings, load_settings
 from opsloop.kafka_clients import connect_with_retry, preflight_or_exit
@@ -78,7 +78,7 @@ class EdgeService:
         self.publisher: DecisionPublisher | None = None
         self.consumer: DemandConsumer | None = None
         self.loop: ControlLoop | None = None
-        self.api = None  # controllers.edge.api.EdgeApi when enabled
+        self.api = None  # opsloop.controllers.edge.api.EdgeApi when enabled
         self._stop = threading.Event()
 
     def start(self) -> "EdgeService":
@@ -103,7 +103,7 @@ class EdgeService:
                                 recovered)
         self.consumer = DemandConsumer(kafka, self.book).start()
         if self.cfg.api.enabled:
-            from controllers.edge.api import EdgeApi  # imports this package's store: not at module level
+            from opsloop.controllers.edge.api import EdgeApi  # imports this package's store: not at module level
 
             token = self.token if self.token is not None else read_token(self.cfg.api)
             self.api = EdgeApi(self.store, token, self.loop.status, self.loop.weights)

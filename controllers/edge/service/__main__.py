@@ -1,7 +1,7 @@
-"""``python -m controllers.edge.service run ...`` (same as ``opsloop edge run``)."""
+"""``python -m opsloop.controllers.edge.service run ...`` (same as ``opsloop edge run``)."""
 
 import sys
 
-from controllers.edge.service import main
+from opsloop.controllers.edge.service import main
 
 sys.exit(main())

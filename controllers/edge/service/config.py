@@ -25,8 +25,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controllers.edge.controller import ControllerSettings
-from controllers.edge.model import Edge, Listener, Origin, Topology
+from opsloop.controllers.edge.controller import ControllerSettings
+from opsloop.controllers.edge.model import Edge, Listener, Origin, Topology
 from opsloop.config import DEFAULT_RUN_DIR, ConfigError, Settings
 from opsloop.wire import describe_validation_error
 
@@ -155,7 +155,7 @@ def resolve_topology(cfg: EdgeServiceSettings, base: Path | None = None) -> Topo
 def read_token(api: ApiSettings) -> str:
     """The API bearer token (file first, then environment); never logged."""
     if api.token_file is not None:
-        from controllers.edge.service.api_token import check_private
+        from opsloop.controllers.edge.service.api_token import check_private
 
         check_private(api.token_file, "controllers.edge.api.token_file")
         try:

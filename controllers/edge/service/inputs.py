@@ -17,12 +17,12 @@ from typing import Callable
 
 from kafka import KafkaConsumer, TopicPartition
 
-from controllers.edge.service import metrics as M
+from opsloop.controllers.edge.service import metrics as M
 from opsloop.config import KafkaSettings
 from opsloop.kafka_clients import client_options, kafka_settings
 from opsloop.log import get_logger
 from opsloop.wire import Topic
-from streams.edge.demand import EdgeDemand
+from opsloop.streams.edge.demand import EdgeDemand
 
 log = get_logger("controller.edge.inputs")
 MAX_CLOCK_SKEW_S = 5.0

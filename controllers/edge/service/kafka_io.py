@@ -11,8 +11,8 @@ import time
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from controllers.edge.model import EdgeWeights
-from controllers.edge.service import metrics as M
+from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.controllers.edge.service import metrics as M
 from opsloop.config import KafkaSettings
 from opsloop.findings import Finding
 from opsloop.kafka_clients import client_options, kafka_settings

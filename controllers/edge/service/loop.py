@@ -1,7 +1,7 @@
 """One listener's control loop step, and the service-wide tick that runs every listener.
 
 Per tick and listener: a consistent snapshot of the topology (with API overrides) and the newest
-demand per edge → an :class:`~controllers.edge.controller.Observation` → ``EdgeController.step`` →
+demand per edge → an :class:`~opsloop.controllers.edge.controller.Observation` → ``EdgeController.step`` →
 ``Decision.records()`` to ``edge.weights`` (key ``listener|edge``; every tick, so actuators see
 fresh decisions and can fail static when they stop; the version only moves when the weights do) and
 findings to ``findings``; gauges updated.
@@ -36,15 +36,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from controllers.edge.controller import ControllerSettings, Decision, EdgeController, Observation
-from controllers.edge.findings import decision_findings
-from controllers.edge.model import EdgeWeights, Mode
-from controllers.edge.service import metrics as M
-from controllers.edge.service.inputs import DemandBook
-from controllers.edge.service.store import TopologyStore
+from opsloop.controllers.edge.controller import ControllerSettings, Decision, EdgeController, Observation
+from opsloop.controllers.edge.findings import decision_findings
+from opsloop.controllers.edge.model import EdgeWeights, Mode
+from opsloop.controllers.edge.service import metrics as M
+from opsloop.controllers.edge.service.inputs import DemandBook
+from opsloop.controllers.edge.service.store import TopologyStore
 from opsloop.findings import Finding
 from opsloop.log import get_logger
-from streams.edge.demand import EdgeDemand
+from opsloop.streams.edge.demand import EdgeDemand
 
 log = get_logger("controller.edge")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from controllers.metrics import EDGE_FAIL_STATIC
+from opsloop.controllers.metrics import EDGE_FAIL_STATIC
 
 WEIGHT = Gauge("opsloop_edge_weight", "Published traffic share of an origin for a listener and edge",
                ["listener", "edge", "origin"])

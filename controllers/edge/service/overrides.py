@@ -7,7 +7,7 @@ start. The topology file decides what exists: an overlay entry naming a listener
 longer in it is skipped with a warning. An overlay that cannot be read stops the start with an error
 naming the file, because starting without it could, for example, send traffic to an origin an
 operator had drained. Values are validated by the same functions as the topology file and the API
-(:func:`controllers.edge.model.check_capacity`, :func:`~controllers.edge.model.check_latency`): a NaN,
+(:func:`opsloop.controllers.edge.model.check_capacity`, :func:`~opsloop.controllers.edge.model.check_latency`): a NaN,
 negative, infinite or absurd capacity in the file stops the start naming the field, instead of
 failing every controller tick after it.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controllers.edge.model import check_capacity, check_latency
+from opsloop.controllers.edge.model import check_capacity, check_latency
 from opsloop.wire import describe_validation_error
 
 VERSION = 1

@@ -2,13 +2,13 @@
 
 Thread-safe (the API server thread writes, the control loop reads a consistent snapshot per tick).
 Every change is validated by the same functions as the topology file and the overrides file
-(:func:`controllers.edge.model.check_capacity`, :func:`~controllers.edge.model.check_latency`: finite,
+(:func:`opsloop.controllers.edge.model.check_capacity`, :func:`~opsloop.controllers.edge.model.check_latency`: finite,
 ≥ 0, bounded; names must exist) and audited (``opsloop.audit.AuditLog``) with before/after and the actor.
 Health has an *override*: ``None`` follows the load balancers' checks (and the file's ``healthy``),
 ``False`` pins it down (an operator draining an origin), ``True`` pins it up over the file's
 ``healthy`` but not over a load balancer reporting the server DOWN -- unless ``force`` is set too
 (an operator who knows the check is wrong). With an overrides file the changes survive a restart
-(:mod:`controllers.edge.service.overrides`).
+(:mod:`opsloop.controllers.edge.service.overrides`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from controllers.edge.model import check_capacity, check_latency
-from controllers.edge.service.config import ListenerSpec, TopologySpec
-from controllers.edge.service.overrides import Overrides, load_overrides, save_overrides
+from opsloop.controllers.edge.model import check_capacity, check_latency
+from opsloop.controllers.edge.service.config import ListenerSpec, TopologySpec
+from opsloop.controllers.edge.service.overrides import Overrides, load_overrides, save_overrides
 from opsloop.audit import AuditLog
 from opsloop.log import get_logger
 
