@@ -59,6 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0
+    if argv[0].startswith("--state-dir"):
+        # opsloop --state-dir DIR <command>: set before the command's module computes its state defaults.
+        from opsloop.paths import take_state_dir_option
+
+        try:
+            rest = take_state_dir_option(argv)
+        except ValueError as e:
+            print(f"opsloop: {e}", file=sys.stderr)
+            return 2
+        return main(rest)
     if argv[0] == "--version":
         from opsloop import __version__
 

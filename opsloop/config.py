@@ -28,10 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from opsloop.dotted import get_dotted
 from opsloop.kafka_security import KafkaSecurity
+from opsloop.paths import state_dir
 from opsloop.validation import error_lines
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_RUN_DIR = REPO_ROOT / ".run"
+DEFAULT_RUN_DIR = state_dir()   # .run/ in a checkout, /var/lib/opsloop installed, or $OPSLOOP_STATE_DIR
 LOOPBACK = "127.0.0.1"
 CONFIG_ENV = "OPSLOOP_CONFIG"
 DEFAULT_CONFIG_PATH = Path("/etc/opsloop/opsloop.yaml")

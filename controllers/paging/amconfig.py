@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from opsloop.config import REPO_ROOT
+from opsloop.paths import shipped
 
-ALERTS_DIR = REPO_ROOT / "alerts"
+ALERTS_DIR = shipped("alerts")   # the checkout's alerts/, or the copy inside the installed package
 DEFAULT_SOURCE = ALERTS_DIR / "alertmanager.yml"
 TIMING_KEYS = ("group_wait", "group_interval", "repeat_interval")
 

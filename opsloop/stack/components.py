@@ -16,10 +16,11 @@ import requests
 import yaml
 
 from opsloop.config import REPO_ROOT
+from opsloop.paths import shipped
 from opsloop.stack.process import ManagedProcess, StackError, require_binary
 
 KAFKA_LIBS = REPO_ROOT / ".cache" / "kafka" / "libs"
-ALERTS_DIR = REPO_ROOT / "alerts"
+ALERTS_DIR = shipped("alerts")
 
 
 def _tcp_open(host: str, port: int) -> bool:
