@@ -44,7 +44,9 @@ def usage() -> str:
     lines = ["usage: opsloop <command> [options]   (opsloop <command> --help for details)",
              "       opsloop --version", "", "commands:"]
     lines += [f"  {n:<{width}}  {h}" for n, (_, h) in COMMANDS.items()]
-    lines += ["", "options:", "  -h, --help  show this help and exit", "  --version   print the opsloop version and exit"]
+    lines += ["", "options:", "  -h, --help  show this help and exit", "  --version   print the opsloop version and exit",
+              "  --state-dir DIR  (before the command) root of the state directories; default .run/ in a source",
+              "                   checkout, else /var/lib/opsloop; also $OPSLOOP_STATE_DIR"]
     return "\n".join(lines) + "\n\n" + EPILOG
 
 
