@@ -11,7 +11,8 @@ VENV="$ROOT/.venv"
 # What must import once installed: the project's top-level package (a scratch test project names its own).
 IMPORT_CHECK=${OPSLOOP_IMPORT_CHECK:-opsloop.cli}
 stamp="$VENV/.opsloop-installed"
-want=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
+# setup.py too: it holds the package-dir mapping an editable install bakes in.
+want=$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" | sha256sum | cut -d' ' -f1)
 installed() { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && venv_usable "$VENV" \
               && "$VENV/bin/python" -c "import $IMPORT_CHECK" >/dev/null 2>&1; }
 if installed; then
