@@ -126,7 +126,13 @@ sys.stdout.write(generate_latest(REGISTRY).decode())
 
 
 def defining_modules(defs: list[Defined]) -> list[str]:
-    return sorted({d.where.split(":")[0][:-3].replace("/", ".") for d in defs})
+    """Importable names of the defining files: the stage folders are packages under ``opsloop`` (setup.py).
+    Importing ``controllers.x`` by its folder name would load a second copy and register every metric twice."""
+    names = set()
+    for d in defs:
+        dotted = d.where.split(":")[0][:-3].replace("/", ".")
+        names.add(f"opsloop.{dotted}" if dotted.split(".")[0] in SOURCE_DIRS[1:] else dotted)
+    return sorted(names)
 
 
 # ----------------------------------------------------------------------------------------- static checks
