@@ -12,7 +12,8 @@ VENV="$ROOT/.venv"
 IMPORT_CHECK=${OPSLOOP_IMPORT_CHECK:-opsloop.cli}
 stamp="$VENV/.opsloop-installed"
 # setup.py too: it holds the package-dir mapping an editable install bakes in.
-want=$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" | sha256sum | cut -d' ' -f1)
+files=("$ROOT/pyproject.toml"); [ -f "$ROOT/setup.py" ] && files+=("$ROOT/setup.py")   # a scratch project has none
+want=$(cat "${files[@]}" | sha256sum | cut -d' ' -f1)
 installed() { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && venv_usable "$VENV" \
               && "$VENV/bin/python" -c "import $IMPORT_CHECK" >/dev/null 2>&1; }
 if installed; then
