@@ -84,8 +84,8 @@ from statistics import NormalDist
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controllers.edge.model import EdgeWeights, Mode
-from controllers.edge.scheduler import solve
+from opsloop.controllers.edge.model import EdgeWeights, Mode
+from opsloop.controllers.edge.scheduler import solve
 
 _EPS = 1e-12
 

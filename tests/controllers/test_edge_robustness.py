@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controllers.edge.sim import load_scenario, run_scenario
+from opsloop.controllers.edge.sim import load_scenario, run_scenario
 
 SUITE = Path(__file__).resolve().parents[2] / "controllers" / "edge" / "scenarios" / "robustness"
 NAMES = sorted(p.stem for p in SUITE.glob("*.yaml"))
