@@ -7,6 +7,7 @@ was reused by another program is recognised and that program is left alone.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -40,10 +41,44 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+# Ports `make run` binds by default (opsloop.yaml's 28xxx/29xxx): never handed out as "free".
+_DEFAULT_PORTS = range(28000, 30000)
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, for a server about to be started on it.
+
+    Picked *below* the kernel's ephemeral range: every outgoing connection takes its local port from
+    that range, so a port picked there (what ``bind(0)`` gives) can be taken by any client socket
+    between this pick and the server's own bind, and the server then fails with "address in use"
+    (seen as a Kafka broker that would not start while other tests were connecting). Random, checked
+    by binding, and never the same port twice in one process.
+    """
+    lo = _ephemeral_range()[0]
+    candidates = [p for p in (*range(10000, _DEFAULT_PORTS.start), *range(_DEFAULT_PORTS.stop, lo))]
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.choice(candidates) if candidates else 0
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            port = int(s.getsockname()[1])
+        _handed_out.add(port)
+        return port
+    raise OSError(f"no free port found on {host} below the ephemeral range ({lo})")
 
 
 def _proc_stat(pid: int) -> list[str] | None:
