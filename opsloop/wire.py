@@ -269,10 +269,6 @@ def encode_batch(metrics: Iterable[Metric]) -> bytes:
     return orjson.dumps({"schema_version": SCHEMA_VERSION, "metrics": [m.to_dict() for m in metrics]})
 
 
-def encode_metric(m: Metric) -> bytes:
-    return orjson.dumps(m.to_dict())
-
-
 def group_by_route(metrics: Iterable[Metric]) -> dict[tuple[Topic, str], list[Metric]]:
     """Group samples by (topic, key), keeping their order, for one message per group."""
     groups: dict[tuple[Topic, str], list[Metric]] = {}
