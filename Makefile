@@ -5,17 +5,22 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run stop test test-unit bench clean help
+.PHONY: setup setup-python run stop test test-unit bench clean help
 
 help:
 	@echo "make setup   install everything (Debian packages, venv, Kafka jars, simulators, Keystone, Telegraf)"
 	@echo "make run     the whole pipeline on this machine, supervised (a dead service is restarted; Ctrl-C or 'make stop' to stop)"
 	@echo "make stop    stop a pipeline started by 'make run' (its services, the stack and 'make run' itself)"
 	@echo "make test    unit and integration tests against real components"
+	@echo "make test-unit  the tests that need no external component (only the venv is set up)"
 	@echo "make bench   benchmarks, printed as a table with same-run baselines"
 
 setup:
 	@set -e; for s in setup.d/*.sh; do echo "== $$s"; bash "$$s"; done
+
+# The venv alone: unit tests need no Debian package, broker or simulator (none runs as root).
+setup-python:
+	@bash setup.d/20-python.sh
 
 run: setup
 	$(VENV)/bin/opsloop run
@@ -26,7 +31,7 @@ stop:
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-unit: setup
+test-unit: setup-python
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
 bench: setup
