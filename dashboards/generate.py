@@ -547,7 +547,7 @@ def pipeline() -> Dashboard:
                   [Query(f"histogram_quantile(0.95, sum by (le) "
                          f"(rate(opsloop_paging_finding_to_page_seconds_bucket[{RATE}])))", "p95")], unit="s"),
             Panel("Anomaly scores", "Highest score in [0, 1] of the streaming anomaly detector per configured "
-                  "metric and field (controllers.detectors.anomaly.series); 1 = far outside the learned band.",
+                  "metric and field (streams.detectors.anomaly.series); 1 = far outside the learned band.",
                   [Query("max by (metric, field) (opsloop_anomaly_score)", "{{metric}}.{{field}}")],
                   unit="percentunit", max=1.0, thresholds=[(0.9, "red")]),
             Panel("Collector sends to Kafka", "Records the collectors' Kafka producers got acknowledged per second, "
@@ -610,26 +610,6 @@ def build() -> dict[str, dict[str, Any]]:
 
 def render(model: dict[str, Any]) -> str:
     return json.dumps(model, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
-
-
-def e2e_lb_panel_titles() -> dict[str, list[str]]:
-    """Dashboard uid -> titles of the panels the HAProxy end-to-end run must fill with data."""
-    return _flagged("e2e_lb")
-
-
-def e2e_loop_panel_titles() -> dict[str, list[str]]:
-    """Dashboard uid -> titles of the panels the closed edge loop must fill with data."""
-    return _flagged("e2e_loop")
-
-
-def _flagged(flag: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for fn in DASHBOARDS.values():
-        d = fn()
-        titles = [p.title for p in d.panels if getattr(p, flag)]
-        if titles:
-            out[d.uid] = titles
-    return out
 
 
 EPILOG = """examples:
