@@ -101,9 +101,9 @@ def controller_rows(names: list[str]) -> list[dict[str, Any]]:
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
     if quick:
-        return solver_rows(QUICK_SIZES, repeats=1) + controller_rows(["seed_experiment"])
+        return solver_rows(QUICK_SIZES, repeats=1) + controller_rows(["us_eu_experiment"])
     return solver_rows(FULL_SIZES, repeats=3) + controller_rows(
-        ["seed_experiment", "origin_failure", "demand_surge", "capacity_drop"])
+        ["us_eu_experiment", "origin_failure", "demand_surge", "capacity_drop"])
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from opsloop.controllers.edge.sim import load_scenario, run_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "controllers" / "edge" / "scenarios"
 ROBUSTNESS = SCENARIOS / "robustness"
-EIGHT_KINDS = ("seed_experiment", "origin_failure", "mesh_peak", "shortfall", "surge_one_edge",
+EIGHT_KINDS = ("us_eu_experiment", "origin_failure", "mesh_peak", "shortfall", "surge_one_edge",
                "noise_near_capacity", "flapping_origin", "capacity_halved")
 
 

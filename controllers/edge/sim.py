@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from opsloop.controllers.edge.controller import (ControllerSettings, EdgeController, FixedStepController,
                                          FixedStepSettings, Observation, UndampedController,
@@ -66,7 +66,7 @@ from opsloop.controllers.edge.controller import (ControllerSettings, EdgeControl
 # "fixed-step-headroom": the fixed-step baseline planned with our controller's headroom, so a
 # comparison does not credit the headroom alone
 CONTROLLER_KINDS = ("ours", "fixed-step", "fixed-step-headroom", "undamped")
-KIND_ALIASES = {"seed": "fixed-step"}  # the name the 2 %-per-interval baseline had before
+KIND_ALIASES = {"seed": "fixed-step"}  # an older name of the 2 %-per-interval baseline, still accepted
 BASELINES = ("fixed-step", "fixed-step-headroom")
 
 
@@ -158,9 +158,11 @@ class Scenario(BaseModel):
     origins: list[SimOrigin] = Field(min_length=1)
     edges: list[SimEdge] = Field(min_length=1)
     events: list[Event] = Field(default_factory=list)
-    controllers: list[str] = Field(default_factory=lambda: ["ours", "seed"], min_length=1)
+    controllers: list[str] = Field(default_factory=lambda: ["ours", "fixed-step"], min_length=1)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
-    seed_controller: FixedStepSettings = Field(default_factory=FixedStepSettings)  # fixed-step
+    # settings of the fixed-step baseline (``seed_controller``: its older key, still accepted)
+    fixed_step: FixedStepSettings = Field(default_factory=FixedStepSettings,
+                                          validation_alias=AliasChoices("fixed_step", "seed_controller"))
     targets: Targets = Field(default_factory=Targets)
 
     @model_validator(mode="after")
@@ -237,7 +239,7 @@ class Scenario(BaseModel):
         for kind in self.controllers:
             if canonical_kind(kind) not in CONTROLLER_KINDS:
                 raise ValueError(f"controllers: unknown controller {kind!r} "
-                                 f"(known: {', '.join(CONTROLLER_KINDS)}; 'seed' = fixed-step)")
+                                 f"(known: {', '.join(CONTROLLER_KINDS)})")
         return self
 
 
@@ -305,7 +307,7 @@ def make_controller(kind: str, scn: Scenario, initial: np.ndarray) -> _Controlle
     if kind == "ours":
         settings = scn.controller.model_copy(update={"interval_s": scn.interval_s})
         return EdgeController(n_edges, n_origins, settings, initial=initial)
-    fixed = scn.seed_controller.model_copy(update={"interval_s": scn.interval_s})
+    fixed = scn.fixed_step.model_copy(update={"interval_s": scn.interval_s})
     if kind == "fixed-step":
         return FixedStepController(n_edges, n_origins, fixed, initial=initial)
     if kind == "fixed-step-headroom":

@@ -22,8 +22,8 @@ def _record(**overrides):
     return doc
 
 
-def test_seed_example_round_trips():
-    # seed 003: "Edge node Amsterdam: EU DC 90 %, US-EAST DC 10 %"
+def test_amsterdam_example_round_trips():
+    # "Building A Smarter AWS Global Accelerator": "Edge node Amsterdam: EU DC 90 %, US-EAST DC 10 %"
     rec = EdgeWeights.model_validate(_record(weights={"eu": 0.9, "us-west": 0.0, "us-east": 0.1,
                                                       "asia": 0.0}))
     back = EdgeWeights.decode(rec.encode())

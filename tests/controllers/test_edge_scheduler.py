@@ -21,15 +21,15 @@ def test_nearest_origin_when_there_is_room():
     assert sol.shortfall_rps == 0
 
 
-def test_seed_experiment_offloads_the_excess_to_the_far_origin():
-    # seed 003: US origin capped at 200 req/s, EU further away; 300 req/s arriving near US
+def test_us_eu_experiment_offloads_the_excess_to_the_far_origin():
+    # "Building A Smarter AWS Global Accelerator": US origin capped at 200 req/s, EU further away; 300 req/s arriving near US
     sol = solve([300], [200, 1000], [[20, 150]], [True, True], headroom=0.0)
     np.testing.assert_allclose(sol.weights, [[200 / 300, 100 / 300]], atol=1e-7)
     sol = solve([300], [200, 1000], [[20, 150]], [True, True], headroom=0.1)
     assert sol.weights[0, 0] * 300 == pytest.approx(180, abs=1e-5)
 
 
-def test_amsterdam_example_from_the_seed():
+def test_amsterdam_example_from_the_accelerator_post():
     # EU at capacity: Amsterdam sends 90 % to EU and 10 % to the next closest (US-EAST)
     origins = ["eu", "us-west", "us-east", "asia"]
     latency = [[10, 150, 80, 200], [80, 70, 8, 190]]

@@ -1,5 +1,5 @@
 """The closed-loop simulator: shipped scenarios meet the targets for our controller and show the
-seed's 2 % damping slower, in the same run (simulated time only, no wall clock)."""
+fixed-step baseline (2 % per interval) slower, in the same run (simulated time only, no wall clock)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsloop.controllers.edge.sim import ScenarioError, load_scenario, run_scenario, simulate
+from opsloop.controllers.edge.sim import Scenario, ScenarioError, load_scenario, run_scenario, simulate
 from opsloop.controllers.edge.sim_cli import main
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "controllers" / "edge" / "scenarios"
@@ -33,12 +33,12 @@ def results():
     out = {}
     for name in SHIPPED:
         scn = load_scenario(SCENARIOS / f"{name}.yaml")
-        out[name] = (scn, *run_scenario(scn, ["ours", "seed", "fixed-step-headroom", "undamped"]))
+        out[name] = (scn, *run_scenario(scn, ["ours", "fixed-step", "fixed-step-headroom", "undamped"]))
     return out
 
 
 def test_the_eight_kinds_are_shipped():
-    assert {"seed_experiment", "origin_failure", "mesh_peak", "shortfall", "surge_one_edge",
+    assert {"us_eu_experiment", "origin_failure", "mesh_peak", "shortfall", "surge_one_edge",
             "noise_near_capacity", "flapping_origin", "capacity_halved"} <= set(SHIPPED)
 
 
@@ -65,7 +65,7 @@ def test_ours_meets_the_control_targets(results, name):
 def test_against_both_fixed_step_baselines_in_the_same_run(results, name):
     _, summaries, _ = results[name]
     ours = summaries["ours"]
-    for kind in ("seed", "fixed-step-headroom"):
+    for kind in ("fixed-step", "fixed-step-headroom"):
         base = summaries[kind]
         # overload after the first tick: ≤ 10 % of the baseline's (+ the scenario's slack)
         assert ours["judged_overload_s"] <= OVERLOAD_SLACK.get(name, 0.10) \
@@ -75,13 +75,13 @@ def test_against_both_fixed_step_baselines_in_the_same_run(results, name):
 
 
 def test_fixed_step_is_slower_in_the_same_run(results):
-    for name in ("seed_experiment", "origin_failure", "demand_surge", "capacity_drop"):
+    for name in ("us_eu_experiment", "origin_failure", "demand_surge", "capacity_drop"):
         _, summaries, _ = results[name]
-        ours, seed = summaries["ours"], summaries["seed"]
-        assert not seed["meets_targets"]
-        assert sum(seed["overload_s"].values()) > 3 * sum(ours["overload_s"].values())
-        seed_t = seed["time_to_capacity_s"]
-        assert seed_t is None or seed_t > ours["time_to_capacity_s"]
+        ours, fixed = summaries["ours"], summaries["fixed-step"]
+        assert not fixed["meets_targets"]
+        assert sum(fixed["overload_s"].values()) > 3 * sum(ours["overload_s"].values())
+        fixed_t = fixed["time_to_capacity_s"]
+        assert fixed_t is None or fixed_t > ours["time_to_capacity_s"]
 
 
 def test_flapping_origin_is_held_down_and_ramped_back(results):
@@ -95,7 +95,7 @@ def test_flapping_origin_is_held_down_and_ramped_back(results):
     assert back[-1] > 0.5
     assert np.diff(back).max() <= 0.25 + 1e-9
     assert any("holding down returning origin" in r for r in run.tick_reasons)
-    assert summaries["ours"]["failed_requests"] < summaries["seed"]["failed_requests"]
+    assert summaries["ours"]["failed_requests"] < summaries["fixed-step"]["failed_requests"]
 
 
 def test_shortfall_is_shared_by_the_common_factor(results):
@@ -113,10 +113,11 @@ def test_shortfall_is_shared_by_the_common_factor(results):
     assert ratio.max() <= common * 1.05
 
 
-def test_seed_experiment_reproduces_the_seed_observations(results):
-    scn, summaries, runs = results["seed_experiment"]
-    ours, seed, undamped = (summaries[k] for k in ("ours", "seed", "undamped"))
-    # undamped never settles (seed: "the system never stabilized"), ours does
+def test_us_eu_experiment_reproduces_the_accelerator_observations(results):
+    # "Building A Smarter AWS Global Accelerator" (docs/sources.md)
+    scn, summaries, runs = results["us_eu_experiment"]
+    ours, undamped = summaries["ours"], summaries["undamped"]
+    # undamped never settles (the post: "the system never stabilized"), ours does
     assert undamped["settle_s"] is None and undamped["oscillation_weight"] > 0.1
     assert ours["settle_s"] is not None and ours["oscillation_weight"] <= 0.02
     # clients react to latency: offloading to EU lowered the request rate
@@ -126,9 +127,9 @@ def test_seed_experiment_reproduces_the_seed_observations(results):
     us_load = runs["ours"].loads[-1, 0]
     assert 0.85 * 200 <= us_load <= 200
     assert runs["ours"].tick_weights[-1, 0, 1] > 0.05
-    # the seed's controller moves 2 % per interval at most
-    seed_w = runs["seed"].tick_weights[:, 0, 0]
-    assert np.abs(np.diff(seed_w)).max() <= 0.02 + 1e-9
+    # the fixed-step baseline moves 2 % per interval at most
+    fixed_w = runs["fixed-step"].tick_weights[:, 0, 0]
+    assert np.abs(np.diff(fixed_w)).max() <= 0.02 + 1e-9
 
 
 def test_origin_failure_moves_traffic_in_one_interval_and_back(results):
@@ -148,6 +149,15 @@ def test_origin_failure_moves_traffic_in_one_interval_and_back(results):
         assert "stale inputs" in run.tick_reasons[i]
 
 
+def test_older_baseline_names_are_still_accepted():
+    # kind 'seed' and key 'seed_controller' were the fixed-step baseline's names before
+    doc = yaml.safe_load((SCENARIOS / "demand_surge.yaml").read_text())
+    doc["seed_controller"] = {"step": 0.05}
+    scn = Scenario.model_validate(doc)
+    assert scn.fixed_step.step == 0.05
+    np.testing.assert_array_equal(simulate(scn, "seed").tick_weights, simulate(scn, "fixed-step").tick_weights)
+
+
 def test_simulation_is_deterministic():
     scn = load_scenario(SCENARIOS / "demand_surge.yaml")
     a, b = simulate(scn, "ours"), simulate(scn, "ours")
@@ -156,7 +166,7 @@ def test_simulation_is_deterministic():
 
 
 def test_cli_table_json_and_plot(tmp_path, capsys):
-    scenario = str(SCENARIOS / "seed_experiment.yaml")
+    scenario = str(SCENARIOS / "us_eu_experiment.yaml")
     assert main(["--scenario", scenario]) == 0  # meets every target, against both baselines
     table = capsys.readouterr().out
     assert "ours" in table and "fixed-step" in table and "vs fixed-step-headroom" in table
@@ -164,7 +174,7 @@ def test_cli_table_json_and_plot(tmp_path, capsys):
     assert main(["--scenario", scenario, "--json", "--plot", str(png),
                  "--controllers", "ours,seed"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc["controllers"]) == {"ours", "seed"}  # 'seed' still names the fixed-step one
+    assert set(doc["controllers"]) == {"ours", "seed"}  # the older name 'seed' still names the fixed-step one
     traj = doc["controllers"]["ours"]["trajectories"]
     assert len(traj["origin_healthy"]["us"]) == len(traj["time_s"])
     assert doc["controllers"]["ours"]["served_within_capacity"] > 0
@@ -258,7 +268,7 @@ def _random_scenarios(draw):
                "health": {f"o{draw(st.integers(0, n_o - 1))}": draw(st.booleans())},
                "demand_scale": draw(st.floats(0.1, 3.0))} for _ in range(draw(st.integers(0, 3)))]
     return {"name": "random", "duration_s": 120, "noise": 0.05, "origins": origins, "edges": edges,
-            "events": events, "controllers": ["ours", "seed", "undamped"]}
+            "events": events, "controllers": ["ours", "fixed-step", "undamped"]}
 
 
 @settings(max_examples=15, deadline=None)

@@ -1,6 +1,6 @@
 """Configuration of the edge control service: the ``controllers.edge`` section and the topology file.
 
-The topology (the seed's "centralized source of truth") is one YAML file::
+The topology (the "centralized source of truth" of "Building A Smarter AWS Global Accelerator") is one YAML file::
 
     listeners:
       - name: web                   # the listener (anycast address:port or a name)
