@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 TESTDATA = Path(__file__).resolve().parents[2] / "collectors" / "ipmi" / "testdata"
 
-# Seed 000: three server generations drew 248 W, 205 W and 155 W under light load.
+# "(Ceph) storage (server) power usage": three server generations drew 248 W, 205 W and 155 W under light load.
 SPECS = [
     BMCSpec("stor-g1", watts=248),
     BMCSpec("stor-g2", watts=205),
@@ -141,7 +141,7 @@ def test_sdr_power_change_is_read_and_dcmi_probe_is_skipped(fleet: BMCFleet, tmp
     bmc = fleet["sdr-only"]
     first = collector.collect()
     assert status(first)["sdr-only"]["ipmitool_calls"] == 2
-    bmc.set_watts(136)  # seed 000: an idle Gen-3 box
+    bmc.set_watts(136)  # an idle Gen-3 box (docs/sources.md)
     try:
         # The simulator polls the file every 200 ms; read rounds until the new value shows.
         seen = []

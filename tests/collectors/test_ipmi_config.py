@@ -46,7 +46,7 @@ def test_zero_retries_is_refused_because_ipmitool_reads_it_as_four() -> None:
         Config.model_validate({"hosts": [{"name": "a", "bmc": "x"}], "retries": 0})
 
 
-def test_bmcsim_cli_rejects_bad_counts_and_builds_seed_fleet(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bmcsim_cli_rejects_bad_counts_and_builds_the_three_generation_fleet(capsys: pytest.CaptureFixture[str]) -> None:
     from opsloop.collectors.ipmi.bmcsim.__main__ import fleet_specs, main
 
     with pytest.raises(SystemExit) as e:

@@ -31,9 +31,9 @@ def frontend_collector(tmp_path, **frontend):
     return build(cfg), log
 
 
-def test_seed_small_request_p95_before_and_after_credential_caching(tmp_path):
-    """Seed 000: p95 of small requests ~750 ms with Keystone validation, ~100 ms with cached credentials;
-    large transfers do not count as small, whatever their latency."""
+def test_small_request_p95_before_and_after_credential_caching(tmp_path):
+    """p95 of small requests ~750 ms with Keystone validation, ~100 ms with cached credentials ("RadosGW/
+    Keystone Integration Performance Issues—Finally Solved?"); large transfers do not count as small, whatever their latency."""
     collector, log = frontend_collector(tmp_path)
     before = [nginx_line("AKSLOW", 40)] * 90 + [nginx_line("AKSLOW", 750)] * 10 + \
              [nginx_line("AKBIG", 9000, sent=10_000_000)] * 20 + [nginx_line("AKUP", 9000, length=70000)] * 5

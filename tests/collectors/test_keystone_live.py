@@ -58,7 +58,8 @@ def test_probes_stats_and_access_log_from_the_real_server(keystone_lab):
 
 
 def test_two_regimes_token_caching_on_vs_off(keystone_lab, tmp_path):
-    """Seeds 000/002: validation ~10 ms with Keystone's token cache, hundreds of ms without.
+    """Validation ~10 ms with Keystone's token cache, hundreds of ms without ("RadosGW/Keystone Integration
+    Performance Issues—Finally Solved?", "Boosting OpenStack's Parallel Performance").
     Compared as a ratio measured in this test, never as absolute times."""
     ks = keystone_lab.keystone
     creds = yaml.safe_load(keystone_lab.credentials_file.read_text())

@@ -29,7 +29,7 @@ def test_sample_yaml_is_valid() -> None:
     doc = yaml.safe_load(SAMPLE.read_text())
     cfg = Config.model_validate(doc["collectors"]["netperf"])
     first = cfg.target_sets[0]
-    assert len(first.targets) == 6 and first.repetitions == 10  # the seed's measurement
+    assert len(first.targets) == 6 and first.repetitions == 10  # the published measurement
     assert first.labels["queues"] == "8"  # YAML int label became a tag string
     assert build(cfg).name == "netperf"
 
@@ -90,7 +90,7 @@ def test_iperf3_argv() -> None:
     assert argv[argv.index("-P") + 1] == "4"
 
 
-def test_summary_of_the_seeds_old_kernel_figures() -> None:
+def test_summary_of_the_old_kernel_figures() -> None:
     figures = [3.28, 3.41, 3.51, 3.57]
     s = summarize(figures)
     assert s is not None

@@ -60,7 +60,7 @@ def test_telegraf_power_readings_reach_kafka_in_our_shape(stack, bmc) -> None:  
     sdr = [m for m in first if m.name == "ipmi_sensor" and m.tags.get("name") == "pwr_consumption"]
     assert [(m.fields["value"], m.tags["unit"]) for m in sdr] == [(155, "watts")]
 
-    bmc.set_watts(205)  # seed 000's Gen-2 server under light load
+    bmc.set_watts(205)  # a Gen-2 server under light load (docs/sources.md)
     res = run_telegraf([sample_config("ipmi")], env, "--once")
     assert res.returncode == 0, res.stderr[-1500:]
     both = wait_until(lambda: (lambda ms: ms if len(_power(ms)) == 2 else None)(

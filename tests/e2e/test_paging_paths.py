@@ -1,4 +1,4 @@
-"""Two paging paths end to end, every stage a real component (issue 8):
+"""Two paging paths end to end, every stage a real component:
 
 (a) simulated BMC (OpenIPMI ipmi_sim) power jump → ``opsloop collect ipmi`` (real ipmitool) → Kafka →
     ``opsloop stream worker`` (power detector: generation deviation) → ``findings`` → paging actuator →
@@ -34,7 +34,7 @@ from tests.helpers import scrape_metric, unique, wait_until, write_config
 
 pytestmark = pytest.mark.integration
 
-GEN3_WATTS = (155, 156, 154)   # seed 000: a gen3 server draws ~155 W under light load
+GEN3_WATTS = (155, 156, 154)   # "(Ceph) storage (server) power usage": a gen3 server draws ~155 W under light load
 JUMP_WATTS = 248               # ... and the jump to a gen1-like draw
 
 
