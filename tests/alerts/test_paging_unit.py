@@ -328,6 +328,7 @@ def test_labels_are_cut_to_alertmanager_safe_sizes_saying_what_was_cut() -> None
     assert all(LABEL_NAME.match(k) for k in labels)
 
 
+@pytest.mark.integration
 def test_oversized_findings_are_accepted_by_a_real_alertmanager(test_alertmanager) -> None:
     from opsloop.controllers.paging.alertmanager import AlertmanagerClient
     from opsloop.controllers.paging.book import PagingBook

@@ -36,12 +36,14 @@ def alerting_rules() -> list[dict]:
     return [r for r in rules() if "alert" in r]
 
 
+@pytest.mark.integration
 def test_promtool_check_rules() -> None:
     r = run("promtool", "check", "rules", *RULE_FILES)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("SUCCESS") == len(RULE_FILES)
 
 
+@pytest.mark.integration
 def test_promtool_unit_tests_pass() -> None:
     r = run("promtool", "test", "rules", *TEST_FILES)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -58,6 +60,7 @@ def test_promtool_unit_tests_pass() -> None:
      "      - eval_time: 3m            # down since 2m: still pending\n        alertname: OpsloopTargetDown\n"
      "        exp_alerts: [{exp_labels: {severity: critical}}]", "OpsloopTargetDown"),            # still pending
 ])
+@pytest.mark.integration
 def test_promtool_fails_on_a_wrong_expectation(tmp_path: Path, old: str, new: str, named: str) -> None:
     shutil.copytree(ALERTS / "rules", tmp_path / "rules")
     (tmp_path / "tests").mkdir()
@@ -70,6 +73,7 @@ def test_promtool_fails_on_a_wrong_expectation(tmp_path: Path, old: str, new: st
     assert "FAILED" in out and f"alertname: {named}" in out
 
 
+@pytest.mark.integration
 def test_promtool_rejects_a_broken_rule(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yml"
     bad.write_text((ALERTS / "rules" / "edge.yml").read_text().replace("opsloop_lb_server_up == 0",
@@ -124,12 +128,14 @@ def test_keystone_alerts_honour_the_nightly_window() -> None:
 
 
 # -- Alertmanager ------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_amtool_check_config() -> None:
     r = run("amtool", "check-config", ALERTS / "alertmanager.yml")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "3 inhibit rules" in r.stdout and "4 receivers" in r.stdout and "1 templates" in r.stdout
 
 
+@pytest.mark.integration
 def test_amtool_rejects_a_broken_config(tmp_path: Path) -> None:
     bad = tmp_path / "am.yml"
     bad.write_text((ALERTS / "alertmanager.yml").read_text().replace("receiver: ticket", "receiver: tickets", 1))
@@ -155,12 +161,14 @@ def test_no_secret_is_inline() -> None:
     (["severity=info", "signal=power", "alertname=PowerCost"], "blackhole"),
     (["severity=none", "signal=pipeline", "alertname=OpsloopWatchdog"], "heartbeat"),
 ])
+@pytest.mark.integration
 def test_routing_by_severity(labels: list[str], receivers: str) -> None:
     r = run("amtool", "config", "routes", "test", f"--config.file={ALERTS / 'alertmanager.yml'}", *labels)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == receivers
 
 
+@pytest.mark.integration
 def test_rendered_config_points_every_receiver_at_the_webhook(tmp_path: Path) -> None:
     key = tmp_path / "routing-key"
     key.write_text("test-routing-key\n")

@@ -23,6 +23,7 @@ from tests.helpers import REPO, run_cli, write_config
 SCENARIOS = REPO / "controllers" / "edge" / "scenarios"
 
 
+@pytest.mark.integration  # building the process list resolves the haproxy binary
 def test_run_help_names_every_process_it_starts(tmp_path: Path) -> None:
     settings = Settings()
     expected = Stack(settings.stack).component_names() + [

@@ -81,6 +81,7 @@ def test_backoff_doubles_per_recent_restart(tmp_path: Path) -> None:
         proc.stop()
 
 
+@pytest.mark.integration  # building the process list resolves the haproxy binary
 def test_process_list_is_derived_and_building_it_has_no_side_effects(tmp_path: Path) -> None:
     from opsloop.pipeline import effective_config
 

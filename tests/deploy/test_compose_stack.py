@@ -33,6 +33,7 @@ def opsloop_services() -> dict[str, dict[str, Any]]:
     return {n: s for n, s in compose()["services"].items() if "build" in s}
 
 
+@pytest.mark.integration
 def test_no_obsolete_version_key_and_the_file_validates() -> None:
     assert "version" not in compose()
     r = subprocess.run(["docker-compose", "-f", str(COMPOSE_DIR / "docker-compose.yml"), "config", "-q"],

@@ -48,6 +48,7 @@ def verified_units(root: Path) -> list[str]:
     return sorted(plain) + sorted(p.name for p in root.glob("*@?*.service") if p.is_symlink())
 
 
+@pytest.mark.integration
 def test_systemd_analyze_verify_is_clean(installed: Path) -> None:
     units = verified_units(installed)
     assert len(units) == 3 + sum(map(len, INSTANCES.values())), units
@@ -56,6 +57,7 @@ def test_systemd_analyze_verify_is_clean(installed: Path) -> None:
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
 
 
+@pytest.mark.integration
 def test_verify_catches_a_typo(installed: Path, tmp_path: Path) -> None:
     """The check above would see a mistake: verify reports an ignored directive on stderr."""
     bad = tmp_path / "opsloop-paging.service"

@@ -41,6 +41,7 @@ def _bind_mounts() -> list[tuple[str, str, str]]:
     return out
 
 
+@pytest.mark.integration
 def test_compose_file_is_valid_for_docker_compose() -> None:
     binary = shutil.which("docker-compose")
     assert binary, "docker-compose missing: make setup (Debian docker-compose)"
@@ -87,6 +88,7 @@ def test_compose_mounts_the_files_the_tests_use() -> None:
     assert (COMPOSE_DIR / "Dockerfile").exists()
 
 
+@pytest.mark.integration
 def test_prometheus_config_is_valid_for_promtool(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool missing: make setup (Debian prometheus)"

@@ -195,6 +195,7 @@ def test_docs_list_exactly_the_exported_metrics() -> None:
 
 
 # ----------------------------------------------------------------------------------------- promtool
+@pytest.mark.integration
 def test_promtool_finds_old_style_names() -> None:
     """The check below can fail: promtool rejects what the renames fixed."""
     bad = ("# HELP opsloop_keystone_small_request_p95_ms p95\n# TYPE opsloop_keystone_small_request_p95_ms gauge\n"
@@ -206,6 +207,7 @@ def test_promtool_finds_old_style_names() -> None:
     assert "abbreviated units" in r.stdout + r.stderr and '"_total" suffix' in r.stdout + r.stderr
 
 
+@pytest.mark.integration
 def test_promtool_check_metrics_passes_on_one_sample_of_every_metric() -> None:
     defs, _ = defined_metrics()
     out = subprocess.run([sys.executable, "-c", EXPOSE_ALL, *defining_modules(defs)], cwd=REPO, capture_output=True,
