@@ -186,6 +186,7 @@ def test_every_runbook_section_says_what_to_check() -> None:
 
 
 # -- rendering with a deployment's base URLs ------------------------------------------------------------
+@pytest.mark.integration
 def test_rendered_rules_use_the_deployment_bases_and_pass_promtool(tmp_path: Path) -> None:
     rb, db = "https://git.corp/opsloop/-/blob/main/docs/runbooks", "https://grafana.corp"
     r = subprocess.run([sys.executable, "-m", "opsloop.runbooks", "render-rules", "--out", str(tmp_path / "rules"),
