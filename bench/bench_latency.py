@@ -1,4 +1,4 @@
-"""End-to-end paging latency and the services' memory (issue 9, items 2 and 5).
+"""End-to-end paging latency and the services' memory.
 
 Signal: a VM's security-group chain deleted in a network namespace (a "hypervisor"), read by the real
 iptables collector (1 s rounds). Two paths from the same sample to the same Alertmanager and webhook:
@@ -15,7 +15,7 @@ Each trial breaks a different hypervisor (a new alert group), then restores it.
 
 Memory: peak RSS (``VmHWM``) of the worker, the collector and the paging actuator at the end of the run,
 next to their RSS once started and idle. After the latency trials a load phase runs: the stream
-benchmark's LB telemetry (bench_stream's records, item 1) through the worker and a burst of warning
+benchmark's LB telemetry (bench_stream's records) through the worker and a burst of warning
 findings (opened, then cleared) through the paging actuator; the collector reads every hypervisor each
 second throughout.
 """
@@ -185,7 +185,7 @@ def _metric_sum(port: int, name: str) -> float:
 
 
 def _load(bootstrap: str, worker_port: int, paging_port: int, n_records: int, n_findings: int) -> None:
-    """Item 1's telemetry through the worker, a burst of findings (opened, cleared) through the actuator."""
+    """The stream benchmark's telemetry through the worker, a burst of findings (opened, cleared) through the actuator."""
     samples_before = _metric_sum(worker_port, "opsloop_stream_samples_total")
     consumed_before = _metric_sum(paging_port, "opsloop_paging_findings_total")
     _produce(bootstrap, Topic.LB.value, _records(n_records, time.time() - 3600))

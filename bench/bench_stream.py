@@ -3,7 +3,7 @@ next to a plain aiokafka consumer loop doing the same decoding and the same hand
 
 Data: LB samples (``haproxy`` rows) published as collector rounds do: one Kafka record per load balancer
 and round carrying ``ROWS`` samples (Telegraf batch shape). Both consumers read the same records from
-the same real broker. The worker's peak RSS under this load is reported too (item 5 of the bench issue).
+the same real broker. The worker's peak RSS under this load is reported too.
 """
 
 from __future__ import annotations
