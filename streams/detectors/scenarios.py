@@ -1,11 +1,11 @@
-"""Labeled scenarios built from the seeds' numbers, for tests, tuning and ``make bench``.
+"""Labeled scenarios built from the source documents' figures (docs/sources.md), for tests, tuning and ``make bench``.
 
 Each scenario is a series (timestamps, values) with per-row labels and the anomaly windows
 (first row, last row). Generation is deterministic (seeded ``random.Random``); ``write_csv``
 materialises them as ``timestamp,value,label`` files (tests/streams/scenarios/), which
 ``opsloop detect replay`` reads directly (the label column is ignored by the detector).
 
-Seed numbers used: Keystone validation < 10 ms cached vs >= 600 ms uncached, nightly accounting
+Figures used: Keystone validation < 10 ms cached vs >= 600 ms uncached, nightly accounting
 peak 03:10-04:10 (normal, never labeled); Gen 3 storage server 155 W, Gen 1 248 W, idle 136 W,
 disks in standby 82 W; netperf 8.42 Gb/s (new kernel, 8 queues) vs 3.57 Gb/s (old kernel).
 """
