@@ -7,7 +7,7 @@ not wall clock, so the run is deterministic. Rows per scenario: overload-seconds
 tick (target ≤ 10 % of each baseline's), mean latency outside shortfalls (target ≤ 1.10 × the
 baseline's), the 95th-percentile excess over capacity outside step transients (≤ 5 %), churn
 outside step transients (≤ 3 points per interval) and whether the scenario's own verdict passes.
-``--quick`` runs the eight kinds of the issue only; the full run adds every variant of the
+``--quick`` runs the eight shipped scenario kinds only; the full run adds every variant of the
 robustness suite (``scenarios/robustness``) and one row counting the variants that meet every
 target.
 """

@@ -17,7 +17,7 @@ from opsloop.controllers.edge.sim_cli import main
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "controllers" / "edge" / "scenarios"
 SHIPPED = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
-# Named misses of the issue's criteria on our own scenarios (also in controllers/edge/README.md):
+# Named misses of the control targets on our own scenarios (also in controllers/edge/README.md):
 # on noise_near_capacity (demand redrawn every interval, sd 10 %, at 95 % of the near origin) the
 # overload-seconds after the first tick are 14 s, 12 % / 24 % of the two baselines' 113 s / 58 s
 # (target 10 %), and the weights swing by 3.5 points (target 3): with independent draws the plan

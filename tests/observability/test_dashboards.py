@@ -1,8 +1,8 @@
 """Grafana dashboards: committed JSON = generator output; every panel complete; every query valid
 PromQL on the real Prometheus; the LB and pipeline panels return data from a real end-to-end run.
 
-Grafana itself is not among the components installed here (the set-up installs no Grafana server), so the dashboards are checked where they can fail:
-their structure, and their queries against a live Prometheus filled by the pipeline.
+No Grafana server is installed here (the set-up has none), so the dashboards are checked where they can
+fail: their structure, and their queries against a live Prometheus filled by the pipeline.
 """
 
 from __future__ import annotations
