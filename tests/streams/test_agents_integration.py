@@ -176,14 +176,15 @@ def test_unprotected_port_pages_and_state_survives_sigkill(stack, tmp_path: Path
         worker.stop()
 
 
-def test_seed_numbers_come_out_of_the_worker(stack, tmp_path: Path) -> None:
-    """Power cost per TB-year, netperf regression and Keystone p95/heavy hitters via Kafka and the worker."""
+def test_published_figures_come_out_of_the_worker(stack, tmp_path: Path) -> None:
+    """Power cost per TB-year, netperf regression and Keystone p95/heavy hitters via Kafka and the worker
+    (the figures of docs/sources.md)."""
     bootstrap = stack.kafka_bootstrap
     config, doc = detectors_config(tmp_path, stack, keystone={"p95_window_s": 60, "p95_min_requests": 10,
                                                               "heavy_window_s": 120, "heavy_pane_s": 60,
                                                               "heavy_min_total": 50})
     port = doc["stream"]["metrics_port"]
-    tag = unique("seed")
+    tag = unique("figures")
     t0 = time.time() - 7200
     records: list[tuple[Topic, str, bytes]] = []
     for gen, watts, raw_tb in (("gen1", 248.0, 48), ("gen2", 205.0, 48), ("gen3", 155.0, 96)):
@@ -192,7 +193,7 @@ def test_seed_numbers_come_out_of_the_worker(stack, tmp_path: Path) -> None:
             metric("ipmi_power", {"watts": watts}, {"host": host, "source": "dcmi", "generation": gen,
                                                     "raw_capacity_tb": str(raw_tb)}, t0 + 30 * i) for i in range(3))))
     target_set = f"{tag}-six-vms"
-    results = [(8.42, t0), (8.40, t0 + 600), (3.51, t0 + 1200)]   # the seeds' regression at 8 queues
+    results = [(8.42, t0), (8.40, t0 + 600), (3.51, t0 + 1200)]   # the published regression at 8 queues
     records.append((Topic.NETPERF, target_set, encode_batch(
         metric("netperf_throughput", {"mean_gbps": g, "failed_targets": 0},
                {"host": "bench", "target_set": target_set, "driver": "netperf", "test": "TCP_STREAM", "queues": "8"},
