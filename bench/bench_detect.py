@@ -24,15 +24,15 @@ import time
 from collections import deque
 from typing import Any
 
-from opsloop.streams.detectors.anomaly import StreamingDetector
+from opsloop.streams.detectors.anomaly.model import StreamingDetector
 from opsloop.streams.detectors.evaluate_corpora import SKAB_ENV, LabelledSeries, load_skab, scenario_corpus, skab_dir, synthetic
 from opsloop.streams.detectors.evaluate_windows import all_profiles
 from opsloop.streams.detectors.evaluation import evaluate
-from opsloop.streams.detectors.firewall import UNPROTECTED, FirewallDetector
-from opsloop.streams.detectors.keystone import HEAVY, REGIME, HeavyHitterDetector, LatencyRegimeDetector
-from opsloop.streams.detectors.netperf import DROP, NO_SCALING, NetperfDetector
+from opsloop.streams.detectors.firewall.detector import UNPROTECTED, FirewallDetector
+from opsloop.streams.detectors.keystone.detector import HEAVY, REGIME, HeavyHitterDetector, LatencyRegimeDetector
+from opsloop.streams.detectors.netperf.detector import DROP, NO_SCALING, NetperfDetector
 from opsloop.streams.detectors.ops_corpus import REPORT_SEEDS, TUNE_SEEDS, ops_corpus
-from opsloop.streams.detectors.power import PowerDetector, ServerSpec
+from opsloop.streams.detectors.power.detector import PowerDetector, ServerSpec
 from opsloop.streams.detectors.scenarios import Scenario, all_scenarios
 
 THRESHOLD = 0.5

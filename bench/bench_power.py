@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from opsloop.wire import Metric, metric
-from opsloop.streams.agents.power import PowerHandler
+from opsloop.streams.detectors.power.handler import PowerHandler
 
 FULL_SIZES = (250, 500, 1000)
 QUICK_SIZES = (100, 250)

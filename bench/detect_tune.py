@@ -13,7 +13,7 @@ import collections
 import dataclasses
 import time
 
-from opsloop.streams.detectors.anomaly import DetectorConfig, StreamingDetector
+from opsloop.streams.detectors.anomaly.model import DetectorConfig, StreamingDetector
 from opsloop.streams.detectors.evaluate_corpora import load_skab, scenario_corpus, skab_dir, synthetic
 from opsloop.streams.detectors.evaluate_windows import all_profiles, window_score
 from opsloop.streams.detectors.ops_corpus import REPORT_SEEDS, TUNE_SEEDS, ops_corpus

@@ -26,7 +26,7 @@ import orjson
 
 from opsloop.config import Settings
 from opsloop.wire import Topic
-from opsloop.streams.agents import detector_handlers
+from opsloop.streams.detectors.registry import detector_handlers
 from opsloop.streams.agents.settings import DetectorsSettings
 from opsloop.streams.edge.demand import DemandAggregator
 from opsloop.streams.lb.rates import LbRates

@@ -14,7 +14,7 @@ from opsloop.log import JsonFormatter, get_logger, setup_logging
 from opsloop.metrics import serve_metrics
 from opsloop.topics import ensure_topics
 from opsloop.wire import Topic
-from opsloop.streams.agents import register_detector_agents
+from opsloop.streams.agents.register import register_detector_agents
 from opsloop.streams.edge.agent import edge_demand_stage
 from opsloop.streams.lb.rates import LbRates
 from opsloop.streams.runtime.app import batch_agent, create_app

@@ -1,6 +1,7 @@
-"""Stream detectors: pure, incremental, state-serialisable logic that the Faust agents call.
+"""Stream detectors: one folder per detector (logic, stream handler, settings), listed in ``registry``.
 
-``anomaly`` (any numeric series), ``firewall``, ``keystone``, ``netperf``, ``power`` (domain rules
-producing ``opsloop.findings.Finding``), ``replay_cli`` (``opsloop detect replay``), ``scenarios`` and
-``evaluation`` (the labeled scenario set and its precision/recall/delay report).
+``firewall``, ``keystone``, ``netperf``, ``power`` (domain rules producing ``opsloop.findings.Finding``),
+``anomaly`` (any numeric series); ``findingbook`` (the finding lifecycle), ``sketches``; ``replay_cli``
+(``opsloop detect replay``), ``scenarios`` and ``evaluation`` (the labeled scenario set and its
+precision/recall/delay report). See README.md, "Adding a detector".
 """

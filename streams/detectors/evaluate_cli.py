@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
 
-from .anomaly import DetectorConfig, StreamingDetector
+from .anomaly.model import DetectorConfig, StreamingDetector
 from .evaluate_windows import WindowScore, all_profiles, windows_from_labels
 from .evaluation import evaluate
 from .replay_cli import ReplayError, parse_timestamp, parse_value

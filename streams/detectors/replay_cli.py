@@ -22,7 +22,7 @@ import sys
 from datetime import datetime, timezone
 from typing import Iterator, TextIO
 
-from .anomaly import StreamingDetector
+from .anomaly.model import StreamingDetector
 
 TIMESTAMP_NAMES = ("timestamp", "timestamps")
 VALUE_NAMES = ("value", "values")

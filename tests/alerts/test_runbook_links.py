@@ -32,7 +32,7 @@ from tests.helpers import REPO
 RUNBOOKS = REPO / "docs" / "runbooks"
 RULE_FILES = sorted((REPO / "alerts" / "rules").glob("*.yml"))
 # Where findings are raised: the stream detectors, the edge decision, the weight actuators.
-FINDING_SOURCES = [*sorted((REPO / "streams" / "detectors").glob("*.py")),
+FINDING_SOURCES = [*sorted((REPO / "streams" / "detectors").rglob("*.py")),
                    REPO / "controllers" / "edge" / "findings.py", REPO / "controllers" / "actuators" / "service.py"]
 FAMILIES = ("firewall", "power", "netperf", "keystone", "edge", "anomaly")
 

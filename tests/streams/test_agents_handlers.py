@@ -11,14 +11,16 @@ from prometheus_client import REGISTRY
 from opsloop.config import Settings
 from opsloop.findings import Severity
 from opsloop.wire import Metric, metric
-from opsloop.streams.agents.anomaly import AnomalyHandler
+from opsloop.streams.detectors.anomaly.handler import AnomalyHandler
 from opsloop.streams.agents.base import DetectorHandler
-from opsloop.streams.agents.firewall import FirewallHandler
-from opsloop.streams.agents.keystone import KeystoneHandler
-from opsloop.streams.agents.netperf import NetperfHandler
-from opsloop.streams.agents.power import PowerHandler
-from opsloop.streams.agents.settings import (AnomalySettings, DetectorsSettings, KeystoneSettings, PowerSettings,
-                                     detectors_settings)
+from opsloop.streams.detectors.firewall.handler import FirewallHandler
+from opsloop.streams.detectors.keystone.handler import KeystoneHandler
+from opsloop.streams.detectors.netperf.handler import NetperfHandler
+from opsloop.streams.detectors.power.handler import PowerHandler
+from opsloop.streams.agents.settings import DetectorsSettings, detectors_settings
+from opsloop.streams.detectors.anomaly.settings import AnomalySettings
+from opsloop.streams.detectors.keystone.settings import KeystoneSettings
+from opsloop.streams.detectors.power.settings import PowerSettings
 
 T0 = 1_790_000_000.0
 

@@ -19,10 +19,10 @@ from prometheus_client import REGISTRY
 from opsloop.controllers.edge.service.inputs import DemandBook
 from opsloop.findings import Finding
 from opsloop.wire import DEADLETTER_VALUE_LIMIT, Metric, encode_batch, label_string, metric
-from opsloop.streams.agents.firewall import FirewallHandler
-from opsloop.streams.agents.keystone import KeystoneHandler
-from opsloop.streams.agents.netperf import NetperfHandler
-from opsloop.streams.agents.power import PowerHandler
+from opsloop.streams.detectors.firewall.handler import FirewallHandler
+from opsloop.streams.detectors.keystone.handler import KeystoneHandler
+from opsloop.streams.detectors.netperf.handler import NetperfHandler
+from opsloop.streams.detectors.power.handler import PowerHandler
 from opsloop.streams.detectors.findingbook import where_key
 from opsloop.streams.edge.demand import DemandAggregator, EdgeDemand
 from opsloop.streams.lb.rates import LbRates

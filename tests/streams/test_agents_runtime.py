@@ -16,13 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from opsloop.config import Settings
 from opsloop.findings import Finding, Severity
 from opsloop.wire import encode_batch, metric
-from opsloop.streams.agents import detector_handlers
+from opsloop.streams.detectors.registry import detector_handlers
 from opsloop.streams.agents.base import DetectorHandler
 from opsloop.streams.agents.findings_sink import ActiveFindings, FindingsSink, finding_labels
-from opsloop.streams.agents.firewall import FirewallHandler
+from opsloop.streams.detectors.firewall.handler import FirewallHandler
 from opsloop.streams.agents.settings import DetectorsSettings
 from opsloop.streams.agents.stateful import StatefulAgent
-from opsloop.streams.detectors.firewall import report_from_metrics
+from opsloop.streams.detectors.firewall.detector import report_from_metrics
 
 T0 = 1_790_000_000.0
 

@@ -4,8 +4,8 @@ while the series is out of its band, and clears when it is back."""
 from __future__ import annotations
 
 from opsloop.wire import metric
-from opsloop.streams.agents.anomaly import AnomalyHandler
-from opsloop.streams.agents.settings import AnomalySettings
+from opsloop.streams.detectors.anomaly.handler import AnomalyHandler
+from opsloop.streams.detectors.anomaly.settings import AnomalySettings
 
 T0 = 1_790_000_000.0
 

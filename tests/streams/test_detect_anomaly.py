@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import given, settings, strategies as st
 
 from opsloop.streams.detectors import scenarios
-from opsloop.streams.detectors.anomaly import DetectorConfig, StreamingDetector, score_series
+from opsloop.streams.detectors.anomaly.model import DetectorConfig, StreamingDetector, score_series
 from opsloop.streams.detectors.evaluate_windows import window_score
 from opsloop.streams.detectors.evaluation import evaluate
 

@@ -11,12 +11,13 @@ from hypothesis import given, settings, strategies as st
 
 from opsloop.findings import Finding, Severity
 from opsloop.wire import metric
-from opsloop.streams.detectors.firewall import (FINGERPRINT_DRIFT, PACKAGE_DRIFT, UNPROTECTED, FirewallDetector,
-                                        report_from_metrics)
-from opsloop.streams.detectors.keystone import (HEAVY, REGIME, SMALL_P95, HeavyHitterDetector, LatencyRegimeDetector,
-                                        SmallRequestP95Detector)
-from opsloop.streams.detectors.netperf import DROP, NO_SCALING, NetperfDetector
-from opsloop.streams.detectors.power import PowerDetector, ServerSpec, cost_per_usable_tb_year, protection_efficiency
+from opsloop.streams.detectors.firewall.detector import (FINGERPRINT_DRIFT, PACKAGE_DRIFT, UNPROTECTED,
+                                                         FirewallDetector, report_from_metrics)
+from opsloop.streams.detectors.keystone.detector import (HEAVY, REGIME, SMALL_P95, HeavyHitterDetector,
+                                                         LatencyRegimeDetector, SmallRequestP95Detector)
+from opsloop.streams.detectors.netperf.detector import DROP, NO_SCALING, NetperfDetector
+from opsloop.streams.detectors.power.detector import (PowerDetector, ServerSpec, cost_per_usable_tb_year,
+                                                      protection_efficiency)
 from opsloop.streams.detectors.sketches import LogHistogram, SpaceSaving
 
 T0 = 1_700_000_000.0

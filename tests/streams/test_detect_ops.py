@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from opsloop.streams.detectors.anomaly import NEW_IN_V3, DetectorConfig, StreamingDetector, score_series
+from opsloop.streams.detectors.anomaly.model import NEW_IN_V3, DetectorConfig, StreamingDetector, score_series
 from opsloop.streams.detectors.ops_corpus import KINDS, NORMAL, REPORT_SEEDS, TUNE_SEEDS, ops_corpus
 
 T0 = 1_704_067_200.0

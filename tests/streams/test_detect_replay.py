@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from opsloop.streams.detectors.anomaly import score_series
+from opsloop.streams.detectors.anomaly.model import score_series
 from opsloop.streams.detectors.replay_cli import ReplayError, main, parse_timestamp, parse_value, replay
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,11 +14,11 @@ from prometheus_client import REGISTRY
 from opsloop.config import StreamSettings
 from opsloop.findings import Severity
 from opsloop.wire import _LABEL_ESCAPES, Metric, label_string, metric
-from opsloop.streams.agents.anomaly import AnomalyHandler
-from opsloop.streams.agents.firewall import FirewallHandler
-from opsloop.streams.agents.settings import AnomalySettings, SeriesSpec
+from opsloop.streams.detectors.anomaly.handler import AnomalyHandler
+from opsloop.streams.detectors.firewall.handler import FirewallHandler
+from opsloop.streams.detectors.anomaly.settings import AnomalySettings, SeriesSpec
 from opsloop.streams.detectors.findingbook import FindingBook
-from opsloop.streams.detectors.firewall import FirewallDetector, report_from_metrics
+from opsloop.streams.detectors.firewall.detector import FirewallDetector, report_from_metrics
 from opsloop.streams.lb.rates import LbRates
 from opsloop.streams.runtime.batch import gc_paused
 

@@ -42,7 +42,7 @@ from typing import Any, Iterable, Mapping
 from opsloop.findings import Finding, Severity
 from opsloop.wire import Metric
 
-from .findingbook import FindingBook, where_key as _key
+from opsloop.streams.detectors.findingbook import FindingBook, where_key as _key
 
 UNPROTECTED = "firewall.unprotected_port"
 FINGERPRINT_DRIFT = "firewall.ruleset_drift"
@@ -156,10 +156,10 @@ def _majority(values: list[str]) -> str | None:
 class FirewallDetector:
     """Keeps the last report of every hypervisor; every new report yields findings at once."""
 
-    def __init__(self, min_role_size: int = 3) -> None:
+    def __init__(self, min_role_size: int = 3, *, book: FindingBook | None = None) -> None:
         self.min_role_size = min_role_size       # drift needs a majority to compare against
         self.latest: dict[str, HypervisorReport] = {}
-        self.book = FindingBook()
+        self.book = book if book is not None else FindingBook()   # the handler's, with its refresh
 
     def update(self, report: HypervisorReport | Mapping[str, Any], drift: bool = True) -> list[Finding]:
         """Take one report; ``drift=False`` leaves the role comparison to a later :meth:`drift` call
@@ -245,9 +245,8 @@ class FirewallDetector:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "FirewallDetector":
-        det = cls(int(doc.get("min_role_size", 3)))
+        det = cls(int(doc.get("min_role_size", 3)), book=FindingBook.from_dict(doc.get("book", {})))
         det.latest = {hv: HypervisorReport.from_dict(r) for hv, r in doc.get("latest", {}).items()}
-        det.book = FindingBook.from_dict(doc.get("book", {}))
         return det
 
     # -------------------------------------------------------------- per-hypervisor state parts

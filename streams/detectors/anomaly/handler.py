@@ -26,8 +26,8 @@ from prometheus_client import Counter, Gauge
 from opsloop.findings import Finding, Severity
 from opsloop.wire import Metric, label_string, topic_for
 from opsloop.streams.agents.base import DetectorHandler, log, number
-from opsloop.streams.agents.settings import AnomalySettings, SeriesSpec
-from opsloop.streams.detectors.anomaly import DetectorConfig, StreamingDetector
+from opsloop.streams.detectors.anomaly.settings import AnomalySettings, SeriesSpec
+from opsloop.streams.detectors.anomaly.model import DetectorConfig, StreamingDetector
 from opsloop.streams.detectors.findingbook import FindingBook
 
 LABELS = ["metric", "field", "series"]

@@ -1,6 +1,6 @@
 """Keystone agent: ``telemetry.keystone`` -> latency regime, heavy-hitter credentials, p95 of small requests.
 
-Per Keystone host (the state key) it runs the three detectors of ``opsloop.streams.detectors.keystone`` on
+Per Keystone host (the state key) it runs the three detectors of ``opsloop.streams.detectors.keystone.detector`` on
 what ``collectors/keystone`` publishes per round:
 
 * ``keystone_probe{host, probe}`` p50_ms and ``keystone_requests{host, method, endpoint}`` p50_ms (for
@@ -26,10 +26,10 @@ from prometheus_client import Gauge
 from opsloop.findings import Finding
 from opsloop.wire import Metric, Topic, label_string
 from opsloop.streams.agents.base import DetectorHandler, drop_children, log, number
-from opsloop.streams.agents.settings import KeystoneSettings
+from opsloop.streams.detectors.keystone.settings import KeystoneSettings
 from opsloop.streams.detectors.findingbook import FindingBook
-from opsloop.streams.detectors.keystone import (OTHER_CREDENTIALS, HeavyHitterDetector, LatencyRegimeDetector,
-                                        SmallRequestP95Detector, probe_latency)
+from opsloop.streams.detectors.keystone.detector import (OTHER_CREDENTIALS, HeavyHitterDetector, LatencyRegimeDetector,
+                                                         SmallRequestP95Detector, probe_latency)
 
 P95_ROUND = Gauge("opsloop_keystone_small_request_p95_seconds", "p95 latency of small requests in the last round",
                   ["host"])
@@ -78,9 +78,10 @@ class KeystoneHandler(DetectorHandler):
         if st is None:
             s = self.settings
             st = HostState({}, HeavyHitterDetector(share=s.heavy_share, min_total=s.heavy_min_total,
-                                                   window_s=s.heavy_window_s, pane_s=s.heavy_pane_s),
-                           SmallRequestP95Detector(s.p95_window_s, s.p95_limit_ms, s.p95_min_requests))
-            st.heavy.book.refresh_s = st.p95.book.refresh_s = self.refresh_s
+                                                   window_s=s.heavy_window_s, pane_s=s.heavy_pane_s,
+                                                   book=FindingBook(self.refresh_s)),
+                           SmallRequestP95Detector(s.p95_window_s, s.p95_limit_ms, s.p95_min_requests,
+                                                   book=FindingBook(self.refresh_s)))
             self.hosts[host] = st
         return st
 
@@ -126,8 +127,8 @@ class KeystoneHandler(DetectorHandler):
         ts, latency, _ = probe_latency(m)
         det = st.regimes.get(source)
         if det is None:
-            det = st.regimes[source] = LatencyRegimeDetector(regime_ratio=self.settings.regime_ratio)
-            det.book.refresh_s = self.refresh_s
+            det = st.regimes[source] = LatencyRegimeDetector(regime_ratio=self.settings.regime_ratio,
+                                                             book=FindingBook(self.refresh_s))
         det.update(ts, max(MIN_LATENCY_MS, latency), {"host": host, "source": source})
         if det.n >= det.warmup:
             REGIME.labels(host, source).set(10 ** det.level * S_PER_MS)

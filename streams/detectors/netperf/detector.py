@@ -32,7 +32,7 @@ from typing import Any, Mapping
 from opsloop.findings import Finding, Severity
 from opsloop.wire import Metric, label_string
 
-from .findingbook import FindingBook
+from opsloop.streams.detectors.findingbook import FindingBook
 
 DROP = "netperf.throughput_drop"
 NO_SCALING = "netperf.no_queue_scaling"
@@ -94,7 +94,7 @@ def result_from_metric(m: Metric) -> NetperfResult | None:
 
 class NetperfDetector:
     def __init__(self, drop_ratio: float = 0.2, baseline_runs: int = 5, min_baseline_runs: int = 1,
-                 min_speedup: float = 1.5, min_queue_ratio: int = 4) -> None:
+                 min_speedup: float = 1.5, min_queue_ratio: int = 4, *, book: FindingBook | None = None) -> None:
         self.drop_ratio = drop_ratio
         self.baseline_runs = baseline_runs
         self.min_baseline_runs = min_baseline_runs
@@ -102,7 +102,7 @@ class NetperfDetector:
         self.min_queue_ratio = min_queue_ratio
         self.history: dict[str, list[float]] = {}            # series -> accepted results (bounded)
         self.by_queues: dict[str, dict[str, float]] = {}     # target_set|label -> {queues: latest gbps}
-        self.book = FindingBook()
+        self.book = book if book is not None else FindingBook()   # the handler's, with its refresh
 
     def update(self, result: NetperfResult | Metric | Mapping[str, Any]) -> list[Finding]:
         if isinstance(result, Metric):
@@ -184,8 +184,7 @@ class NetperfDetector:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "NetperfDetector":
-        det = cls(**doc.get("config", {}))
+        det = cls(**doc.get("config", {}), book=FindingBook.from_dict(doc.get("book", {})))
         det.history = {k: [float(v) for v in vs] for k, vs in doc.get("history", {}).items()}
         det.by_queues = {k: {q: float(v) for q, v in d.items()} for k, d in doc.get("by_queues", {}).items()}
-        det.book = FindingBook.from_dict(doc.get("book", {}))
         return det

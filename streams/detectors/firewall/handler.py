@@ -1,6 +1,6 @@
 """Firewall agent: ``telemetry.iptables`` -> unprotected VM ports (critical) and drift between hypervisors.
 
-Feeds ``opsloop.streams.detectors.firewall.FirewallDetector`` one report per hypervisor and round (see
+Feeds ``opsloop.streams.detectors.firewall.detector.FirewallDetector`` one report per hypervisor and round (see
 ``report_from_metrics`` for the collector's metric names). State key: the hypervisor (its last
 report and the findings about it). Gauges, per hypervisor, for the firewall dashboard:
 
@@ -22,10 +22,10 @@ from prometheus_client import Gauge
 from opsloop.findings import Finding
 from opsloop.wire import Metric, Topic
 from opsloop.streams.agents.base import DetectorHandler, drop_children
-from opsloop.streams.agents.settings import FirewallSettings
+from opsloop.streams.detectors.firewall.settings import FirewallSettings
 from opsloop.streams.detectors.findingbook import FindingBook
-from opsloop.streams.detectors.firewall import (FINGERPRINT_DRIFT, PACKAGE_DRIFT, FirewallDetector, HypervisorReport,
-                                        report_from_metrics)
+from opsloop.streams.detectors.firewall.detector import (FINGERPRINT_DRIFT, PACKAGE_DRIFT, FirewallDetector,
+                                                         HypervisorReport, report_from_metrics)
 
 PORTS = Gauge("opsloop_firewall_ports", "VM ports per hypervisor by firewall state", ["hypervisor", "role", "state"])
 DRIFT = Gauge("opsloop_firewall_drift", "1 while the hypervisor's ruleset or packages differ from its role",
@@ -47,9 +47,7 @@ class FirewallHandler(DetectorHandler):
         self._roles_shown: dict[str, str] = {}
 
     def _new_detector(self) -> FirewallDetector:
-        det = FirewallDetector(self.settings.min_role_size)
-        det.book = FindingBook(self.refresh_s)
-        return det
+        return FirewallDetector(self.settings.min_role_size, book=FindingBook(self.refresh_s))
 
     def process(self, metrics: Sequence[Metric], now: float) -> None:
         roles: dict[str, float] = {}   # role -> event time of its newest report in this batch

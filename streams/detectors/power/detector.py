@@ -35,7 +35,7 @@ from typing import Any, Mapping
 from opsloop.findings import Finding, Severity
 from opsloop.wire import Metric
 
-from .findingbook import FindingBook
+from opsloop.streams.detectors.findingbook import FindingBook
 
 HOURS_PER_YEAR = 8760.0
 COST = "power.cost"
@@ -94,7 +94,7 @@ _SPEC_FIELDS = tuple(f.name for f in fields(ServerSpec))
 class PowerDetector:
     def __init__(self, inventory: list[ServerSpec], eur_per_kwh: float = 0.15, deviation_ratio: float = 0.15,
                  min_generation_size: int = 3, idle_utilisation: float = 0.05, min_samples: int = 3,
-                 smoothing: float = 0.05) -> None:
+                 smoothing: float = 0.05, *, book: FindingBook | None = None) -> None:
         self.inventory = {s.host: s for s in inventory}
         self.eur_per_kwh = eur_per_kwh
         self.deviation_ratio = deviation_ratio
@@ -104,7 +104,7 @@ class PowerDetector:
         self.smoothing = smoothing
         self.sums: dict[str, list[float]] = {}          # host -> [mean watts, samples]
         self.utilisation: dict[str, float] = {}
-        self.book = FindingBook()
+        self.book = book if book is not None else FindingBook()   # the handler's, with its refresh
         self.deviation_work = 0   # servers compared so far (what a test counts instead of timing)
 
     def mean_watts(self, host: str) -> float | None:
@@ -218,10 +218,10 @@ class PowerDetector:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "PowerDetector":
-        det = cls([ServerSpec(**s) for s in doc.get("inventory", [])], **doc.get("config", {}))
+        det = cls([ServerSpec(**s) for s in doc.get("inventory", [])], **doc.get("config", {}),
+                  book=FindingBook.from_dict(doc.get("book", {})))
         det.sums = {h: [float(v[0]), int(v[1])] for h, v in doc.get("sums", {}).items()}
         det.utilisation = {h: float(v) for h, v in doc.get("utilisation", {}).items()}
-        det.book = FindingBook.from_dict(doc.get("book", {}))
         return det
 
     # --------------------------------------------------------------------- per-host state parts

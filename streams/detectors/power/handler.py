@@ -1,6 +1,6 @@
 """Power agent: ``telemetry.ipmi`` -> energy, cost per usable TB-year, generation deviation, idle servers.
 
-Feeds ``opsloop.streams.detectors.power.PowerDetector``. A server's inventory entry (generation, raw TB,
+Feeds ``opsloop.streams.detectors.power.detector.PowerDetector``. A server's inventory entry (generation, raw TB,
 protection, fill ratio) comes from ``controllers.detectors.power.hosts`` or else from the
 collector's metadata tags (``generation``, ``raw_capacity_tb``) with the configured defaults
 (``replica:3``, 70 % fill: the seed's assumptions). State key: the host.
@@ -21,9 +21,10 @@ from prometheus_client import Gauge
 from opsloop.findings import Finding
 from opsloop.wire import Metric, Topic
 from opsloop.streams.agents.base import DetectorHandler, drop_children, log
-from opsloop.streams.agents.settings import PowerSettings
+from opsloop.streams.detectors.power.settings import PowerSettings
 from opsloop.streams.detectors.findingbook import FindingBook
-from opsloop.streams.detectors.power import POWER_METRICS, PowerDetector, ServerSpec, power_reading, spec_from_tags
+from opsloop.streams.detectors.power.detector import (POWER_METRICS, PowerDetector, ServerSpec, power_reading,
+                                                      spec_from_tags)
 
 HOST = ["host", "generation"]
 JOULES_PER_KWH = 3.6e6   # the detector reasons in kWh (prices are per kWh); Prometheus gets joules
@@ -51,8 +52,8 @@ class PowerHandler(DetectorHandler):
     def _new_detector(self) -> PowerDetector:
         s = self.settings
         det = PowerDetector([], eur_per_kwh=s.eur_per_kwh, deviation_ratio=s.deviation_ratio,
-                            min_generation_size=s.min_generation_size, min_samples=s.min_samples)
-        det.book = FindingBook(self.refresh_s)
+                            min_generation_size=s.min_generation_size, min_samples=s.min_samples,
+                            book=FindingBook(self.refresh_s))
         return det
 
     def spec_for(self, host: str, tags: Mapping[str, str]) -> ServerSpec | None:

@@ -1,6 +1,6 @@
 """netperf agent: ``telemetry.netperf`` -> throughput drops against the baseline, queues that stop paying off.
 
-Feeds ``opsloop.streams.detectors.netperf.NetperfDetector`` (one per target set: the state key) with the
+Feeds ``opsloop.streams.detectors.netperf.detector.NetperfDetector`` (one per target set: the state key) with the
 collector's set results (``result_from_metric``). Gauges (labels target_set, label, queues):
 
 * ``opsloop_netperf_throughput_bytes_per_second``: the last result;
@@ -18,9 +18,9 @@ from prometheus_client import Gauge
 from opsloop.findings import Finding
 from opsloop.wire import Metric, Topic
 from opsloop.streams.agents.base import DetectorHandler, drop_children, log
-from opsloop.streams.agents.settings import NetperfSettings
+from opsloop.streams.detectors.netperf.settings import NetperfSettings
 from opsloop.streams.detectors.findingbook import FindingBook
-from opsloop.streams.detectors.netperf import NetperfDetector, NetperfResult, result_from_metric
+from opsloop.streams.detectors.netperf.detector import NetperfDetector, NetperfResult, result_from_metric
 
 SERIES = ["target_set", "label", "queues"]
 BYTES_PER_GBIT = 1e9 / 8   # the wire and the detector use Gb/s; Prometheus gets bytes per second
@@ -46,10 +46,8 @@ class NetperfHandler(DetectorHandler):
 
     def _new_detector(self) -> NetperfDetector:
         s = self.settings
-        det = NetperfDetector(drop_ratio=s.drop_ratio, baseline_runs=s.baseline_runs, min_speedup=s.min_speedup,
-                              min_queue_ratio=s.min_queue_ratio)
-        det.book = FindingBook(self.refresh_s)
-        return det
+        return NetperfDetector(drop_ratio=s.drop_ratio, baseline_runs=s.baseline_runs, min_speedup=s.min_speedup,
+                               min_queue_ratio=s.min_queue_ratio, book=FindingBook(self.refresh_s))
 
     def process(self, metrics: Sequence[Metric], now: float) -> None:
         for m in metrics:

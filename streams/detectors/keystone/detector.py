@@ -4,7 +4,7 @@ Seed 000 (RadosGW/Keystone): a signed S3 request validated by Keystone takes >= 
 without; aggressive parallel clients overloaded Keystone and the operators hunted the "problematic"
 credentials by hand; the p95 latency of small requests (``body_bytes_sent`` and ``request_length``
 both < 65536) fell from ~750 ms to ~100 ms once credentials were cached. A nightly load peak
-03:10-04:10 is normal (that is the general detector's seasonal job, see anomaly.py).
+03:10-04:10 is normal (that is the general detector's seasonal job, see anomaly/model.py).
 
 * ``LatencyRegimeDetector``: two one-sided CUSUMs (Page 1954) on log10(latency): a sustained move
   by more than ``regime_ratio`` (3x) is a regime change; log scale because the regimes differ by a
@@ -40,8 +40,8 @@ from typing import Any, Mapping
 from opsloop.findings import Finding, Severity
 from opsloop.wire import Metric
 
-from .findingbook import FindingBook, where_key
-from .sketches import LogHistogram, PanedHeavyHitters
+from opsloop.streams.detectors.findingbook import FindingBook, where_key
+from opsloop.streams.detectors.sketches import LogHistogram, PanedHeavyHitters
 
 REGIME = "keystone.latency_regime"
 HEAVY = "keystone.heavy_hitter"
@@ -53,7 +53,7 @@ OTHER_CREDENTIALS = "_other"   # the collector's bucket for credentials beyond i
 
 class LatencyRegimeDetector:
     def __init__(self, regime_ratio: float = 3.0, threshold: float = 2.0, warmup: int = 5,
-                 smoothing: float = 0.05) -> None:
+                 smoothing: float = 0.05, *, book: FindingBook | None = None) -> None:
         self.regime_ratio = regime_ratio
         self.drift = math.log10(regime_ratio) / 2.0     # CUSUM reference value k: half the shift
         self.threshold = threshold                      # CUSUM decision interval h (log10 units)
@@ -65,7 +65,7 @@ class LatencyRegimeDetector:
         self.up = self.down = 0.0
         self.up_sum = self.down_sum = 0.0
         self.up_n = self.down_n = 0
-        self.book = FindingBook()
+        self.book = book if book is not None else FindingBook()   # the handler's, with its refresh
 
     def update(self, timestamp: float, latency_ms: float, where: dict[str, str] | None = None) -> list[Finding]:
         if not (latency_ms > 0.0 and math.isfinite(latency_ms)):
@@ -128,24 +128,24 @@ class LatencyRegimeDetector:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "LatencyRegimeDetector":
-        det = cls(doc["regime_ratio"], doc["threshold"], doc["warmup"], doc["smoothing"])
+        det = cls(doc["regime_ratio"], doc["threshold"], doc["warmup"], doc["smoothing"],
+                  book=FindingBook.from_dict(doc.get("book", {})))
         for k in ("n", "level", "up", "down", "up_sum", "down_sum", "up_n", "down_n"):
             setattr(det, k, doc[k])
         det.best = math.inf if doc.get("best") is None else float(doc["best"])
-        det.book = FindingBook.from_dict(doc.get("book", {}))
         return det
 
 
 class HeavyHitterDetector:
     def __init__(self, share: float = 0.2, min_total: int = 100, window_s: float = 300.0, pane_s: float = 60.0,
-                 capacity: int = 64, top: int = 5) -> None:
+                 capacity: int = 64, top: int = 5, *, book: FindingBook | None = None) -> None:
         if not 0.0 < share <= 1.0:
             raise ValueError(f"share must be in (0, 1] (got {share})")
         self.share = share
         self.min_total = min_total
         self.top = top
         self.window = PanedHeavyHitters(window_s, pane_s, capacity)
-        self.book = FindingBook()
+        self.book = book if book is not None else FindingBook()   # the handler's, with its refresh
 
     def update(self, timestamp: float, credential: str, where: dict[str, str] | None = None,
                weight: int = 1) -> list[Finding]:
@@ -184,21 +184,22 @@ class HeavyHitterDetector:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "HeavyHitterDetector":
-        det = cls(share=doc["share"], min_total=doc["min_total"], top=doc["top"])
+        det = cls(share=doc["share"], min_total=doc["min_total"], top=doc["top"],
+                  book=FindingBook.from_dict(doc.get("book", {})))
         det.window = PanedHeavyHitters.from_dict(doc["window"])
-        det.book = FindingBook.from_dict(doc.get("book", {}))
         return det
 
 
 class SmallRequestP95Detector:
-    def __init__(self, window_s: float = 300.0, p95_limit_ms: float = 500.0, min_requests: int = 20) -> None:
+    def __init__(self, window_s: float = 300.0, p95_limit_ms: float = 500.0, min_requests: int = 20, *,
+                 book: FindingBook | None = None) -> None:
         self.window_s = window_s
         self.p95_limit_ms = p95_limit_ms
         self.min_requests = min_requests
         self.window_start: float | None = None
         self.hist = LogHistogram()
         self.series: list[tuple[float, float]] = []    # closed windows (start, p95), last 288 kept
-        self.book = FindingBook()
+        self.book = book if book is not None else FindingBook()   # the handler's, with its refresh
 
     @staticmethod
     def is_small(body_bytes_sent: int, request_length: int) -> bool:
@@ -265,11 +266,11 @@ class SmallRequestP95Detector:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "SmallRequestP95Detector":
-        det = cls(doc["window_s"], doc["p95_limit_ms"], doc["min_requests"])
+        det = cls(doc["window_s"], doc["p95_limit_ms"], doc["min_requests"],
+                  book=FindingBook.from_dict(doc.get("book", {})))
         det.window_start = doc["window_start"]
         det.hist = LogHistogram.from_dict(doc["hist"])
         det.series = [(float(a), float(b)) for a, b in doc["series"]]
-        det.book = FindingBook.from_dict(doc.get("book", {}))
         return det
 
 

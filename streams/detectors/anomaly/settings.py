@@ -1,0 +1,53 @@
+"""Settings of the generic anomaly detector: ``streams.detectors.anomaly`` of opsloop.yaml (the series)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from opsloop.wire import WireError, topic_for
+from opsloop.streams.detectors.anomaly.model import DetectorConfig
+from opsloop.streams.detectors.plugin import Strict
+
+
+class SeriesSpec(Strict):
+    metric: str = Field(min_length=1)
+    field: str = Field(min_length=1)
+    tags: dict[str, str] = Field(default_factory=dict, description="only samples carrying these tag values")
+
+    @field_validator("metric")
+    @classmethod
+    def _routable(cls, v: str) -> str:
+        try:
+            topic_for(v, {})
+        except WireError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+
+DEFAULT_SERIES = [
+    SeriesSpec(metric="ipmi_power", field="watts"),
+    SeriesSpec(metric="keystone_probe", field="p50_ms"),
+    SeriesSpec(metric="s3_frontend_requests", field="small_p95_ms"),
+    SeriesSpec(metric="uwsgi_server", field="listen_queue"),
+]
+
+
+class AnomalySettings(Strict):
+    enabled: bool = True
+    series: list[SeriesSpec] = Field(default_factory=lambda: list(DEFAULT_SERIES))
+    open_score: float = Field(default=0.9, gt=0, le=1, description="score that opens a finding")
+    clear_after: int = Field(default=3, ge=1, description="points below clear_score that clear it")
+    clear_score: float = Field(default=0.3, ge=0, lt=1)
+    max_series: int = Field(default=5000, ge=1, description="bound on tracked series (new ones are ignored)")
+    detector: dict[str, float | int] = Field(default_factory=dict, description="DetectorConfig overrides")
+
+    @field_validator("detector")
+    @classmethod
+    def _known(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            DetectorConfig(**v)
+        except TypeError as e:
+            raise ValueError(f"unknown detector setting: {e}") from None
+        return v
