@@ -123,8 +123,8 @@ def test_firewall_drift_by_role_from_config_and_tags() -> None:
 
 
 # --------------------------------------------------------------------------------------------- power
-SEED_GENERATIONS = {"gen1": (248.0, 48), "gen2": (205.0, 48), "gen3": (155.0, 96)}
-SEED_COST = {"gen1": 29.10, "gen2": 24.05, "gen3": 9.09}
+PUBLISHED_GENERATIONS = {"gen1": (248.0, 48), "gen2": (205.0, 48), "gen3": (155.0, 96)}
+PUBLISHED_COST = {"gen1": 29.10, "gen2": 24.05, "gen3": 9.09}
 
 
 def power_samples(host: str, generation: str, watts: float, raw_tb: float, t0: float, n: int) -> list[Metric]:
@@ -132,18 +132,18 @@ def power_samples(host: str, generation: str, watts: float, raw_tb: float, t0: f
     return [metric("ipmi_power", {"watts": watts, "watts_avg": watts}, tags, t0 + 30 * i) for i in range(n)]
 
 
-def test_seed_power_table_as_gauges_from_collector_tags() -> None:
+def test_published_power_table_as_gauges_from_collector_tags() -> None:
     h = PowerHandler()
-    batch = [m for g, (w, tb) in SEED_GENERATIONS.items() for m in power_samples(f"seed-{g}", g, w, tb, T0, 4)]
+    batch = [m for g, (w, tb) in PUBLISHED_GENERATIONS.items() for m in power_samples(f"pub-{g}", g, w, tb, T0, 4)]
     h.handle(batch, T0)
-    for g, cost in SEED_COST.items():
-        got = 1e12 * gauge("opsloop_power_eur_per_usable_byte_year", host=f"seed-{g}", generation=g,
+    for g, cost in PUBLISHED_COST.items():
+        got = 1e12 * gauge("opsloop_power_eur_per_usable_byte_year", host=f"pub-{g}", generation=g,
                            protection="replica:3")   # per byte exported, per TB in the reference table
         assert got == pytest.approx(cost, abs=0.01)
-        assert gauge("opsloop_power_watts", host=f"seed-{g}", generation=g) == pytest.approx(SEED_GENERATIONS[g][0])
-    assert gauge("opsloop_power_energy_per_year_joules", host="seed-gen3", generation="gen3") == pytest.approx(155 * 8.76 * 3.6e6)
+        assert gauge("opsloop_power_watts", host=f"pub-{g}", generation=g) == pytest.approx(PUBLISHED_GENERATIONS[g][0])
+    assert gauge("opsloop_power_energy_per_year_joules", host="pub-gen3", generation="gen3") == pytest.approx(155 * 8.76 * 3.6e6)
     cost = [f for e, f in h.drain_outbox() if f.detector == "power.cost"]
-    assert {f.where["host"]: f.observed for f in cost} == {f"seed-{g}": c for g, c in SEED_COST.items()}
+    assert {f.where["host"]: f.observed for f in cost} == {f"pub-{g}": c for g, c in PUBLISHED_COST.items()}
 
 
 def test_power_config_overrides_tags_erasure_coding_halves_the_cost() -> None:
@@ -198,7 +198,7 @@ def netperf_set(queues: int, gbps: float, ts: float, kernel: str, failed: int = 
                    "queues": str(queues), "kernel": kernel}, ts)
 
 
-def test_seed_queue_scaling_and_regression_from_collector_samples() -> None:
+def test_published_queue_scaling_and_regression_from_collector_samples() -> None:
     h = NetperfHandler()
     old = {1: 3.28, 2: 3.41, 4: 3.51, 8: 3.57}
     new = {1: 3.23, 2: 6.00, 4: 8.02, 8: 8.42}

@@ -1,4 +1,4 @@
-"""The general streaming detector: contract properties, seasonality, seeds' scenarios."""
+"""The general streaming detector: contract properties, seasonality, the source documents' scenarios."""
 
 from __future__ import annotations
 

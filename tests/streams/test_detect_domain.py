@@ -1,4 +1,4 @@
-"""Domain detectors on the seeds' numbers: firewall, netperf, Keystone, power."""
+"""Domain detectors on the source documents' figures (docs/sources.md): firewall, netperf, Keystone, power."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_unprotected_port_is_critical_at_once_and_cleared_when_fixed() -> None:
     assert not [f for f in det.update(_report("hv1", T0 + 180)) if f.detector == UNPROTECTED]
 
 
-def test_seed_five_hypervisors_lose_their_chains() -> None:
+def test_five_hypervisors_lose_their_chains() -> None:
     det = FirewallDetector()
     broken = {f"hv{i}" for i in (3, 7, 11, 19, 23)}
     for i in range(30):
@@ -97,7 +97,7 @@ def _feed(det: NetperfDetector, label: str, table: dict[int, float]) -> list[Fin
     return out
 
 
-def test_seed_queue_tables() -> None:
+def test_published_queue_tables() -> None:
     det = NetperfDetector()
     old = _feed(det, "3.13-kernel", {1: 3.28, 2: 3.41, 4: 3.51, 8: 3.57})
     new = _feed(det, "4.4-kernel", {1: 3.23, 2: 6.00, 4: 8.02, 8: 8.42})
@@ -216,19 +216,19 @@ def test_log_histogram_quantile_relative_error(values: list[float]) -> None:
 
 
 # --------------------------------------------------------------------------------------------- power
-SEED = {"gen1": (248.0, 48.0, 29.10, 14.55), "gen2": (205.0, 48.0, 24.05, 12.03), "gen3": (155.0, 96.0, 9.09, 4.55)}
+PUBLISHED_POWER = {"gen1": (248.0, 48.0, 29.10, 14.55), "gen2": (205.0, 48.0, 24.05, 12.03), "gen3": (155.0, 96.0, 9.09, 4.55)}
 
 
 @pytest.mark.parametrize("protection,column", [("replica:3", 2), ("ec:2+1", 3)])
-def test_seed_power_table_comes_out_of_the_stream(protection: str, column: int) -> None:
-    inv = [ServerSpec(g, g, raw, protection, 0.7) for g, (w, raw, *_r) in SEED.items()]
+def test_published_power_table_comes_out_of_the_stream(protection: str, column: int) -> None:
+    inv = [ServerSpec(g, g, raw, protection, 0.7) for g, (w, raw, *_r) in PUBLISHED_POWER.items()]
     det = PowerDetector(inv, eur_per_kwh=0.15)
     found: list[Finding] = []
     for i in range(5):
-        for g, (w, *_r) in SEED.items():
+        for g, (w, *_r) in PUBLISHED_POWER.items():
             found += det.update(metric("ipmi_power", {"watts": w}, {"host": g, "source": "dcmi"}, T0 + 60 * i))
     costs = {f.where["host"]: f.observed for f in found if f.detector == "power.cost"}
-    assert costs == {g: row[column] for g, row in SEED.items()}
+    assert costs == {g: row[column] for g, row in PUBLISHED_POWER.items()}
     row = det.cost_row(inv[2], 155.0)
     assert row["kwh_per_year"] == pytest.approx(1357.8) and row["eur_per_year"] == pytest.approx(203.67)
 

@@ -16,7 +16,7 @@ detector therefore combines a few simple, well-studied streaming estimators inst
 2. **Seasonal baseline per time-of-day and time-of-week bucket** (the additive Holt-Winters error
    correction form, keyed by *time* rather than sample index, so irregular timestamps and gaps work).
    Each daily bucket also keeps its own robust scale, so a time of day that is naturally busy or
-   erratic (the seeds' 03:10-04:10 accounting peak on Keystone) gets a wider band. With buckets of
+   erratic (Keystone's 03:10-04:10 accounting peak, docs/sources.md) gets a wider band. With buckets of
    at most 20 minutes a point is compared with its bucket and the two neighbouring buckets and the
    closest band counts: a recurring peak that starts a few minutes early or late is not an anomaly. Buckets are trusted only once seen on two
    different days (weeks for the weekly profile).

@@ -1,6 +1,6 @@
 """Firewall detector: VM ports without their security-group chain, and drift between hypervisors.
 
-Seed 000 ("Temporary elevated reachability"): after a routine change, 5 hypervisors silently lost
+"Temporary elevated reachability" (docs/sources.md): after a routine change, 5 hypervisors silently lost
 the security-group rules of their VMs, and nobody noticed for a week. Rules here:
 
 * a VM port whose security-group chain is absent -> **critical** finding at once (no warm-up),

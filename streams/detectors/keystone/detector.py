@@ -1,6 +1,7 @@
 """Keystone detectors: latency regime, heavy-hitter credentials, p95 of small requests.
 
-Seed 000 (RadosGW/Keystone): a signed S3 request validated by Keystone takes >= 600 ms, < 10 ms
+"RadosGW/Keystone Integration Performance Issues—Finally Solved?" and "Boosting OpenStack's
+Parallel Performance" (docs/sources.md): a signed S3 request validated by Keystone takes >= 600 ms, < 10 ms
 without; aggressive parallel clients overloaded Keystone and the operators hunted the "problematic"
 credentials by hand; the p95 latency of small requests (``body_bytes_sent`` and ``request_length``
 both < 65536) fell from ~750 ms to ~100 ms once credentials were cached. A nightly load peak

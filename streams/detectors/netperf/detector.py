@@ -1,8 +1,8 @@
 """netperf detector: throughput drops against the baseline, and queue counts that stop paying off.
 
-Seeds 001/004 (multi-queue virtio-net): six parallel TCP_STREAM runs summed, each figure the mean
-of ten runs. Old kernel, queues 1/2/4/8: 3.28/3.41/3.51/3.57 Gb/s (no scaling, one core busy);
-new kernel: 3.23/6.00/8.02/8.42 Gb/s. Two findings come out of that:
+"Tuning Virtualized Network Node: multi-queue virtio-net" (docs/sources.md): six parallel TCP_STREAM
+runs summed, each figure the mean of ten runs. Old kernel, queues 1/2/4/8: 3.28/3.41/3.51/3.57 Gb/s
+(no scaling, one core busy); new kernel: 3.23/6.00/8.02/8.42 Gb/s. Two findings come out of that:
 
 * ``netperf.throughput_drop`` (warning): a result below ``(1 - drop_ratio)`` times the baseline of
   the same target set, label and queue count. The baseline is the median of the last

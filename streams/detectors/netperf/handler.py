@@ -5,7 +5,7 @@ collector's set results (``result_from_metric``). Gauges (labels target_set, lab
 
 * ``opsloop_netperf_throughput_bytes_per_second``: the last result;
 * ``opsloop_netperf_baseline_bytes_per_second``: the baseline it is compared with (median of accepted results);
-* ``opsloop_netperf_throughput_ratio``: result / baseline (the seeds' regression: ~3.5 / ~8.4 = 0.42);
+* ``opsloop_netperf_throughput_ratio``: result / baseline (the published regression: ~3.5 / ~8.4 = 0.42);
 * ``opsloop_netperf_queue_speedup{target_set, label}``: throughput with the most queues over the fewest.
 """
 

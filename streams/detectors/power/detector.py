@@ -1,6 +1,6 @@
 """Power detector: energy, cost per usable TB-year, deviation from the generation, idle servers.
 
-Seed 000 ("(Ceph) storage (server) power usage"): Gen 1/2/3 servers drew 248/205/155 W under light
+"(Ceph) storage (server) power usage" (docs/sources.md): Gen 1/2/3 servers drew 248/205/155 W under light
 load; Gen 1/2 carry 12 x 4 TB (48 TB raw), Gen 3 12 x 8 TB (96 TB raw). At 0.15 EUR/kWh, disks filled
 to 70 % and 3x replication the power cost of a usable TB-year is EUR 29.10 / 24.05 / 9.09, halved
 with erasure coding 2+1. An idle Gen 3 box drew 136 W (82 W with its disks in standby).
@@ -12,7 +12,7 @@ Per server the detector keeps a smoothed mean (EWMA) of the watts it reads (``ip
 ``watts``, or ``avg_watts``), and its inventory entry (``ServerSpec``: generation, raw TB,
 protection, fill ratio, in service or not). Findings:
 
-* ``power.cost`` (info): energy per year and cost per usable TB-year of each server, the seed's table;
+* ``power.cost`` (info): energy per year and cost per usable TB-year of each server, the published table;
 * ``power.generation_deviation`` (warning): a server whose mean draw deviates from the median of its
   generation by more than ``deviation_ratio`` (needs ``min_generation_size`` servers);
 * ``power.idle_candidate`` (info): a server not in service (or with utilisation below
@@ -177,7 +177,7 @@ class PowerDetector:
                 observed=round(w, 1), expected=0.0, score=0.3, severity=Severity.INFO,
                 explanation=(f"{spec.host} is {reason} yet draws {w:.0f} W: powering it down saves "
                              f"{energy_kwh_per_year(w):.0f} kWh, EUR {saving:.2f} per year (disk standby alone "
-                             "saved ~40 % on an idle Gen 3 box in the seed: 136 W -> 82 W)"),
+                             "saved ~40 % on an idle Gen 3 box in the published measurement: 136 W -> 82 W)"),
                 now=now, runbook=RUNBOOK)]
         done = self.book.clear(IDLE, where, now, "in use again")
         return [done] if done else []

@@ -1,11 +1,11 @@
 """Power agent: ``telemetry.ipmi`` -> energy, cost per usable TB-year, generation deviation, idle servers.
 
 Feeds ``opsloop.streams.detectors.power.detector.PowerDetector``. A server's inventory entry (generation, raw TB,
-protection, fill ratio) comes from ``controllers.detectors.power.hosts`` or else from the
+protection, fill ratio) comes from ``streams.detectors.power.hosts`` or else from the
 collector's metadata tags (``generation``, ``raw_capacity_tb``) with the configured defaults
-(``replica:3``, 70 % fill: the seed's assumptions). State key: the host.
+(``replica:3``, 70 % fill: the published cost table's assumptions). State key: the host.
 
-Gauges, per host (labels host, generation), so the seed's table is a Grafana panel:
+Gauges, per host (labels host, generation), so the published cost table is a Grafana panel:
 ``opsloop_power_watts`` (smoothed draw), ``opsloop_power_energy_per_year_joules``, ``opsloop_power_eur_per_year``,
 ``opsloop_power_eur_per_usable_byte_year{..., protection}``; per generation
 ``opsloop_power_generation_median_watts``.
