@@ -42,7 +42,7 @@ def build_app(settings: Settings, app_id: str | None = None) -> faust.App:
     rates = LbRates.from_settings(settings.stream)   # series_ttl_s; capped at stream.max_state_keys
     demand, send_demand = edge_demand_stage(app, settings, rates)
     batch_agent(app, LB_AGENT, [Topic.LB], [rates, demand], settings, after_batch=[send_demand])
-    register_detector_agents(app, settings)   # firewall, keystone, netperf, power, anomaly -> findings
+    register_detector_agents(app, settings)   # every registered detector (streams/detectors/registry.py) -> findings
     return app
 
 
