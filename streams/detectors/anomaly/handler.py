@@ -2,7 +2,7 @@
 
 A series is a metric name, a numeric field and the full tag set of the sample (so
 ``ipmi_power{host=a}.watts`` and ``ipmi_power{host=b}.watts`` are two series). Which metrics and
-fields are watched is configuration (``controllers.detectors.anomaly.series``); the agent
+fields are watched is configuration (``streams.detectors.anomaly.series``); the agent
 subscribes to the topics those metrics travel on.
 
 Per series the state is the detector's ``to_dict()`` plus the series' finding book and the event
