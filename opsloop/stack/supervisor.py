@@ -9,6 +9,7 @@ naming it, and the caller stops everything.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -58,10 +59,17 @@ class Supervisor:
 
     def alive(self, child: _Child) -> bool:
         p = child.proc
-        if p.proc is not None and p.proc.poll() is not None:  # our child: poll() also reaps it
-            child.exit_code = p.proc.returncode
-            return False
-        return p.running()
+        if p.proc is None:  # not started by us: only the pidfile tells
+            return p.running()
+        if p.proc.poll() is None and p.running():
+            return True
+        # Dead. It may have exited between poll() and the pidfile check (a zombie then, not yet
+        # reaped): wait() reaps it and gives its exit code, which poll() had not seen.
+        try:
+            child.exit_code = p.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:  # still running, but its pidfile is gone or stale
+            child.exit_code = None
+        return False
 
     def check(self) -> list[RestartEvent]:
         """Notice dead children and restart those whose back-off has passed; returns the restarts done."""

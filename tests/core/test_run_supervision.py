@@ -62,6 +62,20 @@ def test_restart_budget_exceeded_names_the_child(tmp_path: Path) -> None:
     assert len(sup.events) == 3
 
 
+def test_exit_code_of_a_child_that_dies_between_the_two_looks(tmp_path: Path) -> None:
+    # poll() says "running", then the child exits before the pidfile check sees a zombie: the code
+    # must still be read (the race that made "exit code None" show up under load)
+    crasher = ManagedProcess(name="crasher", argv=[sys.executable, "-c", "raise SystemExit(3)"],
+                             workdir=tmp_path / "crasher")
+    crasher.start()
+    assert crasher.proc is not None
+    wait_until(lambda: not pid_alive(crasher.proc.pid), timeout=30, interval=0.02, what="the child to exit")
+    sup = Supervisor([crasher], echo=lambda _: None)
+    crasher.proc.poll = lambda: None  # type: ignore[method-assign]  # the look taken just before it exited
+    assert sup.alive(sup.children["crasher"]) is False
+    assert sup.children["crasher"].exit_code == 3
+
+
 def test_backoff_doubles_per_recent_restart(tmp_path: Path) -> None:
     now = [1000.0]
     proc = sleeper(tmp_path)
