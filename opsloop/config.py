@@ -95,8 +95,11 @@ class StreamSettings(_Section):
     metrics_bind: str = LOOPBACK
     metrics_port: int = Field(default=29100, ge=0, le=65535)
     web_port: int = Field(default=29106, ge=1, le=65535)  # Faust's own web server, loopback only
-    batch_size: int = Field(default=2000, ge=1, le=100_000)
+    batch_size: int = Field(default=5000, ge=1, le=100_000)
     batch_within_s: float = Field(default=0.2, gt=0, le=10)
+    # The window while an agent is behind by at least a batch (streams/runtime/take.py): larger
+    # batches drain a backlog sooner (each touched state key is written once per batch).
+    batch_backlog_within_s: float = Field(default=1.0, gt=0, le=10)
     producer_linger_s: float = Field(default=0.02, ge=0, le=1)
     # Longest a consumer fetch waits at the broker for data (Faust fixes 1500 ms, which stalls a
     # backlog whenever one partition is at its end: streams/runtime/transport.py).

@@ -40,6 +40,7 @@ from opsloop.streams.agents.findings_sink import FindingsSink
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.app import raw_topic
 from opsloop.streams.runtime.batch import DeadLetter, FanOut, gc_paused, process_batch
+from opsloop.streams.runtime.take import consumer_lag, take_batches
 
 log = get_logger("stream.agents")
 
@@ -92,6 +93,7 @@ class StatefulAgent:
         self.sink = sink
         self.size = settings.stream.batch_size
         self.within = settings.stream.batch_within_s
+        self.backlog_within = settings.stream.batch_backlog_within_s
         self.max_clock_skew_s = settings.stream.max_clock_skew_s
         self.needs_restore = True
         self.deadletter = raw_topic(app, Topic.DEADLETTER)
@@ -108,7 +110,8 @@ class StatefulAgent:
         source = raw_topic(self.app, *self.topics)
 
         async def agent(stream: faust.StreamT) -> None:
-            async for events in stream.take_events(self.size, within=self.within):
+            async for events in take_batches(stream, self.size, self.within, self.backlog_within,
+                                             consumer_lag(self.app)):
                 try:
                     await self.run_batch(events)
                 except Exception as e:  # noqa: BLE001 - a bug here must not stop the agent for good

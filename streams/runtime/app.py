@@ -18,6 +18,7 @@ from opsloop.log import get_logger
 from opsloop.wire import Topic
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.batch import DeadLetter, FanOut, Handler, process_batch
+from opsloop.streams.runtime.take import consumer_lag, take_batches
 from opsloop.streams.runtime.transport import kafka_transport
 from opsloop.streams.runtime.watchdog import install_recovery_watchdog
 
@@ -83,7 +84,8 @@ def batch_agent(app: faust.App, name: str, topics: Iterable[Topic], handlers: Se
             return None
 
     async def agent(stream: faust.StreamT) -> None:
-        async for events in stream.take_events(size, within=within):
+        async for events in take_batches(stream, size, within, settings.stream.batch_backlog_within_s,
+                                         consumer_lag(app)):
             await process_batch(name, [e.message for e in events], handler, send_deadletter, highwater,
                                 max_clock_skew_s=settings.stream.max_clock_skew_s)
             for hook in after_batch:

@@ -113,6 +113,7 @@ the epoch; timestamps below 1e8 (e.g. 1, 2, 3 ...) are read as sample numbers of
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from dataclasses import asdict, dataclass, fields
@@ -875,7 +876,7 @@ class StreamingDetector:
     # ------------------------------------------------------------------------------------- state
     def to_dict(self) -> dict[str, Any]:
         """JSON-able state (infinities encoded as None)."""
-        out: dict[str, Any] = {"version": STATE_VERSION, "config": asdict(self.cfg)}
+        out: dict[str, Any] = {"version": STATE_VERSION, "config": dict(_config_doc(self.cfg))}
         for name in self.__slots__:
             if name == "cfg":
                 continue
@@ -918,6 +919,13 @@ class StreamingDetector:
             det.l_mean = det.s_mean = det.m_mean = det.level0
             det.l_var = det.scale0 * det.scale0
         return det
+
+
+@functools.lru_cache(maxsize=64)
+def _config_doc(cfg: DetectorConfig) -> dict[str, Any]:
+    """``asdict(cfg)`` once per distinct config (frozen): every state written carries it, and the
+    recursive copy cost more than the rest of ``to_dict`` (callers get a shallow copy)."""
+    return asdict(cfg)
 
 
 def _excess(z: float, z0: float, width: float) -> float:

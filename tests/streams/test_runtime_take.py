@@ -1,0 +1,60 @@
+"""The batch window: short while an agent is caught up, long while a full batch already waits.
+
+The loop itself (``take_batches``) runs in every agent of the integration tests
+(tests/streams/test_agents_integration.py, tests/scale/test_scale_out.py): acks, restore after a kill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from faust.types import TP
+
+from opsloop.config import ConfigError, load_settings
+from opsloop.streams.runtime.take import behind, next_window
+
+A, B = TP("telemetry.ipmi", 0), TP("telemetry.ipmi", 1)
+
+
+@dataclass
+class _Msg:
+    tp: TP
+    offset: int
+
+
+@dataclass
+class _Event:
+    message: _Msg
+
+
+def _events(*pairs: tuple[TP, int]) -> list[_Event]:
+    return [_Event(_Msg(tp, off)) for tp, off in pairs]
+
+
+def test_behind_counts_what_waits_after_the_newest_offset_of_each_partition() -> None:
+    highwater = {A: 100, B: 10}
+    asked: list[tuple[TP, int]] = []
+
+    def lag(tp: TP, offset: int) -> int | None:
+        asked.append((tp, offset))
+        return highwater[tp] - offset - 1
+
+    events = _events((A, 5), (A, 9), (B, 3), (A, 7))
+    assert behind(events, lag) == (100 - 9 - 1) + (10 - 3 - 1)
+    assert sorted(asked) == [(A, 9), (B, 3)]   # once per partition, at its newest offset
+
+
+def test_unknown_lag_counts_as_caught_up() -> None:
+    assert behind(_events((A, 1)), lambda tp, off: None) == 0
+
+
+@pytest.mark.parametrize(("waiting", "window"), [(0, 0.2), (1999, 0.2), (2000, 1.5), (50_000, 1.5)])
+def test_the_long_window_needs_a_full_batch_waiting(waiting: int, window: float) -> None:
+    assert next_window(_events((A, 0)), lambda tp, off: waiting, 2000, 0.2, 1.5) == window
+
+
+def test_backlog_window_is_validated(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="batch_backlog_within_s"):
+        load_settings(None, {"stream": {"data_dir": str(tmp_path), "batch_backlog_within_s": 0}})
