@@ -1,7 +1,7 @@
 """The agent loop of a detector: batches in, findings out, state in a changelog-backed Faust table.
 
 The runtime's ``batch_agent`` calls a sync handler and stops there; a detector also has to write
-its state and send its findings, both async. This loop follows the same pattern (``take_events``,
+its state and send its findings, both async. This loop follows the same pattern (``take_batches``,
 ``opsloop.streams.runtime.batch.process_batch`` for decoding, dead letters and health metrics) and adds:
 
 0. **One agent for all detectors** (``detectors``), over the union of their topics: a record is

@@ -1,7 +1,8 @@
 """Batch processing of telemetry records: the shape every stream agent here uses.
 
 Faust's per-message machinery (an event object and a coroutine hop per record) costs ~50x a plain
-consumer loop, so agents take records in batches (``stream.take_events``), decode them with orjson +
+consumer loop, so agents take records in batches (``streams/runtime/take.py``: a short window when caught
+up, a longer one behind a backlog), decode them with orjson +
 pydantic, route what does not validate to the dead-letter topic with the reason, and hand the good samples of the whole batch
 to a plain-Python handler in one call. Handlers keep their hot state in memory and write tables
 (changelogs) at most once per batch and key, never per sample.
