@@ -75,8 +75,12 @@ def test_stack_up_reports_each_component_as_it_becomes_ready(tmp_path: Path) -> 
         # read progress as it comes: the first component's "ready" arrives while the next one is not started
         first = [proc.stderr.readline().split() for _ in range(2)]
         assert first == [[names[0], "starting", "..."], [names[0], "ready", "after", first[1][3], "s"]]
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
+        # Not communicate(): it reads the pipes' file descriptors directly and would lose what readline()
+        # already buffered (the next component's "starting" line often arrives with the first "ready").
+        err = proc.stderr.read()
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        assert proc.wait(timeout=300) == 0, err
         events = [line.split()[:2] for line in err.splitlines()]
         assert events == [[n, e] for n in names[1:] for e in ("starting", "ready")]
         assert [line.split()[0] for line in out.splitlines()[:len(names)]] == names
