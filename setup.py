@@ -5,6 +5,7 @@ wheel installs them under the ``opsloop`` namespace, so no top-level ``collector
     collectors/  -> opsloop.collectors        alerts/      -> opsloop.alerts      (rules, templates: data)
     streams/     -> opsloop.streams           dashboards/  -> opsloop.dashboards  (JSON, provisioning: data)
     controllers/ -> opsloop.controllers       bench/, tests/: development only, not in the wheel
+    lab/         -> opsloop.lab               (the demo and test equipment `opsloop run` drives)
 
 An editable install (``pip install -e .``) maps the same names onto these folders.
 """
@@ -16,7 +17,7 @@ from setuptools.command.build_py import build_py
 
 # repository folder -> package name in the wheel
 MAPPED = {"collectors": "opsloop.collectors", "streams": "opsloop.streams", "controllers": "opsloop.controllers",
-          "alerts": "opsloop.alerts", "dashboards": "opsloop.dashboards"}
+          "lab": "opsloop.lab", "alerts": "opsloop.alerts", "dashboards": "opsloop.dashboards"}
 # shipped for their files only: no module of theirs goes into the wheel (dashboards/generate.py is a dev tool)
 DATA_ONLY = ("opsloop.alerts", "opsloop.dashboards")
 EXCLUDE = ["__pycache__", "*.__pycache__"]

@@ -23,8 +23,8 @@ from pathlib import Path
 import yaml
 
 from opsloop.collectors.ipmi import Config, build
-from opsloop.collectors.ipmi.bmcsim import BMCFleet, BMCSpec
-from opsloop.collectors.ipmi.bmcsim.procs import live_children
+from opsloop.lab.bmcsim import BMCFleet, BMCSpec
+from opsloop.lab.bmcsim.procs import live_children
 
 DEAD_SHARE = 0.10
 CONCURRENCY = 16

@@ -14,7 +14,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "stack": ("opsloop.stack.cli:main", "start/stop/inspect the local real stack (Kafka, Prometheus, Alertmanager)"),
-    "run": ("opsloop.pipeline:main", "the whole pipeline on this machine: stack, lab edge, collectors, streams"),
+    "run": ("opsloop.lab.pipeline:main", "the whole pipeline on this machine: stack, lab edge, collectors, streams"),
     "collect": ("opsloop.collect.cli:main", "run one collector (collectors/<name>/) on an interval or --once"),
     "stream": ("opsloop.streams.cli:main", "stream processing: `opsloop stream worker`"),
     "detect": ("opsloop.streams.detectors.cli:main", "anomaly detection: `opsloop detect replay`, `opsloop detect evaluate`"),

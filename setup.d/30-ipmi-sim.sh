@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Simulated BMCs for the IPMI collector's tests and benchmark: ipmitool, OpenIPMI's ipmi_sim and
-# sdrcomp, and the DCMI extension (collectors/ipmi/bmcsim/dcmi_power.c) built into
+# sdrcomp, and the DCMI extension (lab/bmcsim/dcmi_power.c) built into
 # .cache/ipmi-sim/dcmi_power.so. Idempotent: rebuilds only when the C source is newer; the module is
 # compiled under a temporary name and renamed, so a build killed part-way is simply redone.
 set -euo pipefail
 source "$(dirname "$0")/lib/steps.bash"
 ROOT="$(step_root)"
-SRC="$ROOT/collectors/ipmi/bmcsim/dcmi_power.c"
+SRC="$ROOT/lab/bmcsim/dcmi_power.c"
 OUT_DIR="$ROOT/.cache/ipmi-sim"
 OUT="$OUT_DIR/dcmi_power.so"
 

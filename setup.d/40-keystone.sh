@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real OpenStack Keystone (PyPI keystone 30.x) + uWSGI in its own venv, .cache/keystone-venv, so that
 # Keystone's many pinned dependencies never conflict with the project's venv. Used by the Keystone
-# collector's test server (collectors/keystone/testserver) and `make run`.
+# collector's tests, through the lab's Keystone server (lab/keystone_server).
 # Safe to interrupt anywhere: a venv without a working pip is rebuilt, the stamp is written last.
 set -euo pipefail
 source "$(dirname "$0")/lib/steps.bash"
@@ -29,8 +29,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # shellcheck disable=SC2086
 "$VENV/bin/python" -m pip install -q $PINS
 "$VENV/bin/python" -m pip check >/dev/null || { "$VENV/bin/python" -m pip check >&2; exit 1; }
-# The test server relies on these: the WSGI app imports, the in-process cache backend resolves,
-# and uWSGI has the http router (not every uWSGI build has it).
+# The lab's Keystone server (lab/keystone_server) relies on these: the WSGI app imports, the in-process
+# cache backend resolves, and uWSGI has the http router (not every uWSGI build has it).
 "$VENV/bin/python" -W ignore - <<'EOF'
 import dogpile.cache
 region = dogpile.cache.make_region().configure("dogpile.cache.memory")

@@ -15,7 +15,7 @@ import pytest
 from opsloop.collect.cli import available_collectors, once_status
 from opsloop.collect.types import CollectError, Round
 from opsloop.config import Settings, StackSettings
-from opsloop.pipeline import pipeline_processes
+from opsloop.lab.pipeline import pipeline_processes
 from opsloop.stack import Stack, free_port
 from opsloop.stack.process import write_pidfile
 from tests.helpers import REPO, run_cli, write_config
@@ -23,7 +23,6 @@ from tests.helpers import REPO, run_cli, write_config
 SCENARIOS = REPO / "controllers" / "edge" / "scenarios"
 
 
-@pytest.mark.integration  # building the process list resolves the haproxy binary
 def test_run_help_names_every_process_it_starts(tmp_path: Path) -> None:
     settings = Settings()
     expected = Stack(settings.stack).component_names() + [

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from opsloop.collectors.keystone.testserver import KeystoneLab
+from opsloop.lab.keystone_server import KeystoneLab
 
 S3_USERS = 4
 _LAB: KeystoneLab | None = None

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from opsloop.collectors.ipmi import Config, build
-from opsloop.collectors.ipmi.bmcsim import BMCFleet, BMCSpec
-from opsloop.collectors.ipmi.bmcsim.procs import live_children
+from opsloop.lab.bmcsim import BMCFleet, BMCSpec
+from opsloop.lab.bmcsim.procs import live_children
 from opsloop.collectors.ipmi.collector import IpmiCollector
 from opsloop.collect.types import Round
 

@@ -47,7 +47,7 @@ def test_zero_retries_is_refused_because_ipmitool_reads_it_as_four() -> None:
 
 
 def test_bmcsim_cli_rejects_bad_counts_and_builds_the_three_generation_fleet(capsys: pytest.CaptureFixture[str]) -> None:
-    from opsloop.collectors.ipmi.bmcsim.__main__ import fleet_specs, main
+    from opsloop.lab.bmcsim.__main__ import fleet_specs, main
 
     with pytest.raises(SystemExit) as e:
         main(["--count", "2", "--dead", "3", "--inventory", "/dev/null"])

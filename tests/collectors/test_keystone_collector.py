@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from opsloop.collectors.keystone import Config, build
-from opsloop.collectors.keystone.testserver import free_port
+from opsloop.lab.keystone_server import free_port
 from opsloop.collect.types import CollectorUnavailable
 
 TESTDATA = Path(__file__).resolve().parents[2] / "collectors" / "keystone" / "testdata"

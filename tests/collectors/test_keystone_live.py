@@ -9,7 +9,7 @@ import requests
 import yaml
 
 from opsloop.collectors.keystone import Config, build
-from opsloop.collectors.keystone.testserver import KeystoneAdmin, provision_probe_user, s3_load, write_credentials_file
+from opsloop.lab.keystone_server import KeystoneAdmin, provision_probe_user, s3_load, write_credentials_file
 from tests.collectors.keystone_lab import keystone_lab  # noqa: F401  (session fixture)
 from tests.helpers import wait_until
 

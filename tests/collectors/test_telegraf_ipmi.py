@@ -1,5 +1,5 @@
 """Real Telegraf inputs.ipmi_sensor (sample config + ipmitool-opsloop wrapper) against a simulated BMC
-(collectors/ipmi/bmcsim: OpenIPMI ipmi_sim with the DCMI extension), written by outputs.kafka to the
+(lab/bmcsim: OpenIPMI ipmi_sim with the DCMI extension), written by outputs.kafka to the
 test Kafka: records parse with opsloop's wire parser, land on telemetry.ipmi keyed by the server,
 and carry the BMC's wattage in our collector's metric (ipmi_power watts).
 """
@@ -13,8 +13,9 @@ from typing import Iterator
 
 import pytest
 
-from opsloop.collectors.ipmi.bmcsim import BMCFleet, BMCSpec
-from opsloop.wire import Metric, Topic
+from opsloop.lab.bmcsim import BMCFleet, BMCSpec
+from opsloop.records import Metric
+from opsloop.topics import Topic
 from tests.collectors.telegraf_lab import IPMITOOL_WRAPPER, ensure_telegraf, parse_all, run_telegraf, sample_config
 from tests.helpers import read_topic, unique, wait_until
 

@@ -8,7 +8,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ("opsloop", "opsloop.collectors", "opsloop.streams", "opsloop.controllers", "bench")
+PACKAGES = ("opsloop", "opsloop.collectors", "opsloop.streams", "opsloop.controllers", "opsloop.lab", "bench")
 
 
 def all_modules() -> list[str]:

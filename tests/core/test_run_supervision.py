@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from opsloop.pipeline import LabPorts, pipeline_processes, run_pidfile
+from opsloop.lab.pipeline import LabPorts, pipeline_processes, run_pidfile
 from opsloop.stack import ManagedProcess, free_port
 from opsloop.stack.process import pid_alive
 from opsloop.stack.supervisor import RestartBudgetExceeded, Supervisor
@@ -95,9 +95,8 @@ def test_backoff_doubles_per_recent_restart(tmp_path: Path) -> None:
         proc.stop()
 
 
-@pytest.mark.integration  # building the process list resolves the haproxy binary
 def test_process_list_is_derived_and_building_it_has_no_side_effects(tmp_path: Path) -> None:
-    from opsloop.pipeline import effective_config
+    from opsloop.lab.pipeline import effective_config
 
     inventory = tmp_path / "bmcs" / "inventory.yaml"
     inventory.parent.mkdir(parents=True)
@@ -105,6 +104,7 @@ def test_process_list_is_derived_and_building_it_has_no_side_effects(tmp_path: P
     settings, cfg = effective_config(None, tmp_path, LabPorts.free())
     names = [p.name for p in pipeline_processes(settings, cfg, tmp_path, 1.0)]
     assert inventory.read_text() == "kept"
+    assert not (tmp_path / "lab").exists()  # HAProxy's config is written when it starts, not listed
     for n in ("haproxy", "traffic", "bmcs", "pager", "stream-worker", "collector-haproxy", "collector-ipmi",
               "paging", "edge-control", "actuator"):
         assert n in names

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 WHEELHOUSE = REPO / ".cache" / "wheelhouse"
 # What the wheel is built from; bench/ and tests/ are deliberately absent.
-SOURCES = ["opsloop", "collectors", "streams", "controllers", "alerts", "dashboards",
+SOURCES = ["opsloop", "collectors", "streams", "controllers", "lab", "alerts", "dashboards",
            "setup.py", "pyproject.toml", "README.md"]
 STAGES = ("collectors", "streams", "controllers")
 
@@ -94,7 +94,7 @@ def test_installs_one_top_level_package_with_its_data(installed: Installed) -> N
     files = json.loads(out)
     tops = {f.split("/")[0] for f in files if not f.startswith(("opsloop-", "../"))}
     assert tops == {"opsloop"}, tops
-    for stage in (*STAGES, "bench", "tests", "alerts", "dashboards"):
+    for stage in (*STAGES, "lab", "bench", "tests", "alerts", "dashboards"):
         assert not (installed.site / stage).exists(), f"top-level {stage}/ installed into site-packages"
     shipped = installed.site / "opsloop"
     assert (shipped / "alerts" / "alertmanager.yml").is_file()
@@ -107,8 +107,9 @@ def test_installs_one_top_level_package_with_its_data(installed: Installed) -> N
     assert (shipped / "collectors" / "ipmi" / "__init__.py").is_file()
     # The stages import by their namespaced names, and the old names do not exist.
     r = installed.python("-c", "import importlib.util as u, opsloop.collectors.haproxy, opsloop.streams.worker, "
-                               "opsloop.controllers.paging.cli; "
-                               "print([n for n in ('collectors', 'streams', 'controllers', 'bench') if u.find_spec(n)])")
+                               "opsloop.controllers.paging.cli, opsloop.lab.pipeline, opsloop.lab.bmcsim; "
+                               "print([n for n in ('collectors', 'streams', 'controllers', 'lab', 'bench', "
+                               "'opsloop.pipeline') if u.find_spec(n)])")
     assert r.stdout.strip() == "[]"
 
 

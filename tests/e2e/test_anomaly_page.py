@@ -20,8 +20,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from opsloop.collectors.ipmi.bmcsim import BMCFleet, BMCSpec
-from opsloop.pipeline import LAB_ANOMALY
+from opsloop.lab.bmcsim import BMCFleet, BMCSpec
+from opsloop.lab.pipeline import LAB_ANOMALY
 from opsloop.stack import Stack, free_port
 from tests.alerts.conftest import am_url, ensure_topics, start_actuator, start_alertmanager, webhook_receiver
 from tests.e2e.pipeline import pipeline_config, start_collector, start_worker

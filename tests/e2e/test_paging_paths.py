@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from opsloop.collectors.ipmi.bmcsim import BMCFleet, BMCSpec
+from opsloop.lab.bmcsim import BMCFleet, BMCSpec
 from opsloop.collectors.iptables.neutron_layout import LayoutPort, filter_table
 from opsloop.stack import ManagedProcess, Stack, free_port
 from tests.alerts.conftest import (WebhookReceiver, am_url, ensure_topics, start_actuator, start_alertmanager,

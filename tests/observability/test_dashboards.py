@@ -312,8 +312,8 @@ def test_anomaly_band_panel_draws_the_band_around_the_observed_value(stack, tmp_
 
     import yaml
 
-    from opsloop.collectors.ipmi.bmcsim import BMCFleet, BMCSpec
-    from opsloop.pipeline import LAB_ANOMALY
+    from opsloop.lab.bmcsim import BMCFleet, BMCSpec
+    from opsloop.lab.pipeline import LAB_ANOMALY
     from opsloop.stack import free_port
     from tests.helpers import write_config
 

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from opsloop.streams.detectors.anomaly.model import NEW_IN_V2, DetectorConfig, StreamingDetector, score_series
-from opsloop.pipeline import LAB_ANOMALY
+from opsloop.lab.pipeline import LAB_ANOMALY
 from opsloop.streams.detectors.evaluate_corpora import scenario_corpus, synthetic
 from opsloop.streams.detectors.evaluation import alarms
 

@@ -1,6 +1,6 @@
 """Run the Keystone lab (Keystone + probe user + S3 users + nginx front end) until interrupted.
 
-This is what ``make run`` uses to give the Keystone collector something real to read.
+Something real for the Keystone collector to read, by hand (`opsloop run` does not start it).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import yaml
 from . import KeystoneLab, KeystoneServerError
 
 EPILOG = """examples:
-  python -m opsloop.collectors.keystone.testserver --workdir /tmp/ks-lab
-  python -m opsloop.collectors.keystone.testserver --no-cache --s3-users 8     # the slow regime (hundreds of ms)
-  python -m opsloop.collectors.keystone.testserver --workdir /tmp/ks-lab --config-out /tmp/ks-lab/opsloop.yaml
+  python -m opsloop.lab.keystone_server --workdir /tmp/ks-lab
+  python -m opsloop.lab.keystone_server --no-cache --s3-users 8     # the slow regime (hundreds of ms)
+  python -m opsloop.lab.keystone_server --workdir /tmp/ks-lab --config-out /tmp/ks-lab/opsloop.yaml
       then: opsloop collect keystone --config /tmp/ks-lab/opsloop.yaml --once --stdout
 
 It prints the collectors.keystone config section to use; secrets stay in the 0600 credentials file.
@@ -27,7 +27,7 @@ It prints the collectors.keystone config section to use; secrets stay in the 060
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opsloop.collectors.keystone.testserver",
+    parser = argparse.ArgumentParser(prog="python -m opsloop.lab.keystone_server",
                                      description="Run a real Keystone (uWSGI, SQLite, fernet) with an nginx S3 "
                                                  "front end on loopback, until Ctrl-C.",
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,4 +1,4 @@
-"""A real Keystone (PyPI ``keystone`` 30.x) under uWSGI on loopback, for tests and ``make run``.
+"""A real Keystone (PyPI ``keystone`` 30.x) under uWSGI on loopback, for the tests and a try by hand.
 
 Lay-out of the work directory::
 
@@ -29,8 +29,8 @@ from string import Template
 import requests
 
 from opsloop.collectors.keystone.uwsgi_log import LOGFORMAT
+from opsloop.config import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_VENV = REPO_ROOT / ".cache" / "keystone-venv"
 TEMPLATE = Path(__file__).with_name("keystone.conf.tmpl")
 MANAGE_TIMEOUT_S = 180

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from opsloop.collectors.ipmi.bmcsim.fleet import BMCFleet, BMCSpec
+from opsloop.lab.bmcsim.fleet import BMCFleet, BMCSpec
 
 GENERATIONS = [("gen1", 248, 48), ("gen2", 205, 96), ("gen3", 155, 144)]  # name, watts, raw TB
 
@@ -33,11 +33,11 @@ def fleet_specs(count: int, dead: int) -> tuple[list[BMCSpec], dict[str, dict[st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m opsloop.collectors.ipmi.bmcsim", description=__doc__.split("\n\n")[0],
+        prog="python -m opsloop.lab.bmcsim", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
-               "  python -m opsloop.collectors.ipmi.bmcsim --count 6 --inventory /tmp/bmcs.yaml\n"
-               "  python -m opsloop.collectors.ipmi.bmcsim --count 200 --dead 20 --dir /tmp/fleet --inventory inv.yaml\n"
+               "  python -m opsloop.lab.bmcsim --count 6 --inventory /tmp/bmcs.yaml\n"
+               "  python -m opsloop.lab.bmcsim --count 200 --dead 20 --dir /tmp/fleet --inventory inv.yaml\n"
                "then point collectors.ipmi.inventory at the written file.",
     )
     parser.add_argument("--count", type=int, default=6, help="number of BMCs (default 6)")

@@ -105,7 +105,7 @@ def pipeline_processes(settings: Settings, config_path: Path, run_dir: Path, tra
                        argv=_py("opsloop.lab.traffic", "--url", f"http://127.0.0.1:{ports.frontend}/",
                                 "--rate", str(traffic_rate))),
         ManagedProcess(name="bmcs", workdir=bmc_dir, ready=inventory.exists, ready_timeout_s=120,
-                       argv=_py("opsloop.collectors.ipmi.bmcsim", "--count", str(bmcs), "--dir", str(bmc_dir / "state"),
+                       argv=_py("opsloop.lab.bmcsim", "--count", str(bmcs), "--dir", str(bmc_dir / "state"),
                                 "--inventory", str(inventory))),
         ManagedProcess(name="pager", workdir=run_dir / "pager",
                        argv=_py("opsloop.lab.pager", "--port", str(ports.pager), "--out", str(run_dir / "pager" / "pages.jsonl"))),

@@ -23,7 +23,8 @@ from pathlib import Path
 from string import Template
 from collections.abc import Iterable
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+from opsloop.config import REPO_ROOT
+
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 EXTENSION_SOURCE = Path(__file__).resolve().parent / "dcmi_power.c"
 EXTENSION = REPO_ROOT / ".cache" / "ipmi-sim" / "dcmi_power.so"

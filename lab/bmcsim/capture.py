@@ -1,6 +1,7 @@
-"""Re-capture this folder's files from real ipmitool 1.8.19 against simulated BMCs (ipmi_sim).
+"""Re-capture the IPMI collector's testdata (collectors/ipmi/testdata/) from real ipmitool 1.8.19
+against simulated BMCs (ipmi_sim).
 
-    .venv/bin/python -m opsloop.collectors.ipmi.testdata.capture
+    .venv/bin/python -m opsloop.lab.bmcsim.capture
 
 Each case writes <case>.stdout and <case>.stderr exactly as ipmitool printed them, with the
 argv the collector uses (-I lanplus -E -L ADMINISTRATOR -N 1 -R 1 -v -C 3).
@@ -8,14 +9,17 @@ argv the collector uses (-I lanplus -E -L ADMINISTRATOR -N 1 -R 1 -v -C 3).
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import tempfile
 from pathlib import Path
 
-from opsloop.collectors.ipmi.bmcsim import BMCFleet, BMCSpec
+from opsloop.config import REPO_ROOT
+from opsloop.lab.bmcsim import BMCFleet, BMCSpec
 
-HERE = Path(__file__).resolve().parent
+# The collector's own folder: the lab writes the captures, the collector's tests read them.
+OUT_DIR = REPO_ROOT / "collectors" / "ipmi" / "testdata"
 
 
 def _run(bmc_port: int, user: str, password: str, command: list[str]) -> tuple[str, str]:
@@ -26,7 +30,18 @@ def _run(bmc_port: int, user: str, password: str, command: list[str]) -> tuple[s
     return res.stdout, res.stderr
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m opsloop.lab.bmcsim.capture", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="examples:\n  python -m opsloop.lab.bmcsim.capture\n"
+                                       "  python -m opsloop.lab.bmcsim.capture --out /tmp/ipmi-captures\n")
+    p.add_argument("--out", type=Path, default=OUT_DIR, help="where the captures go (default %(default)s)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    out_dir = build_parser().parse_args(argv).out
+    out_dir.mkdir(parents=True, exist_ok=True)
     specs = [BMCSpec("dcmi", watts="155 136 248 160"), BMCSpec("nodcmi", dcmi=False, watts=205, sdr_no_reading=True),
              BMCSpec("deact", watts="na"), BMCSpec("short", watts="short"), BMCSpec("dead", dead=True)]
     dcmi, sdr = ["dcmi", "power", "reading"], ["-c", "sdr", "elist", "full"]
@@ -42,8 +57,8 @@ def main() -> None:
         }
         for case, (bmc, password, command) in cases.items():
             out, err = _run(bmc.port, bmc.spec.username, password or bmc.spec.password, command)
-            (HERE / f"{case}.stdout").write_text(out)
-            (HERE / f"{case}.stderr").write_text(err)
+            (out_dir / f"{case}.stdout").write_text(out)
+            (out_dir / f"{case}.stderr").write_text(err)
             print(f"{case}: {len(out)} bytes stdout, {len(err)} bytes stderr")
 
 

@@ -1,6 +1,6 @@
 """A real Keystone, its probe user and S3 users, and the S3 front end (nginx + gateway), on loopback.
 
-:class:`KeystoneLab` is what the tests' session fixture and ``make run`` use::
+:class:`KeystoneLab` is what the tests' session fixture uses::
 
     lab = KeystoneLab(workdir, s3_users=4).start()
     lab.keystone.url, lab.credentials_file, lab.frontend.url, lab.s3_keys

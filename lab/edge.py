@@ -83,14 +83,27 @@ def _unix_ready(path: Path) -> bool:
         return s.connect_ex(str(path)) == 0
 
 
-def haproxy_process(spec: EdgeSpec) -> ManagedProcess:
-    binary = require_binary("haproxy", "install Debian's haproxy package (make setup)")
-    spec.workdir.mkdir(parents=True, exist_ok=True)
+@dataclass
+class HaproxyProcess(ManagedProcess):
+    """HAProxy whose binary is looked up and whose config is written when it starts, not when the handle is
+    built: listing or stopping the lab's processes (`opsloop run --help`, `--stop`) needs no haproxy
+    installed and writes nothing."""
+
+    edge: EdgeSpec | None = None
+
+    def start(self) -> None:
+        assert self.edge is not None
+        self.argv[0] = require_binary("haproxy", "install Debian's haproxy package (make setup)")
+        self.edge.workdir.mkdir(parents=True, exist_ok=True)
+        (self.edge.workdir / "haproxy.cfg").write_text(haproxy_config(self.edge))
+        super().start()
+
+
+def haproxy_process(spec: EdgeSpec) -> HaproxyProcess:
     cfg = spec.workdir / "haproxy.cfg"
-    cfg.write_text(haproxy_config(spec))
-    return ManagedProcess(name="haproxy", argv=[binary, "-db", "-f", str(cfg)], workdir=spec.workdir,
+    return HaproxyProcess(name="haproxy", argv=["haproxy", "-db", "-f", str(cfg)], workdir=spec.workdir,
                           ports={"frontend": (spec.bind, spec.frontend_port)},
-                          ready=lambda: _unix_ready(spec.admin_socket), ready_timeout_s=15)
+                          ready=lambda: _unix_ready(spec.admin_socket), ready_timeout_s=15, edge=spec)
 
 
 def origin_process(spec: OriginSpec, workdir: Path, bind: str = "127.0.0.1") -> ManagedProcess:
