@@ -24,9 +24,10 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
-from opsloop.findings import Finding
+from opsloop.records import Finding
 from opsloop.log import get_logger
-from opsloop.wire import Metric, Topic
+from opsloop.records import Metric
+from opsloop.topics import Topic
 from opsloop.streams.bounded import STATE_KEYS, Recency, count_dropped, drop_children
 from opsloop.streams.detectors.findingbook import FindingBook
 from opsloop.streams.runtime.batch import DEFAULT_MAX_CLOCK_SKEW_S
@@ -52,6 +53,9 @@ class DetectorHandler:
     name: str = "detector"
     topics: tuple[Topic, ...] = ()
     key_label: str = "host"   # the where-label of a finding that names its state key
+    # The metric names ``process`` reads (None: it looks at every sample). Under the agent's FanOut
+    # the handler is given only those samples, split from the batch once for all handlers.
+    names: frozenset[str] | None = None
 
     def __init__(self) -> None:
         self._touched: set[str] = set()

@@ -23,7 +23,7 @@ from typing import Sequence
 from prometheus_client import Counter, Gauge
 
 from opsloop.config import StreamSettings
-from opsloop.wire import Metric
+from opsloop.records import Metric
 from opsloop.streams.bounded import DEFAULT_MAX_STATE_KEYS, STATE_KEYS, Recency, count_dropped
 
 HRSP_FIELDS = ("hrsp_1xx", "hrsp_2xx", "hrsp_3xx", "hrsp_4xx", "hrsp_5xx", "hrsp_other")
@@ -81,6 +81,7 @@ class LbRates:
     """Stream handler: turns HAProxy counter samples into request-rate gauges (and returns the rates)."""
 
     name = "lb-rates"
+    names = frozenset({"haproxy"})   # the only samples handle() reads
 
     def __init__(self, ttl_s: float = 120.0, max_series: int = DEFAULT_MAX_STATE_KEYS) -> None:
         self.ttl_s = ttl_s

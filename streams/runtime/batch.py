@@ -20,7 +20,8 @@ import orjson
 from prometheus_client import Counter
 
 from opsloop.log import get_logger
-from opsloop.wire import Metric, Parsed, Rejected, deadletter_record, parse_record
+from opsloop.records import Metric, deadletter_record
+from opsloop.wire import Parsed, Rejected, parse_record
 from opsloop.streams.runtime import health
 
 log = get_logger("stream")
@@ -162,6 +163,8 @@ class Handler(Protocol):
     """Plain-Python processing of one batch of valid samples (no I/O, no awaits)."""
 
     name: str
+    # Optional ``names: frozenset[str] | None``: the metric names the handler reads. Under a
+    # :class:`FanOut` it is then given only the samples of those names (None or absent: all of them).
 
     def handle(self, metrics: Sequence[Metric], now: float) -> None: ...
 
@@ -176,12 +179,42 @@ class FanOut:
     def __init__(self, name: str, handlers: Sequence[Handler]) -> None:
         self.name = name
         self.handlers = list(handlers)
+        # Each handler's ``names`` (read once, here); None: it reads every sample.
+        self._wants: list[frozenset[str] | None] = [getattr(h, "names", None) for h in self.handlers]
+        # metric name -> positions of the handlers that read it, built as names appear
+        self._routes: dict[str, tuple[int, ...]] = {}
+
+    def split(self, metrics: Sequence[Metric]) -> list[Sequence[Metric]]:
+        """Each handler's part of a batch, in batch order: the samples of the names it reads.
+
+        One pass over the batch for all handlers, instead of every handler walking every sample to
+        pick its own (the detectors agent's batch mixes ~30 names, each detector reads one to four)."""
+        if all(w is None for w in self._wants):
+            return [metrics] * len(self.handlers)
+        parts: list[list[Metric]] = [[] for _ in self.handlers]
+        appends: dict[str, tuple[Callable[[Metric], None], ...]] = {}   # this batch's routes
+        for m in metrics:
+            route = appends.get(m.name)
+            if route is None:
+                route = appends[m.name] = tuple(parts[i].append for i in self._route(m.name))
+            for append in route:
+                append(m)
+        return [metrics if w is None else part for w, part in zip(self._wants, parts)]
+
+    def _route(self, name: str) -> tuple[int, ...]:
+        route = self._routes.get(name)
+        if route is None:
+            if len(self._routes) >= 10_000:   # names are free-form: the cache stays bounded
+                self._routes.clear()
+            route = self._routes[name] = tuple(i for i, w in enumerate(self._wants) if w is not None and name in w)
+        return route
 
     def handle(self, metrics: Sequence[Metric], now: float) -> None:
         failed = []
-        for h in self.handlers:
+        # every handler is called, even with no sample of its names: it still expires its state
+        for h, part in zip(self.handlers, self.split(metrics)):
             try:
-                h.handle(metrics, now)
+                h.handle(part, now)
             except Exception as e:  # noqa: BLE001 - reported below; process_batch dead-letters the batch
                 health.ERRORS.labels(h.name).inc()
                 log.error("handler_failed", agent=h.name, error=f"{type(e).__name__}: {e}", exc_info=True)

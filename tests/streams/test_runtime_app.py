@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import pytest
 
 from opsloop.config import load_settings
-from opsloop.wire import Metric, metric
+from opsloop.records import Metric, metric
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.app import create_app
 from opsloop.streams.runtime.batch import FanOut
@@ -58,3 +58,26 @@ def test_fan_out_feeds_every_handler_in_order_and_names_the_failed_one() -> None
         FanOut("lb", [first, broken, last]).handle(batch, 0.0)
     assert first.seen == [3] and last.seen == [3]   # the failure did not keep "last" from the batch
     assert errors._value.get() == before + 1
+
+
+class _Named(_Recorder):
+    def __init__(self, name: str, names: frozenset[str] | None) -> None:
+        super().__init__(name)
+        self.names = names
+        self.got: list[list[str]] = []
+
+    def handle(self, metrics: Sequence[Metric], now: float) -> None:
+        self.got.append([f"{m.name}:{m.fields['v']}" for m in metrics])
+
+
+def test_fan_out_gives_each_handler_the_samples_of_its_names_in_batch_order() -> None:
+    batch = [metric(n, {"v": i}, {"host": "h"}, 1_795_000_000.0) for i, n in enumerate(["a", "b", "c", "a", "b"])]
+    only_a, a_and_b, every, none_here = (_Named("a", frozenset({"a"})), _Named("ab", frozenset({"a", "b"})),
+                                        _Named("all", None), _Named("z", frozenset({"z"})))
+    fan = FanOut("t", [only_a, a_and_b, every, none_here])
+    fan.handle(batch, 0.0)
+    fan.handle(batch[2:3], 0.0)   # routes are cached per name: a second batch is split the same way
+    assert only_a.got == [["a:0", "a:3"], []]
+    assert a_and_b.got == [["a:0", "b:1", "a:3", "b:4"], []]   # interleaved names keep the batch's order
+    assert every.got == [["a:0", "b:1", "c:2", "a:3", "b:4"], ["c:2"]]
+    assert none_here.got == [[], []]   # still called: a handler expires its state on every batch

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from opsloop.config import StreamSettings
-from opsloop.findings import Severity
-from opsloop.wire import _LABEL_ESCAPES, Metric, label_string, metric
+from opsloop.records import Severity
+from opsloop.labels import _LABEL_ESCAPES, label_string
+from opsloop.records import Metric, metric
 from opsloop.streams.detectors.anomaly.handler import AnomalyHandler
 from opsloop.streams.detectors.firewall.handler import FirewallHandler
 from opsloop.streams.detectors.anomaly.settings import AnomalySettings, SeriesSpec
@@ -135,3 +136,45 @@ def test_detectors_agent_reads_the_prefixed_topics(tmp_path) -> None:  # type: i
     assert topics["lb"] == ["site1.telemetry.lb"]
     assert topics["detectors"] == ["site1.telemetry.ipmi", "site1.telemetry.iptables", "site1.telemetry.keystone",
                                    "site1.telemetry.netperf"]
+
+
+def test_fan_out_split_by_name_gives_every_handler_what_the_whole_batch_gives() -> None:
+    """The worker's handlers behind a FanOut see only their names; fed every sample instead (each
+    picking its own, the slow path), they must end with the same state, findings and demand records."""
+    from bench.stream_workload import Fleet, Msg, fleet_round
+    from opsloop.streams.agents.settings import DetectorsSettings
+    from opsloop.streams.detectors.registry import detector_handlers
+    from opsloop.streams.edge.demand import DemandAggregator
+    from opsloop.streams.runtime.batch import FanOut, decode_messages
+
+    def handlers() -> list:   # type: ignore[type-arg]
+        rates = LbRates()
+        return [rates, DemandAggregator(rates=rates), *detector_handlers(DetectorsSettings())]
+
+    routed, whole = handlers(), handlers()
+    fan = FanOut("all", routed)
+    fleet = Fleet(lbs=2, servers_per_lb=3, hosts=6, sensors=3, hypervisors=4, ports=3, keystones=2, credentials=3,
+                  netperf_sets=2)
+    for n in range(4):
+        ts = T0 + 15 * n
+        msgs = [Msg(t, 0, i, k, v) for i, (t, k, v) in enumerate(fleet_round(fleet, n, T0))]   # stamped ts
+        # first, the same host's total power from a sensor too (same event time: the first one counts)
+        batch = [
+            metric("ipmi_sensor", {"value": 400.0 + n}, {"host": "srv0", "name": "total_power", "unit": "Watts"}, ts),
+            *decode_messages(msgs, now=ts).metrics,
+            metric("iptables_vm_port", {"protected": 0}, {"host": "hv1", "port_id": "px", "vm": "vm-x"}, ts),
+            metric("cpu", {"usage": 1.0}, {"host": "srv0"}, ts)]   # nobody reads it
+        fan.handle(batch, ts)
+        for h in whole:
+            h.handle(batch, ts)
+        for a, b in zip(routed, whole):
+            if isinstance(a, DemandAggregator):
+                assert a.drain() == b.drain() and a.status == b.status
+            elif isinstance(a, LbRates):
+                assert a.latest == b.latest and a.fresh == b.fresh
+            else:
+                assert a.drain_outbox() == b.drain_outbox(), a.name
+                keys = a.touched()
+                assert keys == b.touched(), a.name
+                assert keys and all(a.state_of(k) == b.state_of(k) for k in keys), a.name
+    assert any(d["detector"] == "firewall.unprotected_port" for d in routed[2].detector.book.open.values())

@@ -23,8 +23,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from prometheus_client import Counter, Gauge
 
-from opsloop.findings import Finding, Severity
-from opsloop.wire import Metric, label_string, topic_for
+from opsloop.records import Finding, Severity
+from opsloop.labels import label_string
+from opsloop.records import Metric
+from opsloop.topics import topic_for
 from opsloop.streams.agents.base import DetectorHandler, log, number
 from opsloop.streams.detectors.anomaly.settings import AnomalySettings, SeriesSpec
 from opsloop.streams.detectors.anomaly.model import DetectorConfig, StreamingDetector
@@ -41,7 +43,7 @@ DROPPED = Counter("opsloop_anomaly_series_dropped_total", "Samples of new series
 
 
 def series_label(tags: Mapping[str, str]) -> str:
-    """The tag set as ``k=v,...`` with separators in keys or values escaped (:func:`opsloop.wire.label_string`):
+    """The tag set as ``k=v,...`` with separators in keys or values escaped (:func:`opsloop.labels.label_string`):
     ``{"host": "a,rack=1"}`` and ``{"host": "a", "rack": "1"}`` are two series, not one state key.
     Without separators it is the plain join, so keys written before stay the same."""
     return label_string(tags)
@@ -80,6 +82,7 @@ class AnomalyHandler(DetectorHandler):
         for spec in self.settings.series:
             self.specs.setdefault(spec.metric, []).append(spec)
         self.topics = tuple(sorted({topic_for(s.metric, {}) for s in self.settings.series}, key=str))
+        self.names = frozenset(self.specs)
         self.series: dict[str, Series] = {}
         self._scored: list[str] = []   # series scored by the last process() call
         self._keys: dict[tuple[str, str, tuple[tuple[str, str], ...]], str] = {}

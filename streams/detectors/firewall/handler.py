@@ -19,13 +19,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from prometheus_client import Gauge
 
-from opsloop.findings import Finding
-from opsloop.wire import Metric, Topic
+from opsloop.records import Metric
+from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler, drop_children
 from opsloop.streams.detectors.firewall.settings import FirewallSettings
 from opsloop.streams.detectors.findingbook import FindingBook
-from opsloop.streams.detectors.firewall.detector import (FINGERPRINT_DRIFT, PACKAGE_DRIFT, FirewallDetector,
-                                                         HypervisorReport, report_from_metrics)
+from opsloop.streams.detectors.firewall.detector import (FINGERPRINT_DRIFT, FIREWALL_METRICS, PACKAGE_DRIFT,
+                                                         FirewallDetector, HypervisorReport, report_from_metrics)
 
 PORTS = Gauge("opsloop_firewall_ports", "VM ports per hypervisor by firewall state", ["hypervisor", "role", "state"])
 DRIFT = Gauge("opsloop_firewall_drift", "1 while the hypervisor's ruleset or packages differ from its role",
@@ -38,6 +38,7 @@ class FirewallHandler(DetectorHandler):
     name = "firewall-detector"
     topics = (Topic.IPTABLES,)
     key_label = "hypervisor"
+    names = FIREWALL_METRICS   # what report_from_metrics reads
 
     def __init__(self, settings: FirewallSettings | None = None, refresh_s: float = 300.0) -> None:
         super().__init__()

@@ -23,8 +23,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from prometheus_client import Gauge
 
-from opsloop.findings import Finding
-from opsloop.wire import Metric, Topic, label_string
+from opsloop.labels import label_string
+from opsloop.records import Metric
+from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler, drop_children, log, number
 from opsloop.streams.detectors.keystone.settings import KeystoneSettings
 from opsloop.streams.detectors.findingbook import FindingBook
@@ -65,6 +66,7 @@ class HostState:
 class KeystoneHandler(DetectorHandler):
     name = "keystone-detector"
     topics = (Topic.KEYSTONE,)
+    names = frozenset(("keystone_probe", "keystone_requests", "s3_frontend_credential", "s3_frontend_requests"))
 
     def __init__(self, settings: KeystoneSettings | None = None, refresh_s: float = 300.0) -> None:
         super().__init__()
@@ -89,8 +91,7 @@ class KeystoneHandler(DetectorHandler):
         shares_changed: set[str] = set()
         for m in metrics:
             host = m.tags.get("host")
-            if not host or m.name not in ("keystone_probe", "keystone_requests", "s3_frontend_credential",
-                                          "s3_frontend_requests"):
+            if not host or m.name not in self.names:
                 continue
             series = m.name + "|" + label_string(m.tags, skip=("host",))
             st = self._host(host)

@@ -15,12 +15,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from prometheus_client import Gauge
 
-from opsloop.findings import Finding
-from opsloop.wire import Metric, Topic
+from opsloop.records import Metric
+from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler, drop_children, log
 from opsloop.streams.detectors.netperf.settings import NetperfSettings
 from opsloop.streams.detectors.findingbook import FindingBook
-from opsloop.streams.detectors.netperf.detector import NetperfDetector, NetperfResult, result_from_metric
+from opsloop.streams.detectors.netperf.detector import SET_METRIC, NetperfDetector, NetperfResult, result_from_metric
 
 SERIES = ["target_set", "label", "queues"]
 BYTES_PER_GBIT = 1e9 / 8   # the wire and the detector use Gb/s; Prometheus gets bytes per second
@@ -35,6 +35,7 @@ class NetperfHandler(DetectorHandler):
     name = "netperf-detector"
     topics = (Topic.NETPERF,)
     key_label = "target_set"
+    names = frozenset((SET_METRIC, "netperf"))   # what result_from_metric reads
 
     def __init__(self, settings: NetperfSettings | None = None, refresh_s: float = 300.0) -> None:
         super().__init__()

@@ -18,8 +18,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from prometheus_client import Gauge
 
-from opsloop.findings import Finding
-from opsloop.wire import Metric, Topic
+from opsloop.records import Metric
+from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler, drop_children, log
 from opsloop.streams.detectors.power.settings import PowerSettings
 from opsloop.streams.detectors.findingbook import FindingBook
@@ -41,6 +41,7 @@ GEN_MEDIAN = Gauge("opsloop_power_generation_median_watts", "Median smoothed dra
 class PowerHandler(DetectorHandler):
     name = "power-detector"
     topics = (Topic.IPMI,)
+    names = POWER_METRICS
 
     def __init__(self, settings: PowerSettings | None = None, refresh_s: float = 300.0) -> None:
         super().__init__()
@@ -78,6 +79,8 @@ class PowerHandler(DetectorHandler):
         for m in metrics:
             if m.name not in POWER_METRICS:
                 continue
+            if m.name == "ipmi_sensor" and m.tags.get("unit", "").lower() != "watts":
+                continue   # power_reading's first test, inline: most of a server's sensors are not power
             try:
                 reading = power_reading(m)
             except ValueError as e:
