@@ -108,8 +108,8 @@ def _near_share(hap: HaproxyAPI) -> float:
 
 
 def _measure(samples: int, tmp: Path, stack: Stack) -> list[dict[str, float]]:
-    from opsloop.controllers.edge.model import EdgeWeights
-    from opsloop.streams.edge.demand import EdgeDemand
+    from opsloop.records import EdgeWeights
+    from opsloop.records import EdgeDemand
 
     procs: list[ManagedProcess] = []
     origins = [OriginSpec("near", free_port(), capacity=NEAR_CAPACITY), OriginSpec("far", free_port(), latency_ms=5)]

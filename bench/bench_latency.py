@@ -45,9 +45,9 @@ from opsloop.controllers.paging.amconfig import write_alertmanager_config
 from opsloop.config import StackSettings
 from opsloop.stack import ManagedProcess, Stack, free_port
 from bench.bench_stream import _produce, _records
-from opsloop.findings import Finding, Severity
+from opsloop.records import Finding, Severity
 from opsloop.stack.components import alertmanager, prometheus
-from opsloop.wire import Topic
+from opsloop.topics import Topic
 
 REPO = Path(__file__).resolve().parent.parent
 RULE_ALERT = "BenchFirewallUnprotectedRule"

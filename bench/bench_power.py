@@ -17,7 +17,7 @@ import copy
 import time
 from typing import Any
 
-from opsloop.wire import Metric, metric
+from opsloop.records import Metric, metric
 from opsloop.streams.detectors.power.handler import PowerHandler
 
 FULL_SIZES = (250, 500, 1000)

@@ -21,8 +21,8 @@ from kafka import KafkaProducer
 
 from opsloop.config import StackSettings, StreamSettings
 from opsloop.stack import ManagedProcess, Stack, free_port
-from opsloop.topics import ensure_topics
-from opsloop.wire import Topic
+from opsloop.kafka_admin import ensure_topics
+from opsloop.topics import Topic
 from opsloop.streams.edge.demand import DemandAggregator
 from opsloop.streams.lb.rates import LbRates
 from opsloop.streams.runtime.batch import decode_messages

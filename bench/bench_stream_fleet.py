@@ -36,8 +36,8 @@ import yaml
 from bench.stream_workload import Fleet, Pipeline, Record, bench_settings, fleet_round
 from opsloop.config import Settings, StackSettings, StreamSettings
 from opsloop.stack import ManagedProcess, Stack, free_port
-from opsloop.topics import ensure_topics
-from opsloop.wire import TELEMETRY_TOPICS, Topic
+from opsloop.kafka_admin import ensure_topics
+from opsloop.topics import TELEMETRY_TOPICS, Topic
 from opsloop.streams.runtime.gc_tuning import tune_gc
 
 TOPICS = [t.value for t in TELEMETRY_TOPICS]

@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.bench_stream_fleet import TOPICS, Worker, kafka_stack, produce
 from bench.stream_workload import Fleet, fleet_round
-from opsloop.topics import ensure_topics
+from opsloop.kafka_admin import ensure_topics
 
 PARTITIONS = 12
 LIVE_FLEET = Fleet(lbs=20, hosts=200, hypervisors=150, keystones=3, netperf_sets=2)   # ~10.6k samples a round

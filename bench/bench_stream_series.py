@@ -30,7 +30,7 @@ import orjson
 
 from bench.bench_stream_fleet import PARTITIONS, Worker, kafka_stack, metric_lines, rss_kib
 from bench.stream_workload import Fleet, fleet_round
-from opsloop.topics import ensure_topics
+from opsloop.kafka_admin import ensure_topics
 
 SIZES = (10_000, 100_000, 1_000_000)
 QUICK_SIZES = (10_000, 100_000)

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 import orjson
 
 from opsloop.config import Settings
-from opsloop.wire import Topic
+from opsloop.topics import Topic
 from opsloop.streams.detectors.registry import detector_handlers
 from opsloop.streams.agents.settings import DetectorsSettings
 from opsloop.streams.edge.demand import DemandAggregator

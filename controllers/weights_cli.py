@@ -174,7 +174,7 @@ def _show(act: Any, as_json: bool) -> bool:
 
 def _operator(a: argparse.Namespace, settings: Any, config: Any) -> int:
     from opsloop.controllers.actuators.service import make_actuator
-    from opsloop.controllers.edge.model import EdgeWeights
+    from opsloop.records import EdgeWeights
 
     audit = _audit(settings, kafka=False)
     if a.command == "show" and a.listener is None:  # every listener of the edge

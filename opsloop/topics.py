@@ -1,36 +1,81 @@
-"""Create opsloop's Kafka topics up front (idempotent), from the wire format's topic list.
+"""Kafka topics and routing: which topic a telemetry sample goes to and under which key.
 
-Producers and Faust agents then never wait on a metadata refresh for a topic that a later
-producer would auto-create, and partition counts are the configured ones, not the broker default.
+Telemetry has one topic per signal family; the derived topics carry findings, demand, weights and the
+audit trail. A sample is routed by the prefix of its metric name (our collectors' and Telegraf's input
+names) unless its ``opsloop_topic`` tag names a topic; its key is the source of the series, so one series
+always lands in one partition. ``kafka.topic_prefix`` is applied by the clients, not here.
 """
 
 from __future__ import annotations
 
-from kafka import KafkaAdminClient
-from kafka.admin import NewTopic
-from kafka.errors import TopicAlreadyExistsError
+import enum
+from typing import Mapping
 
-from opsloop.config import KafkaSettings
-from opsloop.kafka_clients import client_options, kafka_settings
-from opsloop.wire import Topic
+from opsloop.validation import WireError
 
 
-def ensure_topics(kafka: KafkaSettings | str, partitions: int, replication_factor: int = 1,
-                  topics: list[str] | None = None, timeout_s: float = 30.0) -> list[str]:
-    """Create the missing ones (``kafka.topic_prefix`` applied to every name); returns the names created."""
-    k = kafka_settings(kafka)
-    names = [k.topic(n) for n in (topics if topics is not None else [t.value for t in Topic])]
-    admin = KafkaAdminClient(request_timeout_ms=int(timeout_s * 1000), client_id="opsloop-topics",
-                             **client_options(k))
-    try:
-        existing = set(admin.list_topics())
-        missing = [n for n in names if n not in existing]
-        if missing:
-            try:
-                admin.create_topics([NewTopic(n, partitions, replication_factor) for n in missing],
-                                    timeout_ms=int(timeout_s * 1000))
-            except TopicAlreadyExistsError:  # a concurrent creator won the race: fine
-                pass
-        return missing
-    finally:
-        admin.close()
+class Topic(str, enum.Enum):
+    """Kafka topics. Telemetry per signal family; derived topics for findings and decisions."""
+
+    IPMI = "telemetry.ipmi"
+    NETPERF = "telemetry.netperf"
+    KEYSTONE = "telemetry.keystone"
+    IPTABLES = "telemetry.iptables"
+    LB = "telemetry.lb"
+    DEADLETTER = "telemetry.deadletter"
+    FINDINGS = "findings"
+    EDGE_DEMAND = "edge.demand"
+    EDGE_WEIGHTS = "edge.weights"
+    AUDIT = "audit"
+
+    def __str__(self) -> str:  # so f"{Topic.LB}" is the topic name
+        return self.value
+
+
+TELEMETRY_TOPICS: tuple[Topic, ...] = (Topic.IPMI, Topic.NETPERF, Topic.KEYSTONE, Topic.IPTABLES, Topic.LB)
+
+# Metric name prefix -> topic. Covers our collectors and Telegraf's input names
+# (ipmi_sensor, iptables, ipvs_*, haproxy).
+_PREFIX_TOPIC: tuple[tuple[str, Topic], ...] = (
+    ("ipmi", Topic.IPMI),
+    ("power", Topic.IPMI),
+    ("netperf", Topic.NETPERF),
+    ("iperf", Topic.NETPERF),
+    ("keystone", Topic.KEYSTONE),
+    ("uwsgi", Topic.KEYSTONE),
+    ("s3_frontend", Topic.KEYSTONE),
+    ("iptables", Topic.IPTABLES),
+    ("firewall", Topic.IPTABLES),
+    ("haproxy", Topic.LB),
+    ("ipvs", Topic.LB),
+    ("lvs", Topic.LB),
+    ("lb_", Topic.LB),
+    ("edge_", Topic.LB),
+)
+
+# Tag that overrides routing (Telegraf: set it in [inputs.X.tags] and use it as outputs.kafka topic_tag).
+TOPIC_TAG = "opsloop_topic"
+# Tags that identify the series' source, in order of preference, for the record key.
+KEY_TAGS = ("host", "edge", "server", "hypervisor", "target_set", "instance")
+
+
+def topic_for(name: str, tags: Mapping[str, str]) -> Topic:
+    explicit = tags.get(TOPIC_TAG)
+    if explicit:
+        try:
+            return Topic(explicit)
+        except ValueError:
+            raise WireError(f"tag {TOPIC_TAG}={explicit!r} is not a known topic") from None
+    for prefix, topic in _PREFIX_TOPIC:
+        if name.startswith(prefix):
+            return topic
+    raise WireError(f"name {name!r} maps to no telemetry topic (set tag {TOPIC_TAG})")
+
+
+def series_key(name: str, tags: Mapping[str, str]) -> str:
+    """Kafka key: the source of the series, so one series always lands in one partition."""
+    for t in KEY_TAGS:
+        v = tags.get(t)
+        if v:
+            return v
+    return name

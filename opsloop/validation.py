@@ -7,11 +7,31 @@ it sits in).
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from pydantic import ValidationError
 
 from opsloop.redact import redact_credentials
 
 MAX_SHOWN = 80
+
+
+class WireError(ValueError):
+    """Input that does not follow the wire format or a record's schema. The message names field and value."""
+
+
+def check_number(field: str, value: Any, *, allow_inf: bool = False, maximum: float = math.inf) -> float:
+    """``value`` as a float when it is a finite number in ``[0, maximum]`` (``inf`` too when
+    ``allow_inf``); else ValueError naming ``field`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field}: expected a number, got {value!r}")
+    v = float(value)
+    if math.isnan(v) or v < 0 or (math.isinf(v) and not allow_inf):
+        raise ValueError(f"{field}: expected a finite number >= 0, got {value!r}")
+    if math.isfinite(v) and v > maximum:
+        raise ValueError(f"{field}: {value!r} is above the largest accepted value {maximum:g}")
+    return v
 
 
 def shown(value: object) -> str:
@@ -37,3 +57,26 @@ def error_lines(e: ValidationError, prefix: str = "") -> list[str]:
         else:
             lines.append(f"{where}: {msg} (got {shown(err.get('input'))})")
     return lines
+
+
+def describe_validation_error(e: ValidationError, prefix: str = "") -> str:
+    """All errors on one line (a dead-letter reason, an exception message): ``path: reason (got value)``
+    joined by ``; ``, with what a timestamp out of range most likely means."""
+    parts = []
+    for err in e.errors(include_url=False):
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        where = f"{prefix}{loc}" if loc else (prefix.rstrip(".") or "record")
+        got = repr(err.get("input"))
+        if len(got) > 80:
+            got = got[:77] + "..."
+        msg = err.get("msg")
+        if loc.endswith("timestamp") and err.get("type") == "less_than_equal":
+            msg = ("timestamp is after 2100: looks like milliseconds or nanoseconds; expected seconds "
+                   "(Telegraf: json_timestamp_units = \"1s\")")
+        elif loc.endswith("timestamp") and err.get("type") == "greater_than_equal":
+            msg = "timestamp is before 2000; expected seconds since the epoch"
+        elif err.get("type") == "finite_number":
+            msg = "not a finite number"
+        parts.append(f"{where}: {msg} (got {got})")
+    # A config value or a validator's message may quote a URL: its user:password@ never reaches the output.
+    return redact_credentials("; ".join(parts))

@@ -12,8 +12,8 @@ from opsloop.config import ConfigError, Settings, load_settings
 from opsloop.kafka_clients import preflight_or_exit
 from opsloop.log import JsonFormatter, get_logger, setup_logging
 from opsloop.metrics import serve_metrics
-from opsloop.topics import ensure_topics
-from opsloop.wire import Topic
+from opsloop.kafka_admin import ensure_topics
+from opsloop.topics import Topic
 from opsloop.streams.agents.register import register_detector_agents
 from opsloop.streams.edge.agent import edge_demand_stage
 from opsloop.streams.lb.rates import LbRates

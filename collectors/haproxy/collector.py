@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from opsloop.collect import CollectError, Round
 from opsloop.haproxy_api import HaproxyAPI, HaproxyError, StatParseError, parse_show_stat
-from opsloop.wire import Metric, WireError, metric
+from opsloop.records import Metric, metric
+from opsloop.validation import WireError
 
 # `type` column of show stat.
 ROW_TYPES = {"0": "frontend", "1": "backend", "2": "server", "3": "listener"}

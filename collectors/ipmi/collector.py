@@ -21,7 +21,8 @@ from opsloop.collectors.ipmi.parse import (ParseError, classify_failure, parse_d
                                    power_sensors, preview)
 from opsloop.collectors.ipmi.runner import ToolResult, run_tool
 from opsloop.collect.types import CollectError, CollectorUnavailable, Round
-from opsloop.wire import Metric, WireError, metric
+from opsloop.records import Metric, metric
+from opsloop.validation import WireError
 
 _DCMI = ["dcmi", "power", "reading"]
 _SDR = ["-c", "sdr", "elist", "full"]

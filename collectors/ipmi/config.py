@@ -14,7 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from opsloop.wire import describe_validation_error
+from opsloop.validation import describe_validation_error
 
 _HOSTNAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}$"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

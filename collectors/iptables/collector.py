@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from opsloop.collect.types import CollectError, CollectorUnavailable, Round
-from opsloop.wire import Metric, WireError, metric
+from opsloop.records import Metric, metric
+from opsloop.validation import WireError
 
 from opsloop.collectors.iptables.analyze import PortStatus, analyze_port
 from opsloop.collectors.iptables.config import Config, Target

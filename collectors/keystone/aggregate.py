@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from opsloop.wire import Metric, metric
+from opsloop.records import Metric, metric
 
 from .latency import percentile, summarize
 from .nginx_log import FrontendRecord

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from opsloop.collect.types import CollectError, CollectorUnavailable, Round
-from opsloop.wire import Metric, metric
+from opsloop.records import Metric, metric
 
 from . import aggregate, nginx_log, uwsgi_log, uwsgi_stats
 from .config import Config

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from opsloop.collect.types import CollectError, CollectorUnavailable, Round
-from opsloop.wire import Metric, metric
+from opsloop.records import Metric, metric
 
 from opsloop.collectors.lvs.config import Config
 from opsloop.collectors.lvs.parse import (RATE_FIELDS, STAT_FIELDS, IpvsadmListing, LvsParseError, RealKey, Service,

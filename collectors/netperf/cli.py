@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from opsloop.collect.types import CollectorUnavailable
-from opsloop.wire import describe_validation_error
+from opsloop.validation import describe_validation_error
 
 from opsloop.collectors.netperf.collector import NetperfCollector
 from opsloop.collectors.netperf.config import Config

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from opsloop.collect.types import CollectError, CollectorUnavailable, Round
-from opsloop.wire import Metric, metric
+from opsloop.records import Metric, metric
 
 from opsloop.collectors.netperf.config import Config, Target, TargetSet
 from opsloop.collectors.netperf.drivers import TEST, Driver, Outcome, driver_for

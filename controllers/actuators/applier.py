@@ -22,7 +22,8 @@ import math
 import time
 from typing import Callable
 
-from opsloop.audit import AuditLog, AuditMode
+from opsloop.audit import AuditLog
+from opsloop.records import AuditMode
 from opsloop.log import get_logger
 
 from opsloop.controllers.actuators import metrics
@@ -30,7 +31,7 @@ from opsloop.controllers.actuators.base import ActuatorError, ApplyResult, Targe
 from opsloop.controllers.actuators.mapping import MappingError, to_integer_weights, to_shares
 from opsloop.controllers.actuators.safety import bound_step, reaches, share_difference
 from opsloop.controllers.actuators.store import Entry, StoreError, WeightStore
-from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.records import EdgeWeights
 
 log = get_logger("actuator")
 

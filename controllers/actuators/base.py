@@ -2,7 +2,7 @@
 
 A :class:`Target` is one load balancer's view of one listener on one edge: read the integer weight
 of each origin, write them as one batch, say which origins it reports DOWN. An :class:`Actuator`
-applies a whole :class:`~opsloop.controllers.edge.model.EdgeWeights` decision to a target with every safety
+applies a whole :class:`~opsloop.records.EdgeWeights` decision to a target with every safety
 rule (:class:`opsloop.controllers.actuators.applier.EdgeActuator`).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.records import EdgeWeights
 
 
 class ActuatorError(RuntimeError):

@@ -22,7 +22,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opsloop.config import DEFAULT_RUN_DIR, LOOPBACK, Settings
-from opsloop.wire import Topic, describe_validation_error
+from opsloop.topics import Topic
+from opsloop.validation import describe_validation_error
 
 from opsloop.controllers.actuators.mapping import HAPROXY_MAX_WEIGHT, IPVS_MAX_WEIGHT
 
@@ -145,5 +146,4 @@ def actuator_config(settings: Settings, overrides: dict[str, Any] | None = None)
         raise ActuatorConfigError(f"controllers.{SECTION}: {describe_validation_error(e)}") from None
 
 
-__all__ = ["ActuatorConfig", "ActuatorConfigError", "HaproxyTargetConfig", "LvsTargetConfig", "actuator_config",
-           "ipaddress"]
+__all__ = ["ActuatorConfig", "ActuatorConfigError", "HaproxyTargetConfig", "LvsTargetConfig", "actuator_config"]

@@ -28,21 +28,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
 
 from opsloop.audit import AuditLog
 from opsloop.config import KafkaSettings
-from opsloop.findings import Finding, Severity
+from opsloop.records import Finding, Severity
 from opsloop.kafka_clients import client_options, connect_with_retry, kafka_settings, preflight_or_exit
 from opsloop.log import get_logger
-from opsloop.wire import describe_validation_error
 
 from opsloop.controllers.actuators import metrics
 from opsloop.controllers.actuators.applier import EdgeActuator
 from opsloop.controllers.actuators.base import ApplyResult, Target
 from opsloop.controllers.actuators.config import ActuatorConfig, HaproxyTargetConfig, LvsTargetConfig
 from opsloop.controllers.actuators.store import WeightStore
-from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.records import EdgeWeights
 
 log = get_logger("actuator.service")
 FAIL_STATIC_DETECTOR = "edge.fail_static"
@@ -73,10 +71,7 @@ def decode_decision(raw: bytes | None) -> EdgeWeights:
     """A record of ``edge.weights``; ValueError names what is wrong."""
     if not raw:
         raise ValueError("empty record")
-    try:
-        return EdgeWeights.decode(raw)
-    except ValidationError as e:
-        raise ValueError(describe_validation_error(e)) from None
+    return EdgeWeights.decode(raw)
 
 
 @dataclass

@@ -6,7 +6,7 @@ older one is refused) and "what was live before" (rollback). Writers (the servic
 ``opsloop weights`` CLI) take an exclusive ``flock`` so an entry is never interleaved; the file is
 compacted to the newest ``history_max`` entries by an atomic rewrite (temporary file, fsync, rename).
 
-Versions are ordered by their stamp ``(epoch, version)`` (see :class:`opsloop.controllers.edge.model.EdgeWeights`);
+Versions are ordered by their stamp ``(epoch, version)`` (see :class:`opsloop.records.EdgeWeights`);
 an entry written before epochs existed has epoch 0.
 
 A crash mid-write leaves a *torn tail*: bytes after the last newline. Reads ignore it, and the next

@@ -84,7 +84,7 @@ from statistics import NormalDist
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from opsloop.controllers.edge.model import EdgeWeights, Mode
+from opsloop.records import EdgeWeights, Mode
 from opsloop.controllers.edge.scheduler import solve
 
 _EPS = 1e-12

@@ -7,10 +7,10 @@ goes away (``cleared=True`` from :func:`decision_findings` with ``include_cleare
 
 from __future__ import annotations
 
-from opsloop.findings import Finding, Severity
+from opsloop.records import Finding, Severity
 
 from opsloop.controllers.edge.controller import Decision
-from opsloop.controllers.edge.model import Mode
+from opsloop.records import Mode
 
 SHED_DETECTOR = "edge.capacity_shortfall"
 HOLD_DETECTOR = "edge.weights_held"

@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from opsloop.audit.record import AuditRecord, build
+from opsloop.records import AuditRecord
+from opsloop.records.audit import build
 from opsloop.log import get_logger
 
 from opsloop.controllers.paging import metrics

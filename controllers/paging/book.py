@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from opsloop.findings import Finding, Severity
+from opsloop.records import Finding, Severity
 
 from opsloop.controllers.paging.mapping import SEVERITY_RANK, Links, annotations_for, labels_for, postable
 

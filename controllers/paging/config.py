@@ -79,6 +79,6 @@ def paging_config(settings: Settings, overrides: dict[str, Any] | None = None) -
     try:
         return PagingConfig.model_validate(section)
     except ValidationError as e:
-        from opsloop.wire import describe_validation_error
+        from opsloop.validation import describe_validation_error
 
         raise PagingConfigError(f"controllers.paging: {describe_validation_error(e)}") from None

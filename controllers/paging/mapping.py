@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urljoin
 
-from opsloop.findings import Finding, Severity
+from opsloop.records import Finding, Severity
 from opsloop.runbooks import dashboard_base_url, runbook_base_url
 
 SOURCE = "opsloop-paging"

@@ -7,7 +7,7 @@ import sys
 
 import orjson
 
-from opsloop.audit.record import AuditError
+from opsloop.records import AuditError
 from opsloop.audit.search import INDEX_PATTERN, parse_duration, parse_time, render, why_query, why_weights_changed
 from opsloop.audit.templates import AUDIT_TEMPLATE, LOGS_TEMPLATE, install_template
 from opsloop.audit.trail import AuditSettings

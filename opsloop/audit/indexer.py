@@ -31,7 +31,7 @@ from elastic_transport import TransportError
 from elasticsearch import ApiError, Elasticsearch, helpers
 from prometheus_client import Counter, Gauge
 
-from opsloop.audit.record import AuditRecord
+from opsloop.records import AuditRecord
 from opsloop.audit.templates import AUDIT_TEMPLATE, install_template
 from opsloop.es_client import ElasticsearchSettings
 from opsloop.log import get_logger

@@ -11,11 +11,11 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from opsloop.audit.record import AuditRecord
+from opsloop.records import AuditRecord
 from opsloop.config import KafkaSettings
 from opsloop.kafka_clients import client_options, kafka_settings
 from opsloop.log import get_logger
-from opsloop.wire import Topic
+from opsloop.topics import Topic
 
 log = get_logger("audit.kafka")
 

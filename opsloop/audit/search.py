@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from opsloop.audit.record import AuditRecord
+from opsloop.records import AuditRecord
 
 INDEX_PATTERN = "opsloop-audit*"
 MINUTE = timedelta(minutes=1)

@@ -32,11 +32,12 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opsloop.audit.indexer import DEFAULT_STREAM, ElasticsearchIndexer, client_for
-from opsloop.audit.record import AuditError, AuditRecord, build
+from opsloop.records import AuditError, AuditRecord
+from opsloop.records.audit import build
 from opsloop.config import Settings
 from opsloop.es_client import ElasticsearchSettings, check_url
 from opsloop.log import get_logger
-from opsloop.wire import describe_validation_error
+from opsloop.validation import describe_validation_error
 
 log = get_logger("audit")
 SECTION = "audit"

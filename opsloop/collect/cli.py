@@ -20,7 +20,7 @@ from opsloop.config import ConfigError, load_settings
 from opsloop.kafka_clients import preflight_or_exit
 from opsloop.log import get_logger, setup_logging
 from opsloop.metrics import serve_service_metrics, stop_on_signals
-from opsloop.wire import describe_validation_error
+from opsloop.validation import describe_validation_error
 
 
 EPILOG = """examples:

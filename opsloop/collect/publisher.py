@@ -24,7 +24,8 @@ from opsloop.collect.spool import Record, Spool
 from opsloop.config import KafkaSettings
 from opsloop.kafka_clients import client_options, kafka_settings
 from opsloop.log import get_logger
-from opsloop.wire import Metric, encode_batch, group_by_route
+from opsloop.records import Metric
+from opsloop.wire import encode_batch, group_by_route
 
 log = get_logger("publisher")
 

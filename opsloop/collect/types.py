@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from opsloop.wire import Metric
+from opsloop.records import Metric
 
 # Error kinds shared by collectors, used as the `kind` label of opsloop_collector_errors_total.
 ERROR_KINDS = (

@@ -27,7 +27,7 @@ from typing import Awaitable, Callable, Iterable, Iterator
 from prometheus_client import REGISTRY, Counter
 from prometheus_client.metrics_core import Metric as PromMetric
 
-from opsloop.findings import Finding
+from opsloop.records import Finding
 from opsloop.log import get_logger
 from opsloop.streams.agents.base import Publication
 

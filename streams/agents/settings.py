@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import Field, ValidationError, create_model
 
 from opsloop.config import Settings
-from opsloop.wire import describe_validation_error
+from opsloop.validation import describe_validation_error
 from opsloop.streams.detectors.plugin import Strict
 from opsloop.streams.detectors.registry import DETECTORS
 

@@ -34,7 +34,7 @@ from faust.types import TP, EventT
 
 from opsloop.config import Settings
 from opsloop.log import get_logger
-from opsloop.wire import Topic
+from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler
 from opsloop.streams.agents.findings_sink import FindingsSink
 from opsloop.streams.runtime import health

@@ -1,6 +1,6 @@
 """Stream detectors: one folder per detector (logic, stream handler, settings), listed in ``registry``.
 
-``firewall``, ``keystone``, ``netperf``, ``power`` (domain rules producing ``opsloop.findings.Finding``),
+``firewall``, ``keystone``, ``netperf``, ``power`` (domain rules producing ``opsloop.records.Finding``),
 ``anomaly`` (any numeric series); ``findingbook`` (the finding lifecycle), ``sketches``; ``replay_cli``
 (``opsloop detect replay``), ``scenarios`` and ``evaluation`` (the labeled scenario set and its
 precision/recall/delay report). See README.md, "Adding a detector".

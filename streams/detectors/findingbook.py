@@ -1,7 +1,7 @@
 """Open findings of one detector: open, refresh and clear them, with a JSON-able state.
 
 A domain detector decides *whether* something is wrong; the book turns that into the finding
-lifecycle of ``opsloop.findings.Finding``: the first time a condition holds it opens a finding
+lifecycle of ``opsloop.records.Finding``: the first time a condition holds it opens a finding
 (``first_seen``), while it holds it refreshes it (``last_seen``, observed, score), and when it stops
 holding it emits the finding once more with ``cleared=True`` and forgets it. A detector restored
 from its state therefore never repeats an open finding as new nor forgets to clear one.
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from opsloop.findings import Finding, Severity
-from opsloop.wire import label_string
+from opsloop.records import Finding, Severity
+from opsloop.labels import label_string
 from opsloop.runbooks import finding_runbook_url
 
 DEFAULT_REFRESH_S = 300.0

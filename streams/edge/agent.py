@@ -12,7 +12,7 @@ from prometheus_client import Counter
 
 from opsloop.config import Settings
 from opsloop.log import get_logger
-from opsloop.wire import Topic
+from opsloop.topics import Topic
 from opsloop.streams.edge.demand import DemandAggregator
 from opsloop.streams.lb.rates import LbRates
 from opsloop.streams.runtime.app import AfterBatch, raw_topic

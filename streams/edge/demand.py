@@ -3,7 +3,7 @@
 Input: ``telemetry.lb`` samples (``haproxy`` measurement, tags ``host`` = the load balancer = the
 *edge*, ``proxy``, ``sv``, ``type``). Rates come from :class:`opsloop.streams.lb.rates.LbRates` (Δcount/Δt
 on event time, counter resets skipped). Output, once per edge, backend and collection round: one
-:class:`EdgeDemand` — demand = Σ server request rates of the backend (what the edge *offered* the
+:class:`opsloop.records.EdgeDemand` — demand = Σ server request rates of the backend (what the edge *offered* the
 origins, 503s included: an origin rejecting load above its capacity must not hide the demand), or
 the backend's own rate when it has no server rows — plus each server's rate and whether HAProxy
 considers it up (``DOWN``/``MAINT`` → down; ``DRAIN``, i.e. weight 0, is still up), and its mean
@@ -16,63 +16,12 @@ The listener is the HAProxy backend name; the control service maps it to its top
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from opsloop.wire import Metric, describe_validation_error
+from opsloop.records import EdgeDemand, Metric, OriginState
 from opsloop.streams.lb.rates import LbRates
 
-SCHEMA_VERSION = 1
 DOWN_STATUSES = ("DOWN", "MAINT")
-
-
-class OriginState(BaseModel):
-    """One server (origin) as the edge sees it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    rps: float = Field(ge=0.0, allow_inf_nan=False)
-    up: bool = True
-    status: str = ""
-    # HAProxy ``rtime`` (ms, mean over its last 1024 requests); None when the stats had no value
-    rtime_ms: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
-
-
-class EdgeDemand(BaseModel):
-    """The ``edge.demand`` record: key ``f"{backend}|{edge}"``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    schema_version: int = SCHEMA_VERSION
-    edge: str = Field(min_length=1)
-    backend: str = Field(min_length=1)
-    demand_rps: float = Field(ge=0.0, allow_inf_nan=False)
-    origins: dict[str, OriginState] = Field(default_factory=dict)
-    timestamp: float = Field(gt=0.0, allow_inf_nan=False)  # event time of the newest rate used
-
-    @property
-    def key(self) -> str:
-        return f"{self.backend}|{self.edge}"
-
-    def encode(self) -> bytes:
-        return orjson.dumps(self.model_dump(mode="json"))
-
-    @classmethod
-    def decode(cls, raw: bytes | str) -> "EdgeDemand":
-        try:
-            doc: Any = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise ValueError(f"edge demand record: not JSON ({exc})") from None
-        if not isinstance(doc, dict):
-            raise ValueError(f"edge demand record: expected a JSON object, got {type(doc).__name__}")
-        if doc.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
-            raise ValueError(f"edge demand record: schema_version {doc.get('schema_version')!r} unsupported")
-        try:
-            return cls.model_validate(doc)
-        except ValidationError as e:
-            raise ValueError(f"edge demand record: {describe_validation_error(e)}") from None
 
 
 def server_up(status: object) -> bool:

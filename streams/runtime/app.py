@@ -15,7 +15,7 @@ from faust.types import TP
 from opsloop.config import Settings
 from opsloop.kafka_clients import faust_app_options
 from opsloop.log import get_logger
-from opsloop.wire import Topic
+from opsloop.topics import Topic
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.batch import DeadLetter, FanOut, Handler, process_batch
 from opsloop.streams.runtime.take import consumer_lag, take_batches

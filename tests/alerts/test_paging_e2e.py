@@ -15,7 +15,7 @@ import orjson
 import pytest
 import requests
 
-from opsloop.findings import Finding, Severity
+from opsloop.records import Finding, Severity
 from opsloop.stack import ManagedProcess, free_port
 from tests.alerts.conftest import (ROUTING_KEY, WebhookReceiver, am_url, start_actuator, start_alertmanager,
                                    webhook_receiver)

@@ -18,7 +18,7 @@ from opsloop.controllers.paging.config import PagingConfig, PagingConfigError, p
 from opsloop.controllers.paging.mapping import Links, alertname_for, annotations_for, label_name, labels_for
 from opsloop.controllers.paging.service import PagingService, decode_finding
 from opsloop.config import Settings
-from opsloop.findings import Finding, Severity
+from opsloop.records import Finding, Severity
 from opsloop.runbooks import finding_runbook_url
 
 LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -189,7 +189,7 @@ def test_state_round_trip_resends_at_once_without_a_new_page() -> None:
 @pytest.mark.parametrize("raw,message", [
     (b"", "empty record"),
     (b"{not json", "not JSON"),
-    (b"[1, 2]", "not a finding object"),
+    (b"[1, 2]", "finding: expected a JSON object, got list"),
     (orjson.dumps({"detector": "x", "what": "y", "first_seen": T0}), "last_seen"),
     (orjson.dumps({"detector": "", "what": "y", "first_seen": T0, "last_seen": T0}), "detector"),
     (orjson.dumps({"detector": "x", "what": "y", "first_seen": T0, "last_seen": T0, "severity": "page-me"}),

@@ -20,10 +20,10 @@ import yaml
 
 from opsloop.controllers.edge.controller import Decision
 from opsloop.controllers.edge.findings import decision_findings
-from opsloop.controllers.edge.model import Mode
+from opsloop.records import Mode
 from opsloop.controllers.paging.mapping import Links, annotations_for
 from opsloop import runbooks
-from opsloop.findings import Finding, Severity
+from opsloop.records import Finding, Severity
 from opsloop.runbooks import (DEFAULT_DASHBOARD_BASE_URL, DEFAULT_RUNBOOK_BASE_URL, FINDING_RUNBOOKS,
                               finding_runbook_url, render_rules)
 from opsloop.streams.detectors.findingbook import FindingBook

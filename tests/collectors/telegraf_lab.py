@@ -14,7 +14,8 @@ import subprocess
 from pathlib import Path
 
 from opsloop.stack import ManagedProcess
-from opsloop.wire import Metric, parse_record
+from opsloop.records import Metric
+from opsloop.wire import parse_record
 
 REPO = Path(__file__).resolve().parents[2]
 TELEGRAF = REPO / ".cache" / "telegraf" / "telegraf"

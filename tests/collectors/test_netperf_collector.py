@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from opsloop.collect.types import CollectorUnavailable, Round
-from opsloop.wire import Topic
+from opsloop.topics import Topic
 
 from opsloop.collectors.netperf import Config, build
 from opsloop.collectors.netperf.cli import main

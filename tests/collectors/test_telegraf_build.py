@@ -17,7 +17,8 @@ import pytest
 
 from opsloop.collectors.iptables.neutron_layout import LayoutPort, filter_table
 from opsloop.haproxy_api import HaproxyAPI
-from opsloop.wire import Topic, parse_record
+from opsloop.topics import Topic
+from opsloop.wire import parse_record
 from tests.helpers import read_topic, wait_until
 from tests.collectors.telegraf_lab import (AGENT_CONFIG, CONFIG_DIR, SETUP_SCRIPT, SNIPPET_DIR, TELEGRAF, VERSION,
                                            ensure_telegraf, parse_all, run_once, run_telegraf, sample_config)

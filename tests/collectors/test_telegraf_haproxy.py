@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from opsloop.lab.traffic import TrafficGenerator
-from opsloop.wire import Topic
+from opsloop.topics import Topic
 from tests.collectors.telegraf_lab import ensure_telegraf, sample_config, telegraf_process
 from tests.e2e.pipeline import pipeline_config, start_collector, start_worker
 from tests.helpers import prom_query, read_topic, unique, wait_until

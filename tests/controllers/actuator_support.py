@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from opsloop.audit import AuditLog, AuditRecord
+from opsloop.audit import AuditLog
+from opsloop.records import AuditRecord
 
 from opsloop.controllers.actuators.applier import EdgeActuator
 from opsloop.controllers.actuators.config import HaproxyTargetConfig
 from opsloop.controllers.actuators.haproxy import HaproxyTarget
 from opsloop.controllers.actuators.store import WeightStore
-from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.records import EdgeWeights
 
 
 class ListSink:

@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import given, settings, strategies as st
 
 from opsloop.audit import AuditLog
-from opsloop.findings import Finding
+from opsloop.records import Finding
 
 from opsloop.controllers.actuators import metrics
 from opsloop.controllers.actuators.applier import EdgeActuator

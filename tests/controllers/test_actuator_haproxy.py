@@ -9,7 +9,7 @@ import pytest
 from opsloop.haproxy_api import HaproxyAPI
 
 from opsloop.controllers.actuators import metrics
-from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.records import EdgeWeights
 from tests.controllers.actuator_support import (decision, haproxy_actuator, hide_socket, restore_socket,
                                                start_haproxy, stop_haproxy)
 from tests.helpers import unique, wait_until

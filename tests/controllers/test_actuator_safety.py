@@ -11,14 +11,14 @@ from pathlib import Path
 from prometheus_client import REGISTRY
 
 from opsloop.audit import AuditLog
-from opsloop.findings import Finding
+from opsloop.records import Finding
 
 from opsloop.controllers.actuators import metrics
 from opsloop.controllers.actuators.applier import EdgeActuator
 from opsloop.controllers.actuators.config import ActuatorConfig
 from opsloop.controllers.actuators.service import ActuatorService
 from opsloop.controllers.actuators.store import Entry, WeightStore
-from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.records import EdgeWeights
 from tests.controllers.actuator_support import ListSink
 from tests.controllers.test_actuator_applier import ORIGINS, MemoryTarget
 from tests.helpers import unique

@@ -13,8 +13,8 @@ import orjson
 import pytest
 from kafka import KafkaProducer
 
-from opsloop.audit import AuditRecord
-from opsloop.findings import Finding
+from opsloop.records import AuditRecord
+from opsloop.records import Finding
 from opsloop.haproxy_api import HaproxyAPI
 from opsloop.stack import free_port
 

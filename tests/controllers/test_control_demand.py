@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from opsloop.wire import metric
-from opsloop.streams.edge.demand import DemandAggregator, EdgeDemand, server_up
+from opsloop.records import metric
+from opsloop.records import EdgeDemand
+from opsloop.streams.edge.demand import DemandAggregator, server_up
 
 T0 = 1_795_000_000.0
 

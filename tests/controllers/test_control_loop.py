@@ -8,13 +8,13 @@ from hypothesis import given, settings, strategies as st
 from prometheus_client import REGISTRY
 
 from opsloop.controllers.edge.controller import ControllerSettings
-from opsloop.controllers.edge.model import EdgeWeights, Mode
+from opsloop.records import EdgeWeights, Mode
 from opsloop.controllers.edge.service.config import TopologySpec
 from opsloop.controllers.edge.service.inputs import DemandBook
 from opsloop.controllers.edge.service.loop import ControlLoop
 from opsloop.controllers.edge.service.store import TopologyStore
 from opsloop.audit import AuditLog
-from opsloop.streams.edge.demand import EdgeDemand, OriginState
+from opsloop.records import EdgeDemand, OriginState
 
 T0 = 1_795_000_000.0
 

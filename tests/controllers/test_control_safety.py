@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from opsloop.controllers.edge.api import EdgeApi
-from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.records import EdgeWeights
 from opsloop.controllers.edge.service.api_token import create_token_file
 from opsloop.controllers.edge.service.config import ApiSettings, ConfigError, TopologySpec, read_token
 from opsloop.controllers.edge.service.overrides import OverridesError
@@ -234,7 +234,7 @@ def test_a_demand_record_from_the_future_cannot_pin_the_book() -> None:
     from prometheus_client import REGISTRY
 
     from opsloop.controllers.edge.service.inputs import DemandBook
-    from opsloop.streams.edge.demand import EdgeDemand
+    from opsloop.records import EdgeDemand
 
     clock = [T0]
     book = DemandBook(max_clock_skew_s=5.0, ttl_s=600.0, clock=lambda: clock[0])

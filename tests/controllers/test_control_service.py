@@ -8,13 +8,13 @@ import orjson
 import pytest
 from kafka import KafkaProducer
 
-from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.records import EdgeWeights
 from opsloop.controllers.edge.service import EdgeService
 from opsloop.controllers.edge.service.config import EdgeServiceSettings
 from opsloop.controllers.edge.service.kafka_io import recover_decisions
 from opsloop.config import Settings
-from opsloop.wire import Topic
-from opsloop.streams.edge.demand import EdgeDemand, OriginState
+from opsloop.topics import Topic
+from opsloop.records import EdgeDemand, OriginState
 from tests.helpers import read_topic, unique, wait_until
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from opsloop.controllers.edge.controller import (ControllerSettings, EdgeController, Observation,
                                          FixedStepController, UndampedController, enforce_safety,
                                          usable_mask)
-from opsloop.controllers.edge.model import Mode
+from opsloop.records import Mode
 from tests.controllers.test_edge_strategies import problems
 
 INF = math.inf
@@ -190,7 +190,7 @@ def test_bad_observations_and_settings_are_named():
 
 def test_shortfall_and_hold_raise_findings():
     from opsloop.controllers.edge.findings import HOLD_DETECTOR, SHED_DETECTOR, decision_findings
-    from opsloop.findings import Finding, Severity
+    from opsloop.records import Finding, Severity
 
     ctrl = EdgeController(2, 2, initial=[[1.0, 0.0], [0.0, 1.0]])
     short = ctrl.step(_obs([300, 300], [200, 200], [[10, 50], [50, 10]], [True, True]))
@@ -294,7 +294,7 @@ def test_live_loop_gets_hold_down_and_headroom_from_the_service_settings():
     from opsloop.controllers.edge.service.loop import ControlLoop
     from opsloop.controllers.edge.service.store import TopologyStore
     from opsloop.audit import AuditLog
-    from opsloop.streams.edge.demand import EdgeDemand, OriginState
+    from opsloop.records import EdgeDemand, OriginState
 
     cfg = EdgeServiceSettings.model_validate({
         "interval_s": 1.0, "overrides_file": None,

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from opsloop.controllers.edge.model import EdgeWeights, Listener, Mode, Topology
+from opsloop.controllers.edge.model import Listener, Topology
+from opsloop.records import EdgeWeights, Mode
 
 
 def _record(**overrides):

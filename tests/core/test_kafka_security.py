@@ -124,7 +124,7 @@ def test_preflight_or_exit_logs_one_line_and_exits_2(broker: SecureBroker) -> No
 
 def test_topic_prefix_names_topics_groups_and_the_faust_app(tmp_path: Path) -> None:
     from opsloop.config import Settings
-    from opsloop.wire import Topic
+    from opsloop.topics import Topic
     from opsloop.streams.runtime.app import create_app, raw_topic
 
     k = KafkaSettings(topic_prefix="staging.")

@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsloop.wire import (Metric, Topic, WireError, deadletter_record, encode_batch, group_by_route, metric,
-                          parse_record, series_key, topic_for)
+from opsloop.records import Metric, deadletter_record, metric
+from opsloop.topics import Topic, series_key, topic_for
+from opsloop.validation import WireError
+from opsloop.wire import encode_batch, group_by_route, parse_record
 
 TS = 1795310400
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from kafka import KafkaProducer
 
-from opsloop.wire import Topic
+from opsloop.topics import Topic
 from tests.e2e.pipeline import pipeline_config, start_worker
 from tests.helpers import read_topic, scrape_metric, unique, wait_until
 

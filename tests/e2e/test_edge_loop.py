@@ -26,7 +26,7 @@ import pytest
 import requests
 from kafka import KafkaConsumer, TopicPartition
 
-from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.records import EdgeWeights
 from opsloop.controllers.edge.service.api_token import create_token_file
 from opsloop.haproxy_api import HaproxyAPI, parse_show_stat
 from opsloop.lab.traffic import TrafficGenerator

@@ -33,9 +33,10 @@ from opsloop.collect.publisher import Publisher
 from opsloop.config import KafkaSettings
 from opsloop.kafka_clients import client_options
 from opsloop.lab.traffic import TrafficGenerator
-from opsloop.topics import ensure_topics
+from opsloop.kafka_admin import ensure_topics
 from opsloop.stack import ManagedProcess, free_port
-from opsloop.wire import Topic, metric
+from opsloop.records import metric
+from opsloop.topics import Topic
 from tests.helpers import REPO, metrics_up, opsloop_process, unique, wait_until, write_config
 from tests.kafka_secure import USERS, SecureBroker, make_ca_and_broker_cert, secure_broker
 

@@ -21,14 +21,14 @@ from kafka import KafkaProducer
 
 import opsloop.controllers.edge.service as edge_service_module
 import opsloop.controllers.paging.service as paging_service_module
-from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.records import EdgeWeights
 from opsloop.controllers.edge.service import EdgeService
 from opsloop.controllers.edge.service.config import EdgeServiceSettings
 from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.service import PagingService
 from opsloop.config import Settings
-from opsloop.wire import Topic
-from opsloop.streams.edge.demand import EdgeDemand, OriginState
+from opsloop.topics import Topic
+from opsloop.records import EdgeDemand, OriginState
 from tests.helpers import read_topic, unique, wait_until
 
 pytestmark = pytest.mark.integration

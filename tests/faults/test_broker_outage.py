@@ -17,7 +17,7 @@ import pytest
 from opsloop.collect import Round
 from opsloop.collect.publisher import Publisher
 from opsloop.collect.runner import run_loop
-from opsloop.wire import metric
+from opsloop.records import metric
 from tests.helpers import read_topic, unique, wait_until
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ import pytest
 import requests
 from kafka import KafkaProducer
 
-from opsloop.findings import Finding, Severity
+from opsloop.records import Finding, Severity
 from tests.alerts.conftest import am_url, ensure_topics, start_actuator, start_alertmanager, webhook_receiver
 from tests.helpers import read_topic, scrape_metric, unique, wait_until
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from opsloop.controllers.paging import metrics
 from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.service import PagingService, decode_finding
-from opsloop.findings import Finding, Severity
-from opsloop.wire import Topic
+from opsloop.records import Finding, Severity
+from opsloop.topics import Topic
 
 T0 = 1_795_310_400.0
 

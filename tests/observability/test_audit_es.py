@@ -26,7 +26,7 @@ from opsloop.audit.indexer import ElasticsearchIndexer, client_for
 from opsloop.audit.kafka import KafkaAuditPublisher
 from opsloop.audit.search import parse_time, render, why_weights_changed
 from opsloop.stack import ManagedProcess, free_port
-from opsloop.wire import Topic
+from opsloop.topics import Topic
 from tests.helpers import REPO, read_topic, unique, wait_until
 
 pytestmark = pytest.mark.integration
@@ -244,7 +244,7 @@ def test_records_reach_the_kafka_audit_topic(kafka_bootstrap: str) -> None:
         got = wait_until(mine, timeout=30, what="audit record on the audit topic")
         assert len(got) == 1
         assert orjson.loads(got[0].value)["id"] == rec.id
-        from opsloop.audit import AuditRecord
+        from opsloop.records import AuditRecord
 
         assert AuditRecord.decode(got[0].value) == rec
     finally:

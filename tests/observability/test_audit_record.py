@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsloop.audit import AuditError, AuditLog, AuditMode, AuditRecord, AuditSettings, build
+from opsloop.audit import AuditLog, AuditSettings
+from opsloop.records import AuditError, AuditMode, AuditRecord
+from opsloop.records.audit import build
 from opsloop.audit.cli import main as audit_main
 from opsloop.audit.indexer import ElasticsearchIndexer
 from opsloop.audit.search import parse_duration, parse_time, render, why_query, WhyAnswer

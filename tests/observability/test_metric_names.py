@@ -118,7 +118,7 @@ for collector in list(REGISTRY._collector_to_names):
             if hasattr(child, op):
                 getattr(child, op)({"info": {"k": "v"}}.get(op, 1) if op != "state" else child._states[0])
                 break
-from opsloop.findings import Finding
+from opsloop.records import Finding
 from opsloop.streams.agents.findings_sink import ACTIVE   # the custom collector: one open finding
 ACTIVE.update(Finding(detector="x.y", what="w", where={"host": "h"}, first_seen=0.0, last_seen=0.0))
 sys.stdout.write(generate_latest(REGISTRY).decode())
@@ -230,7 +230,9 @@ def test_promtool_check_metrics_passes_on_every_service_of_the_pipeline(stack, l
     from opsloop.controllers.edge.service.api_token import create_token_file
     from opsloop.lab.traffic import TrafficGenerator
     from opsloop.stack import free_port
-    from opsloop.wire import Topic, encode_batch, metric
+    from opsloop.records import metric
+    from opsloop.topics import Topic
+    from opsloop.wire import encode_batch
     from tests.alerts.conftest import start_actuator as start_paging
     from tests.e2e.pipeline import pipeline_config, start_collector, start_worker
     from tests.e2e.test_edge_loop import EdgeControl

@@ -29,10 +29,10 @@ from typing import Callable, TypeVar
 import pytest
 from kafka import KafkaProducer
 
-from opsloop.findings import Finding
+from opsloop.records import Finding
 from opsloop.stack import Stack
 from opsloop.stack.supervisor import Supervisor
-from opsloop.wire import Topic
+from opsloop.topics import Topic
 from tests.e2e.pipeline import pipeline_config, start_worker
 from tests.helpers import read_topic, scrape_metric, unique, wait_until, write_config
 from tests.scale.workload import (PARTITIONS, fw_round, group_assignment, lb_round, partition_of,

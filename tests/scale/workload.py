@@ -16,7 +16,9 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka.partitioner.default import murmur2
 
 from opsloop.stack import free_port
-from opsloop.wire import Topic, encode_batch, metric
+from opsloop.records import metric
+from opsloop.topics import Topic
+from opsloop.wire import encode_batch
 from tests.helpers import scrape_metric, write_config
 
 PARTITIONS = 4

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from opsloop.config import Settings
-from opsloop.findings import Severity
-from opsloop.wire import Metric, metric
+from opsloop.records import Severity
+from opsloop.records import Metric, metric
 from opsloop.streams.detectors.anomaly.handler import AnomalyHandler
 from opsloop.streams.agents.base import DetectorHandler
 from opsloop.streams.detectors.firewall.handler import FirewallHandler

@@ -17,14 +17,17 @@ import pytest
 from prometheus_client import REGISTRY
 
 from opsloop.controllers.edge.service.inputs import DemandBook
-from opsloop.findings import Finding
-from opsloop.wire import DEADLETTER_VALUE_LIMIT, Metric, encode_batch, label_string, metric
+from opsloop.records import Finding
+from opsloop.labels import label_string
+from opsloop.records import DEADLETTER_VALUE_LIMIT, Metric, metric
+from opsloop.wire import encode_batch
 from opsloop.streams.detectors.firewall.handler import FirewallHandler
 from opsloop.streams.detectors.keystone.handler import KeystoneHandler
 from opsloop.streams.detectors.netperf.handler import NetperfHandler
 from opsloop.streams.detectors.power.handler import PowerHandler
 from opsloop.streams.detectors.findingbook import where_key
-from opsloop.streams.edge.demand import DemandAggregator, EdgeDemand
+from opsloop.records import EdgeDemand
+from opsloop.streams.edge.demand import DemandAggregator
 from opsloop.streams.lb.rates import LbRates
 from opsloop.streams.runtime.batch import DeadLetter, decode_messages, process_batch
 from tests.streams.test_agents_runtime import Msg

@@ -12,8 +12,10 @@ import orjson
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from opsloop.findings import Finding
-from opsloop.wire import Topic, encode_batch, metric
+from opsloop.records import Finding
+from opsloop.records import metric
+from opsloop.topics import Topic
+from opsloop.wire import encode_batch
 from opsloop.streams.agents.stateful import STATE_TABLE
 from tests.e2e.pipeline import pipeline_config, start_worker
 from tests.helpers import read_topic, scrape_metric, unique, wait_until, write_config

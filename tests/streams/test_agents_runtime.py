@@ -14,8 +14,9 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from opsloop.config import Settings
-from opsloop.findings import Finding, Severity
-from opsloop.wire import encode_batch, metric
+from opsloop.records import Finding, Severity
+from opsloop.records import metric
+from opsloop.wire import encode_batch
 from opsloop.streams.detectors.registry import detector_handlers
 from opsloop.streams.agents.base import DetectorHandler
 from opsloop.streams.agents.findings_sink import ActiveFindings, FindingsSink, finding_labels

@@ -3,7 +3,7 @@ while the series is out of its band, and clears when it is back."""
 
 from __future__ import annotations
 
-from opsloop.wire import metric
+from opsloop.records import metric
 from opsloop.streams.detectors.anomaly.handler import AnomalyHandler
 from opsloop.streams.detectors.anomaly.settings import AnomalySettings
 

@@ -9,8 +9,8 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from opsloop.findings import Finding, Severity
-from opsloop.wire import metric
+from opsloop.records import Finding, Severity
+from opsloop.records import metric
 from opsloop.streams.detectors.firewall.detector import (FINGERPRINT_DRIFT, PACKAGE_DRIFT, UNPROTECTED,
                                                          FirewallDetector, report_from_metrics)
 from opsloop.streams.detectors.keystone.detector import (HEAVY, REGIME, SMALL_P95, HeavyHitterDetector,

@@ -36,7 +36,7 @@ from opsloop.config import ConfigError, Settings, load_settings
 from opsloop.kafka_clients import connect_with_retry, preflight_or_exit
 from opsloop.log import get_logger, setup_logging
 from opsloop.metrics import serve_metrics
-from opsloop.topics import ensure_topics
+from opsloop.kafka_admin import ensure_topics
 
 log = get_logger("controller.edge")
 

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from opsloop.controllers.edge.controller import ControllerSettings
 from opsloop.controllers.edge.model import Edge, Listener, Origin, Topology
 from opsloop.config import DEFAULT_RUN_DIR, ConfigError, Settings
-from opsloop.wire import describe_validation_error
+from opsloop.validation import describe_validation_error
 
 SECTION = "edge"
 TOKEN_ENV = "OPSLOOP_EDGE_API_TOKEN"

@@ -21,8 +21,8 @@ from opsloop.controllers.edge.service import metrics as M
 from opsloop.config import KafkaSettings
 from opsloop.kafka_clients import client_options, kafka_settings
 from opsloop.log import get_logger
-from opsloop.wire import Topic
-from opsloop.streams.edge.demand import EdgeDemand
+from opsloop.topics import Topic
+from opsloop.records import EdgeDemand
 
 log = get_logger("controller.edge.inputs")
 MAX_CLOCK_SKEW_S = 5.0

@@ -11,13 +11,13 @@ import time
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from opsloop.controllers.edge.model import EdgeWeights
+from opsloop.records import EdgeWeights
 from opsloop.controllers.edge.service import metrics as M
 from opsloop.config import KafkaSettings
-from opsloop.findings import Finding
+from opsloop.records import Finding
 from opsloop.kafka_clients import client_options, kafka_settings
 from opsloop.log import get_logger
-from opsloop.wire import Topic
+from opsloop.topics import Topic
 
 log = get_logger("controller.edge.kafka")
 

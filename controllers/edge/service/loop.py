@@ -38,13 +38,13 @@ import numpy as np
 
 from opsloop.controllers.edge.controller import ControllerSettings, Decision, EdgeController, Observation
 from opsloop.controllers.edge.findings import decision_findings
-from opsloop.controllers.edge.model import EdgeWeights, Mode
+from opsloop.records import EdgeWeights, Mode
 from opsloop.controllers.edge.service import metrics as M
 from opsloop.controllers.edge.service.inputs import DemandBook
 from opsloop.controllers.edge.service.store import TopologyStore
-from opsloop.findings import Finding
+from opsloop.records import Finding
 from opsloop.log import get_logger
-from opsloop.streams.edge.demand import EdgeDemand
+from opsloop.records import EdgeDemand
 
 log = get_logger("controller.edge")
 

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from opsloop.controllers.edge.model import check_capacity, check_latency
-from opsloop.wire import describe_validation_error
+from opsloop.validation import describe_validation_error
 
 VERSION = 1
 

@@ -6,7 +6,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from opsloop.wire import WireError, topic_for
+from opsloop.topics import topic_for
+from opsloop.validation import WireError
 from opsloop.streams.detectors.anomaly.model import DetectorConfig
 from opsloop.streams.detectors.plugin import Strict
 

@@ -39,8 +39,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from opsloop.findings import Finding, Severity
-from opsloop.wire import Metric
+from opsloop.records import Finding, Severity
+from opsloop.records import Metric
 
 from opsloop.streams.detectors.findingbook import FindingBook, where_key as _key
 

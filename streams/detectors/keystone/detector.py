@@ -38,8 +38,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from opsloop.findings import Finding, Severity
-from opsloop.wire import Metric
+from opsloop.records import Finding, Severity
+from opsloop.records import Metric
 
 from opsloop.streams.detectors.findingbook import FindingBook, where_key
 from opsloop.streams.detectors.sketches import LogHistogram, PanedHeavyHitters

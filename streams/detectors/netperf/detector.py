@@ -29,8 +29,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from opsloop.findings import Finding, Severity
-from opsloop.wire import Metric, label_string
+from opsloop.records import Finding, Severity
+from opsloop.labels import label_string
+from opsloop.records import Metric
 
 from opsloop.streams.detectors.findingbook import FindingBook
 

@@ -32,8 +32,8 @@ import statistics
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
-from opsloop.findings import Finding, Severity
-from opsloop.wire import Metric
+from opsloop.records import Finding, Severity
+from opsloop.records import Metric
 
 from opsloop.streams.detectors.findingbook import FindingBook
 

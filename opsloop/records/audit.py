@@ -24,17 +24,16 @@ from datetime import datetime, timezone
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from opsloop.log import redact
-from opsloop.wire import describe_validation_error
+from opsloop.records.base import JsonRecord, RecordError
 
-SCHEMA_VERSION = 1
 TOKEN = r"^[a-z][a-z0-9_.:\-]*$"   # actor, action, result: lowercase dotted tokens
 MAX_STATE_BYTES = 32 * 1024         # before/after: a weights row or a page, not a dump
 
 
-class AuditError(ValueError):
+class AuditError(RecordError):
     """An audit record that cannot be built; the message names the field and value."""
 
 
@@ -50,10 +49,12 @@ class AuditMode(str, enum.Enum):
 RESULTS = ("applied", "unchanged", "skipped", "held", "failed", "rolled-back", "sent", "resolved")
 
 
-class AuditRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class AuditRecord(JsonRecord):
+    model_config = ConfigDict(frozen=True)
+    RECORD = "audit record"
+    ENCODE_ID = True
+    ERROR = AuditError
 
-    schema_version: int = SCHEMA_VERSION
     time: float = Field(default_factory=time.time, ge=946684800, le=4102444800)  # epoch seconds (event time)
     actor: str = Field(min_length=1, max_length=100, pattern=TOKEN)
     action: str = Field(min_length=1, max_length=100, pattern=TOKEN)
@@ -119,23 +120,6 @@ class AuditRecord(BaseModel):
         doc["changed"] = list(self.changes())
         return doc
 
-    def encode(self) -> bytes:
-        """The Kafka ``audit`` topic value: the record plus its id."""
-        doc = self.model_dump(mode="json")
-        doc["id"] = self.id
-        return orjson.dumps(doc)
-
-    @classmethod
-    def decode(cls, raw: bytes | str) -> "AuditRecord":
-        try:
-            doc = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise AuditError(f"audit record: not JSON ({e})") from None
-        if not isinstance(doc, dict):
-            raise AuditError(f"audit record: expected a JSON object, got {type(doc).__name__}")
-        doc.pop("id", None)
-        return build(**doc)
-
     @classmethod
     def from_document(cls, doc: dict[str, Any]) -> "AuditRecord":
         """Rebuild a record from an Elasticsearch ``_source``."""
@@ -149,9 +133,4 @@ class AuditRecord(BaseModel):
 
 def build(**fields: Any) -> AuditRecord:
     """Build a validated record; raises :class:`AuditError` naming what was wrong."""
-    try:
-        return AuditRecord(**fields)
-    except ValidationError as e:
-        raise AuditError(f"audit record: {describe_validation_error(e)}") from None
-    except TypeError as e:
-        raise AuditError(f"audit record: {e}") from None
+    return AuditRecord.build(**fields)

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from typing import Any
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from opsloop.labels import label_string
+from opsloop.records.base import JsonRecord
 from opsloop.runbooks import finding_runbook_url
-from opsloop.wire import label_string
 
 
 class Severity(str, enum.Enum):
@@ -29,10 +28,10 @@ class Severity(str, enum.Enum):
     CRITICAL = "critical"
 
 
-class Finding(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Finding(JsonRecord):
+    RECORD = "finding"
+    ENCODE_ID = True
 
-    schema_version: int = 1
     detector: str = Field(min_length=1)             # e.g. "firewall.unprotected_port"
     what: str = Field(min_length=1)                 # one line for a human: "VM port without security group"
     where: dict[str, str] = Field(default_factory=dict)  # labels: host, port, listener, ...
@@ -57,14 +56,3 @@ class Finding(BaseModel):
     def id(self) -> str:
         # label_string escapes , = | \ in keys and values: unambiguous, and unchanged for plain values.
         return hashlib.sha1(f"{self.detector}|{label_string(self.where)}".encode()).hexdigest()[:16]
-
-    def encode(self) -> bytes:
-        doc: dict[str, Any] = self.model_dump(mode="json")
-        doc["id"] = self.id
-        return orjson.dumps(doc)
-
-    @classmethod
-    def decode(cls, raw: bytes) -> "Finding":
-        doc = orjson.loads(raw)
-        doc.pop("id", None)
-        return cls.model_validate(doc)

@@ -1,0 +1,105 @@
+"""The edge control loop's records: ``edge.demand`` (what each edge offered its origins, from the stream
+stage) and ``edge.weights`` (the share per origin the controller decided, for the actuators)."""
+
+from __future__ import annotations
+
+import enum
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from opsloop.records.base import JsonRecord
+from opsloop.validation import check_number
+
+SHARE_SUM_TOLERANCE = 1e-6
+
+
+class OriginState(BaseModel):
+    """One server (origin) as the edge sees it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rps: float = Field(ge=0.0, allow_inf_nan=False)
+    up: bool = True
+    status: str = ""
+    # HAProxy ``rtime`` (ms, mean over its last 1024 requests); None when the stats had no value
+    rtime_ms: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+
+
+class EdgeDemand(JsonRecord):
+    """The ``edge.demand`` record: key ``f"{backend}|{edge}"``."""
+
+    RECORD = "edge demand record"
+
+    edge: str = Field(min_length=1)
+    backend: str = Field(min_length=1)
+    demand_rps: float = Field(ge=0.0, allow_inf_nan=False)
+    origins: dict[str, OriginState] = Field(default_factory=dict)
+    timestamp: float = Field(gt=0.0, allow_inf_nan=False)  # event time of the newest rate used
+
+    @property
+    def key(self) -> str:
+        return f"{self.backend}|{self.edge}"
+
+
+class Mode(str, enum.Enum):
+    """How a decision was made."""
+
+    NORMAL = "normal"      # optimal assignment, every edge fully served
+    SHED = "shed"          # healthy capacity short: shares serve the same fraction of every edge
+    HOLD = "hold"          # fail static: last good weights kept (stale inputs / nothing usable)
+    FALLBACK = "fallback"  # nothing usable and no last good weights: a static fallback
+
+
+class EdgeWeights(JsonRecord):
+    """The decision for one listener and edge: a share per origin, summing to 1.
+
+    ``version`` increases whenever the published weights change, so applying the same version twice
+    is a no-op for an actuator. ``shed`` reports a shortfall (``{"rps": ..., "fraction": ...}``).
+
+    ``epoch`` is the generation of the controller instance that made the decision: each start of the
+    edge control service takes a new, higher one (its start time in ms, above every epoch it recovered
+    from ``edge.weights``). Actuators order decisions by ``(epoch, version)``, so a controller that
+    restarts at a lower version (history lost, recovery cut short) still wins over its predecessor,
+    and a predecessor that keeps running is refused (``stale_version``, alerted). Records without it
+    (older controllers) have epoch 0.
+    """
+
+    RECORD = "edge weights record"
+
+    version: int = Field(ge=0)
+    epoch: int = Field(default=0, ge=0)
+    listener: str = Field(min_length=1)
+    edge: str = Field(min_length=1)
+    weights: dict[str, float] = Field(min_length=1)
+    computed_at: float = Field(ge=0.0, allow_inf_nan=False)
+    mode: Mode = Mode.NORMAL
+    reason: str = ""
+    inputs_age_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    shed: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("weights")
+    @classmethod
+    def _shares(cls, value: dict[str, float]) -> dict[str, float]:
+        for origin, share in value.items():
+            if not origin:
+                raise ValueError("weights: empty origin name")
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or math.isnan(share) \
+                    or not 0.0 <= share <= 1.0:
+                raise ValueError(f"weights[{origin!r}]: share must be in [0, 1], got {share!r}")
+        total = math.fsum(value.values())
+        if abs(total - 1.0) > SHARE_SUM_TOLERANCE:
+            raise ValueError(f"weights: shares must sum to 1, got {total!r} for {value!r}")
+        return value
+
+    @field_validator("shed")
+    @classmethod
+    def _shed(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, amount in value.items():
+            check_number(f"shed[{key!r}]", amount)
+        return value
+
+    @property
+    def stamp(self) -> tuple[int, int]:
+        """The order of decisions: ``(epoch, version)``."""
+        return (self.epoch, self.version)
