@@ -36,7 +36,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from opsloop.controllers.edge.service.api_token import create_token_file
 from opsloop.config import StackSettings
-from opsloop.haproxy_api import HaproxyAPI
+from opsloop.lb.haproxy import HaproxyAPI
 from opsloop.lab.edge import EdgeSpec, OriginSpec, haproxy_process, origin_process
 from opsloop.lab.traffic import TrafficGenerator
 from opsloop.stack import ManagedProcess, Stack, free_port

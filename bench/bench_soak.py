@@ -44,7 +44,7 @@ import orjson
 import yaml
 
 from opsloop.config import StackSettings
-from opsloop.haproxy_api import HaproxyAPI
+from opsloop.lb.haproxy import HaproxyAPI
 from opsloop.lab.pipeline import LabPorts, _opsloop, alertmanager_config, effective_config, pipeline_processes
 from opsloop.stack import ManagedProcess, Stack, StackError, free_port
 from opsloop.stack.supervisor import Supervisor

@@ -6,7 +6,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from opsloop.collect import CollectError, Round
-from opsloop.haproxy_api import HaproxyAPI, HaproxyError, StatParseError, parse_show_stat
+from opsloop.lb.haproxy import HaproxyAPI, HaproxyError, StatParseError, parse_show_stat
 from opsloop.records import Metric, metric
 from opsloop.validation import WireError
 

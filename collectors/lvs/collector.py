@@ -10,7 +10,7 @@ from opsloop.collect.types import CollectError, CollectorUnavailable, Round
 from opsloop.records import Metric, metric
 
 from opsloop.collectors.lvs.config import Config
-from opsloop.collectors.lvs.parse import (RATE_FIELDS, STAT_FIELDS, IpvsadmListing, LvsParseError, RealKey, Service,
+from opsloop.lb.ipvs import (RATE_FIELDS, STAT_FIELDS, IpvsadmListing, LvsParseError, RealKey, Service,
                                   ServiceKey, parse_ipvsadm, parse_proc_ip_vs, parse_proc_ip_vs_stats)
 from opsloop.collectors.lvs.rates import RateTracker, Rates
 from opsloop.collect.tool import ToolMissing, ToolTimeout, run_tool

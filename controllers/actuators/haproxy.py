@@ -8,7 +8,7 @@ leaves the backend as it was. Note ``balance static-rr`` backends refuse runtime
 
 from __future__ import annotations
 
-from opsloop.haproxy_api import HaproxyAPI, HaproxyError, StatParseError, parse_show_stat
+from opsloop.lb.haproxy import HaproxyAPI, HaproxyError, StatParseError, parse_show_stat
 
 from opsloop.controllers.actuators.base import ActuatorError
 from opsloop.controllers.actuators.config import HaproxyTargetConfig

@@ -7,7 +7,7 @@ The batch is ``ipvsadm -R`` restore input, one ``-e`` (edit real server) line pe
 The forwarding method (``-g``/``-m``/``-i``) is repeated from the live listing because an edit
 without it resets the real server to the default (direct routing). ``ipvsadm -R`` is not atomic:
 when it fails, the weights read before are restored with a second ``-R`` and the error raised.
-The ``-Ln`` listing is parsed by :func:`opsloop.collectors.lvs.parse.parse_ipvsadm_list`.
+The ``-Ln`` listing is parsed by :func:`opsloop.lb.ipvs.parse_ipvsadm_list` (the LB client the LVS collector shares).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 import subprocess
 
-from opsloop.collectors.lvs.parse import LvsParseError, RealKey, RealServer, ServiceKey, parse_ipvsadm_list
+from opsloop.lb.ipvs import LvsParseError, RealKey, RealServer, ServiceKey, parse_ipvsadm_list
 
 from opsloop.controllers.actuators.base import ActuatorError
 from opsloop.controllers.actuators.config import LvsTargetConfig

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from opsloop.collectors.haproxy import Config, build
 from opsloop.collectors.haproxy.collector import row_to_metric
-from opsloop.haproxy_api import HaproxyAPI, HaproxyError, StatParseError, parse_show_stat
+from opsloop.lb.haproxy import HaproxyAPI, HaproxyError, StatParseError, parse_show_stat
 from opsloop.lab.traffic import TrafficGenerator
 from opsloop.streams.lb.rates import LbRates, request_count
 from tests.helpers import wait_until

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from opsloop.collectors.lvs import Config, build
 from opsloop.collectors.lvs.collector import LvsCollector
-from opsloop.collectors.lvs.parse import (LvsParseError, RealKey, ServiceKey, parse_ipvsadm, parse_ipvsadm_list,
+from opsloop.lb.ipvs import (LvsParseError, RealKey, ServiceKey, parse_ipvsadm, parse_ipvsadm_list,
                                   parse_proc_ip_vs, parse_proc_ip_vs_stats)
 from opsloop.collectors.lvs.rates import RateTracker, counter_increase
 from opsloop.collect.types import CollectorUnavailable

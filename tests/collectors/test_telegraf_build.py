@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 
 from opsloop.collectors.iptables.neutron_layout import LayoutPort, filter_table
-from opsloop.haproxy_api import HaproxyAPI
+from opsloop.lb.haproxy import HaproxyAPI
 from opsloop.topics import Topic
 from opsloop.wire import parse_record
 from tests.helpers import read_topic, wait_until

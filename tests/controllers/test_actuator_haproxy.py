@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from opsloop.haproxy_api import HaproxyAPI
+from opsloop.lb.haproxy import HaproxyAPI
 
 from opsloop.controllers.actuators import metrics
 from opsloop.records import EdgeWeights

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from opsloop.audit import AuditLog
 from opsloop.config import Settings
 
-from opsloop.collectors.lvs.parse import LvsParseError, parse_proc_ip_vs
+from opsloop.lb.ipvs import LvsParseError, parse_proc_ip_vs
 from opsloop.controllers.actuators import metrics
 from opsloop.controllers.actuators.applier import EdgeActuator
 from opsloop.controllers.actuators.base import ActuatorError

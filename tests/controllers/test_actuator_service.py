@@ -15,7 +15,7 @@ from kafka import KafkaProducer
 
 from opsloop.records import AuditRecord
 from opsloop.records import Finding
-from opsloop.haproxy_api import HaproxyAPI
+from opsloop.lb.haproxy import HaproxyAPI
 from opsloop.stack import free_port
 
 from tests.controllers.actuator_support import decision, start_haproxy, stop_haproxy

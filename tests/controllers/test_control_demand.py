@@ -85,7 +85,7 @@ def test_collector_rows_of_real_show_stat_output() -> None:
     from pathlib import Path
 
     from opsloop.collectors.haproxy.collector import row_to_metric
-    from opsloop.haproxy_api import parse_show_stat
+    from opsloop.lb.haproxy import parse_show_stat
 
     text = (Path(__file__).resolve().parents[2] / "collectors/haproxy/testdata/show_stat_haproxy26.csv").read_text()
     rows = parse_show_stat(text)

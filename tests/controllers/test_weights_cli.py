@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from opsloop.haproxy_api import HaproxyAPI
+from opsloop.lb.haproxy import HaproxyAPI
 
 from opsloop.controllers.actuators.mapping import to_integer_weights
 from tests.controllers.actuator_support import decision, haproxy_actuator, stop_haproxy

@@ -28,7 +28,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from opsloop.records import EdgeWeights
 from opsloop.controllers.edge.service.api_token import create_token_file
-from opsloop.haproxy_api import HaproxyAPI, parse_show_stat
+from opsloop.lb.haproxy import HaproxyAPI, parse_show_stat
 from opsloop.lab.traffic import TrafficGenerator
 from opsloop.stack import ManagedProcess, free_port
 from tests.e2e.pipeline import pipeline_config, start_collector, start_worker

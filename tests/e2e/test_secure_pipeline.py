@@ -262,7 +262,7 @@ def test_the_closed_loop_runs_over_sasl_ssl(broker: SecureBroker, lab_edge, tmp_
     """Every service of the edge loop as a process, every one through the SASL_SSL listener under one prefix:
     collector -> stream worker -> edge control service -> edge.weights -> weight actuator -> HAProxy."""
     from opsloop.controllers.edge.service.api_token import create_token_file
-    from opsloop.haproxy_api import HaproxyAPI
+    from opsloop.lb.haproxy import HaproxyAPI
 
     lab_edge.start(capacities={"near": 1000.0})
     lb, prefix = unique("edge"), f"{unique('loop')}."
