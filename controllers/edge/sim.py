@@ -667,7 +667,7 @@ def _violations(scn: Scenario, phases: list[dict[str, Any]], whole: dict[str, An
             if m["overshoot_p95"] is not None and m["overshoot_p95"] > tg.excess_p95 + 1e-9:
                 out.append(f"{name}: 95th-percentile overshoot {m['overshoot_p95']:.1%} > "
                            f"{tg.excess_p95:.1%}")
-            if m["oscillation_weight"] > tg.oscillation_weight + 1e-9:
+            if _long_enough(scn, ph) and m["oscillation_weight"] > tg.oscillation_weight + 1e-9:
                 out.append(f"{name}: weights oscillate by {m['oscillation_weight']:.1%} > "
                            f"{tg.oscillation_weight:.1%}")
             continue
@@ -679,6 +679,11 @@ def _violations(scn: Scenario, phases: list[dict[str, Any]], whole: dict[str, An
             if m["overshoot"] is None or m["overshoot"] > tg.overshoot + 1e-9:
                 shot = "unknown" if m["overshoot"] is None else f"{m['overshoot']:.1%}"
                 out.append(f"{name}: overshoot {shot} > {tg.overshoot:.1%} (over {against})")
+        if not _long_enough(scn, ph):
+            # a phase too short to settle in (a flap): its last intervals are the step's own
+            # transient (the forced move off a failed origin and its correction), not a sustained
+            # oscillation; repeated swings across such phases show in the run's churn
+            continue
         if m["oscillation_weight"] > tg.oscillation_weight + 1e-9:
             out.append(f"{name}: weights oscillate by {m['oscillation_weight']:.1%} > "
                        f"{tg.oscillation_weight:.1%}")

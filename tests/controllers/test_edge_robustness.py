@@ -1,6 +1,6 @@
-"""The robustness suite: new variants of the eight scenario kinds (1-5 edges x 2-5 origins, other
-latencies, noise seeds and periods, surge edges, flap periods, capacity ratios), each judged by the
-simulator's own verdict against both fixed-step baselines of the same run (simulated time only).
+"""The robustness suite: new variants of the eight scenario kinds (1-6 edges x 2-6 origins, other
+latencies, noise seeds and periods, surge edges, flap periods, capacity ratios, 10-30 s control
+intervals), each judged by the simulator's own verdict against both fixed-step baselines of the same run (simulated time only).
 
 Misses are named here with their figures (and in controllers/edge/README.md); a named miss that
 no longer occurs fails the test, so the list cannot go stale."""
@@ -35,6 +35,15 @@ KNOWN_MISSES: dict[str, set[str]] = {
     # draws held 30 s (two intervals): the plan chases them; weights swing 14.6 points,
     # p95 excess 6.9 %, overload 17 % / 27 %, latency 1.11x / 1.09x
     "noise_two_edges": {"95th-percentile", "weights oscillate", "overload-seconds", "mean latency"},
+    # draws held 45 s: the plan stays on the window's mean level, the headroom baseline follows
+    # each held draw for its 2nd and 3rd interval: overload 24 s vs 84 s / 13 s; weights 3.5 points
+    "noise_held_three_intervals": {"weights oscillate", "overload-seconds"},
+    # x3 at one edge 10 s into a 20 s interval: the first tick sees half the step; 20 s over
+    # capacity until the second tick (the headroom baseline pays the same 20 s, then 73 s more)
+    "surge_one_of_four_edges": {"overload-seconds"},
+    # nearly open-loop clients, 110 req/s beyond the US cap: moved 70-95 ms away within 2
+    # intervals (no overload; the baselines 585 s over capacity): latency 1.22x / 1.18x
+    "useu_low_elasticity": {"mean latency"},
 }
 
 
