@@ -152,16 +152,19 @@ class LbRates:
                 self._recent.seen(key, now)   # its weight/up gauges expire with it
             return None
         prev = self._last.get(key)
-        if prev is not None and m.timestamp <= prev.ts:
-            return None
-        self._last[key] = _Last(m.timestamp, count, now)
-        self._recent.seen(key, now)
         if prev is None:
+            self._last[key] = _Last(m.timestamp, count, now)
+            self._recent.seen(key, now)
             return None
-        if count < prev.count:
+        prev_ts, prev_count = prev.ts, prev.count
+        if m.timestamp <= prev_ts:
+            return None
+        prev.ts, prev.count, prev.seen_at = m.timestamp, count, now   # in place: no object per sample
+        self._recent.seen(key, now)
+        if count < prev_count:
             COUNTER_RESETS.labels(lb).inc()
             return None
-        rate = (count - prev.count) / (m.timestamp - prev.ts)
+        rate = (count - prev_count) / (m.timestamp - prev_ts)
         r = Rate(lb, kind, proxy, sv, rate, m.timestamp)
         self.latest[key] = r
         if kind == "server":

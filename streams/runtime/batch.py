@@ -14,6 +14,8 @@ import contextlib
 import gc
 import time
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import attrgetter
 from typing import Any, Awaitable, Callable, Iterable, Iterator, Protocol, Sequence
 
 import orjson
@@ -169,6 +171,9 @@ class Handler(Protocol):
     def handle(self, metrics: Sequence[Metric], now: float) -> None: ...
 
 
+_NAME = attrgetter("name")
+
+
 class FanOut:
     """Several handlers on one topic's batches, in order: a record is fetched and decoded once.
 
@@ -188,17 +193,23 @@ class FanOut:
         """Each handler's part of a batch, in batch order: the samples of the names it reads.
 
         One pass over the batch for all handlers, instead of every handler walking every sample to
-        pick its own (the detectors agent's batch mixes ~30 names, each detector reads one to four)."""
+        pick its own (the detectors agent's batch mixes ~30 names, each detector reads one to four).
+        The pass goes by runs of one name (``groupby``, in C): a record's samples come in such runs
+        (a server's 24 sensors, a hypervisor's 30 ports), so the Python work is per run, not per sample."""
         if all(w is None for w in self._wants):
             return [metrics] * len(self.handlers)
         parts: list[list[Metric]] = [[] for _ in self.handlers]
-        appends: dict[str, tuple[Callable[[Metric], None], ...]] = {}   # this batch's routes
-        for m in metrics:
-            route = appends.get(m.name)
+        extends: dict[str, tuple[Callable[[Iterable[Metric]], None], ...]] = {}   # this batch's routes
+        for name, run in groupby(metrics, _NAME):
+            route = extends.get(name)
             if route is None:
-                route = appends[m.name] = tuple(parts[i].append for i in self._route(m.name))
-            for append in route:
-                append(m)
+                route = extends[name] = tuple(parts[i].extend for i in self._route(name))
+            if len(route) == 1:
+                route[0](run)
+            elif route:
+                samples = list(run)
+                for extend in route:
+                    extend(samples)
         return [metrics if w is None else part for w, part in zip(self._wants, parts)]
 
     def _route(self, name: str) -> tuple[int, ...]:

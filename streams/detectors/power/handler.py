@@ -49,6 +49,9 @@ class PowerHandler(DetectorHandler):
         self.refresh_s = refresh_s
         self.detector = self._new_detector()
         self.last_ts: dict[str, float] = {}
+        # (host, generation tag, raw_capacity_tb tag) -> spec_for's answer: the only tags it reads, and
+        # they repeat every round (ServerSpec is frozen, so sharing one is safe)
+        self._specs: dict[tuple[str, str | None, str | None], ServerSpec | None] = {}
 
     def _new_detector(self) -> PowerDetector:
         s = self.settings
@@ -73,9 +76,20 @@ class PowerHandler(DetectorHandler):
                               conf.in_service)
         return spec
 
+    def _spec(self, host: str, tags: Mapping[str, str]) -> ServerSpec | None:
+        key = (host, tags.get("generation"), tags.get("raw_capacity_tb"))
+        try:
+            return self._specs[key]
+        except KeyError:
+            if len(self._specs) >= 2 * self._seen.cap:   # bounded like the state it describes
+                self._specs.clear()
+            spec = self._specs[key] = self.spec_for(host, tags)
+            return spec
+
     def process(self, metrics: Sequence[Metric], now: float) -> None:
         det = self.detector
         generations: dict[str, float] = {}   # generation -> newest event time in this batch
+        shown: dict[str, None] = {}   # hosts read in this batch, in order: gauges once each, after the loop
         for m in metrics:
             if m.name not in POWER_METRICS:
                 continue
@@ -93,19 +107,21 @@ class PowerHandler(DetectorHandler):
             if self.is_replay(m.timestamp, self.last_ts.get(host)):
                 continue   # replayed after a crash: already counted
             self.last_ts[host] = m.timestamp
-            spec = self.spec_for(host, m.tags)
+            spec = self._spec(host, m.tags)
             old = det.inventory.get(host)
-            if spec is not None and old != spec:
+            if spec is not None and old is not spec and old != spec:
                 if old is not None and (old.generation, old.protection) != (spec.generation, spec.protection):
                     self._hide_hosts({host})   # its gauges carry the old labels
                 det.inventory[host] = spec
             # The generation comparison once per generation and batch, below, not per sample.
             det.update({"host": host, "watts": watts, "timestamp": m.timestamp}, deviation=False)
             self.touch(host)
-            self._show_host(host)
+            shown[host] = None
             if host in det.inventory:
                 g = det.inventory[host].generation
                 generations[g] = max(generations.get(g, m.timestamp), m.timestamp)
+        for host in shown:   # the state after the batch: what showing after each reading ended with
+            self._show_host(host)
         for g, ts in generations.items():
             det.deviation(g, ts)
             self._show_generation(g)
