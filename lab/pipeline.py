@@ -26,6 +26,8 @@ from typing import Callable
 import yaml
 
 from opsloop.config import DEFAULT_RUN_DIR, REPO_ROOT, ConfigError, Settings, load_settings
+from opsloop.controllers.edge.service.api_token import create_token_file
+from opsloop.controllers.paging.amconfig import write_alertmanager_config
 from opsloop.lab.edge import EdgeSpec, OriginSpec, haproxy_process, origin_process
 from opsloop.log import setup_logging
 from opsloop.stack import ManagedProcess, Stack, StackError, free_port
@@ -156,8 +158,6 @@ def effective_config(base: Path | None, run_dir: Path, ports: LabPorts = LabPort
     # The closed loop over the lab edge: controller (topology = the lab) and the HAProxy actuator.
     token = run_dir / "edge-api.token"
     if not token.exists():
-        from opsloop.controllers.edge.service.api_token import create_token_file
-
         create_token_file(token)  # 0600 from creation
     controllers.setdefault("edge", {
         "interval_s": 5.0, "topology_file": str(REPO_ROOT / "controllers" / "edge" / "topology.yaml"),
@@ -175,8 +175,6 @@ def effective_config(base: Path | None, run_dir: Path, ports: LabPorts = LabPort
 
 def alertmanager_config(run_dir: Path, ports: LabPorts = LabPorts()) -> Path:
     """alerts/alertmanager.yml with every receiver pointed at the lab pager (a dummy PagerDuty key)."""
-    from opsloop.controllers.paging.amconfig import write_alertmanager_config
-
     key = run_dir / "pager" / "pagerduty-routing-key"
     key.parent.mkdir(parents=True, exist_ok=True)
     key.write_text("lab-routing-key\n")

@@ -12,6 +12,9 @@ import argparse
 import importlib
 import sys
 
+from opsloop import __version__
+from opsloop.paths import take_state_dir_option
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "stack": ("opsloop.stack.cli:main", "start/stop/inspect the local real stack (Kafka, Prometheus, Alertmanager)"),
     "run": ("opsloop.lab.pipeline:main", "the whole pipeline on this machine: stack, lab edge, collectors, streams"),
@@ -19,8 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stream": ("opsloop.streams.cli:main", "stream processing: `opsloop stream worker`"),
     "detect": ("opsloop.streams.detectors.cli:main", "anomaly detection: `opsloop detect replay`, `opsloop detect evaluate`"),
     "sim": ("opsloop.controllers.edge.sim_cli:main", "closed-loop edge-weight simulator: our controller vs the fixed-step baselines"),
-    "edge": ("opsloop.controllers.edge.service:main", "edge-weight control service: controller loop + topology API"),
-    "weights": ("opsloop.controllers.weights_cli:main", "edge weights: run the applier, show, history, apply, rollback"),
+    "edge": ("opsloop.controllers.edge.service.app:main", "edge-weight control service: controller loop + topology API"),
+    "weights": ("opsloop.controllers.actuators.cli:main", "edge weights: run the applier, show, history, apply, rollback"),
     "page": ("opsloop.controllers.paging.cli:main", "paging actuator: findings -> Alertmanager alerts (run, render-config)"),
     "audit": ("opsloop.audit.cli:main", "audit trail: why did the weights of edge X change at 03:12?"),
     "logs": ("opsloop.audit.logs_cli:main", "service logs from the journal: `opsloop logs search --unit opsloop-edge`"),
@@ -63,8 +66,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[0].startswith("--state-dir"):
         # opsloop --state-dir DIR <command>: set before the command's module computes its state defaults.
-        from opsloop.paths import take_state_dir_option
-
         try:
             rest = take_state_dir_option(argv)
         except ValueError as e:
@@ -72,8 +73,6 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return main(rest)
     if argv[0] == "--version":
-        from opsloop import __version__
-
         print(__version__)
         return 0
     name, rest = argv[0], argv[1:]

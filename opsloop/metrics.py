@@ -11,6 +11,8 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import MetricsHandler
 
+from opsloop.log import get_logger
+
 DEFAULT_BIND = "127.0.0.1"
 
 
@@ -37,8 +39,6 @@ def serve_service_metrics(prog: str, port: int, bind: str, setting: str) -> Thre
     except OSError as e:
         print(f"{prog}: {e}; set {setting}", file=sys.stderr)
         return None
-    from opsloop.log import get_logger
-
     get_logger("metrics").info("metrics_serving", address=f"{server.server_address[0]}:{server.server_address[1]}")
     return server
 

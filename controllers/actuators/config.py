@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opsloop.config import DEFAULT_RUN_DIR, LOOPBACK, Settings
+from opsloop.lb.ipvs import parse_real_spec, parse_service_spec
 from opsloop.topics import Topic
 from opsloop.validation import describe_validation_error
 
@@ -62,16 +63,12 @@ class LvsTargetConfig(_Target):
     @field_validator("service")
     @classmethod
     def _service(cls, v: str) -> str:
-        from opsloop.controllers.actuators.lvs import parse_service_spec
-
         parse_service_spec(v)
         return v
 
     @field_validator("reals")
     @classmethod
     def _reals(cls, v: dict[str, str]) -> dict[str, str]:
-        from opsloop.controllers.actuators.lvs import parse_real_spec
-
         for origin, real in v.items():
             try:
                 parse_real_spec(real)

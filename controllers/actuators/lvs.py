@@ -12,10 +12,10 @@ The ``-Ln`` listing is parsed by :func:`opsloop.lb.ipvs.parse_ipvsadm_list` (the
 
 from __future__ import annotations
 
-import ipaddress
 import subprocess
 
-from opsloop.lb.ipvs import LvsParseError, RealKey, RealServer, ServiceKey, parse_ipvsadm_list
+from opsloop.lb.ipvs import (LvsParseError, RealKey, RealServer, ServiceKey, parse_ipvsadm_list, parse_real_spec,
+                             parse_service_spec)
 
 from opsloop.controllers.actuators.base import ActuatorError
 from opsloop.controllers.actuators.config import LvsTargetConfig
@@ -23,39 +23,6 @@ from opsloop.controllers.actuators.mapping import IPVS_MAX_WEIGHT
 
 _FORWARD_FLAGS = {"Route": "-g", "Masq": "-m", "Tunnel": "-i", "Local": "-g"}
 _PROTO_FLAGS = {"tcp": "-t", "udp": "-u", "sctp": "--sctp-service", "fwm": "-f"}
-
-
-def _addr_port(text: str, what: str) -> tuple[str, int, str]:
-    host, sep, port_s = text.rpartition(":")
-    if not sep or not port_s.isdigit() or not 0 < int(port_s) < 65536:
-        raise ValueError(f"{what} {text!r}: expected ADDRESS:PORT ([IPv6]:PORT)")
-    bracketed = host.startswith("[") and host.endswith("]")
-    try:
-        addr = ipaddress.ip_address(host[1:-1] if bracketed else host)
-    except ValueError:
-        raise ValueError(f"{what} {text!r}: {host!r} is not an IP address") from None
-    if addr.version == 6 and not bracketed:
-        raise ValueError(f"{what} {text!r}: write IPv6 addresses in brackets, [{host}]:{port_s}")
-    return str(addr), int(port_s), "inet6" if addr.version == 6 else "inet"
-
-
-def parse_service_spec(spec: str) -> ServiceKey:
-    """``tcp:VIP:PORT`` / ``udp:...`` / ``sctp:...`` / ``fwm:MARK`` -> ServiceKey."""
-    proto, sep, rest = spec.partition(":")
-    proto = proto.lower()
-    if not sep or proto not in _PROTO_FLAGS:
-        raise ValueError(f"virtual service {spec!r}: expected tcp:VIP:PORT, udp:VIP:PORT, sctp:VIP:PORT or fwm:MARK")
-    if proto == "fwm":
-        if not rest.isdigit() or int(rest) < 1:
-            raise ValueError(f"virtual service {spec!r}: firewall mark must be a positive integer")
-        return ServiceKey("fwm", fwmark=int(rest))
-    address, port, family = _addr_port(rest, "virtual service")
-    return ServiceKey(proto, address, port, family=family)
-
-
-def parse_real_spec(spec: str) -> RealKey:
-    address, port, family = _addr_port(spec, "real server")
-    return RealKey(address, port, family)
 
 
 def _host(address: str, family: str) -> str:

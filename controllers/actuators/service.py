@@ -39,6 +39,8 @@ from opsloop.controllers.actuators import metrics
 from opsloop.controllers.actuators.applier import EdgeActuator
 from opsloop.controllers.actuators.base import ApplyResult, Target
 from opsloop.controllers.actuators.config import ActuatorConfig, HaproxyTargetConfig, LvsTargetConfig
+from opsloop.controllers.actuators.haproxy import HaproxyTarget
+from opsloop.controllers.actuators.lvs import LvsTarget
 from opsloop.controllers.actuators.store import WeightStore
 from opsloop.records import EdgeWeights
 
@@ -51,11 +53,7 @@ REFUSALS = frozenset({"refused", "stale_version"})
 
 def make_target(cfg: HaproxyTargetConfig | LvsTargetConfig) -> Target:
     if isinstance(cfg, HaproxyTargetConfig):
-        from opsloop.controllers.actuators.haproxy import HaproxyTarget
-
         return HaproxyTarget(cfg)
-    from opsloop.controllers.actuators.lvs import LvsTarget
-
     return LvsTarget(cfg)
 
 

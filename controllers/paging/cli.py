@@ -15,6 +15,10 @@ from opsloop.config import ConfigError, load_settings
 from opsloop.log import setup_logging
 from opsloop.metrics import serve_service_metrics, stop_on_signals
 
+from opsloop.controllers.paging.amconfig import render_alertmanager_config
+from opsloop.controllers.paging.config import PagingConfigError, paging_config
+from opsloop.controllers.paging.service import PagingService
+
 
 EPILOG = """examples:
   opsloop page run --config opsloop.yaml
@@ -59,8 +63,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _render(a: argparse.Namespace) -> int:
-    from opsloop.controllers.paging.amconfig import render_alertmanager_config
-
     try:
         text = render_alertmanager_config(webhook_url=a.webhook_url, routing_key_file=a.routing_key_file,
                                           pagerduty_url=a.pagerduty_url)
@@ -75,9 +77,6 @@ def _render(a: argparse.Namespace) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
-    from opsloop.controllers.paging.config import PagingConfigError, paging_config
-    from opsloop.controllers.paging.service import PagingService
-
     try:
         settings = load_settings(a.config, {"kafka": {"bootstrap_servers": a.bootstrap}} if a.bootstrap else None)
         config = paging_config(settings, {"alertmanager_urls": a.alertmanager, "group_id": a.group_id,

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from opsloop.config import DEFAULT_RUN_DIR, LOOPBACK, Settings
 from opsloop.runbooks import dashboard_base_url, runbook_base_url
+from opsloop.validation import describe_validation_error
 
 
 class PagingConfigError(ValueError):
@@ -79,6 +80,4 @@ def paging_config(settings: Settings, overrides: dict[str, Any] | None = None) -
     try:
         return PagingConfig.model_validate(section)
     except ValidationError as e:
-        from opsloop.validation import describe_validation_error
-
         raise PagingConfigError(f"controllers.paging: {describe_validation_error(e)}") from None

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opsloop.audit.indexer import DEFAULT_STREAM, ElasticsearchIndexer, client_for
+from opsloop.audit.kafka import KafkaAuditPublisher
 from opsloop.records import AuditError, AuditRecord
 from opsloop.records.audit import build
 from opsloop.config import Settings
@@ -97,8 +98,6 @@ class AuditLog:
                                            cfg.batch_size, max_backoff_s=cfg.max_backoff_s)
             sinks.append(indexer.start() if start else indexer)
         if cfg.kafka:
-            from opsloop.audit.kafka import KafkaAuditPublisher
-
             sinks.append(KafkaAuditPublisher(settings.kafka, client_id=f"{settings.kafka.client_id}-audit"))
         return cls(sinks)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import pkgutil
 import sys
 
@@ -32,9 +33,10 @@ EPILOG = """examples:
 
 def available_collectors() -> list[str]:
     """The packages under collectors/ (folders with an __init__.py); collectors/telegraf is configuration only."""
-    from opsloop import collectors
-
-    return sorted(m.name for m in pkgutil.iter_modules(collectors.__path__) if m.ispkg)
+    # looked up by name, not imported: the core finds the stage's plugins without depending on them
+    spec = importlib.util.find_spec("opsloop.collectors")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return sorted(m.name for m in pkgutil.iter_modules(locations) if m.ispkg)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -289,3 +289,41 @@ def _dec_addr_port(token: str, source: str, line_no: int, raw: str) -> tuple[str
         return str(ipaddress.IPv4Address(addr)), int(port), "inet"
     except ValueError:
         raise LvsParseError(source, line_no, raw, f"bad address {addr!r} (numeric output needs -n)") from None
+
+
+# How an operator writes a virtual service and a real server in the config (``tcp:192.0.2.10:443``,
+# ``fwm:7``; ``10.0.0.1:443``, ``[2001:db8::1]:443``): read by the actuator's config check and its pushes.
+SPEC_PROTOCOLS = ("tcp", "udp", "sctp", "fwm")
+
+
+def _addr_port(text: str, what: str) -> tuple[str, int, str]:
+    host, sep, port_s = text.rpartition(":")
+    if not sep or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        raise ValueError(f"{what} {text!r}: expected ADDRESS:PORT ([IPv6]:PORT)")
+    bracketed = host.startswith("[") and host.endswith("]")
+    try:
+        addr = ipaddress.ip_address(host[1:-1] if bracketed else host)
+    except ValueError:
+        raise ValueError(f"{what} {text!r}: {host!r} is not an IP address") from None
+    if addr.version == 6 and not bracketed:
+        raise ValueError(f"{what} {text!r}: write IPv6 addresses in brackets, [{host}]:{port_s}")
+    return str(addr), int(port_s), "inet6" if addr.version == 6 else "inet"
+
+
+def parse_service_spec(spec: str) -> ServiceKey:
+    """``tcp:VIP:PORT`` / ``udp:...`` / ``sctp:...`` / ``fwm:MARK`` -> ServiceKey."""
+    proto, sep, rest = spec.partition(":")
+    proto = proto.lower()
+    if not sep or proto not in SPEC_PROTOCOLS:
+        raise ValueError(f"virtual service {spec!r}: expected tcp:VIP:PORT, udp:VIP:PORT, sctp:VIP:PORT or fwm:MARK")
+    if proto == "fwm":
+        if not rest.isdigit() or int(rest) < 1:
+            raise ValueError(f"virtual service {spec!r}: firewall mark must be a positive integer")
+        return ServiceKey("fwm", fwmark=int(rest))
+    address, port, family = _addr_port(rest, "virtual service")
+    return ServiceKey(proto, address, port, family=family)
+
+
+def parse_real_spec(spec: str) -> RealKey:
+    address, port, family = _addr_port(spec, "real server")
+    return RealKey(address, port, family)

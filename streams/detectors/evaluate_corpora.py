@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .evaluate_windows import labels_of, windows_from_labels
+from .scenarios import all_scenarios
 
 SKAB_ENV = "OPSLOOP_SKAB_DIR"
 SKAB_CHANNELS = ("Accelerometer1RMS", "Accelerometer2RMS", "Current", "Pressure", "Temperature", "Thermocouple",
@@ -155,6 +156,4 @@ def synthetic(seed: int = 2024, n: int = 3000) -> list[LabelledSeries]:
 
 
 def scenario_corpus() -> list[LabelledSeries]:
-    from .scenarios import all_scenarios
-
     return [LabelledSeries(f"scenario/{s.name}", s.timestamps, s.values, list(s.windows)) for s in all_scenarios()]

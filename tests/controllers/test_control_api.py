@@ -9,7 +9,7 @@ import pytest
 import requests
 from hypothesis import given, settings, strategies as st
 
-from opsloop.controllers.edge.api import EdgeApi, openapi_spec
+from opsloop.controllers.edge.service.api import EdgeApi, openapi_spec
 from opsloop.controllers.edge.service.config import TopologySpec
 from opsloop.controllers.edge.service.store import TopologyStore
 from opsloop.audit import AuditLog

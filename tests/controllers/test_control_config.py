@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from opsloop.controllers.edge.service import main
+from opsloop.controllers.edge.service.app import main
 from opsloop.controllers.edge.service.api_token import create_token_file
 from opsloop.controllers.edge.service.config import (ConfigError, EdgeServiceSettings, load_topology, read_token,
                                              ApiSettings)

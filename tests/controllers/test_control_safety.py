@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 import requests
 
-from opsloop.controllers.edge.api import EdgeApi
+from opsloop.controllers.edge.service.api import EdgeApi
 from opsloop.records import EdgeWeights
 from opsloop.controllers.edge.service.api_token import create_token_file
 from opsloop.controllers.edge.service.config import ApiSettings, ConfigError, TopologySpec, read_token

@@ -9,7 +9,7 @@ import pytest
 from kafka import KafkaProducer
 
 from opsloop.records import EdgeWeights
-from opsloop.controllers.edge.service import EdgeService
+from opsloop.controllers.edge.service.app import EdgeService
 from opsloop.controllers.edge.service.config import EdgeServiceSettings
 from opsloop.controllers.edge.service.kafka_io import recover_decisions
 from opsloop.config import Settings

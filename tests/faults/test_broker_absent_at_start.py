@@ -22,7 +22,7 @@ from kafka import KafkaProducer
 import opsloop.controllers.edge.service as edge_service_module
 import opsloop.controllers.paging.service as paging_service_module
 from opsloop.records import EdgeWeights
-from opsloop.controllers.edge.service import EdgeService
+from opsloop.controllers.edge.service.app import EdgeService
 from opsloop.controllers.edge.service.config import EdgeServiceSettings
 from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.service import PagingService

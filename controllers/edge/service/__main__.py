@@ -2,6 +2,6 @@
 
 import sys
 
-from opsloop.controllers.edge.service import main
+from opsloop.controllers.edge.service.app import main
 
 sys.exit(main())

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from opsloop.controllers.edge.controller import ControllerSettings
 from opsloop.controllers.edge.model import Edge, Listener, Origin, Topology
+from opsloop.controllers.edge.service.api_token import check_private
 from opsloop.config import DEFAULT_RUN_DIR, ConfigError, Settings
 from opsloop.validation import describe_validation_error
 
@@ -155,8 +156,6 @@ def resolve_topology(cfg: EdgeServiceSettings, base: Path | None = None) -> Topo
 def read_token(api: ApiSettings) -> str:
     """The API bearer token (file first, then environment); never logged."""
     if api.token_file is not None:
-        from opsloop.controllers.edge.service.api_token import check_private
-
         check_private(api.token_file, "controllers.edge.api.token_file")
         try:
             token = api.token_file.read_text().strip()

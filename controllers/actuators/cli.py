@@ -21,8 +21,16 @@ from typing import Any
 
 import orjson
 
+from opsloop.audit import AuditLog, AuditSettings
+from opsloop.audit.kafka import KafkaAuditPublisher
 from opsloop.config import ConfigError, load_settings
 from opsloop.log import setup_logging
+from opsloop.metrics import serve_service_metrics, stop_on_signals
+from opsloop.records import EdgeWeights
+
+from opsloop.controllers.actuators.base import ActuatorError
+from opsloop.controllers.actuators.config import ActuatorConfigError, actuator_config
+from opsloop.controllers.actuators.service import ActuatorService, make_actuator
 
 
 EPILOG = """examples:
@@ -96,7 +104,6 @@ def parse_weights(text: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    from opsloop.controllers.actuators.config import ActuatorConfigError, actuator_config
 
     try:
         settings = load_settings(a.config, {"kafka": {"bootstrap_servers": a.bootstrap}}
@@ -117,9 +124,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _audit(settings: Any, kafka: bool) -> Any:
-    from opsloop.audit import AuditLog, AuditSettings
-    from opsloop.audit.kafka import KafkaAuditPublisher
-
     audit = AuditLog.from_settings(settings)
     if kafka and not AuditSettings.from_settings(settings).kafka:
         audit.sinks.append(KafkaAuditPublisher(settings.kafka, client_id="opsloop-actuator-audit"))
@@ -127,10 +131,6 @@ def _audit(settings: Any, kafka: bool) -> Any:
 
 
 def _run(a: argparse.Namespace, settings: Any, config: Any) -> int:
-    from opsloop.metrics import serve_service_metrics, stop_on_signals
-
-    from opsloop.controllers.actuators.service import ActuatorService
-
     edges = a.edge or config.edges
     try:
         service = ActuatorService(config, settings.kafka, edges, _audit(settings, kafka=True))
@@ -146,8 +146,6 @@ def _run(a: argparse.Namespace, settings: Any, config: Any) -> int:
 
 def _show(act: Any, as_json: bool) -> bool:
     """Print one target's live weights next to the last applied ones; False when the LB is unreadable."""
-    from opsloop.controllers.actuators.base import ActuatorError
-
     try:
         live: dict[str, int] | None = act.read()
         error = None
@@ -173,9 +171,6 @@ def _show(act: Any, as_json: bool) -> bool:
 
 
 def _operator(a: argparse.Namespace, settings: Any, config: Any) -> int:
-    from opsloop.controllers.actuators.service import make_actuator
-    from opsloop.records import EdgeWeights
-
     audit = _audit(settings, kafka=False)
     if a.command == "show" and a.listener is None:  # every listener of the edge
         targets = config.targets_for(a.edge) or [config.target(a.edge)]

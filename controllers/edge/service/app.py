@@ -1,0 +1,217 @@
+"""`opsloop edge run`: the edge-weight control service: topology API + controller loop.
+
+Data flow: ``telemetry.lb`` → stream worker's ``lb`` agent (its ``edge-demand`` handler, :mod:`opsloop.streams.edge`) →
+``edge.demand`` → **this service** (every ``interval_s``: observation → ``EdgeController`` →
+``edge.weights`` + ``findings`` + gauges) → actuators (``controllers/actuators``) → load balancers.
+
+Why its own process and not a Faust timer in the stream worker: the controller is a singleton with
+state (last weights, version, damping history) that must not run once per worker replica or pause
+during a consumer-group rebalance; it also serves the authenticated topology API, whose changes
+must apply to that same state; and a separate process restarts, scales and is secured on its own.
+It only needs the newest demand per edge, a tiny stream read from the end of ``edge.demand``. On
+start it recovers the last version and weights from ``edge.weights`` (highest ``(epoch, version)``
+per key), so versions keep increasing across restarts and damping continues from the weights in force;
+and it takes a new, higher epoch, so its decisions win over its predecessor's even when recovery came
+up short (see ``controllers/actuators/README.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from opsloop.controllers.edge.service.api import EdgeApi
+from opsloop.controllers.edge.service.config import (EdgeServiceSettings, read_token, resolve_topology,
+                                             service_settings)
+from opsloop.controllers.edge.service.inputs import DemandBook, DemandConsumer
+from opsloop.controllers.edge.service.kafka_io import DecisionPublisher, recover_decisions
+from opsloop.controllers.edge.service.loop import ControlLoop
+from opsloop.controllers.edge.service.overrides import OverridesError, load_overrides
+from opsloop.controllers.edge.service.store import TopologyStore
+from opsloop.audit import AuditLog
+from opsloop.config import ConfigError, Settings, load_settings
+from opsloop.kafka_clients import connect_with_retry, preflight_or_exit
+from opsloop.log import get_logger, setup_logging
+from opsloop.metrics import serve_metrics
+from opsloop.kafka_admin import ensure_topics
+
+log = get_logger("controller.edge")
+
+EPILOG = """examples:
+  opsloop edge run --config opsloop.yaml
+  OPSLOOP_EDGE_API_TOKEN=$(cat /etc/opsloop/edge.token) opsloop edge run --config opsloop.yaml --interval 5
+  opsloop edge check --config opsloop.yaml        # validate the section and the topology, print it
+
+config (opsloop.yaml):
+  controllers:
+    edge:
+      interval_s: 15
+      topology_file: controllers/edge/topology.yaml
+      metrics_port: 29107
+      api: {bind: 127.0.0.1, port: 29108, token_file: /etc/opsloop/edge.token}
+      controller: {headroom: 0.05, stale_after_s: 30}
+      overrides_file: .run/edge/overrides.json   # API changes kept across restarts (null: not kept)
+
+API (bearer token): GET /v1/status, GET|PUT /v1/listeners/L/origins/O/{capacity,health},
+PUT /v1/listeners/L/edges/E/latency/O, GET /v1/listeners/L/weights; spec at /openapi.json.
+  pin an origin up although the load balancers report it DOWN (only when the check is wrong):
+  PUT /v1/listeners/L/origins/O/health {"healthy": true, "force": true, "reason": "CHG-1234"}
+The token file must be private (chmod 600); the service refuses one that group or others can read.
+"""
+
+
+class EdgeService:
+    """Wires the pieces; ``start()`` then ``run_forever()`` (or ``tick()`` from tests)."""
+
+    def __init__(self, settings: Settings, cfg: EdgeServiceSettings, config_dir: Path | None = None,
+                 token: str | None = None) -> None:
+        self.settings = settings
+        self.cfg = cfg
+        self.topology = resolve_topology(cfg, config_dir)
+        self.audit = AuditLog.from_settings(settings)
+        self.store = TopologyStore(self.topology, self.audit, cfg.overrides_file)
+        self.book = DemandBook()
+        self.token = token
+        self.publisher: DecisionPublisher | None = None
+        self.consumer: DemandConsumer | None = None
+        self.loop: ControlLoop | None = None
+        self.api: EdgeApi | None = None  # when enabled
+        self._stop = threading.Event()
+
+    def start(self) -> "EdgeService":
+        kafka = self.settings.kafka
+        preflight_or_exit(kafka, "edge-control", log)   # a wrong password or CA: exit now, say why
+        recovered: dict = {}
+
+        def connect() -> None:
+            nonlocal recovered
+            recovered = recover_decisions(kafka) if self.cfg.recover else {}
+            self.publisher = DecisionPublisher(kafka)
+            # Once a broker answers (a broker away at start would make this fail for good, and the
+            # demand consumer would then wait for a topic nobody creates).
+            try:
+                ensure_topics(kafka, self.settings.kafka.partitions, self.settings.kafka.replication_factor)
+            except Exception as e:  # noqa: BLE001 - e.g. no right to create topics: producers still auto-create
+                log.warning("topics_not_created", error=str(e))
+
+        if not connect_with_retry(connect, self._stop, "edge-control", log):   # broker away at start: wait
+            return self
+        self.loop = ControlLoop(self.store, self.book, self.cfg.controller_settings(), self.publisher,
+                                recovered)
+        self.consumer = DemandConsumer(kafka, self.book).start()
+        if self.cfg.api.enabled:
+            token = self.token if self.token is not None else read_token(self.cfg.api)
+            self.api = EdgeApi(self.store, token, self.loop.status, self.loop.weights)
+            self.api.serve(self.cfg.api.bind, self.cfg.api.port)
+            log.info("api_serving", address=f"{self.cfg.api.bind}:{self.api.port}")
+        return self
+
+    def tick(self) -> None:
+        assert self.loop is not None
+        self.loop.tick()
+
+    def run_forever(self) -> None:
+        """Tick on a fixed schedule (drift-free: the next tick is planned from the first)."""
+        interval = self.cfg.interval_s
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            self.tick()
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # a slow tick: skip the missed slots instead of bursting
+                next_at = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.api is not None:
+            self.api.stop()
+        if self.consumer is not None:
+            self.consumer.stop()
+        if self.publisher is not None:
+            self.publisher.close()
+        self.audit.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # the help shows what the service does and its data flow; the rest of the docstring is for readers of the code
+    description = "\n\n".join(__doc__.split("\n\n")[:2])
+    p = argparse.ArgumentParser(prog="opsloop edge", description=description, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_ in (("run", "run the control loop and the topology API"),
+                        ("check", "validate the controllers.edge section and the topology")):
+        s = sub.add_parser(name, help=help_, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        s.add_argument("--config", help="opsloop YAML config")
+        s.add_argument("--topology", type=Path, help="override controllers.edge.topology_file")
+        if name == "run":
+            s.add_argument("--interval", type=float, help="override controllers.edge.interval_s (seconds)")
+            s.add_argument("--metrics-port", type=int, help="override controllers.edge.metrics_port")
+            s.add_argument("--api-port", type=int, help="override controllers.edge.api.port")
+            s.add_argument("--bootstrap", help="override kafka.bootstrap_servers")
+            s.add_argument("--log-level", default="info")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides: dict = {"controllers": {"edge": {}}}
+    edge = overrides["controllers"]["edge"]
+    if args.topology is not None:
+        edge["topology_file"] = str(args.topology.resolve())
+        edge["topology"] = None
+    if args.command == "run":
+        if args.interval is not None:
+            edge["interval_s"] = args.interval
+        if args.metrics_port is not None:
+            edge["metrics_port"] = args.metrics_port
+        if args.api_port is not None:
+            edge["api"] = {"port": args.api_port}
+        if args.bootstrap:
+            overrides["kafka"] = {"bootstrap_servers": args.bootstrap}
+    try:
+        settings = load_settings(args.config, overrides)
+        cfg = service_settings(settings)
+        config_dir = Path(args.config).resolve().parent if args.config else None
+        topology = resolve_topology(cfg, config_dir)
+    except ConfigError as e:
+        print(f"opsloop edge: {e}", file=sys.stderr)
+        return 2
+    if args.command == "check":
+        try:
+            kept = load_overrides(cfg.overrides_file).count() if cfg.overrides_file is not None else 0
+        except OverridesError as e:
+            print(f"opsloop edge: {e}", file=sys.stderr)
+            return 2
+        print(f"ok: {len(topology.listeners)} listener(s): "
+              + ", ".join(f"{lst.name} ({len(lst.edges)} edges, {len(lst.origins)} origins)"
+                          for lst in topology.listeners)
+              + f"; {kept} API override(s) kept in {cfg.overrides_file}")
+        return 0
+    setup_logging("opsloop-edge", args.log_level)
+    try:
+        server = serve_metrics(cfg.metrics_port, cfg.metrics_bind)
+        service = EdgeService(settings, cfg, config_dir).start()
+    except (OSError, ConfigError, OverridesError) as e:
+        print(f"opsloop edge: {e}", file=sys.stderr)
+        return 2
+    log.info("started", metrics=f"{server.server_address[0]}:{server.server_address[1]}", interval_s=cfg.interval_s,
+             listeners=[lst.name for lst in topology.listeners])
+    signal.signal(signal.SIGTERM, lambda *_: service._stop.set())
+    try:
+        service.run_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        service.stop()
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
