@@ -78,14 +78,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from opsloop.records import EdgeWeights, Mode
-from opsloop.controllers.edge.scheduler import solve
+from opsloop.controllers.edge.scheduler import Solution, solve
 
 _EPS = 1e-12
 
@@ -193,6 +193,27 @@ class Decision:
         return out
 
 
+@dataclass(frozen=True)
+class Proposal:
+    """What a controller's law proposes at one tick, before the final guard (:func:`enforce_safety`)."""
+
+    weights: np.ndarray          # [E, O] proposed shares
+    target: np.ndarray           # [E, O] the optimal assignment the step aims at
+    demand_estimate: np.ndarray  # [E] the demand it was planned on
+    mode: Mode
+    reason: str
+    shed_rps: np.ndarray         # [E] demand beyond healthy capacity
+    held_edges: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, weights: np.ndarray, solution: Solution, estimate: np.ndarray,
+           reason: str, target: np.ndarray | None = None) -> "Proposal":
+        """A proposal toward ``solution``'s assignment (``target``: another one)."""
+        return cls(weights=weights, target=solution.weights if target is None else target,
+                   demand_estimate=estimate, mode=_mode_of(solution.status), reason=reason,
+                   shed_rps=solution.shed, held_edges=list(solution.held_edges))
+
+
 def usable_mask(latency: np.ndarray, healthy: np.ndarray) -> np.ndarray:
     """[E, O]: origin healthy and reachable from the edge."""
     return np.isfinite(latency) & np.asarray(healthy, dtype=bool)[None, :]
@@ -283,8 +304,9 @@ def _validate(obs: Observation, n_edges: int, n_origins: int) -> None:
                          f"got {obs.inputs_age_s!r}")
 
 
-class _Controller:
-    """State and bookkeeping shared by the controllers: last weights, version, fail-static."""
+class Controller:
+    """State and bookkeeping shared by the controllers: last weights, version, fail-static.
+    A controller's law is its :meth:`_propose`; :meth:`step` guards and publishes it."""
 
     name = "base"
 
@@ -304,20 +326,19 @@ class _Controller:
             self.weights = init / init.sum(axis=1, keepdims=True)
         self.version = 0
 
-    def _propose(self, obs: Observation) -> tuple[np.ndarray, np.ndarray, np.ndarray, Mode, str,
-                                                  np.ndarray, list[int]]:
+    def _propose(self, obs: Observation) -> Proposal:
         raise NotImplementedError
 
-    def _publish(self, obs: Observation, weights: np.ndarray, target: np.ndarray, mode: Mode,
-                 reason: str, demand_estimate: np.ndarray, shed: np.ndarray,
-                 held: list[int], stale: bool = False) -> Decision:
+    def _publish(self, obs: Observation, decided: Proposal, stale: bool = False) -> Decision:
+        weights = decided.weights
         changed = self.weights is None or not np.allclose(weights, self.weights, atol=1e-9, rtol=0)
         if changed:  # the version names the weights: re-applying it is a no-op for an actuator
             self.version += 1
         self.weights = weights
-        return Decision(weights=weights.copy(), target=target, mode=mode, reason=reason,
-                        version=self.version, changed=changed, demand_estimate=demand_estimate,
-                        shed_rps=shed, inputs_age_s=float(obs.inputs_age_s), held_edges=held,
+        return Decision(weights=weights.copy(), target=decided.target, mode=decided.mode,
+                        reason=decided.reason, version=self.version, changed=changed,
+                        demand_estimate=decided.demand_estimate, shed_rps=decided.shed_rps,
+                        inputs_age_s=float(obs.inputs_age_s), held_edges=decided.held_edges,
                         now_s=float(obs.now), stale=stale)
 
     def step(self, obs: Observation) -> Decision:
@@ -326,18 +347,19 @@ class _Controller:
         if obs.inputs_age_s > self.stale_after_s:
             why = f"stale inputs: age {obs.inputs_age_s:.0f}s > {self.stale_after_s:.0f}s"
             if self.weights is not None:
-                return self._publish(obs, self.weights, self.weights, Mode.HOLD,
-                                     f"{why}; holding version {self.version}", zeros, zeros,
-                                     list(range(self.n_edges)), stale=True)
+                held = Proposal(self.weights, self.weights, zeros, Mode.HOLD,
+                                f"{why}; holding version {self.version}", zeros,
+                                list(range(self.n_edges)))
+                return self._publish(obs, held, stale=True)
             # nothing to hold: nearest healthy origin per edge, from the last known topology
             fallback = solve(zeros, obs.capacity, obs.latency, obs.healthy).weights
-            return self._publish(obs, fallback, fallback, Mode.FALLBACK,
-                                 f"{why}; no last good weights, nearest healthy origin", zeros,
-                                 zeros, [], stale=True)
-        proposal, target, estimate, mode, reason, shed, held = self._propose(obs)
-        previous = self.weights if self.weights is not None else proposal
-        weights = enforce_safety(previous, proposal, obs.latency, obs.healthy, self.max_step)
-        return self._publish(obs, weights, target, mode, reason, estimate, shed, held)
+            return self._publish(obs, Proposal(fallback, fallback, zeros, Mode.FALLBACK,
+                                               f"{why}; no last good weights, nearest healthy "
+                                               f"origin", zeros), stale=True)
+        proposed = self._propose(obs)
+        previous = self.weights if self.weights is not None else proposed.weights
+        weights = enforce_safety(previous, proposed.weights, obs.latency, obs.healthy, self.max_step)
+        return self._publish(obs, replace(proposed, weights=weights))
 
 
 def _mode_of(status: str) -> Mode:
@@ -383,7 +405,7 @@ class HoldDown:
         return now < self.until - 1e-9
 
 
-class EdgeController(_Controller):
+class EdgeController(Controller):
     """Our controller: shed jointly and at once, relax with a worst-case-elastic prediction, plan
     on an upper quantile of demand, hold down flapping origins (module docstring)."""
 
@@ -651,7 +673,7 @@ class EdgeController(_Controller):
         pinned, _ = self._plan(estimate, capacity, latency, plan_healthy, headroom, fixed)
         return pinned.weights if pinned.status == "optimal" else sol.weights
 
-    def _propose(self, obs: Observation):  # type: ignore[override]
+    def _propose(self, obs: Observation) -> Proposal:
         s = self.settings
         measured = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
         latency = np.asarray(obs.latency, dtype=float)
@@ -679,10 +701,8 @@ class EdgeController(_Controller):
         plan_capacity = capacity * np.where(plan_healthy, usable_fraction, 1.0)
         solution, planned = self._plan(estimate, plan_capacity, latency, plan_healthy, s.headroom)
         target = solution.weights
-        mode = _mode_of(solution.status)
         if self.weights is None:  # first decision: nothing to damp against
-            return (target, target, estimate, mode, f"initial assignment ({solution.status})",
-                    solution.shed, solution.held_edges)
+            return Proposal.of(target, solution, estimate, f"initial assignment ({solution.status})")
 
         usable = usable_mask(latency, healthy)
         current = strip_unusable(self.weights, target, usable, latency)
@@ -840,11 +860,10 @@ class EdgeController(_Controller):
                          else "at target")
         if solution.status != "optimal":
             parts.append(solution.message)
-        return (proposal, target, estimate, mode, "; ".join(parts), solution.shed,
-                solution.held_edges)
+        return Proposal.of(proposal, solution, estimate, "; ".join(parts), target=target)
 
 
-class _LPTargetController(_Controller):
+class _LPTargetController(Controller):
     """Baselines: the LP target on the measured demand, then their own way of pushing it."""
 
     def __init__(self, n_edges: int, n_origins: int, settings: FixedStepSettings | None = None,
@@ -852,7 +871,7 @@ class _LPTargetController(_Controller):
         self.settings = settings or FixedStepSettings()
         super().__init__(n_edges, n_origins, self.settings.stale_after_s, 1.0, initial)
 
-    def _lp_target(self, obs: Observation):  # noqa: ANN202 - (estimate, Solution)
+    def _lp_target(self, obs: Observation) -> tuple[np.ndarray, Solution]:
         estimate = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
         return estimate, solve(estimate, obs.capacity, obs.latency, obs.healthy, previous=self.weights,
                                headroom=self.settings.headroom)
@@ -863,7 +882,7 @@ class FixedStepController(_LPTargetController):
 
     name = "fixed-step"
 
-    def _propose(self, obs: Observation):  # type: ignore[override]
+    def _propose(self, obs: Observation) -> Proposal:
         estimate, solution = self._lp_target(obs)
         target = solution.weights
         if self.weights is None:
@@ -874,9 +893,8 @@ class FixedStepController(_LPTargetController):
             delta = target - current
             biggest = np.abs(delta).max(axis=1, keepdims=True)
             proposal = current + delta * np.minimum(1.0, self.settings.step / np.maximum(biggest, _EPS))
-        return (proposal, target, estimate, _mode_of(solution.status),
-                f"damped {self.settings.step:.0%} per origin per interval", solution.shed,
-                solution.held_edges)
+        return Proposal.of(proposal, solution, estimate,
+                           f"damped {self.settings.step:.0%} per origin per interval")
 
 
 class UndampedController(_LPTargetController):
@@ -884,7 +902,6 @@ class UndampedController(_LPTargetController):
 
     name = "undamped"
 
-    def _propose(self, obs: Observation):  # type: ignore[override]
+    def _propose(self, obs: Observation) -> Proposal:
         estimate, solution = self._lp_target(obs)
-        return (solution.weights, solution.weights, estimate, _mode_of(solution.status),
-                "target applied undamped", solution.shed, solution.held_edges)
+        return Proposal.of(solution.weights, solution, estimate, "target applied undamped")

@@ -61,7 +61,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from opsloop.controllers.edge.controller import (ControllerSettings, EdgeController, FixedStepController,
                                          FixedStepSettings, Observation, UndampedController,
-                                         _Controller)
+                                         Controller)
 
 # "fixed-step-headroom": the fixed-step baseline planned with our controller's headroom, so a
 # comparison does not credit the headroom alone
@@ -301,7 +301,7 @@ def _initial_weights(scn: Scenario, latency: np.ndarray, healthy: np.ndarray) ->
     return weights
 
 
-def make_controller(kind: str, scn: Scenario, initial: np.ndarray) -> _Controller:
+def make_controller(kind: str, scn: Scenario, initial: np.ndarray) -> Controller:
     n_edges, n_origins = initial.shape
     kind = canonical_kind(kind)
     if kind == "ours":
