@@ -81,3 +81,29 @@ def test_fan_out_gives_each_handler_the_samples_of_its_names_in_batch_order() ->
     assert a_and_b.got == [["a:0", "b:1", "a:3", "b:4"], []]   # interleaved names keep the batch's order
     assert every.got == [["a:0", "b:1", "c:2", "a:3", "b:4"], ["c:2"]]
     assert none_here.got == [[], []]   # still called: a handler expires its state on every batch
+
+
+def test_decode_and_handle_splits_while_decoding_as_fan_out_splits_the_decoded_batch() -> None:
+    import orjson
+
+    from bench.stream_workload import Msg
+    from opsloop.streams.runtime.batch import decode_and_handle, decode_messages
+
+    t = 1_795_000_000.0
+
+    def sample(name: str, v: Any, ts: float = t) -> dict[str, Any]:
+        return {"name": name, "tags": {"host": "h"}, "fields": {"v": v}, "timestamp": ts}
+
+    records = [{"metrics": [sample("a", 0), sample("b", 1), sample("a", 2)]},
+               {"metrics": [sample("c", 3), sample("a", "4"), {"name": "a", "fields": {}}]},  # one bad
+               {"metrics": [sample("b", 5), sample("a", 6, ts=4_000_000_000.0)]},   # one from the future
+               sample("a", 7)]                                                      # a single sample
+    msgs = [Msg("t", 0, i, b"k", orjson.dumps(r)) for i, r in enumerate(records)]
+    during, after = ([_Named("a", frozenset({"a"})), _Named("ab", frozenset({"a", "b"})), _Named("all", None)]
+                     for _ in range(2))
+    batch = decode_and_handle("t", msgs, FanOut("t", during))
+    FanOut("t", after).handle(decode_messages(msgs).metrics, 0.0)
+    assert [h.got for h in during] == [h.got for h in after]
+    assert during[0].got == [["a:0", "a:2", "a:4", "a:7"]]
+    assert during[1].got == [["a:0", "b:1", "a:2", "a:4", "b:5", "a:7"]]
+    assert len(batch.deadletters) == 2   # the bad and the future sample, one dead letter per record
