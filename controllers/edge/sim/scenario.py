@@ -1,0 +1,212 @@
+"""The scenario file of ``opsloop sim``: its schema (origins, edges, events, the controllers to
+run, their settings and the targets), validation with errors naming the file and the field, and the
+controller kinds a scenario may name."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from opsloop.controllers.edge.controller import ControllerSettings, FixedStepSettings
+
+# "fixed-step-headroom": the fixed-step baseline planned with our controller's headroom, so a
+# comparison does not credit the headroom alone
+CONTROLLER_KINDS = ("ours", "fixed-step", "fixed-step-headroom", "undamped")
+KIND_ALIASES = {"seed": "fixed-step"}  # an older name of the 2 %-per-interval baseline, still accepted
+BASELINES = ("fixed-step", "fixed-step-headroom")
+
+
+def canonical_kind(kind: str) -> str:
+    return KIND_ALIASES.get(kind, kind)
+
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be run; the message names the file and the field."""
+
+
+class SimOrigin(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    capacity_rps: float = Field(ge=0.0, allow_inf_nan=False)
+    service_ms: float = Field(default=10.0, ge=0.0, allow_inf_nan=False)
+    healthy: bool = True
+
+
+class SimEdge(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    base_rps: float = Field(ge=0.0, allow_inf_nan=False)
+    elasticity: float = Field(default=1.0, ge=0.0, le=4.0)
+    latency_ms: dict[str, float]
+    initial_weights: dict[str, float] | None = None
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    at: float = Field(ge=0.0, allow_inf_nan=False)
+    label: str = ""
+    demand: dict[str, float] | None = None            # edge -> new base_rps
+    # one factor for every edge's base_rps, or a factor per edge
+    demand_scale: float | dict[str, float] | None = None
+    ramp_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)  # demand change spread over
+    capacity: dict[str, float] | None = None          # origin -> new capacity_rps
+    health: dict[str, bool] | None = None             # origin -> healthy
+    latency: dict[str, dict[str, float]] | None = None  # edge -> origin -> ms
+    stale_for_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+
+    @property
+    def changes_plant(self) -> bool:
+        return any(v is not None for v in (self.demand, self.demand_scale, self.capacity,
+                                           self.health, self.latency))
+
+
+class Targets(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tolerance: float = Field(default=0.05, ge=0.0)
+    capacity_within_intervals: float = Field(default=3.0, gt=0.0)
+    overshoot: float = Field(default=0.05, ge=0.0)
+    oscillation_weight: float = Field(default=0.03, ge=0.0)
+    oscillation_load: float = Field(default=0.05, ge=0.0)
+    settle_band: float = Field(default=0.02, gt=0.0)
+    steady_intervals: int = Field(default=4, ge=2)
+    # 95th percentile of the excess over capacity outside the transients after a step (noise, flaps)
+    excess_p95: float = Field(default=0.05, ge=0.0)
+    churn: float = Field(default=0.03, ge=0.0)        # mean traffic share moved per interval
+    # against the fixed-step baselines of the same run (with and without our headroom):
+    overload_ratio: float = Field(default=0.10, ge=0.0)  # overload-seconds ≤ ratio × baseline's …
+    overload_slack_s: float = Field(default=0.0, ge=0.0)  # … + this (a baseline with ~0 overload)
+    latency_ratio: float = Field(default=1.10, gt=0.0)   # mean latency ≤ ratio × baseline's
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    listener: str = "listener"
+    interval_s: float = Field(default=15.0, gt=0.0)
+    duration_s: float = Field(default=600.0, gt=0.0, le=86400.0)
+    dt_s: float = Field(default=1.0, gt=0.0)
+    seed: int = 0
+    noise: float = Field(default=0.0, ge=0.0, le=0.5)
+    client_tau_s: float = Field(default=2.0, ge=0.0)
+    overload_slowdown: float = Field(default=1.0, ge=0.0)
+    # true demand noise (what clients send, unlike ``noise`` which only blurs the measurement):
+    # every edge's base rate × (1 + demand_noise·N(0,1)), redrawn every demand_noise_period_s
+    demand_noise: float = Field(default=0.0, ge=0.0, le=0.5)
+    demand_noise_period_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    health_detection_delay_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    origins: list[SimOrigin] = Field(min_length=1)
+    edges: list[SimEdge] = Field(min_length=1)
+    events: list[Event] = Field(default_factory=list)
+    controllers: list[str] = Field(default_factory=lambda: ["ours", "fixed-step"], min_length=1)
+    controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    # settings of the fixed-step baseline (``seed_controller``: its older key, still accepted)
+    fixed_step: FixedStepSettings = Field(default_factory=FixedStepSettings,
+                                          validation_alias=AliasChoices("fixed_step", "seed_controller"))
+    targets: Targets = Field(default_factory=Targets)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Scenario":
+        origins = [o.name for o in self.origins]
+        edges = [e.name for e in self.edges]
+        for kind, names in (("origins", origins), ("edges", edges)):
+            if len(set(names)) != len(names):
+                raise ValueError(f"{kind}: duplicate names in {names!r}")
+        steps = self.interval_s / self.dt_s
+        if abs(steps - round(steps)) > 1e-9:
+            raise ValueError(f"interval_s: must be a multiple of dt_s ({self.dt_s!r}), "
+                             f"got {self.interval_s!r}")
+
+        def check_latency(where: str, row: dict[str, float]) -> None:
+            for origin, ms in row.items():
+                if origin not in origins:
+                    raise ValueError(f"{where}: unknown origin {origin!r} (origins: {origins})")
+                if not isinstance(ms, (int, float)) or math.isnan(ms) or ms < 0:
+                    raise ValueError(f"{where}[{origin!r}]: expected latency >= 0 ms, got {ms!r}")
+
+        for edge in self.edges:
+            check_latency(f"edges[{edge.name!r}].latency_ms", edge.latency_ms)
+            if not any(math.isfinite(v) for v in edge.latency_ms.values()):
+                raise ValueError(f"edges[{edge.name!r}].latency_ms: no reachable origin")
+            if edge.initial_weights is not None:
+                for origin, share in edge.initial_weights.items():
+                    if origin not in origins:
+                        raise ValueError(f"edges[{edge.name!r}].initial_weights: unknown origin "
+                                         f"{origin!r}")
+                    if not isinstance(share, (int, float)) or not 0 <= share <= 1:
+                        raise ValueError(f"edges[{edge.name!r}].initial_weights[{origin!r}]: "
+                                         f"share must be in [0, 1], got {share!r}")
+                if sum(edge.initial_weights.values()) <= 0:
+                    raise ValueError(f"edges[{edge.name!r}].initial_weights: all zero")
+        for i, ev in enumerate(self.events):
+            where = f"events[{i}] (at {ev.at})"
+            if ev.at > self.duration_s:
+                raise ValueError(f"{where}.at: after duration_s {self.duration_s!r}")
+            if isinstance(ev.demand_scale, dict):
+                for edge, factor in ev.demand_scale.items():
+                    if edge not in edges:
+                        raise ValueError(f"{where}.demand_scale: unknown edge {edge!r} (edges: {edges})")
+                    if not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 0:
+                        raise ValueError(f"{where}.demand_scale[{edge!r}]: expected a factor >= 0, "
+                                         f"got {factor!r}")
+            elif ev.demand_scale is not None and (not math.isfinite(ev.demand_scale)
+                                                  or ev.demand_scale < 0):
+                raise ValueError(f"{where}.demand_scale: expected a factor >= 0, got {ev.demand_scale!r}")
+            if ev.ramp_s is not None and ev.demand is None and ev.demand_scale is None:
+                raise ValueError(f"{where}.ramp_s: only ramps a demand change (give demand or "
+                                 f"demand_scale)")
+            for edge in (ev.demand or {}):
+                if edge not in edges:
+                    raise ValueError(f"{where}.demand: unknown edge {edge!r} (edges: {edges})")
+            for edge, rps in (ev.demand or {}).items():
+                if not isinstance(rps, (int, float)) or not math.isfinite(rps) or rps < 0:
+                    raise ValueError(f"{where}.demand[{edge!r}]: expected req/s >= 0, got {rps!r}")
+            for origin, cap in (ev.capacity or {}).items():
+                if origin not in origins:
+                    raise ValueError(f"{where}.capacity: unknown origin {origin!r}")
+                if not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap < 0:
+                    raise ValueError(f"{where}.capacity[{origin!r}]: expected req/s >= 0, got {cap!r}")
+            for origin in (ev.health or {}):
+                if origin not in origins:
+                    raise ValueError(f"{where}.health: unknown origin {origin!r}")
+            for edge, row in (ev.latency or {}).items():
+                if edge not in edges:
+                    raise ValueError(f"{where}.latency: unknown edge {edge!r}")
+                check_latency(f"{where}.latency[{edge!r}]", row)
+            if not ev.changes_plant and ev.stale_for_s is None:
+                raise ValueError(f"{where}: changes nothing (give demand, demand_scale, capacity, "
+                                 f"health, latency or stale_for_s)")
+        for kind in self.controllers:
+            if canonical_kind(kind) not in CONTROLLER_KINDS:
+                raise ValueError(f"controllers: unknown controller {kind!r} "
+                                 f"(known: {', '.join(CONTROLLER_KINDS)})")
+        return self
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML file; errors name the file and the field."""
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ScenarioError(f"{path}: expected a mapping at the top level, got {type(doc).__name__}")
+    try:
+        return Scenario.model_validate(doc)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']} "
+            f"(got {err.get('input')!r})"[:300] for err in exc.errors())
+        raise ScenarioError(f"{path}: {problems}") from None
