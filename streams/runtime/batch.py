@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import attrgetter
-from typing import Any, Awaitable, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import orjson
 from prometheus_client import Counter
@@ -178,6 +178,8 @@ class Handler(Protocol):
     name: str
     # Optional ``names: frozenset[str] | None``: the metric names the handler reads. Under a
     # :class:`FanOut` it is then given only the samples of those names (None or absent: all of them).
+    # Optional ``name_filters: Mapping[str, Callable[[Metric], bool]]``: of those names, the samples
+    # it may read (a test it would make itself anyway, made by the FanOut while the sample is hot).
 
     def handle(self, metrics: Sequence[Metric], now: float) -> None: ...
 
@@ -194,8 +196,10 @@ class FanOut:
         self.handlers = list(handlers)
         # Each handler's ``names`` (read once, here); None: it reads every sample.
         self._wants: list[frozenset[str] | None] = [getattr(h, "names", None) for h in self.handlers]
-        # metric name -> positions of the handlers that read it, built as names appear
-        self._routes: dict[str, tuple[int, ...]] = {}
+        self._filters: list[Mapping[str, Callable[[Metric], bool]]] = [getattr(h, "name_filters", {})
+                                                                       for h in self.handlers]
+        # metric name -> (position, filter or None) of the handlers that read it, built as names appear
+        self._routes: dict[str, tuple[tuple[int, Callable[[Metric], bool] | None], ...]] = {}
 
     def parts(self) -> Parts | None:
         """An empty split of one batch, to fill as it is decoded (None: no handler declares names)."""
@@ -209,12 +213,13 @@ class FanOut:
         parts.add(metrics)
         return parts.result(metrics)
 
-    def _route(self, name: str) -> tuple[int, ...]:
+    def _route(self, name: str) -> tuple[tuple[int, Callable[[Metric], bool] | None], ...]:
         route = self._routes.get(name)
         if route is None:
             if len(self._routes) >= 10_000:   # names are free-form: the cache stays bounded
                 self._routes.clear()
-            route = self._routes[name] = tuple(i for i, w in enumerate(self._wants) if w is not None and name in w)
+            route = self._routes[name] = tuple((i, self._filters[i].get(name)) for i, w in enumerate(self._wants)
+                                               if w is not None and name in w)
         return route
 
     def handle(self, metrics: Sequence[Metric], now: float) -> None:
@@ -257,7 +262,7 @@ class Parts:
         for name, run in groupby(metrics, _NAME):
             route = extends.get(name)
             if route is None:
-                route = extends[name] = tuple(self._parts[i].extend for i in self._fan._route(name))
+                route = extends[name] = tuple(_extend(self._parts[i], f) for i, f in self._fan._route(name))
             if len(route) == 1:
                 route[0](run)
             elif route:
@@ -268,6 +273,12 @@ class Parts:
     def result(self, metrics: Sequence[Metric]) -> list[Sequence[Metric]]:
         """Each handler's part (``metrics``, the whole batch, for a handler without ``names``)."""
         return [metrics if w is None else part for w, part in zip(self._fan._wants, self._parts)]
+
+
+def _extend(part: list[Metric], only: Callable[[Metric], bool] | None) -> Callable[[Iterable[Metric]], None]:
+    if only is None:
+        return part.extend
+    return lambda samples: part.extend(filter(only, samples))
 
 
 @contextlib.contextmanager

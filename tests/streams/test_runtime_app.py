@@ -107,3 +107,13 @@ def test_decode_and_handle_splits_while_decoding_as_fan_out_splits_the_decoded_b
     assert during[0].got == [["a:0", "a:2", "a:4", "a:7"]]
     assert during[1].got == [["a:0", "b:1", "a:2", "a:4", "b:5", "a:7"]]
     assert len(batch.deadletters) == 2   # the bad and the future sample, one dead letter per record
+
+
+def test_fan_out_applies_a_handlers_name_filter_to_that_name_only() -> None:
+    even = _Named("even-a", frozenset({"a", "b"}))
+    even.name_filters = {"a": lambda m: m.fields["v"] % 2 == 0}   # type: ignore[attr-defined]
+    every = _Named("all", None)
+    batch = [metric(n, {"v": i}, {"host": "h"}, 1_795_000_000.0) for i, n in enumerate(["a", "a", "b", "b", "a"])]
+    FanOut("t", [even, every]).handle(batch, 0.0)
+    assert even.got == [["a:0", "b:2", "b:3", "a:4"]]
+    assert every.got == [["a:0", "a:1", "b:2", "b:3", "a:4"]]

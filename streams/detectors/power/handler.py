@@ -38,10 +38,17 @@ GEN_MEDIAN = Gauge("opsloop_power_generation_median_watts", "Median smoothed dra
                    ["generation"])
 
 
+def _watts(unit: str) -> bool:
+    """``unit.lower() == "watts"`` without a new string for every other unit."""
+    return unit == "watts" or (len(unit) == 5 and unit.lower() == "watts")
+
+
 class PowerHandler(DetectorHandler):
     name = "power-detector"
     topics = (Topic.IPMI,)
     names = POWER_METRICS
+    # power_reading's first test of an SDR sensor: most of a server's sensors are not its power
+    name_filters = {"ipmi_sensor": lambda m: _watts(m.tags.get("unit", ""))}
 
     def __init__(self, settings: PowerSettings | None = None, refresh_s: float = 300.0) -> None:
         super().__init__()
@@ -93,7 +100,7 @@ class PowerHandler(DetectorHandler):
         for m in metrics:
             if m.name not in POWER_METRICS:
                 continue
-            if m.name == "ipmi_sensor" and m.tags.get("unit", "").lower() != "watts":
+            if m.name == "ipmi_sensor" and not _watts(m.tags.get("unit", "")):
                 continue   # power_reading's first test, inline: most of a server's sensors are not power
             try:
                 reading = power_reading(m)
