@@ -21,6 +21,7 @@ raw loop, measured in the same run, are what to compare.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -169,22 +170,38 @@ class Worker:
         return samples_total(self.port)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def time_worker(w: Worker, n_samples: int, timeout_s: float = 900) -> tuple[float, float]:
     """Samples/s from the worker's first counted sample to the n-th; returns (rate, seconds)."""
+    rate, elapsed, _ = time_worker_cpu(w, n_samples, timeout_s)
+    return rate, elapsed
+
+
+def time_worker_cpu(w: Worker, n_samples: int, timeout_s: float = 900) -> tuple[float, float, float]:
+    """:func:`time_worker` and the worker's CPU time per sample over the same interval (seconds):
+    what it costs, apart from how much of the shared cores it got."""
     t_first = v_first = None
+    cpu_first = 0.0
     v = 0.0
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         v = w.samples()
         if t_first is None and v > 0:
-            t_first, v_first = time.perf_counter(), v
+            t_first, v_first, cpu_first = time.perf_counter(), v, cpu_seconds(w.pid)
         if v >= n_samples:
             break
         time.sleep(0.25)   # each poll costs the worker a request on its metrics thread
     if t_first is None or v_first is None:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     elapsed = time.perf_counter() - t_first
-    return ((v - v_first) / elapsed if elapsed > 0 else 0.0), elapsed
+    cpu = cpu_seconds(w.pid) - cpu_first
+    counted = v - v_first
+    return ((counted / elapsed) if elapsed > 0 else 0.0), elapsed, (cpu / counted if counted > 0 else 0.0)
 
 
 def kafka_stack(tmp: Path) -> Stack:
@@ -208,20 +225,26 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
             n_samples = sum(len(orjson.loads(v)["metrics"]) for _, _, v in records)
             produce(stack.kafka_bootstrap, records)
             del records
-            raws, plains, workers, rss = [], [], [], 0
+            raws, plains, workers, cpus, rss = [], [], [], [], 0
+            load = [os.getloadavg()[0]]
             for _ in range(repeats):   # the machine is shared: take turns, compare medians
                 raws.append(asyncio.run(raw_loop(stack.kafka_bootstrap, n_samples)))
                 plains.append(asyncio.run(plain_loop(stack.kafka_bootstrap, n_samples)))
                 w = Worker(tmp, stack.kafka_bootstrap).start()
                 try:
-                    workers.append(time_worker(w, n_samples)[0])
+                    rate, _, cpu = time_worker_cpu(w, n_samples)
+                    workers.append(rate)
+                    cpus.append(cpu)
                     rss = max(rss, rss_kib(w.pid))
+                    load.append(os.getloadavg()[0])
                 finally:
                     w.stop()
         finally:
             stack.down()
     raw, plain, worker = statistics.median(raws), statistics.median(plains), statistics.median(workers)
-    note = f"{n_samples:,} samples, {fleet.series:,} series, median of {repeats}; 2 shared cores"
+    cpu_us = statistics.median(cpus) * 1e6
+    note = (f"{n_samples:,} samples, {fleet.series:,} series, median of {repeats}; 2 shared cores, "
+            f"load average {min(load):.1f}-{max(load):.1f}")
     return [
         {"benchmark": "stream worker, every handler on", "metric": "samples/s per worker", "value": round(worker),
          "baseline": f"raw consume + orjson decode, same records ({note})", "baseline_value": round(raw),
@@ -233,6 +256,9 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         {"benchmark": "stream worker vs plain loop", "metric": "Faust's share", "value": round(worker),
          "baseline": "plain loop, same handlers (same run)", "baseline_value": round(plain),
          "ratio": round(worker / plain, 3) if plain else 0.0, "unit": "samples/s", "target": "report", "ok": None},
+        {"benchmark": "stream worker CPU per sample, every handler on", "metric": "CPU µs per sample (all threads)",
+         "value": round(cpu_us, 2), "baseline": "the rate one core would give", "baseline_value": round(1e6 / cpu_us)
+         if cpu_us else 0, "ratio": 0.0, "unit": "µs", "target": "report", "ok": None},
         {"benchmark": "stream worker memory, every handler on", "metric": "peak RSS", "value": round(rss / 1024, 1),
          "baseline": "-", "baseline_value": 0.0, "ratio": 0.0, "unit": "MiB", "target": "report", "ok": None},
     ]
