@@ -25,6 +25,7 @@ from prometheus_client import Counter, Gauge
 from opsloop.config import StreamSettings
 from opsloop.records import Metric
 from opsloop.streams.bounded import DEFAULT_MAX_STATE_KEYS, STATE_KEYS, Recency, count_dropped
+from opsloop.streams.runtime.gauges import child
 
 HRSP_FIELDS = ("hrsp_1xx", "hrsp_2xx", "hrsp_3xx", "hrsp_4xx", "hrsp_5xx", "hrsp_other")
 # Stock Telegraf inputs.haproxy renames hrsp_* to http_response.*.
@@ -123,11 +124,11 @@ class LbRates:
             newest[(r.lb, r.kind, r.proxy, r.server)] = r
         for (lb, kind, proxy, sv), r in newest.items():
             if kind == "server":
-                SERVER_RATE.labels(lb, proxy, sv).set(r.rate)
+                child(SERVER_RATE, lb, proxy, sv).set(r.rate)
             elif kind == "backend":
-                BACKEND_RATE.labels(lb, proxy).set(r.rate)
+                child(BACKEND_RATE, lb, proxy).set(r.rate)
             else:
-                FRONTEND_RATE.labels(lb, proxy).set(r.rate)
+                child(FRONTEND_RATE, lb, proxy).set(r.rate)
         for (lb, proxy, sv), fields in states.items():
             self._server_state(lb, proxy, sv, fields)
         if len(self._recent) > self._recent.cap:
@@ -175,10 +176,10 @@ class LbRates:
     def _server_state(lb: str, proxy: str, sv: str, fields: dict[str, object]) -> None:
         w = fields.get("weight")
         if isinstance(w, (int, float)) and not isinstance(w, bool):
-            SERVER_WEIGHT.labels(lb, proxy, sv).set(w)
+            child(SERVER_WEIGHT, lb, proxy, sv).set(w)
         status = fields.get("status")
         if isinstance(status, str):
-            SERVER_UP.labels(lb, proxy, sv).set(1.0 if status.upper().startswith("UP") else 0.0)
+            child(SERVER_UP, lb, proxy, sv).set(1.0 if status.upper().startswith("UP") else 0.0)
 
     def _expire(self, now: float) -> None:
         expired = self._recent.expired(now)

@@ -31,6 +31,7 @@ from opsloop.streams.agents.base import DetectorHandler, log, number
 from opsloop.streams.detectors.anomaly.settings import AnomalySettings, SeriesSpec
 from opsloop.streams.detectors.anomaly.model import DetectorConfig, StreamingDetector
 from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.runtime.gauges import child
 
 LABELS = ["metric", "field", "series"]
 SCORE = Gauge("opsloop_anomaly_score", "Anomaly score in [0, 1] of the series' last point", LABELS)
@@ -163,12 +164,12 @@ class AnomalyHandler(DetectorHandler):
     def _show(self, s: Series, score: float) -> None:
         labels = (s.spec_metric, s.spec_field, series_label(s.tags))
         e = s.detector.explain()
-        SCORE.labels(*labels).set(score)
-        OBSERVED.labels(*labels).set(e["observed"])
+        child(SCORE, *labels).set(score)
+        child(OBSERVED, *labels).set(e["observed"])
         if e["warm"]:
-            EXPECTED.labels(*labels).set(e["expected"])
-            LOWER.labels(*labels).set(e["lower"])
-            UPPER.labels(*labels).set(e["upper"])
+            child(EXPECTED, *labels).set(e["expected"])
+            child(LOWER, *labels).set(e["lower"])
+            child(UPPER, *labels).set(e["upper"])
 
     def books(self) -> Iterable[FindingBook]:
         return [s.book for s in self.series.values()]

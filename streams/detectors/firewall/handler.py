@@ -26,6 +26,7 @@ from opsloop.streams.detectors.firewall.settings import FirewallSettings
 from opsloop.streams.detectors.findingbook import FindingBook
 from opsloop.streams.detectors.firewall.detector import (FINGERPRINT_DRIFT, FIREWALL_METRICS, PACKAGE_DRIFT,
                                                          FirewallDetector, HypervisorReport, report_from_metrics)
+from opsloop.streams.runtime.gauges import child
 
 PORTS = Gauge("opsloop_firewall_ports", "VM ports per hypervisor by firewall state", ["hypervisor", "role", "state"])
 DRIFT = Gauge("opsloop_firewall_drift", "1 while the hypervisor's ruleset or packages differ from its role",
@@ -101,9 +102,9 @@ class FirewallHandler(DetectorHandler):
             for state in ("protected", "unprotected"):
                 _remove(PORTS, rep.hypervisor, old_role, state)
         self._roles_shown[rep.hypervisor] = rep.role
-        PORTS.labels(rep.hypervisor, rep.role, "unprotected").set(rep.unprotected)
-        PORTS.labels(rep.hypervisor, rep.role, "protected").set(len(rep.ports) - rep.unprotected)
-        REPORT_TS.labels(rep.hypervisor).set(rep.timestamp)
+        child(PORTS, rep.hypervisor, rep.role, "unprotected").set(rep.unprotected)
+        child(PORTS, rep.hypervisor, rep.role, "protected").set(len(rep.ports) - rep.unprotected)
+        child(REPORT_TS, rep.hypervisor).set(rep.timestamp)
 
     def _show_drift(self) -> None:
         # the book's stored findings as they are (no Finding model per open finding and call)
@@ -112,8 +113,8 @@ class FirewallHandler(DetectorHandler):
                     if d["detector"] in (FINGERPRINT_DRIFT, PACKAGE_DRIFT)}
         for rep in self.detector.latest.values():
             for kind in ("ruleset", "package"):
-                DRIFT.labels(rep.hypervisor, rep.role, kind).set(1.0 if (rep.hypervisor, rep.role, kind) in drifting
-                                                                 else 0.0)
+                child(DRIFT, rep.hypervisor, rep.role, kind).set(1.0 if (rep.hypervisor, rep.role, kind) in drifting
+                                                                else 0.0)
 
 
 def _remove(gauge: Gauge, *labels: str) -> None:

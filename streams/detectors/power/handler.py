@@ -25,6 +25,7 @@ from opsloop.streams.detectors.power.settings import PowerSettings
 from opsloop.streams.detectors.findingbook import FindingBook
 from opsloop.streams.detectors.power.detector import (POWER_METRICS, PowerDetector, ServerSpec, power_reading,
                                                       spec_from_tags)
+from opsloop.streams.runtime.gauges import child
 
 HOST = ["host", "generation"]
 JOULES_PER_KWH = 3.6e6   # the detector reasons in kWh (prices are per kWh); Prometheus gets joules
@@ -154,13 +155,13 @@ class PowerHandler(DetectorHandler):
             return
         spec = det.inventory.get(host)
         generation = spec.generation if spec else ""
-        WATTS.labels(host, generation).set(w)
+        child(WATTS, host, generation).set(w)
         if spec is None:
             return
         row = det.cost_row(spec, w)
-        ENERGY.labels(host, generation).set(row["kwh_per_year"] * JOULES_PER_KWH)
-        EUR.labels(host, generation).set(row["eur_per_year"])
-        EUR_TB.labels(host, generation, spec.protection).set(row["eur_per_usable_tb_year"] / BYTES_PER_TB)
+        child(ENERGY, host, generation).set(row["kwh_per_year"] * JOULES_PER_KWH)
+        child(EUR, host, generation).set(row["eur_per_year"])
+        child(EUR_TB, host, generation, spec.protection).set(row["eur_per_usable_tb_year"] / BYTES_PER_TB)
 
     def _show_generation(self, generation: str) -> None:
         det = self.detector
