@@ -13,7 +13,9 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    interval on average and clearly above the measured noise, or two large ones; one still rising
    stays a ramp; an interval of a big latency change counts with its smaller reading, raw or
    corrected by the elasticity seen, unless it holds a step) one more interval of it is added; a step (a big rise, then the clients'
-   transient) is not carried on. The *variability* of the clients' own demand (measurements
+   transient) is not carried on. With three edges or more, two rises of the median across edges
+   (its noise ~1/√E of one edge's; one edge surging leaves it flat) make a ramp common to them:
+   every edge not clearly falling gets that rise, though its own may hide in its noise. The *variability* of the clients' own demand (measurements
    corrected for the latency our weights gave them, so our own moves are not read as noise) is
    the median absolute deviation of second differences of log-demand (a step or a ramp leaves it
    alone), held at its peak and decaying slowly; the plan covers the ``demand_quantile`` (95 %)
@@ -580,6 +582,18 @@ class EdgeController(Controller):
                 & (last2.min(axis=0) > 3.0 * sigma) & (last2[-1] >= last2[0] / 2) & steady2 & ~rising
             slope = np.where(fast, np.minimum((hist[-1] - hist[-3]) / 2, last_rise), slope)
             rising |= fast
+            # a ramp common to the edges (a daily rise, a listener-wide surge): an edge's own
+            # rises may hide in its measurement noise, their median across edges does not
+            # (its noise is ~1/√E of an edge's), and one edge surging leaves the median flat.
+            # Two such rises lift every edge not clearly falling by the common rise
+            if last3.shape[1] >= 3:
+                common = np.median(last3[-2:], axis=1)
+                common_sigma = 1.2533 * float(np.median(sigma)) / math.sqrt(last3.shape[1])
+                if (common.min() > 2.0 * s.ramp_threshold and common.min() > 3.0 * common_sigma
+                        and common[-1] >= common[0] / 2):
+                    lifted = ~rising & (last3[-1] > -3.0 * sigma)
+                    slope = np.where(lifted, np.expm1(float(common.mean())) * hist[-1], slope)
+                    rising |= lifted
             # a ramp still rising stays one (hysteresis): a relax step must not undo the room
             # made for it because one rise fell under the bar
             going_on = self._rising & ~rising & (last3[-1] > 0)

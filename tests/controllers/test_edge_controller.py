@@ -361,3 +361,30 @@ def test_elasticity_seen_across_our_moves_sets_the_target_not_the_worst_case():
     for w in near:
         r = 260.0 * (20.0 / (w * 20.0 + (1 - w) * 70.0)) ** 0.5
         assert r * w <= 200.0 * 1.0 + 1e-6
+
+
+def _three_edges(rates_by_tick):
+    """Demand estimates of a 3-edge controller fed these per-tick request rates (each edge on its
+    own origin with room, a far origin beside them; 2 % measurement noise)."""
+    rng = np.random.default_rng(7)
+    ctrl = EdgeController(3, 4, initial=np.eye(3, 4))
+    latency = [[5, 30, 30, 60], [30, 5, 30, 60], [30, 30, 5, 60]]
+    decision = None
+    for k, rates in enumerate(rates_by_tick):
+        measured = np.asarray(rates, float) * (1 + 0.02 * rng.standard_normal(3))
+        decision = ctrl.step(_obs(measured, [1000, 1000, 1000, 5000], latency, [True] * 4,
+                                  now=15.0 * (k + 1)))
+    return decision.demand_estimate, measured
+
+
+def test_a_ramp_common_to_the_edges_lifts_an_edge_whose_own_rise_hid_in_its_noise():
+    flat = [[200, 200, 200]] * 8
+    # all three edges rise 6 % per interval; edge 2's last reading fell back (its measurement
+    # noise): the median across edges still shows two rises, so edge 2 is planned a rise ahead
+    ramp = flat + [[212, 212, 212], [225, 225, 200]]
+    estimate, measured = _three_edges(ramp)
+    assert estimate[2] > measured[2] * 1.03
+    # one edge surging leaves the median flat: the other edges are planned on what they sent
+    surge = flat + [[212, 200, 200], [225, 200, 200]]
+    estimate, measured = _three_edges(surge)
+    assert estimate[1] <= measured[1] * 1.03 and estimate[2] <= measured[2] * 1.03

@@ -25,9 +25,6 @@ KNOWN_MISSES: dict[str, set[str]] = {
     # origin flapping every 20 s: held down (no failed requests to it: 326 vs 471), 23.5 ms vs
     # the baselines' 21.4 ms mean latency (1.10x; limit 1.10)
     "flap_odd_period": {"mean latency"},
-    # x1.3 in 60 s: over before a ramp can be told from noise; overshoot 5.6 %, overload 37 s =
-    # 12 % of the headroom baseline's 308 s (5 % of the plain one's)
-    "mesh_fast_ramp": {"overshoot", "overload-seconds"},
     # independent draws every interval: 95th-percentile plan; overload 30 s = 28 % of 108 s
     "noise_closed_loop": {"overload-seconds"},
     # open-loop clients at 95 %: no overload at all, latency 1.13x / 1.12x
