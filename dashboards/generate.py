@@ -4,7 +4,7 @@ The dashboards are built with the Grafana Foundation SDK (``grafana-foundation-s
 generated from Grafana's own schemas), so the JSON follows Grafana's dashboard model as it changes.
 On top of it, a small spec: one function per dashboard, one :class:`Panel` per graph, so a query is
 written once and every panel gets a title, a description, a unit and the dashboard's variables. The
-committed JSON must equal this generator's output (``tests/observability/test_dashboards.py``); after
+committed JSON must equal this generator's output (``tests/dashboards/test_dashboards.py``); after
 a change run::
 
     .venv/bin/python dashboards/generate.py            # rewrite dashboards/*.json
@@ -67,7 +67,7 @@ class Panel:
     # Grafana field overrides (e.g. the anomaly band: fill from "upper" down to "lower").
     overrides: list[dict[str, Any]] = field(default_factory=list)
     repeat: str | None = None     # one panel per selected value of this variable
-    # Produced by the HAProxy pipeline that tests/observability/test_dashboards.py runs end to end
+    # Produced by the HAProxy pipeline that tests/dashboards/test_dashboards.py runs end to end
     # (lab edge -> haproxy collector -> Kafka -> stream worker): its queries must return data there.
     e2e_lb: bool = False
     # Produced by the closed edge loop (edge control service + weight actuator on the lab edge) that the

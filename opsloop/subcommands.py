@@ -2,7 +2,7 @@
 
 Each sub-command is ``module:function`` (its ``main(argv)``) and the module has ``build_parser()``. The
 command's own parser includes every sub-command's parser, so its help lists them and a walk over the
-argparse tree (``tests/cli``) reaches each one; running a sub-command calls its ``main`` directly.
+argparse tree (``tests/core/test_cli_help.py``) reaches each one; running a sub-command calls its ``main`` directly.
 """
 
 from __future__ import annotations

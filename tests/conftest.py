@@ -13,6 +13,9 @@ import pytest
 from opsloop.config import StackSettings
 from opsloop.stack import Stack, free_port
 
+# fixtures shared across folders: Alertmanager + webhook + findings producer; one Elasticsearch per session
+pytest_plugins = ["tests.alerting", "tests.es_fixture"]
+
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:

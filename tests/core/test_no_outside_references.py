@@ -19,7 +19,7 @@ FORBIDDEN = {
         r"\bthe seeds?'?s?\b|\bseeds' (?:numbers|figures|scenarios|regression|table|assumptions)", re.I),
 }
 # The guards themselves quote what they forbid; benchmark results are a record of past runs.
-EXEMPT = {"tests/core/test_no_outside_references.py", "tests/cli/test_cli_help.py"}
+EXEMPT = {"tests/core/test_no_outside_references.py", "tests/core/test_cli_help.py"}
 EXEMPT_DIRS = ("bench/results/",)
 
 

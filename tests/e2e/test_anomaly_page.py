@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from opsloop.lab.bmcsim import BMCFleet, BMCSpec
 from opsloop.lab.pipeline import LAB_ANOMALY
 from opsloop.stack import Stack, free_port
-from tests.alerts.conftest import am_url, ensure_topics, start_actuator, start_alertmanager, webhook_receiver
+from tests.alerting import am_url, ensure_topics, start_actuator, start_alertmanager, webhook_receiver
 from tests.e2e.pipeline import pipeline_config, start_collector, start_worker
 from tests.e2e.test_paging_paths import alerts_delivered, report, sample_to_page_s
 from tests.helpers import wait_until, write_config

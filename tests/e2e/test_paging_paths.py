@@ -27,7 +27,7 @@ import yaml
 from opsloop.lab.bmcsim import BMCFleet, BMCSpec
 from opsloop.collectors.iptables.neutron_layout import LayoutPort, filter_table
 from opsloop.stack import ManagedProcess, Stack, free_port
-from tests.alerts.conftest import (WebhookReceiver, am_url, ensure_topics, start_actuator, start_alertmanager,
+from tests.alerting import (WebhookReceiver, am_url, ensure_topics, start_actuator, start_alertmanager,
                                    webhook_receiver)
 from tests.e2e.pipeline import pipeline_config, start_collector, start_worker
 from tests.helpers import scrape_metric, unique, wait_until, write_config

@@ -22,7 +22,7 @@ from opsloop.records import Finding, Severity
 from opsloop.records import metric
 from opsloop.topics import Topic
 from opsloop.wire import encode_batch, parse_record
-from tests.alerts.conftest import am_url, ensure_topics, start_actuator, start_alertmanager, webhook_receiver
+from tests.alerting import am_url, ensure_topics, start_actuator, start_alertmanager, webhook_receiver
 from tests.e2e.pipeline import pipeline_config, start_worker
 from tests.helpers import read_topic, scrape_metric, unique, wait_until, write_config
 

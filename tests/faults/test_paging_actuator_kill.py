@@ -2,7 +2,7 @@
 file): every finding pages exactly once, every clear resolves exactly once, and findings published while
 it was down are paged/resolved after the restart. (The stream worker's SIGKILL is covered by
 tests/streams/test_agents_integration.py; the actuator restart after an Alertmanager outage by
-tests/alerts/test_paging_e2e.py.)
+tests/controllers/paging/test_e2e.py.)
 
 Replays after the kill are expected (offsets are committed after the state is saved): the test checks
 they never reach the on-call as a second page.
@@ -20,7 +20,7 @@ import requests
 from kafka import KafkaProducer
 
 from opsloop.records import Finding, Severity
-from tests.alerts.conftest import am_url, ensure_topics, start_actuator, start_alertmanager, webhook_receiver
+from tests.alerting import am_url, ensure_topics, start_actuator, start_alertmanager, webhook_receiver
 from tests.helpers import read_topic, scrape_metric, unique, wait_until
 
 pytestmark = pytest.mark.integration

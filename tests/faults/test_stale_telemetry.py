@@ -21,7 +21,7 @@ from opsloop.stack.components import prometheus
 from opsloop.records import metric
 from opsloop.topics import Topic
 from opsloop.wire import encode_batch
-from tests.alerts.conftest import start_alertmanager, webhook_receiver
+from tests.alerting import start_alertmanager, webhook_receiver
 from tests.e2e.pipeline import pipeline_config, start_worker
 from tests.helpers import REPO, prom_query, scrape_metric, unique, wait_until, write_config
 
