@@ -38,6 +38,13 @@ KNOWN_MISSES: dict[str, set[str]] = {
     # x3 at one edge 10 s into a 20 s interval: the first tick sees half the step; 20 s over
     # capacity until the second tick (the headroom baseline pays the same 20 s, then 73 s more)
     "surge_one_of_four_edges": {"overload-seconds"},
+    # x1.3 in 45 s from near origins at ~92 %: the first rise (half an interval of ramp) is not
+    # told from a step or noise; the second interval runs over capacity: 55 s = 22 % of the
+    # headroom baseline's 246 s (10 % of the plain one's 554 s)
+    "mesh_four_by_five_fast_ramp": {"overload-seconds"},
+    # at the peak, relax steps of ~3 points of one edge's weights toward a target that moves
+    # with the 2 % measurement noise swing a small origin (180 req/s) by 6.6 % of its capacity
+    "mesh_three_by_five_ramp": {"load oscillates"},
     # nearly open-loop clients, 110 req/s beyond the US cap: moved 70-95 ms away within 2
     # intervals (no overload; the baselines 585 s over capacity): latency 1.22x / 1.18x
     "useu_low_elasticity": {"mean latency"},
