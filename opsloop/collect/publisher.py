@@ -52,9 +52,25 @@ MIN_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
 
 
-def records_for(metrics: Iterable[Metric]) -> list[Record]:
-    """One record per (topic, key): a round travels as few, large messages (Telegraf batch shape)."""
-    return [Record(topic.value, key, encode_batch(ms)) for (topic, key), ms in group_by_route(metrics).items()]
+# Kafka refuses a record above the broker's message.max.bytes (1 MB by default) for good; spooled, such
+# a record would head the spool forever and hold every later round behind it. Records stay well under.
+MAX_RECORD_BYTES = 512 * 1024
+
+
+def _encode_within(topic: str, key: str, ms: list[Metric], limit: int) -> list[Record]:
+    """``ms`` as one record, or cut in halves (order kept, same key) until each is under ``limit``."""
+    value = encode_batch(ms)
+    if len(value) <= limit or len(ms) == 1:
+        return [Record(topic, key, value)]
+    half = len(ms) // 2
+    return _encode_within(topic, key, ms[:half], limit) + _encode_within(topic, key, ms[half:], limit)
+
+
+def records_for(metrics: Iterable[Metric], limit: int = MAX_RECORD_BYTES) -> list[Record]:
+    """One record per (topic, key): a round travels as few, large messages (Telegraf batch shape),
+    a group larger than ``limit`` bytes as several records of that key, in order."""
+    return [r for (topic, key), ms in group_by_route(metrics).items()
+            for r in _encode_within(topic.value, key, ms, limit)]
 
 
 class Publisher:
