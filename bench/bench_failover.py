@@ -255,7 +255,10 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bench_failover", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="examples:\n  python -m bench.bench_failover --cycles 5 --restarts 2"
+                                       "   # what `python -m bench --quick --only failover` runs\n"
+                                       "  python -m bench.bench_failover                          # 30 cycles")
     p.add_argument("--cycles", type=int, default=30, help="kill/fail-over cycles (default 30)")
     p.add_argument("--restarts", type=int, default=5, help="plain-restart baseline cycles (default 5)")
     a = p.parse_args(argv)

@@ -318,5 +318,6 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    for row in run(quick="--quick" in sys.argv):
-        print(row)
+    from bench.single import main
+
+    raise SystemExit(main("bench.bench_latency", __doc__, run))

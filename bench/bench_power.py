@@ -57,3 +57,9 @@ def run(quick: bool) -> list[dict[str, Any]]:
         baseline = time.perf_counter() - start
         rows.append(_row(hosts, ours, baseline))
     return rows
+
+
+if __name__ == "__main__":
+    from bench.single import main
+
+    raise SystemExit(main("bench.bench_power", __doc__, run))

@@ -107,7 +107,6 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    for row in run():
-        print(f"{row['benchmark']:<24} {row['metric']:<34} {row['value']:>12.2f} {row['unit']:<9} "
-              f"vs {row['baseline_value']:>12.2f} ({row['baseline']}) ratio {row['ratio']:.3f} "
-              f"{row['target']} {'' if row['ok'] is None else ('ok' if row['ok'] else 'MISS')}")
+    from bench.single import main
+
+    raise SystemExit(main("bench.bench_scheduler", __doc__, run))

@@ -545,3 +545,9 @@ def run(quick: bool) -> list[dict[str, Any]]:
         row("unsafe weight samples", len(res.unsafe_weights), "samples", "0", not res.unsafe_weights,
             "weight samples", res.weight_samples),
     ]
+
+
+if __name__ == "__main__":
+    from bench.single import main
+
+    raise SystemExit(main("bench.bench_soak", __doc__, run))

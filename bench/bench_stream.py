@@ -185,5 +185,6 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    for row in run(quick=True):
-        print(row)
+    from bench.single import main
+
+    raise SystemExit(main("bench.bench_stream", __doc__, run))
