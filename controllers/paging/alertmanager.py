@@ -93,11 +93,13 @@ class Backoff:
         self._rng = rng or random.Random()
 
     def ready(self, now: float) -> bool:
-        return now >= self.not_before
+        # more than max_s to wait means the wall clock stepped back: do not wait for the lost time
+        return now >= self.not_before or self.not_before - now > self.max_s
 
     def failed(self, now: float) -> float:
         """Record a failure; returns the delay before the next attempt."""
-        cap = min(self.max_s, self.initial_s * (2 ** self.failures))
+        # the exponent stops growing once the cap is reached: 2 ** 1024 overflows a float (~6 h at 30 s)
+        cap = min(self.max_s, self.initial_s * 2.0 ** min(self.failures, 64))
         delay = cap * (0.5 + 0.5 * self._rng.random())  # jitter: HA actuators do not retry in lockstep
         self.failures += 1
         self.not_before = now + delay
@@ -108,4 +110,4 @@ class Backoff:
         self.not_before = 0.0
 
     def wait(self, now: float) -> float:
-        return max(0.0, self.not_before - now)
+        return 0.0 if self.ready(now) else self.not_before - now
