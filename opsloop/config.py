@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from opsloop.dotted import get_dotted
 from opsloop.kafka_security import KafkaSecurity
@@ -54,6 +54,17 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _distinct_ports(section: BaseModel, names: tuple[str, ...]) -> None:
+    """Two listeners of one section on one port: the second fails to bind while the first answers for it
+    (a readiness probe on that port passes); refused here, naming both. Port 0 (off) never clashes."""
+    seen: dict[int, str] = {}
+    for name in names:
+        port = getattr(section, name)
+        if port and port in seen:
+            raise ValueError(f"{seen[port]} and {name} are both {port} (each component needs its own port)")
+        seen.setdefault(port, name)
 
 
 class KafkaSettings(_Section):
@@ -88,6 +99,11 @@ class StackSettings(_Section):
     scrape_interval_s: float = Field(default=5.0, gt=0)
     scrape_targets: list[str] = Field(default_factory=lambda: [f"{LOOPBACK}:29100", f"{LOOPBACK}:29101"])
 
+    @model_validator(mode="after")
+    def _ports(self) -> "StackSettings":
+        _distinct_ports(self, ("kafka_port", "kafka_controller_port", "prometheus_port", "alertmanager_port"))
+        return self
+
 
 class StreamSettings(_Section):
     app_id: str = "opsloop-streams"
@@ -120,6 +136,11 @@ class StreamSettings(_Section):
     # recently seen are dropped and counted, as are keys silent for state_ttl_s.
     max_state_keys: int = Field(default=20_000, ge=1)
     state_ttl_s: float = Field(default=3600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ports(self) -> "StreamSettings":
+        _distinct_ports(self, ("metrics_port", "web_port"))
+        return self
 
 
 class CollectorRuntimeSettings(_Section):
