@@ -23,6 +23,7 @@ ERRORS = Counter("opsloop_collector_errors_total", "Per-target collection errors
 ROUND_SECONDS = Histogram("opsloop_collector_round_seconds", "Duration of one collection round", ["collector"],
                           buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
 LAST_ROUND = Gauge("opsloop_collector_last_round_timestamp_seconds", "End of the last round", ["collector"])
+HUNG_AFTER_INTERVALS = 3   # a collect() running this many intervals is counted as hung (kind "timeout")
 OVERRUNS = Counter("opsloop_collector_overruns_total", "Rounds that took longer than the interval", ["collector"])
 
 
@@ -58,24 +59,75 @@ def run_once(collector: Collector, *, publisher: Publisher | None = None, stdout
     return rnd
 
 
+class _PendingRound:
+    """One ``collect()`` in its own daemon thread: a collector that breaks its contract and hangs (a
+    socket read without a timeout, a stuck tool) must not stall the loop, which still drains the spool
+    each tick and still ends on a stop. There is never a second round beside a hung one."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.result: Round | None = None
+        self.error: Exception | None = None
+        self.reported = False
+        threading.Thread(target=self._run, name=f"collect-{collector.name}", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.result = run_round(self.collector)
+        except Exception as e:  # noqa: BLE001 - handed to the loop, which counts and logs it
+            self.error = e
+        finally:
+            self.done.set()
+
+    def wait(self, deadline: float | None, stop: threading.Event) -> bool:
+        """True when the round ended; False at ``deadline`` (None: no deadline) or on a stop."""
+        while not self.done.is_set():
+            left = 0.5 if deadline is None else deadline - time.monotonic()
+            if left <= 0 or stop.is_set():
+                return False
+            self.done.wait(min(0.5, left))
+        return True
+
+    def report_hung(self) -> None:
+        """Counted (kind ``timeout``) and logged once per hung round."""
+        if not self.reported:
+            self.reported = True
+            ERRORS.labels(self.collector.name, "timeout").inc()
+            log.error("round_hung", collector=self.collector.name,
+                      running_s=round(time.monotonic() - self.started, 3),
+                      error=f"collect() has not returned after {HUNG_AFTER_INTERVALS} intervals; no new round until it does")
+
+
 def run_loop(collector: Collector, *, interval_s: float, publisher: Publisher | None = None,
              stdout: bool = False, once: bool = False, jitter_s: float = 0.0,
              stop: threading.Event | None = None, max_rounds: int | None = None) -> int:
     """Run rounds until ``stop`` is set (or once). Returns the number of rounds run."""
     stop = stop or threading.Event()
     rounds = 0
+    pending: _PendingRound | None = None
     next_at = time.monotonic() + (random.uniform(0, jitter_s) if jitter_s else 0.0)
     while not stop.is_set():
         delay = next_at - time.monotonic()
         if delay > 0 and stop.wait(delay):
             break
         started = time.monotonic()
-        try:
-            rnd = run_round(collector)
-        except Exception as e:  # noqa: BLE001 - a collector bug must not stop the loop
-            ERRORS.labels(collector.name, "tool").inc()
-            log.error("round_failed", collector=collector.name, error=f"{type(e).__name__}: {e}")
-            rnd = Round()
+        pending = pending or _PendingRound(collector)
+        if pending.wait(None if once else started + interval_s, stop):
+            done, pending = pending, None
+            rnd = done.result or Round()
+            if done.error is not None:   # a collector bug must not stop the loop
+                ERRORS.labels(collector.name, "tool").inc()
+                log.error("round_failed", collector=collector.name,
+                          error=f"{type(done.error).__name__}: {done.error}")
+        elif stop.is_set():
+            break
+        else:
+            # a slow round is published when it ends; one running for HUNG_AFTER_INTERVALS is reported
+            if time.monotonic() - pending.started >= HUNG_AFTER_INTERVALS * interval_s:
+                pending.report_hung()
+            rnd = Round()   # still published: an empty round replays a due spool
         if stdout:
             print_round(rnd)
         if publisher is not None:
