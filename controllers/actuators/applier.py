@@ -255,11 +255,13 @@ class EdgeActuator:
             return self._done(None, ApplyResult("refused", to_version, "no applied weights in the history"),
                               action="edge.weights.rollback")
         if to_version is None:
-            current = history[-1].version
-            earlier = [e for e in history if e.version < current]
+            # by (epoch, version): a controller restarted in a new epoch may count its versions from 1 again
+            current = history[-1].stamp
+            earlier = [e for e in history if e.stamp < current]
             if not earlier:
-                return self._done(None, ApplyResult("refused", None, f"no version older than {current} in the "
-                                                                     "history"), action="edge.weights.rollback")
+                return self._done(None, ApplyResult("refused", None, f"no version older than {current[1]} "
+                                                                     f"(epoch {current[0]}) in the history"),
+                                  action="edge.weights.rollback")
             entry = earlier[-1]
         else:
             found = [e for e in history if e.version == to_version]
