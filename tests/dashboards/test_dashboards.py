@@ -237,37 +237,17 @@ def test_control_loop_panels_show_decided_applied_and_observed_shares(stack, lab
     """The closed edge loop, live (lab edge with traffic -> collector -> worker -> edge control service ->
     `opsloop weights run` -> HAProxy), scraped by Prometheus: every control-loop panel fills, and the
     decided, applied and observed shares of the "Share per origin" panel agree once the loop has settled."""
-    from opsloop.controllers.edge.service.api_token import create_token_file
-    from opsloop.stack import free_port
+    from tests.e2e.pipeline import loop_config, start_weight_actuator
     from tests.e2e.test_edge_loop import EdgeControl
-    from tests.helpers import metrics_up, opsloop_process, write_config
 
     lab_edge.start(capacities={"near": 40.0})
-    lb, token, api_port = unique("edge"), "t0ken-" + unique("x"), free_port()
-    create_token_file(tmp_path / "edge.token", token)
-    edge_port, actuator_port = free_port(), free_port()
-    config, doc = pipeline_config(tmp_path, stack, {"haproxy": {"instances": {lb: str(lab_edge.admin_socket)}}})
-    doc["controllers"] = {
-        "edge": {"interval_s": 1.0, "metrics_port": edge_port, "overrides_file": None,
-                 "api": {"port": api_port, "token_file": str(tmp_path / "edge.token")},
-                 "controller": {"stale_after_s": 10},
-                 "topology": {"listeners": [{
-                     "name": "web", "backend": "be_web", "edges": [{"name": lb}],
-                     "origins": [{"name": "near", "capacity_rps": 40.0}, {"name": "far", "capacity_rps": 1000.0}],
-                     "latency_ms": {lb: {"near": 2, "far": 30}}}]}},
-        "actuator": {"mode": "live", "stale_after_s": 30, "store_dir": str(tmp_path / "actuator-store"),
-                     "targets": [{"edge": lb, "listener": "web", "kind": "haproxy", "socket": str(lab_edge.admin_socket),
-                                  "backend": "be_web", "servers": {"near": "near", "far": "far"}}]}}
-    write_config(config, doc)
+    loop = loop_config(tmp_path, stack, lab_edge.admin_socket)
+    config, doc, lb = loop.config, loop.doc, loop.lb
     worker = start_worker(tmp_path, config, doc, stack)
     collector = start_collector("haproxy", tmp_path, config, doc, stack)
-    ctl = EdgeControl(config, tmp_path / "edge-control", api_port, token).start()
-    stack.add_scrape_target(f"edge-control-{edge_port}", f"127.0.0.1:{edge_port}")
-    actuator = opsloop_process("actuator", ["weights", "run", "--config", str(config), "--edge", lb,
-                                            "--metrics-port", str(actuator_port)], tmp_path / "actuator",
-                               ready=lambda: metrics_up(actuator_port))
-    actuator.start()
-    stack.add_scrape_target(f"actuator-{actuator_port}", f"127.0.0.1:{actuator_port}")
+    ctl = EdgeControl(config, tmp_path / "edge-control", loop.api_port, loop.token).start()
+    stack.add_scrape_target(f"edge-control-{loop.edge_port}", f"127.0.0.1:{loop.edge_port}")
+    actuator = start_weight_actuator(tmp_path, loop, stack)
     gen = TrafficGenerator(lab_edge.url, 80.0, workers=8).start()
     try:
         models = {m["uid"]: m for m in _committed().values()}

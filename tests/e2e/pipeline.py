@@ -1,10 +1,12 @@
-"""Starting the pipeline's processes (stream worker, collectors) for end-to-end tests."""
+"""Starting the pipeline's processes (stream worker, collectors, the closed edge loop) for end-to-end tests."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opsloop.controllers.edge.service.api_token import create_token_file
 from opsloop.stack import ManagedProcess, Stack, free_port
 from tests.helpers import metrics_up, opsloop_process, unique, write_config
 
@@ -38,3 +40,48 @@ def start_collector(name: str, tmp: Path, config: Path, doc: dict[str, Any], sta
     c.start()
     stack.add_scrape_target(f"collector-{name}-{port}", f"127.0.0.1:{port}")
     return c
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The closed edge loop's config over one lab edge (near: 40 req/s, far: 1000 req/s) and its ports."""
+
+    config: Path
+    doc: dict[str, Any]
+    lb: str
+    token: str
+    api_port: int
+    edge_port: int
+    actuator_port: int
+
+
+def loop_config(tmp: Path, stack: Stack, admin_socket: Path, near_capacity: float = 40.0) -> LoopConfig:
+    """Collector + worker + edge control (1 s intervals, API with a 0600 token file) + HAProxy actuator."""
+    lb, token, api_port = unique("edge"), "t0ken-" + unique("x"), free_port()
+    create_token_file(tmp / "edge.token", token)
+    edge_port, actuator_port = free_port(), free_port()
+    config, doc = pipeline_config(tmp, stack, {"haproxy": {"instances": {lb: str(admin_socket)}}})
+    doc["controllers"] = {
+        "edge": {"interval_s": 1.0, "metrics_port": edge_port, "overrides_file": None,
+                 "api": {"port": api_port, "token_file": str(tmp / "edge.token")},
+                 "controller": {"stale_after_s": 10},
+                 "topology": {"listeners": [{
+                     "name": "web", "backend": "be_web", "edges": [{"name": lb}],
+                     "origins": [{"name": "near", "capacity_rps": near_capacity},
+                                 {"name": "far", "capacity_rps": 1000.0}],
+                     "latency_ms": {lb: {"near": 2, "far": 30}}}]}},
+        "actuator": {"mode": "live", "stale_after_s": 30, "store_dir": str(tmp / "actuator-store"),
+                     "targets": [{"edge": lb, "listener": "web", "kind": "haproxy", "socket": str(admin_socket),
+                                  "backend": "be_web", "servers": {"near": "near", "far": "far"}}]}}
+    write_config(config, doc)
+    return LoopConfig(config, doc, lb, token, api_port, edge_port, actuator_port)
+
+
+def start_weight_actuator(tmp: Path, loop: LoopConfig, stack: Stack) -> ManagedProcess:
+    """`opsloop weights run` for the loop's edge, scraped by the stack's Prometheus."""
+    port = loop.actuator_port
+    proc = opsloop_process("actuator", ["weights", "run", "--config", str(loop.config), "--edge", loop.lb,
+                                        "--metrics-port", str(port)], tmp / "actuator", ready=lambda: metrics_up(port))
+    proc.start()
+    stack.add_scrape_target(f"actuator-{port}", f"127.0.0.1:{port}")
+    return proc

@@ -5,9 +5,9 @@ haproxy collector → real Kafka (telemetry.lb) → Faust stream worker (lb-rate
 → edge.demand → edge control service (controller + topology API) → edge.weights → actuator →
 HAProxy runtime API `set weight`.
 
-Asserted in controller intervals and weight versions (never wall-clock time): the near origin
-(capacity 40 req/s, 80 req/s offered) is held at or under its capacity + 5 % with the overflow on
-the far origin; when the near origin goes DOWN (health file → HAProxy check) or is marked unhealthy
+Asserted in controller intervals and weight versions (no deadline is asserted): the near origin
+(capacity 40 req/s, 80 req/s offered) is held at or under its capacity + 5 % (its request rate from
+HAProxy's counters over five intervals) with the overflow on the far origin; when the near origin goes DOWN (health file → HAProxy check) or is marked unhealthy
 through the API, the decision of the first interval that sees it gives it a zero share, HAProxy
 ends with weight 0 and it gets no requests; when it recovers, traffic returns; a restarted
 controller continues the version sequence.
@@ -19,6 +19,7 @@ import os
 import secrets
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -200,9 +201,13 @@ def test_closed_loop_holds_capacity_moves_off_unhealthy_origin_and_back(stack, l
         wait_ticks(ctl, 3)
         status = applied(hap, ctl, lb)
         assert status["demand_rps"][lb] == pytest.approx(RATE, rel=0.15)
+        # The near origin's load is its request rate over the window, from HAProxy's counters: the demand
+        # measured before the window is no yardstick when the generator slows (a busy machine) and the
+        # controller, rightly, gives the near origin a larger share of the smaller demand.
+        t0 = time.monotonic()
         delta, near_share = share_over(hap, ctl, 5)
-        offered_near = near_share * status["demand_rps"][lb]
-        assert offered_near <= NEAR_CAPACITY * (1 + TOLERANCE), (delta, status)
+        near_rps = delta["near"] / (time.monotonic() - t0)
+        assert near_rps <= NEAR_CAPACITY * (1 + TOLERANCE), (delta, near_rps, status, ctl.status())
         assert delta["far"] >= delta["near"] * 0.8, delta          # the overflow went to the far origin
         assert near_share > 0.3, delta                               # and the near one is still used
         version_before_down = ctl.status()["version"]

@@ -227,35 +227,19 @@ def test_promtool_check_metrics_passes_on_every_service_of_the_pipeline(stack, l
     """The live loop (lab edge with traffic -> haproxy collector -> worker -> edge control -> actuator ->
     HAProxy), the paging service, and the worker fed power/netperf/Keystone samples: each service's
     /metrics, once its own families carry samples, passes `promtool check metrics` and the naming check."""
-    from opsloop.controllers.edge.service.api_token import create_token_file
     from opsloop.lab.traffic import TrafficGenerator
-    from opsloop.stack import free_port
     from opsloop.records import metric
     from opsloop.topics import Topic
     from opsloop.wire import encode_batch
     from tests.alerting import start_actuator as start_paging
-    from tests.e2e.pipeline import pipeline_config, start_collector, start_worker
+    from tests.e2e.pipeline import loop_config, start_collector, start_weight_actuator, start_worker
     from tests.e2e.test_edge_loop import EdgeControl
-    from tests.helpers import metrics_up, opsloop_process, unique, wait_until, write_config
+    from tests.helpers import unique, wait_until
     from tests.streams.test_agents_integration import produce
 
     lab_edge.start(capacities={"near": 40.0})
-    lb, token, api_port = unique("edge"), "t0ken-" + unique("x"), free_port()
-    create_token_file(tmp_path / "edge.token", token)
-    edge_port, actuator_port = free_port(), free_port()
-    config, doc = pipeline_config(tmp_path, stack, {"haproxy": {"instances": {lb: str(lab_edge.admin_socket)}}})
-    doc["controllers"] = {
-        "edge": {"interval_s": 1.0, "metrics_port": edge_port, "overrides_file": None,
-                 "api": {"port": api_port, "token_file": str(tmp_path / "edge.token")},
-                 "controller": {"stale_after_s": 10},
-                 "topology": {"listeners": [{
-                     "name": "web", "backend": "be_web", "edges": [{"name": lb}],
-                     "origins": [{"name": "near", "capacity_rps": 40.0}, {"name": "far", "capacity_rps": 1000.0}],
-                     "latency_ms": {lb: {"near": 2, "far": 30}}}]}},
-        "actuator": {"mode": "live", "stale_after_s": 30, "store_dir": str(tmp_path / "actuator-store"),
-                     "targets": [{"edge": lb, "listener": "web", "kind": "haproxy", "socket": str(lab_edge.admin_socket),
-                                  "backend": "be_web", "servers": {"near": "near", "far": "far"}}]}}
-    write_config(config, doc)
+    loop = loop_config(tmp_path, stack, lab_edge.admin_socket)
+    config, doc, edge_port, actuator_port = loop.config, loop.doc, loop.edge_port, loop.actuator_port
     tag, now = unique("names"), time.time()
     samples = [
         (Topic.IPMI, f"{tag}-gen3", encode_batch(metric("ipmi_power", {"watts": 155.0},
@@ -268,11 +252,8 @@ def test_promtool_check_metrics_passes_on_every_service_of_the_pipeline(stack, l
             "requests": 10.0, "small_requests": 10.0, "small_p50_ms": 600.0, "small_p95_ms": 750.0}, {"host": f"{tag}-ks"},
             now - 60)]))]
     procs = [start_worker(tmp_path, config, doc, stack), start_collector("haproxy", tmp_path, config, doc, stack)]
-    ctl = EdgeControl(config, tmp_path / "edge-control", api_port, token).start()
-    actuator = opsloop_process("actuator", ["weights", "run", "--config", str(config), "--edge", lb,
-                                            "--metrics-port", str(actuator_port)], tmp_path / "actuator",
-                               ready=lambda: metrics_up(actuator_port))
-    actuator.start()
+    ctl = EdgeControl(config, tmp_path / "edge-control", loop.api_port, loop.token).start()
+    actuator = start_weight_actuator(tmp_path, loop, stack)
     paging, paging_port = start_paging(tmp_path / "paging", stack.kafka_bootstrap, stack.alertmanager_url)
     gen = TrafficGenerator(lab_edge.url, 40.0, workers=4).start()
     # Per service: its port and families that must carry samples before its exposition is checked.
