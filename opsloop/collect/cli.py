@@ -92,9 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     publisher = None
     if not (a.once and a.stdout):
         preflight_or_exit(settings.kafka, f"collector-{a.name}", get_logger("collector"))   # wrong password/CA: exit
-        publisher = Publisher(settings.kafka, rt.spool_dir / a.name, collector=a.name,
-                              client_id=f"opsloop-collector-{a.name}", spool_max_bytes=rt.spool_max_bytes,
-                              send_timeout_s=rt.send_timeout_s)
+        try:
+            publisher = Publisher(settings.kafka, rt.spool_dir / a.name, collector=a.name,
+                                  client_id=f"opsloop-collector-{a.name}", spool_max_bytes=rt.spool_max_bytes,
+                                  send_timeout_s=rt.send_timeout_s)
+        except OSError as e:   # no spool, no delivery guarantee: refuse to start, say which setting
+            print(f"opsloop collect {a.name}: collector.spool_dir {rt.spool_dir / a.name}: cannot use the spool "
+                  f"directory ({e.strerror or e})", file=sys.stderr)
+            return 2
         if not a.once:
             if serve_service_metrics("opsloop collect", rt.metrics_port, rt.metrics_bind,
                                      "collector.metrics_port") is None:
