@@ -15,6 +15,7 @@ Pure state, no I/O (the service posts and persists). Rules:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -144,11 +145,44 @@ class PagingBook:
         """Load saved state. Restored alerts are re-sent at once (same labels: no new page)."""
         if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
             raise ValueError(f"paging state: unsupported version {doc.get('version') if isinstance(doc, dict) else doc!r}")
-        self.open = {}
-        for a in doc.get("open", []):
-            alert = OpenAlert(**a)
+        # Built aside and checked entry by entry: a file that is JSON but holds wrong types is refused
+        # whole (ValueError, a re-page at worst) instead of failing every delivery after it loads.
+        opened: dict[str, OpenAlert] = {}
+        for i, a in enumerate(_entries(doc, "open")):
+            alert = _checked(OpenAlert, a, f"open[{i}]")
             alert.last_sent = None
-            self.open[alert.finding_id] = alert
-        self.resolves = {}
-        for r in doc.get("resolves", []):
-            self._queue_resolve(PendingResolve(**r))
+            opened[alert.finding_id] = alert
+        pending = [_checked(PendingResolve, r, f"resolves[{i}]") for i, r in enumerate(_entries(doc, "resolves"))]
+        self.open, self.resolves = opened, {}
+        for r in pending:
+            self._queue_resolve(r)
+
+
+def _entries(doc: dict[str, Any], key: str) -> list[Any]:
+    value = doc.get(key) or []
+    if not isinstance(value, list):
+        raise ValueError(f"paging state: {key} is a {type(value).__name__}, not a list")
+    return value
+
+
+def _checked(cls: type[Any], doc: Any, where: str) -> Any:
+    """One saved entry with the types :meth:`PagingBook.due` relies on, or ValueError naming it."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"paging state: {where} is not an object")
+    try:
+        entry = cls(**doc)
+    except TypeError as e:
+        raise ValueError(f"paging state: {where}: {e}") from None
+    for name in ("labels", "annotations"):
+        value = getattr(entry, name)
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise ValueError(f"paging state: {where}.{name} is not a map of strings")
+    for name in ("starts_at", "event_time", "ends_at", "last_sent"):
+        value = getattr(entry, name, 0.0)
+        if value is None and name == "last_sent":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"paging state: {where}.{name} is {value!r}, not a time")
+    if not isinstance(entry.finding_id, str) or not isinstance(getattr(entry, "delivered_once", False), bool):
+        raise ValueError(f"paging state: {where}: finding_id must be a string and delivered_once a boolean")
+    return entry

@@ -3,11 +3,18 @@
 Alertmanager away for hours: the back-off counts every failed attempt; 2 ** failures overflowed a
 float at the 1024th (about 6 hours at the 30 s cap), and every step then raised before the state was
 saved and the offsets committed, with no delivery failure counted.
+
+A state file that is JSON of the right version but holds wrong types (an entry edited by hand, a
+disk error that left valid JSON) loaded, and every delivery after it raised: paging was wedged
+until someone deleted the file.
 """
 
 from __future__ import annotations
 
 import random
+
+import orjson
+import pytest
 
 from opsloop.controllers.paging import metrics
 from opsloop.controllers.paging.alertmanager import Backoff
@@ -49,3 +56,34 @@ def test_paging_survives_an_alertmanager_outage_of_a_thousand_attempts(tmp_path)
     assert metrics.DELIVERY_FAILURES._value.get() - failures_before == ATTEMPTS
     assert svc.deliver(now) == 1       # Alertmanager back: the page goes out at the next attempt
     assert client.bodies[0][0]["labels"]["alertname"] == "FirewallUnprotectedPort"
+
+
+# -- a state file that is JSON of the right version but not what we wrote ----------------------------
+GOOD = {"finding_id": "a", "labels": {"alertname": "A", "severity": "critical"}, "annotations": {"summary": "s"},
+        "starts_at": T0, "event_time": T0}
+
+
+@pytest.mark.parametrize("damage", [
+    {"open": [{**GOOD, "labels": "alertname=A"}]},
+    {"open": [{**GOOD, "starts_at": "yesterday"}]},
+    {"open": [{**GOOD, "annotations": {"summary": 3}}]},
+    {"open": [GOOD, {**GOOD, "finding_id": "b", "event_time": None}]},   # the first entry fine: all or nothing
+    {"open": [{**GOOD, "delivered_once": "yes"}]},
+    {"resolves": [{**GOOD, "ends_at": [T0]}]},
+    {"open": "a"},
+])
+def test_a_state_file_with_wrong_types_starts_empty_instead_of_failing_every_delivery(tmp_path, damage) -> None:
+    state = tmp_path / "state.json"
+    doc = {"version": 1, "open": [], "resolves": [], **damage}
+    if "resolves" in damage:
+        doc["resolves"] = [{k: v for k, v in r.items() if k != "event_time"} for r in damage["resolves"]]
+    state.write_bytes(orjson.dumps(doc))
+    cfg = PagingConfig(state_file=state, start_offset="latest")
+    client = FlakyClient(failures=0)
+    svc = PagingService(cfg, "127.0.0.1:1", consumer=object(), producer=None, client=client)  # type: ignore[arg-type]
+    svc.load_state()
+    assert svc.book.open == {} and svc.book.resolves == {}   # refused whole, said in the log
+    svc.handle_records([finding().encode()], T0)
+    assert svc.deliver(T0) == 1
+    svc.save_state()
+    assert [a["finding_id"] for a in orjson.loads(state.read_bytes())["open"]] == [finding().id]
