@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 
 from opsloop.controllers.edge.scheduler import MIN_RATE, SchedulerError, greedy, solve
-from tests.controllers.test_edge_strategies import problems
+from tests.controllers.edge.test_strategies import problems
 
 INF = math.inf
 

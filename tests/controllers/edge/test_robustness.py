@@ -7,13 +7,13 @@ no longer occurs fails the test, so the list cannot go stale."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from opsloop.controllers.edge.sim import load_scenario, run_scenario
+from tests.helpers import REPO
 
-SUITE = Path(__file__).resolve().parents[2] / "controllers" / "edge" / "scenarios" / "robustness"
+SUITE = REPO / "controllers" / "edge" / "scenarios" / "robustness"
 NAMES = sorted(p.stem for p in SUITE.glob("*.yaml"))
 KINDS = ("useu", "failure", "mesh", "shortfall", "surge", "noise", "flap", "capacity")
 

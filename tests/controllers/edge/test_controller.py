@@ -14,7 +14,7 @@ from opsloop.controllers.edge.controller import (ControllerSettings, EdgeControl
                                          FixedStepController, UndampedController, enforce_safety,
                                          usable_mask)
 from opsloop.records import Mode
-from tests.controllers.test_edge_strategies import problems
+from tests.controllers.edge.test_strategies import problems
 
 INF = math.inf
 

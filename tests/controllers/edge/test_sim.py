@@ -4,7 +4,6 @@ fixed-step baseline (2 % per interval) slower, in the same run (simulated time o
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +13,9 @@ from hypothesis import strategies as st
 
 from opsloop.controllers.edge.sim import Scenario, ScenarioError, load_scenario, run_scenario, simulate
 from opsloop.controllers.edge.sim_cli import main
+from tests.helpers import REPO
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "controllers" / "edge" / "scenarios"
+SCENARIOS = REPO / "controllers" / "edge" / "scenarios"
 SHIPPED = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
 # Named misses of the control targets on our own scenarios (also in controllers/edge/README.md):
 # on noise_near_capacity (demand redrawn every interval, sd 10 %, at 95 % of the near origin) the
