@@ -204,11 +204,16 @@ def _count_lines(path: Path) -> int:
 def _replace_durably(path: Path, data: bytes) -> None:
     """Write ``path`` as a whole or not at all: temp file, fsync, rename, fsync the directory."""
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        # a full disk: a half-written temporary file per round would keep eating what space is left
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 
