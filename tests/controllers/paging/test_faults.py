@@ -7,17 +7,25 @@ saved and the offsets committed, with no delivery failure counted.
 A state file that is JSON of the right version but holds wrong types (an entry edited by hand, a
 disk error that left valid JSON) loaded, and every delivery after it raised: paging was wedged
 until someone deleted the file.
+
+A finding flood (10^4 distinct ids): every due alert went in one POST, 10.8 MB, which a real
+Alertmanager took 20 s to take in (6.5 s the second time) against a 5 s request timeout: the post
+failed, backed off and was sent whole again, and no page of the flood ever counted as delivered.
 """
 
 from __future__ import annotations
 
 import random
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
 
 import orjson
 import pytest
 
 from opsloop.controllers.paging import metrics
-from opsloop.controllers.paging.alertmanager import Backoff
+from opsloop.controllers.paging.alertmanager import AlertmanagerClient, Backoff
 from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.service import PagingService
 from tests.controllers.paging.test_unit import T0, FlakyClient, finding
@@ -87,3 +95,50 @@ def test_a_state_file_with_wrong_types_starts_empty_instead_of_failing_every_del
     assert svc.deliver(T0) == 1
     svc.save_state()
     assert [a["finding_id"] for a in orjson.loads(state.read_bytes())["open"]] == [finding().id]
+
+
+# -- a finding flood against an Alertmanager whose cost grows with the body ------------------------------
+FLOOD = 10_000
+SECONDS_PER_ALERT = 0.0005     # 10^4 alerts in one body: 5 s, past the client's 2 s timeout below
+
+
+class SlowAlertmanager(BaseHTTPRequestHandler):
+    received: list[int] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = orjson.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        time.sleep(SECONDS_PER_ALERT * len(body))   # the work Alertmanager does per alert
+        self.received.append(len(body))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def slow_alertmanager() -> Iterator[str]:
+    SlowAlertmanager.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowAlertmanager)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_flood_of_distinct_findings_is_delivered_in_bodies_alertmanager_takes_in_time(
+        tmp_path, slow_alertmanager: str) -> None:
+    cfg = PagingConfig(state_file=tmp_path / "state.json", start_offset="latest", request_timeout_s=2.0)
+    client = AlertmanagerClient([slow_alertmanager], timeout_s=cfg.request_timeout_s)
+    svc = PagingService(cfg, "127.0.0.1:1", consumer=object(), producer=None, client=client)  # type: ignore[arg-type]
+    try:
+        svc.handle_records([finding(hypervisor=f"hv-{i}", vm="web", port="p").encode() for i in range(FLOOD)], T0)
+        assert svc.deliver(T0) == FLOOD
+        assert sum(SlowAlertmanager.received) == FLOOD
+        assert all(a.delivered_once for a in svc.book.open.values())
+        assert svc.book.due(T0 + 1) == []      # nothing re-sent before the re-send interval
+    finally:
+        client.close()
