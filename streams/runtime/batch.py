@@ -211,7 +211,7 @@ class FanOut:
         if parts is None:
             return [metrics] * len(self.handlers)
         parts.add(metrics)
-        return parts.result(metrics)
+        return parts.result(metrics)   # raises what a name filter raised
 
     def _route(self, name: str) -> tuple[tuple[int, Callable[[Metric], bool] | None], ...]:
         route = self._routes.get(name)
@@ -250,14 +250,25 @@ class Parts:
     while decoding, it reads each sample while it is still in the CPU's cache (a batch of 5,000
     records is ~10^5 samples, far more than the cache holds: a later pass waits on memory)."""
 
-    __slots__ = ("_fan", "_parts", "_extends")
+    __slots__ = ("_fan", "_parts", "_extends", "_error")
 
     def __init__(self, fan: FanOut) -> None:
         self._fan = fan
         self._parts: list[list[Metric]] = [[] for _ in fan.handlers]
         self._extends: dict[str, tuple[Callable[[Iterable[Metric]], None], ...]] = {}   # this batch's routes
+        # A name filter that raised: kept for result(), where it counts as a handler failure (while
+        # decoding it must not stop the batch's decode and dead letters)
+        self._error: Exception | None = None
 
     def add(self, metrics: Iterable[Metric]) -> None:
+        if self._error is not None:
+            return
+        try:
+            self._add(metrics)
+        except Exception as e:  # noqa: BLE001 - raised again by result()
+            self._error = e
+
+    def _add(self, metrics: Iterable[Metric]) -> None:
         extends = self._extends
         for name, run in groupby(metrics, _NAME):
             route = extends.get(name)
@@ -272,6 +283,8 @@ class Parts:
 
     def result(self, metrics: Sequence[Metric]) -> list[Sequence[Metric]]:
         """Each handler's part (``metrics``, the whole batch, for a handler without ``names``)."""
+        if self._error is not None:
+            raise self._error
         return [metrics if w is None else part for w, part in zip(self._fan._wants, self._parts)]
 
 
@@ -319,7 +332,7 @@ def decode_and_handle(agent: str, messages: Sequence[RawMessage], handler: Handl
         return batch
     try:
         if parts is not None and isinstance(handler, FanOut):
-            handler.handle_split(parts.result(batch.metrics), time.time())
+            handler.handle_split(parts.result(batch.metrics), time.time())   # a filter's error: as a handler's
         else:
             handler.handle(batch.metrics, time.time())
     except Exception as e:  # noqa: BLE001 - a handler bug must not stop the worker or lose the batch

@@ -117,3 +117,24 @@ def test_fan_out_applies_a_handlers_name_filter_to_that_name_only() -> None:
     FanOut("t", [even, every]).handle(batch, 0.0)
     assert even.got == [["a:0", "b:2", "b:3", "a:4"]]
     assert every.got == [["a:0", "a:1", "b:2", "b:3", "a:4"]]
+
+
+def test_a_name_filter_that_raises_dead_letters_the_batch_like_a_failing_handler() -> None:
+    import orjson
+
+    from bench.stream_workload import Msg
+    from opsloop.streams.runtime.batch import decode_and_handle
+
+    broken = _Named("broken", frozenset({"a"}))
+
+    def boom(m: Metric) -> bool:
+        raise KeyError("no such tag")
+
+    broken.name_filters = {"a": boom}   # type: ignore[attr-defined]
+    every = _Named("all", None)
+    doc = {"metrics": [{"name": "a", "tags": {}, "fields": {"v": 1}, "timestamp": 1_795_000_000.0}]}
+    batch = decode_and_handle("t", [Msg("t", 0, 0, b"k", orjson.dumps(doc))], FanOut("t", [broken, every]))
+    assert [dl.reason for dl in batch.deadletters] == ["handler t failed: KeyError: 'no such tag'"]
+    assert broken.got == [] and every.got == []
+    with pytest.raises(KeyError):   # outside decode_and_handle, FanOut.handle raises it
+        FanOut("t", [broken, every]).handle(batch.metrics, 0.0)
