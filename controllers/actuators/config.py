@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -51,6 +51,12 @@ class HaproxyTargetConfig(_Target):
     weight_total: int = Field(default=HAPROXY_MAX_WEIGHT, ge=1, le=HAPROXY_MAX_WEIGHT)
     timeout_s: float = Field(default=2.0, gt=0, le=60)
 
+    @field_validator("servers")
+    @classmethod
+    def _servers(cls, v: dict[str, str]) -> dict[str, str]:
+        _one_each(v, lambda server: server, "HAProxy server")
+        return v
+
 
 class LvsTargetConfig(_Target):
     kind: Literal["lvs"]
@@ -74,7 +80,18 @@ class LvsTargetConfig(_Target):
                 parse_real_spec(real)
             except ValueError as e:
                 raise ValueError(f"reals[{origin!r}]: {e}") from None
+        _one_each(v, parse_real_spec, "real server")
         return v
+
+
+def _one_each(mapping: dict[str, str], key: Callable[[str], Any], what: str) -> None:
+    """Two origins on one server: the batch writes it twice and the read-back never matches."""
+    seen: dict[Any, str] = {}
+    for origin, name in mapping.items():
+        k = key(name)
+        if k in seen:
+            raise ValueError(f"origins {seen[k]!r} and {origin!r} are both {what} {name!r}")
+        seen[k] = origin
 
 
 TargetConfig = Annotated[Union[HaproxyTargetConfig, LvsTargetConfig], Field(discriminator="kind")]
@@ -106,11 +123,21 @@ class ActuatorConfig(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> "ActuatorConfig":
         seen: set[tuple[str, str]] = set()
+        # two listeners on one backend (one edge: one machine) would undo each other's weights every apply
+        driven: dict[tuple[Any, ...], str] = {}
         for t in self.targets:
             key = (t.edge, t.listener)
             if key in seen:
                 raise ValueError(f"targets: listener {t.listener!r} on edge {t.edge!r} configured twice")
             seen.add(key)
+            if isinstance(t, HaproxyTargetConfig):
+                lb, what = (t.edge, "haproxy", str(t.socket), t.backend), f"HAProxy backend {t.backend!r} at {t.socket}"
+            else:
+                lb, what = (t.edge, "lvs", parse_service_spec(t.service)), f"virtual service {t.service!r}"
+            if lb in driven:
+                raise ValueError(f"targets: listeners {driven[lb]!r} and {t.listener!r} both drive {what} on edge "
+                                 f"{t.edge!r}")
+            driven[lb] = t.listener
         if self.backoff_max_s < self.backoff_initial_s:
             raise ValueError(f"backoff_max_s ({self.backoff_max_s}) < backoff_initial_s ({self.backoff_initial_s})")
         return self

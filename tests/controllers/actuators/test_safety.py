@@ -43,7 +43,7 @@ def service(tmp: Path, listeners: tuple[str, ...] = ("l",), stale_after_s: float
     edge = unique("svc")
     cfg = ActuatorConfig(stale_after_s=stale_after_s, store_dir=tmp, max_step=1.0, reconcile_interval_s=None,
                          targets=[{"edge": edge, "listener": lst, "kind": "haproxy", "socket": str(tmp / "none.sock"),
-                                   "backend": "be", "servers": {o: o for o in ORIGINS}} for lst in listeners])
+                                   "backend": f"be-{lst}", "servers": {o: o for o in ORIGINS}} for lst in listeners])
     sent: list[tuple[str, bytes, bytes]] = []
 
     class Producer:

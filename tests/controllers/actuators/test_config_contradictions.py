@@ -1,0 +1,89 @@
+"""Actuator settings each valid alone that fight each other once live: refused at load, naming both.
+
+* two origins mapped to one HAProxy server (or one IPVS real): the batch writes that server twice,
+  the read-back gives both origins the last weight, every apply ends ``mismatch`` and the split the
+  controller asked for never reaches the load balancer (shown below on an in-memory HAProxy);
+* two listeners driving one HAProxy backend (or one IPVS virtual service): each apply undoes the
+  other's weights, and drift repair makes them flap.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from opsloop.audit import AuditLog
+from opsloop.config import Settings
+from opsloop.controllers.actuators.applier import EdgeActuator
+from opsloop.controllers.actuators.config import ActuatorConfigError, HaproxyTargetConfig, actuator_config
+from opsloop.controllers.actuators.haproxy import HaproxyTarget
+from opsloop.controllers.actuators.store import WeightStore
+from opsloop.records import EdgeWeights
+from tests.controllers.actuators.support import ListSink
+
+
+def haproxy(listener: str = "web", backend: str = "be_web", socket: str = "/run/haproxy/admin.sock",
+            servers: dict[str, str] | None = None) -> dict:
+    return {"kind": "haproxy", "edge": "ams1", "listener": listener, "socket": socket, "backend": backend,
+            "servers": servers or {"near": "near", "far": "far"}}
+
+
+def lvs(listener: str = "web", service: str = "tcp:10.0.0.1:80", reals: dict[str, str] | None = None) -> dict:
+    return {"kind": "lvs", "edge": "ams1", "listener": listener, "service": service,
+            "reals": reals or {"near": "10.0.1.1:80", "far": "10.0.2.1:80"}}
+
+
+def load(*targets: dict):
+    return actuator_config(Settings(controllers={"actuator": {"targets": list(targets)}}))
+
+
+@pytest.mark.parametrize("targets, message", [
+    ([haproxy(servers={"near": "srv1", "far": "srv1"})],
+     "origins 'near' and 'far' are both HAProxy server 'srv1'"),
+    ([lvs(reals={"near": "10.0.1.1:80", "far": "10.0.1.1:80"})],
+     "origins 'near' and 'far' are both real server '10.0.1.1:80'"),
+    ([haproxy("web"), haproxy("api")],
+     "listeners 'web' and 'api' both drive HAProxy backend 'be_web' at /run/haproxy/admin.sock"),
+    ([lvs("web"), lvs("api")],
+     "listeners 'web' and 'api' both drive virtual service 'tcp:10.0.0.1:80'"),
+])
+def test_contradictory_targets_are_refused_naming_both(targets: list[dict], message: str) -> None:
+    with pytest.raises(ActuatorConfigError) as e:
+        load(*targets)
+    assert message in str(e.value)
+
+
+def test_distinct_servers_backends_and_services_pass() -> None:
+    cfg = load(haproxy("web"), haproxy("api", backend="be_api"), lvs("dns", service="udp:10.0.0.1:53"),
+               haproxy("ws", socket="/run/haproxy/other.sock"),
+               {**haproxy("web"), "edge": "fra1"}, {**lvs("api"), "edge": "fra1"})  # other edge: other machine
+    assert [t.listener for t in cfg.targets] == ["web", "api", "dns", "ws", "web", "api"]
+
+
+class MemoryHaproxy:
+    """The runtime API's get/set weight on an in-memory backend."""
+
+    def __init__(self) -> None:
+        self.weights = {"srv1": 100}
+
+    def get_weight(self, backend: str, server: str) -> tuple[int, int]:
+        return self.weights[server], 100
+
+    def set_weight(self, backend: str, server: str, weight: int) -> None:
+        self.weights[server] = weight
+
+    def show_stat(self) -> str:
+        return "# pxname,svname,status\nbe_web,srv1,UP\n"
+
+
+def test_why_two_origins_on_one_server_cannot_work(tmp_path: Path) -> None:
+    # what the refused setting did (built without validation, as before)
+    cfg = HaproxyTargetConfig.model_construct(**haproxy(servers={"near": "srv1", "far": "srv1"}), weight_total=256,
+                                              timeout_s=2.0)
+    act = EdgeActuator(HaproxyTarget(cfg, api=MemoryHaproxy()), "ams1", "web", WeightStore(tmp_path, "ams1", "web"),
+                       AuditLog([ListSink()]), max_step=1.0)
+    res = act.apply(EdgeWeights(version=1, listener="web", edge="ams1", weights={"near": 0.25, "far": 0.75},
+                                computed_at=time.time()))
+    assert res.result == "mismatch"
