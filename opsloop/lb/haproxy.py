@@ -11,12 +11,16 @@ import csv
 import re
 import io
 import socket
+import time
 from pathlib import Path
 
 # Replies HAProxy gives instead of an error status (HAProxy 2.6 runtime API).
 _ERROR_PREFIXES = ("No such server", "No such backend", "No such proxy", "Unknown command",
                    "Absolute weight can only be", "Relative weight can only be", "Backend is using a static LB",
                    "Require 'backend/server'", "Permission denied", "Invalid", "Can't")
+
+
+REPLY_TIMEOUT_FACTOR = 5   # a whole reply may take this many per-read timeouts (show stat of a large HAProxy)
 
 
 class HaproxyError(RuntimeError):
@@ -37,7 +41,14 @@ class HaproxyAPI:
             s.connect(self.socket_path)
             s.sendall(cmd.encode() + b"\n")
             chunks = []
+            # the timeout bounds each read; this bounds the whole reply (a wedged process sending a
+            # byte now and then would otherwise hold the caller, and every listener behind it, forever)
+            deadline = time.monotonic() + REPLY_TIMEOUT_FACTOR * self.timeout_s
             while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout(f"reply not complete after {REPLY_TIMEOUT_FACTOR * self.timeout_s:g}s")
+                s.settimeout(min(self.timeout_s, left))
                 b = s.recv(65536)
                 if not b:
                     break
