@@ -71,6 +71,7 @@ class _PendingRound:
         self.result: Round | None = None
         self.error: Exception | None = None
         self.reported = False
+        self.overran = False
         threading.Thread(target=self._run, name=f"collect-{collector.name}", daemon=True).start()
 
     def _run(self) -> None:
@@ -97,7 +98,8 @@ class _PendingRound:
             ERRORS.labels(self.collector.name, "timeout").inc()
             log.error("round_hung", collector=self.collector.name,
                       running_s=round(time.monotonic() - self.started, 3),
-                      error=f"collect() has not returned after {HUNG_AFTER_INTERVALS} intervals; no new round until it does")
+                      error=f"collect() has not returned after {HUNG_AFTER_INTERVALS} intervals; "
+                            "no new round until it does")
 
 
 def run_loop(collector: Collector, *, interval_s: float, publisher: Publisher | None = None,
@@ -125,6 +127,9 @@ def run_loop(collector: Collector, *, interval_s: float, publisher: Publisher | 
             break
         else:
             # a slow round is published when it ends; one running for HUNG_AFTER_INTERVALS is reported
+            if not pending.overran:
+                pending.overran = True
+                OVERRUNS.labels(collector.name).inc()
             if time.monotonic() - pending.started >= HUNG_AFTER_INTERVALS * interval_s:
                 pending.report_hung()
             rnd = Round()   # still published: an empty round replays a due spool
@@ -142,7 +147,9 @@ def run_loop(collector: Collector, *, interval_s: float, publisher: Publisher | 
         # Fixed cadence; when a round overran, skip the missed ticks instead of bunching rounds.
         next_at += interval_s
         now = time.monotonic()
-        if next_at < now:
+        if pending is not None:
+            next_at = now   # the round still runs (its overrun counted above): waiting for it is the next tick
+        elif next_at < now:
             OVERRUNS.labels(collector.name).inc()
             log.warning("round_overrun", collector=collector.name, took_s=round(now - started, 3),
                         interval_s=interval_s)

@@ -71,6 +71,7 @@ def test_a_hanging_collect_does_not_stall_the_loop_and_is_counted_once() -> None
         assert c.calls == 1                      # never a second collect() beside the hung one
         assert all(r == [] for r in pub.rounds)  # empty rounds: the spool is still drained each tick
         assert errors(c.name, "timeout") == 1
+        assert REGISTRY.get_sample_value("opsloop_collector_overruns_total", {"collector": c.name}) == 1
         c.release.set()
         wait_until(lambda: [m.fields["call"] for r in pub.rounds for m in r][:2] == [1, 2], timeout=20,
                    interval=0.05, what="the late round, then the next")
