@@ -19,7 +19,7 @@ from opsloop.redact import redact_credentials
 log = get_logger("paging.alertmanager")
 
 
-MAX_ALERTS_PER_POST = 250   # ~0.5 s of a real Alertmanager's work: far inside request_timeout_s
+MAX_ALERTS_PER_POST = 250   # 0.5-1 s of a real Alertmanager's work (2 shared cores): inside request_timeout_s
 
 
 class AlertmanagerError(RuntimeError):
