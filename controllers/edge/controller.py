@@ -816,7 +816,17 @@ class EdgeController(Controller):
         # hysteresis: an origin between its plan (capacity·(1-h)) and its capacity is left alone;
         # a move is only worth making when it lowers latency (toward nearer origins) or takes
         # load off an origin that is above its plan (a ramp, a held-down origin's ramp-in)
-        above_plan = healthy & (load > cap_plan + 1e-9)
+        # "above its plan" must be more than one measurement's noise above it: the load is read
+        # off the largest of the last noisy measurements, and with clients that slow down on the
+        # far origin one share point moves the near origin's load by several per cent, so a move
+        # off it on a single high draw swings the load back and forth (σ of the load: the edges'
+        # measurement noise, independent, weighted by what each sends there). Only where the
+        # headroom covers that noise: demand noisier than that is planned with an uplift, whose
+        # moves are not noise-chasing but the plan for it
+        carried = current * offered[:, None]
+        quiet_sigma = np.where(uplift > 0, 0.0, self._sigma)
+        load_sigma = np.sqrt(((carried * quiet_sigma[:, None]) ** 2).sum(axis=0))
+        above_plan = healthy & (load > cap_plan + load_sigma + 1e-9)
         relieves = bool((np.where(relax < 0, -relax, 0.0)[:, above_plan]).sum() > s.deadband)
         if biggest > s.deadband and (latency_gain < 0 or relieves):
             beta_max = min(s.relax_gain, s.relax_step / biggest)
