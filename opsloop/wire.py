@@ -74,7 +74,7 @@ def _good_batch(raw: bytes) -> Parsed | None:
     (invalid JSON or sample, another shape, a schema version written as true or 1.0, a very long
     number) is parsed again by the general path, which alone words rejections, so dead letters are
     exactly what they were. What it accepts, the general path accepts with the same samples
-    (tests/streams/test_runtime_decode.py compares the two)."""
+    (tests/streams/runtime/test_decode.py compares the two)."""
     if b'"metrics"' not in raw or _LONG_DIGITS in raw.translate(_DIGITS_AS_ONES):
         return None
     try:

@@ -2,7 +2,7 @@
 
 Each scenario is a series (timestamps, values) with per-row labels and the anomaly windows
 (first row, last row). Generation is deterministic (seeded ``random.Random``); ``write_csv``
-materialises them as ``timestamp,value,label`` files (tests/streams/scenarios/), which
+materialises them as ``timestamp,value,label`` files (tests/streams/detectors/scenarios/), which
 ``opsloop detect replay`` reads directly (the label column is ignored by the detector).
 
 Figures used: Keystone validation < 10 ms cached vs >= 600 ms uncached, nightly accounting

@@ -235,7 +235,7 @@ def test_promtool_check_metrics_passes_on_every_service_of_the_pipeline(stack, l
     from tests.e2e.pipeline import loop_config, start_collector, start_weight_actuator, start_worker
     from tests.e2e.test_edge_loop import EdgeControl
     from tests.helpers import unique, wait_until
-    from tests.streams.test_agents_integration import produce
+    from tests.streams.agents.test_integration import produce
 
     lab_edge.start(capacities={"near": 40.0})
     loop = loop_config(tmp_path, stack, lab_edge.admin_socket)

@@ -1,7 +1,7 @@
 """The paging actuator killed with SIGKILL mid-stream and restarted (same consumer group, same state
 file): every finding pages exactly once, every clear resolves exactly once, and findings published while
 it was down are paged/resolved after the restart. (The stream worker's SIGKILL is covered by
-tests/streams/test_agents_integration.py; the actuator restart after an Alertmanager outage by
+tests/streams/agents/test_integration.py; the actuator restart after an Alertmanager outage by
 tests/controllers/paging/test_e2e.py.)
 
 Replays after the kill are expected (offsets are committed after the state is saved): the test checks

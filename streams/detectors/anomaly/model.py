@@ -133,7 +133,7 @@ QUANTUM_HITS = 3     # a step size seen this often (in ordinary data or not) is 
 
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
-    """Tuning knobs. Defaults were tuned on the labeled scenarios in tests/streams/scenarios."""
+    """Tuning knobs. Defaults were tuned on the labeled scenarios in tests/streams/detectors/scenarios."""
 
     warmup_points: int = 30          # points scored 0 while level and scale settle
     alpha: float = 0.08              # level smoothing per point

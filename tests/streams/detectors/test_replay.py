@@ -13,10 +13,10 @@ from hypothesis import given, settings, strategies as st
 
 from opsloop.streams.detectors.anomaly.model import score_series
 from opsloop.streams.detectors.replay_cli import ReplayError, main, parse_timestamp, parse_value, replay
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
-SCENARIO = REPO / "tests" / "streams" / "scenarios" / "keystone_latency.csv"
+SCENARIO = REPO / "tests" / "streams" / "detectors" / "scenarios" / "keystone_latency.csv"
 
 
 def _run(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:

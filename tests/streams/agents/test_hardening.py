@@ -30,7 +30,7 @@ from opsloop.records import EdgeDemand
 from opsloop.streams.edge.demand import DemandAggregator
 from opsloop.streams.lb.rates import LbRates
 from opsloop.streams.runtime.batch import DeadLetter, decode_messages, process_batch
-from tests.streams.test_agents_runtime import Msg
+from tests.streams.agents.test_runtime import Msg
 
 
 def gauge(name: str, **labels: str) -> float | None:

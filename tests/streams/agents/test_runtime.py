@@ -132,7 +132,7 @@ def loop_for(handler: FirewallHandler, table: FakeTable, sent: list[tuple[bytes,
 
 
 def round_event(hv: str, ts: float, partition: int, offset: int, open_port: bool) -> Event:
-    from tests.streams.test_agents_handlers import iptables_round
+    from tests.streams.agents.test_handlers import iptables_round
 
     return Event(Msg("telemetry.iptables", partition, offset, hv.encode(),
                      encode_batch(iptables_round(hv, ts, {"p1": not open_port, "p2": True}))))

@@ -1,7 +1,7 @@
 """The batch window: short while an agent is caught up, long while a full batch already waits.
 
 The loop itself (``take_batches``) runs in every agent of the integration tests
-(tests/streams/test_agents_integration.py, tests/scale/test_scale_out.py): acks, restore after a kill.
+(tests/streams/agents/test_integration.py, tests/scale/test_scale_out.py): acks, restore after a kill.
 """
 
 from __future__ import annotations
