@@ -184,11 +184,56 @@ class Handler(Protocol):
     def handle(self, metrics: Sequence[Metric], now: float) -> None: ...
 
 
+# A handler that fails on a batch is given its samples again one at a time, so only the samples it
+# cannot handle are dead-lettered (with their record's topic, partition and offset) and it still
+# handles the rest. A handler that fails on every sample is not retried past this many failures per
+# batch: the rest of its part is dead-lettered in one summary record.
+MAX_ISOLATED_FAILURES = 20
+
+
+@dataclass(slots=True)
+class HandlerFailure:
+    handler: str
+    error: str
+    sample: Metric | None = None   # None: no one sample to blame (the batch as a whole, or the rest not retried)
+    not_retried: int = 0
+
+
+class HandlerFailed(RuntimeError):
+    """One or more handlers failed on a batch; ``failures`` names the samples each could not handle."""
+
+    def __init__(self, failures: list[HandlerFailure]) -> None:
+        self.failures = failures
+        super().__init__("; ".join(dict.fromkeys(f"{f.handler}: {f.error}" for f in failures)))
+
+
+def isolate(handler: Handler, part: Sequence[Metric], now: float, error: str) -> list[HandlerFailure]:
+    """After ``handler`` raised ``error`` on ``part``: hand it the samples one at a time; the failures.
+
+    The samples it had handled before it raised are handed to it again: handlers are expected to
+    treat a sample they have seen (same series, same time) as a repeat, which the stream's
+    at-least-once delivery asks of them anyway."""
+    name = getattr(handler, "name", type(handler).__name__)
+    failures: list[HandlerFailure] = []
+    for i, m in enumerate(part):
+        try:
+            handler.handle([m], now)
+        except Exception as e:  # noqa: BLE001 - the sample is dead-lettered with the reason
+            failures.append(HandlerFailure(name, f"{type(e).__name__}: {e}", m))
+            if len(failures) >= MAX_ISOLATED_FAILURES and i + 1 < len(part):
+                failures.append(HandlerFailure(name, f"failed on {len(failures)} samples of this batch; the "
+                                               f"next {len(part) - i - 1} were not retried", None,
+                                               len(part) - i - 1))
+                break
+    return failures or [HandlerFailure(name, error)]   # no single sample fails: the batch as a whole did
+
+
 class FanOut:
     """Several handlers on one topic's batches, in order: a record is fetched and decoded once.
 
-    A failing handler does not keep the later ones from the batch; the failures are raised together
-    afterwards, so :func:`process_batch` dead-letters the batch once, naming every failed handler.
+    A failing handler does not keep the later ones from the batch. It is given its part again one sample
+    at a time (:func:`isolate`), and the samples it still fails on are raised together afterwards
+    (:class:`HandlerFailed`), so :func:`process_batch` dead-letters those samples only, naming the handler.
     """
 
     def __init__(self, name: str, handlers: Sequence[Handler]) -> None:
@@ -227,17 +272,17 @@ class FanOut:
 
     def handle_split(self, parts: Sequence[Sequence[Metric]], now: float) -> None:
         """:meth:`handle` with the batch already split (``parts``: one per handler, as :meth:`split`)."""
-        failed = []
+        failures: list[HandlerFailure] = []
         # every handler is called, even with no sample of its names: it still expires its state
         for h, part in zip(self.handlers, parts):
             try:
                 h.handle(part, now)
-            except Exception as e:  # noqa: BLE001 - reported below; process_batch dead-letters the batch
+            except Exception as e:  # noqa: BLE001 - isolated, reported below, dead-lettered by process_batch
                 health.ERRORS.labels(h.name).inc()
                 log.error("handler_failed", agent=h.name, error=f"{type(e).__name__}: {e}", exc_info=True)
-                failed.append(f"{h.name}: {type(e).__name__}: {e}")
-        if failed:
-            raise RuntimeError("; ".join(failed))
+                failures += isolate(h, part, now, f"{type(e).__name__}: {e}")
+        if failures:
+            raise HandlerFailed(failures)
 
 
 class Parts:
@@ -319,10 +364,39 @@ SendDeadLetter = Callable[[DeadLetter], Awaitable[Any]]
 Highwater = Callable[[str, int], int | None]
 
 
+def failure_deadletters(agent: str, failures: Sequence[HandlerFailure],
+                        messages: Sequence[RawMessage]) -> list[DeadLetter]:
+    """One dead letter per failed sample, carrying the topic, partition, offset and key of the record it
+    came in (found by decoding the batch's records again: this runs only when a handler failed)."""
+    where: dict[bytes, RawMessage] = {}
+    if any(f.sample is not None for f in failures):
+        for msg in messages:
+            if msg.value is None:
+                continue
+            for m in parse_record(msg.value if isinstance(msg.value, (bytes, str)) else bytes(msg.value)).metrics:
+                where.setdefault(_identity(m), msg)
+    out = []
+    for f in failures:
+        reason = f"handler {agent} failed: {f.handler}: {f.error}"
+        if f.sample is None:
+            out.append(DeadLetter(reason, "", None, None, None, {"handler": f.handler, "samples": f.not_retried}))
+            continue
+        msg = where.get(_identity(f.sample))
+        out.append(DeadLetter(reason, msg.topic if msg else "", msg.partition if msg else None,
+                              msg.offset if msg else None, msg.key if msg else None, f.sample.to_dict()))
+    return out
+
+
+def _identity(m: Metric) -> bytes:
+    return orjson.dumps(m.to_dict(), option=orjson.OPT_SORT_KEYS)
+
+
 def decode_and_handle(agent: str, messages: Sequence[RawMessage], handler: Handler,
                       max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S) -> DecodedBatch:
-    """The synchronous part of :func:`process_batch`: decode, count, handle (a handler failure
-    dead-letters the batch's samples, naming the handler). Never raises for bad data or a handler bug."""
+    """The synchronous part of :func:`process_batch`: decode, count, handle. A handler failure dead-letters
+    the samples that handler cannot handle, each with its record's place and the handler's error (the
+    other samples are handled); a failure before any handler ran, every record once. Never raises for
+    bad data or a handler bug."""
     parts = handler.parts() if isinstance(handler, FanOut) else None   # split while decoding
     batch = decode_messages(messages, max_clock_skew_s=max_clock_skew_s,
                             on_samples=None if parts is None else parts.add)
@@ -330,17 +404,27 @@ def decode_and_handle(agent: str, messages: Sequence[RawMessage], handler: Handl
         health.RECORDS_IN.labels(topic).inc(records)
     if not batch.metrics:
         return batch
+    now = time.time()
     try:
         if parts is not None and isinstance(handler, FanOut):
-            handler.handle_split(parts.result(batch.metrics), time.time())   # a filter's error: as a handler's
+            handler.handle_split(parts.result(batch.metrics), now)   # a filter's error: as a handler's
+        elif isinstance(handler, FanOut):
+            handler.handle(batch.metrics, now)
         else:
-            handler.handle(batch.metrics, time.time())
-    except Exception as e:  # noqa: BLE001 - a handler bug must not stop the worker or lose the batch
+            try:
+                handler.handle(batch.metrics, now)
+            except Exception as e:  # noqa: BLE001 - isolated like a FanOut's handler
+                raise HandlerFailed(isolate(handler, batch.metrics, now, f"{type(e).__name__}: {e}")) from e
+    except HandlerFailed as e:
+        health.ERRORS.labels(agent).inc()
+        log.error("handler_failed", agent=agent, error=str(e)[:300])
+        batch.deadletters.extend(failure_deadletters(agent, e.failures, messages))
+    except Exception as e:  # noqa: BLE001 - a bug before any handler ran (a name filter): every record, once
         health.ERRORS.labels(agent).inc()
         log.error("handler_failed", agent=agent, error=f"{type(e).__name__}: {e}", exc_info=True)
         batch.deadletters.extend(
-            DeadLetter(f"handler {agent} failed: {type(e).__name__}: {e}", "", None, None, None, m.to_dict())
-            for m in batch.metrics)
+            DeadLetter(f"handler {agent} failed: {type(e).__name__}: {e}", msg.topic, msg.partition, msg.offset,
+                       msg.key, msg.value) for msg in messages if msg.value is not None)
         return batch
     now = time.time()
     for topic, (_, samples, newest) in batch.per_topic.items():

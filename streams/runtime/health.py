@@ -8,7 +8,7 @@ RECORDS_IN = Counter("opsloop_stream_records_total", "Kafka records consumed", [
 SAMPLES_IN = Counter("opsloop_stream_samples_total", "Valid samples processed", ["topic"])
 DEADLETTERED = Counter("opsloop_stream_deadlettered_total", "Records or samples sent to the dead-letter topic",
                        ["topic"])
-ERRORS = Counter("opsloop_stream_errors_total", "Handler errors (the batch is dead-lettered, the worker goes on)",
+ERRORS = Counter("opsloop_stream_errors_total", "Handler errors (the samples a handler fails on are dead-lettered, the worker goes on)",
                  ["agent"])
 LAG = Gauge("opsloop_stream_consumer_lag", "Records between the last processed offset and the high-water mark",
             ["topic", "partition"])
