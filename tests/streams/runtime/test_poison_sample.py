@@ -6,23 +6,14 @@ every sample is not retried without bound: its dead letters stay few per batch."
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
+from bench.stream_workload import Msg
 from opsloop.records import metric
 from opsloop.streams.runtime.batch import MAX_ISOLATED_FAILURES, FanOut, decode_and_handle
 from opsloop.wire import encode_batch
 
 RECORDS, PER_RECORD = 50, 100
 POISON = (7, 3)   # record, sample
-
-
-@dataclass
-class Msg:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
 
 
 class Poisoned:
