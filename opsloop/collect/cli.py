@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
     try:
         if a.once:
-            return once_status(a.name, run_once(collector, publisher=publisher, stdout=a.stdout))
+            return once_status(a.name, run_once(collector, publisher=publisher, stdout=a.stdout,
+                                                timeout_s=rt.timeout_s))
         run_loop(collector, interval_s=rt.interval_s, publisher=publisher, stdout=a.stdout,
                  jitter_s=rt.jitter_s, stop=stop_on_signals())
     except CollectorUnavailable as e:

@@ -48,10 +48,22 @@ def print_round(rnd: Round, out: IO[str] = sys.stdout) -> None:
     out.flush()
 
 
-def run_once(collector: Collector, *, publisher: Publisher | None = None, stdout: bool = False) -> Round:
+def run_once(collector: Collector, *, publisher: Publisher | None = None, stdout: bool = False,
+             timeout_s: float | None = None) -> Round:
     """One round for `opsloop collect --once`. Unlike :func:`run_loop`, which logs a failed round and goes
-    on, this raises (``CollectorUnavailable`` and any other error): the caller exits non-zero."""
-    rnd = run_round(collector)
+    on, this raises (``CollectorUnavailable`` and any other error): the caller exits non-zero. A round
+    still running after ``timeout_s`` (``collector.timeout_s``) raises :class:`TimeoutError`: a hung
+    tool must not hang the command (the round's thread is a daemon and ends with the process)."""
+    if timeout_s is None:
+        rnd = run_round(collector)
+    else:
+        pending = _PendingRound(collector)
+        if not pending.wait(time.monotonic() + timeout_s, threading.Event()):
+            ERRORS.labels(collector.name, "timeout").inc()
+            raise TimeoutError(f"collect() did not return within collector.timeout_s = {timeout_s:g} s")
+        if pending.error is not None:
+            raise pending.error
+        rnd = pending.result or Round()
     if stdout:
         print_round(rnd)
     if publisher is not None:
