@@ -25,13 +25,13 @@ SEED_MISSES: dict[tuple[str, int], set[str]] = {
     ("mesh_peak", 11): {"overload-seconds"},
     ("mesh_peak", 47): {"overload-seconds"},
     # true demand noise sd 10 % redrawn every interval at ~95 % of the near origin: the plan
-    # covers the 95th percentile of the draws; 38 s / 26 s over capacity (26 % / 25 % of the
-    # headroom baseline's); seed 29 also moves 3.6 % of the traffic per interval (limit 3 %)
+    # covers the 95th percentile of the draws; 49 s / 37 s over capacity (54 % / 35 % of the
+    # headroom baseline's)
     ("noise_near_capacity", 11): {"overload-seconds"},
-    ("noise_near_capacity", 29): {"overload-seconds", "churn"},
+    ("noise_near_capacity", 29): {"overload-seconds"},
     # seed 47: its σ estimate grows with a run of large draws and the plan follows the window's
-    # level: weights swing 16 points, p95 excess 5.5 %, churn 4.4 %, 100 s over capacity (62 % /
-    # 69 % of the baselines')
+    # level: weights swing 7.4 points, p95 excess 5.4 %, churn 4.0 %, 108 s over capacity (67 % /
+    # 74 % of the baselines')
     ("noise_near_capacity", 47): {"overload-seconds", "churn", "95th-percentile",
                                   "weights oscillate"},
     # shortfall: the shares follow the noisy estimate of who sends the excess: weights swing

@@ -19,13 +19,14 @@ SCENARIOS = REPO / "controllers" / "edge" / "scenarios"
 SHIPPED = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
 # Named misses of the control targets on our own scenarios (also in controllers/edge/README.md):
 # on noise_near_capacity (demand redrawn every interval, sd 10 %, at 95 % of the near origin) the
-# overload-seconds after the first tick are 14 s, 12 % / 24 % of the two baselines' 113 s / 58 s
-# (target 10 %), and the weights swing by 3.5 points (target 3): with independent draws the plan
-# covers the 95th percentile (5 % of intervals still overload); covering the 99th, which the 10 %
-# needs, costs ~20 % mean latency, over the 1.10 budget. Both cannot hold at once there.
-OVERLOAD_SLACK = {"noise_near_capacity": 0.25}
-WEIGHT_SWING_SLACK = {"noise_near_capacity": 0.04}
-NAMED = {"noise_near_capacity": ("overload-seconds", "start: weights oscillate")}
+# overload-seconds after the first tick are 15 s, 13 % / 26 % of the two baselines' 113 s / 58 s
+# (target 10 %): with independent draws the plan covers the 95th percentile (5 % of intervals
+# still overload); covering the 99th, which the 10 % needs, costs ~20 % mean latency, over the
+# 1.10 budget. Both cannot hold at once there. (The weights hold within 3 points since the
+# uplift is rate-limited.)
+OVERLOAD_SLACK = {"noise_near_capacity": 0.26}
+WEIGHT_SWING_SLACK: dict[str, float] = {}
+NAMED = {"noise_near_capacity": ("overload-seconds",)}
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +299,8 @@ def test_a_flap_phase_too_short_to_settle_is_not_judged_as_oscillation():
     assert all(p["end_s"] - p["start_s"] < 4 * scn.interval_s for p in swung)
     assert not [v for v in ours["violations"] if "oscillate" in v]
     assert ours["churn"] <= scn.targets.churn
-    # a phase long enough to settle is still judged on its swings: the shipped noise scenario
-    noise = load_scenario(SCENARIOS / "noise_near_capacity.yaml")
+    # a phase long enough to settle is still judged on its swings: draws held 30 s, which the
+    # plan chases (weights swing ~14 points)
+    noise = load_scenario(SCENARIOS / "robustness" / "noise_two_edges.yaml")
     noisy, _ = run_scenario(noise, ["ours", "fixed-step", "fixed-step-headroom"])
     assert any("weights oscillate" in v for v in noisy["ours"]["violations"])
