@@ -19,7 +19,7 @@ import orjson
 import pytest
 from kafka import KafkaProducer
 
-import opsloop.controllers.edge.service as edge_service_module
+import opsloop.controllers.edge.service.app as edge_service_module
 import opsloop.controllers.paging.service as paging_service_module
 from opsloop.records import EdgeWeights
 from opsloop.controllers.edge.service.app import EdgeService
