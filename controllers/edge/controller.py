@@ -15,7 +15,9 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    corrected by the elasticity seen, unless it holds a step) one more interval of it is added; a step (a big rise, then the clients'
    transient) is not carried on. With three edges or more, two rises of the median across edges
    (its noise ~1/√E of one edge's; one edge surging leaves it flat) make a ramp common to them:
-   every edge not clearly falling gets that rise, though its own may hide in its noise. The *variability* of the clients' own demand (measurements
+   every edge not clearly falling gets that rise, though its own may hide in its noise; so do
+   three positive median rises, none a step, whose mean clears the threshold and 3 sd of its
+   noise (σ at least ``ramp_noise_floor``, 2 %: a few early draws read it low). The *variability* of the clients' own demand (measurements
    corrected for the latency our weights gave them, so our own moves are not read as noise) is
    the median absolute deviation of second differences of log-demand (a step or a ramp leaves it
    alone), held at its peak and decaying slowly; the plan covers the ``demand_quantile`` (95 %)
@@ -121,6 +123,8 @@ class ControllerSettings(BaseModel):
     noisy_uplift: float = Field(default=0.03, ge=0.0, le=1.0)
     anticipate_ramp: bool = True
     ramp_threshold: float = Field(default=0.015, ge=0.0, le=1.0)  # relative rise per interval
+    # the per-interval noise of one edge's measured demand at least (a ramp must clear it)
+    ramp_noise_floor: float = Field(default=0.02, ge=0.0, le=1.0)
     # a returning origin (HAProxy slowstart, Envoy outlier-ejection back-off): held down for
     # hold_down_intervals × backoff^(flaps-1) (≤ hold_down_max_intervals), then its capacity ramps
     # in over slowstart_intervals; its flap count is forgotten after it stayed up that long
@@ -598,6 +602,23 @@ class EdgeController(Controller):
                     lifted = ~rising & (last3[-1] > -3.0 * sigma)
                     slope = np.where(lifted, np.expm1(float(common.mean())) * hist[-1], slope)
                     rising |= lifted
+                else:
+                    # a slower common ramp: the edges' mean rises over the last three intervals,
+                    # the largest left out (one edge surging must not carry the others), their
+                    # median above the threshold and 3 sd of its noise, σ at least the
+                    # measurement-noise floor (σ read off a few early draws runs low, and noise
+                    # then reads as a ramp); the median rise of each interval positive and none
+                    # a step (> 3x their median)
+                    med = np.median(last3, axis=1)
+                    rest = np.sort(last3.mean(axis=0))[:-1]
+                    mean3 = float(np.median(rest))
+                    noise3 = math.sqrt(2.0) / 3.0 * 1.2533 * max(
+                        float(np.median(sigma)), s.ramp_noise_floor) / math.sqrt(len(rest))
+                    if (mean3 > s.ramp_threshold and mean3 > 3.0 * noise3 and (med > 0).all()
+                            and med.max() < 3.0 * float(np.median(med))):
+                        lifted = ~rising & (last3[-1] > -3.0 * sigma)
+                        slope = np.where(lifted, np.expm1(mean3) * hist[-1], slope)
+                        rising |= lifted
             # a ramp still rising stays one (hysteresis): a relax step must not undo the room
             # made for it because one rise fell under the bar
             going_on = self._rising & ~rising & (last3[-1] > 0)

@@ -20,10 +20,6 @@ SEEDS = (11, 29, 47)
 
 # (scenario, seed) -> the violation kinds it shows (prefix or part of the verdict's message)
 SEED_MISSES: dict[tuple[str, int], set[str]] = {
-    # demand ramping x1.45 toward ~88 % of total capacity: 8 s / 17 s over capacity against the
-    # headroom baseline's 73 s / 123 s (11 %, 14 %; target 10 %; the plain baseline's 328/335 s)
-    ("mesh_peak", 11): {"overload-seconds"},
-    ("mesh_peak", 47): {"overload-seconds"},
     # true demand noise sd 10 % redrawn every interval at ~95 % of the near origin: the plan
     # covers the 95th percentile of the draws; 49 s / 37 s over capacity (54 % / 35 % of the
     # headroom baseline's)
