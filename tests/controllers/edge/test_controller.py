@@ -388,3 +388,17 @@ def test_a_ramp_common_to_the_edges_lifts_an_edge_whose_own_rise_hid_in_its_nois
     surge = flat + [[212, 200, 200], [225, 200, 200]]
     estimate, measured = _three_edges(surge)
     assert estimate[1] <= measured[1] * 1.03 and estimate[2] <= measured[2] * 1.03
+
+
+def test_a_slow_ramp_common_to_the_edges_is_read_from_three_rises():
+    flat = [[200, 200, 200]] * 8
+    # every edge rises 4 % per interval, within reach of its 2 % measurement noise: the median
+    # of the last two rises falls under the two-rise bar (1.6 % at the last), the edges'
+    # three-interval rises clear theirs; each edge is planned ahead
+    ramp = flat + [[208, 208, 208], [216, 216, 216], [224, 224, 224]]
+    estimate, measured = _three_edges(ramp)
+    assert (estimate > measured * 1.02).all()
+    # one edge rising so leaves the others' rises at noise: they are planned on what they sent
+    one = flat + [[208, 200, 200], [216, 200, 200], [224, 200, 200]]
+    estimate, measured = _three_edges(one)
+    assert estimate[1] <= measured[1] * 1.03 and estimate[2] <= measured[2] * 1.03
