@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import subprocess
 
-from opsloop.lb.ipvs import (LvsParseError, RealKey, RealServer, ServiceKey, parse_ipvsadm_list, parse_real_spec,
+from opsloop.lb.ipvs import (LvsParseError, RealServer, ServiceKey, parse_ipvsadm_list, parse_real_spec,
                              parse_service_spec)
 
 from opsloop.controllers.actuators.base import ActuatorError
