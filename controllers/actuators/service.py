@@ -65,13 +65,6 @@ def make_actuator(config: ActuatorConfig, cfg: HaproxyTargetConfig | LvsTargetCo
                         max_clock_skew_s=config.max_clock_skew_s)
 
 
-def decode_decision(raw: bytes | None) -> EdgeWeights:
-    """A record of ``edge.weights``; ValueError names what is wrong."""
-    if not raw:
-        raise ValueError("empty record")
-    return EdgeWeights.decode(raw)
-
-
 @dataclass
 class _Slot:
     actuator: EdgeActuator
@@ -130,7 +123,7 @@ class ActuatorService:
                 if key_edge and key_edge not in self.edges:
                     continue  # another edge's decision: not ours to decode
             try:
-                d = decode_decision(value)
+                d = EdgeWeights.decode(value)
             except ValueError as e:
                 metrics.REJECTED.inc()
                 log.warning("decision_rejected", reason=str(e)[:300])

@@ -36,13 +36,6 @@ log = get_logger("paging")
 AUDIT_ACTIONS = {"open": "page_opened", "resolve": "page_resolved", "severity_changed": "page_severity_changed"}
 
 
-def decode_finding(raw: bytes | None) -> Finding:
-    """A record of the findings topic; ValueError (:class:`opsloop.records.RecordError`) names what is wrong."""
-    if not raw:
-        raise ValueError("empty record")
-    return Finding.decode(raw)
-
-
 class PagingService:
     def __init__(self, config: PagingConfig, kafka: KafkaSettings | str, *, client_id: str = "opsloop-paging",
                  consumer: Any = None, producer: Any = None, client: AlertmanagerClient | None = None) -> None:
@@ -112,7 +105,7 @@ class PagingService:
         actions: list[Action] = []
         for i, raw in enumerate(values):
             try:
-                finding = decode_finding(raw)
+                finding = Finding.decode(raw)
             except ValueError as e:
                 metrics.REJECTED.inc()
                 log.warning("finding_rejected", reason=str(e)[:300])

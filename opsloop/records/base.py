@@ -22,8 +22,10 @@ class RecordError(WireError):
     """A record of a derived topic (demand, weights, findings, audit) that cannot be decoded or built."""
 
 
-def load_object(raw: bytes | str, what: str, error: type[RecordError] = RecordError) -> dict[str, Any]:
+def load_object(raw: bytes | str | None, what: str, error: type[RecordError] = RecordError) -> dict[str, Any]:
     """``raw`` parsed as a JSON object, else :class:`RecordError` saying what it was instead."""
+    if not raw:   # a tombstone or an empty value
+        raise error(f"{what}: empty record")
     try:
         doc: Any = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -66,7 +68,7 @@ class JsonRecord(BaseModel):
         return orjson.dumps(self.to_json_dict())
 
     @classmethod
-    def decode(cls: type[R], raw: bytes | str) -> R:
+    def decode(cls: type[R], raw: bytes | str | None) -> R:
         doc = load_object(raw, cls.RECORD, cls.ERROR)
         if cls.ENCODE_ID:
             doc.pop("id", None)

@@ -220,7 +220,6 @@ def test_findings_topic_garbage_is_deadlettered_and_paging_goes_on(stack, tmp_pa
 
 def fuzzed_findings(valid: bytes, rng: random.Random, n: int) -> list[bytes]:
     """Damaged copies of a valid finding that do not decode as a finding."""
-    from opsloop.controllers.paging.service import decode_finding
 
     out: list[bytes] = []
     while len(out) < n:
@@ -228,7 +227,7 @@ def fuzzed_findings(valid: bytes, rng: random.Random, n: int) -> list[bytes]:
         for _ in range(rng.randint(0, 6)):
             damaged[rng.randrange(len(damaged))] = rng.randrange(256)
         try:
-            decode_finding(bytes(damaged))
+            Finding.decode(bytes(damaged))
         except ValueError:
             out.append(bytes(damaged))
     return out

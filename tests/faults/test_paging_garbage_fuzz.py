@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from opsloop.controllers.paging import metrics
 from opsloop.controllers.paging.config import PagingConfig
-from opsloop.controllers.paging.service import PagingService, decode_finding
+from opsloop.controllers.paging.service import PagingService
 from opsloop.records import Finding, Severity
 from opsloop.topics import Topic
 
@@ -50,7 +50,7 @@ damaged = st.builds(lambda k, v: orjson.dumps({**orjson.loads(valid_finding(0)),
 
 def not_a_finding(raw: bytes) -> bool:
     try:
-        decode_finding(raw)
+        Finding.decode(raw)
     except ValueError:
         return True
     return False

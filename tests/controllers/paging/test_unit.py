@@ -16,7 +16,7 @@ from opsloop.controllers.paging.alertmanager import AlertmanagerError, Backoff, 
 from opsloop.controllers.paging.book import PagingBook
 from opsloop.controllers.paging.config import PagingConfig, PagingConfigError, paging_config
 from opsloop.controllers.paging.mapping import Links, alertname_for, annotations_for, label_name, labels_for
-from opsloop.controllers.paging.service import PagingService, decode_finding
+from opsloop.controllers.paging.service import PagingService
 from opsloop.config import Settings
 from opsloop.records import Finding, Severity
 from opsloop.runbooks import finding_runbook_url
@@ -197,7 +197,7 @@ def test_state_round_trip_resends_at_once_without_a_new_page() -> None:
 ])
 def test_bad_records_are_named(raw: bytes, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        decode_finding(raw)
+        Finding.decode(raw)
 
 
 @settings(max_examples=200, deadline=None)
@@ -210,7 +210,7 @@ def test_bad_records_are_named(raw: bytes, message: str) -> None:
                  .map(orjson.dumps)))
 def test_decode_never_crashes(raw: bytes) -> None:
     try:
-        f = decode_finding(raw)
+        f = Finding.decode(raw)
     except ValueError:
         return
     assert f.detector and f.what
@@ -218,7 +218,7 @@ def test_decode_never_crashes(raw: bytes) -> None:
 
 def test_decode_round_trip() -> None:
     f = finding()
-    assert decode_finding(f.encode()) == f
+    assert Finding.decode(f.encode()) == f
 
 
 # -- back-off and config -------------------------------------------------------------------------
