@@ -206,15 +206,20 @@ class SmallRequestP95Detector:
     def is_small(body_bytes_sent: int, request_length: int) -> bool:
         return body_bytes_sent < SMALL_LIMIT and request_length < SMALL_LIMIT
 
-    def update(self, timestamp: float, body_bytes_sent: int, request_length: int, latency_ms: float,
-               where: dict[str, str] | None = None) -> list[Finding]:
-        out: list[Finding] = []
+    def _roll(self, timestamp: float, where: dict[str, str] | None) -> list[Finding]:
+        """Start the window ``timestamp`` falls in; closing the previous one yields its findings."""
         start = timestamp - timestamp % self.window_s
         if self.window_start is None:
             self.window_start = start
         elif start > self.window_start:
             out = self._close(where or {})
             self.window_start = start
+            return out
+        return []
+
+    def update(self, timestamp: float, body_bytes_sent: int, request_length: int, latency_ms: float,
+               where: dict[str, str] | None = None) -> list[Finding]:
+        out = self._roll(timestamp, where)
         if self.is_small(body_bytes_sent, request_length):
             self.hist.add(latency_ms)
         return out
@@ -222,13 +227,7 @@ class SmallRequestP95Detector:
     def update_summary(self, timestamp: float, count: int, p50_ms: float, p95_ms: float, max_ms: float | None = None,
                        where: dict[str, str] | None = None) -> list[Finding]:
         """Merge one round's summary of ``count`` small requests (see the module docstring)."""
-        out: list[Finding] = []
-        start = timestamp - timestamp % self.window_s
-        if self.window_start is None:
-            self.window_start = start
-        elif start > self.window_start:
-            out = self._close(where or {})
-            self.window_start = start
+        out = self._roll(timestamp, where)
         if count <= 0:
             return out
         at_p50 = count // 2
