@@ -16,7 +16,6 @@ import time
 from typing import Any, Protocol
 
 from opsloop.records import AuditRecord
-from opsloop.records.audit import build
 from opsloop.log import get_logger
 
 from opsloop.controllers.paging import metrics
@@ -45,7 +44,7 @@ def audit_record(action: str, finding_id: str, labels: dict[str, str], detail: s
     if len(kept) < len(labels):
         detail = f"{detail} [audit labels cut: {len(labels) - len(kept)} of {len(labels)} left out]".strip()
     target = f"alert:{labels.get('alertname') or finding_id}"[:MAX_TARGET]
-    return build(time=time.time() if now is None else now, actor=ACTOR, action=action, target=target,
+    return AuditRecord.build(time=time.time() if now is None else now, actor=ACTOR, action=action, target=target,
                  mode="live", result=RESULTS.get(action, "sent"), reason=detail[:4000],
                  labels={**{str(k)[:200]: str(v)[:1000] for k, v in kept.items()}, "finding_id": finding_id})
 

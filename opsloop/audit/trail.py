@@ -34,7 +34,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from opsloop.audit.indexer import DEFAULT_STREAM, ElasticsearchIndexer, client_for
 from opsloop.audit.kafka import KafkaAuditPublisher
 from opsloop.records import AuditError, AuditRecord
-from opsloop.records.audit import build
 from opsloop.config import Settings
 from opsloop.es_client import ElasticsearchSettings, check_url
 from opsloop.log import get_logger
@@ -103,7 +102,7 @@ class AuditLog:
 
     def record(self, **fields: Any) -> AuditRecord:
         """Build, log and hand one record to every sink; returns it (its ``id`` links a page to it)."""
-        rec = build(**fields)
+        rec = AuditRecord.build(**fields)
         self.write(rec)
         return rec
 

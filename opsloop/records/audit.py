@@ -128,9 +128,4 @@ class AuditRecord(JsonRecord):
         if not isinstance(ts, str):
             raise AuditError(f"audit document: @timestamp missing or not a string (got {ts!r})")
         d["time"] = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-        return build(**d)
-
-
-def build(**fields: Any) -> AuditRecord:
-    """Build a validated record; raises :class:`AuditError` naming what was wrong."""
-    return AuditRecord.build(**fields)
+        return cls.build(**d)

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from opsloop.audit import AuditLog, AuditSettings
 from opsloop.records import AuditError, AuditMode, AuditRecord
-from opsloop.records.audit import build
 from opsloop.audit.cli import main as audit_main
 from opsloop.audit.indexer import ElasticsearchIndexer
 from opsloop.audit.search import parse_duration, parse_time, render, why_query, WhyAnswer
@@ -29,7 +28,7 @@ def _rec(**over) -> AuditRecord:
                   version=3, before={"eu": 0.9, "us": 0.1}, after={"eu": 0.6, "us": 0.4}, reason="eu hot",
                   mode="live", result="applied", time=T0)
     fields.update(over)
-    return build(**fields)
+    return AuditRecord.build(**fields)
 
 
 def test_record_document_matches_the_strict_template_mapping() -> None:
@@ -86,7 +85,7 @@ def test_decode_never_crashes(raw: bytes) -> None:
 @settings(max_examples=300, deadline=None)
 def test_build_with_arbitrary_fields_raises_only_audit_error(fields: dict) -> None:
     try:
-        build(**fields)
+        AuditRecord.build(**fields)
     except AuditError:
         pass
 
