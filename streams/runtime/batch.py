@@ -397,7 +397,9 @@ def decode_and_handle(agent: str, messages: Sequence[RawMessage], handler: Handl
     the samples that handler cannot handle, each with its record's place and the handler's error (the
     other samples are handled); a failure before any handler ran, every record once. Never raises for
     bad data or a handler bug."""
-    parts = handler.parts() if isinstance(handler, FanOut) else None   # split while decoding
+    # a lone handler runs as a FanOut of one: the same split, isolation and dead letters as the worker's
+    fan = handler if isinstance(handler, FanOut) else FanOut(agent, [handler])
+    parts = fan.parts()   # split while decoding (None: no handler declares names)
     batch = decode_messages(messages, max_clock_skew_s=max_clock_skew_s,
                             on_samples=None if parts is None else parts.add)
     for topic, (records, _, _) in batch.per_topic.items():
@@ -406,15 +408,10 @@ def decode_and_handle(agent: str, messages: Sequence[RawMessage], handler: Handl
         return batch
     now = time.time()
     try:
-        if parts is not None and isinstance(handler, FanOut):
-            handler.handle_split(parts.result(batch.metrics), now)   # a filter's error: as a handler's
-        elif isinstance(handler, FanOut):
-            handler.handle(batch.metrics, now)
+        if parts is not None:
+            fan.handle_split(parts.result(batch.metrics), now)   # a filter's error: as a handler's
         else:
-            try:
-                handler.handle(batch.metrics, now)
-            except Exception as e:  # noqa: BLE001 - isolated like a FanOut's handler
-                raise HandlerFailed(isolate(handler, batch.metrics, now, f"{type(e).__name__}: {e}")) from e
+            fan.handle(batch.metrics, now)
     except HandlerFailed as e:
         health.ERRORS.labels(agent).inc()
         log.error("handler_failed", agent=agent, error=str(e)[:300])
