@@ -23,12 +23,11 @@ import opsloop.controllers.edge.service.app as edge_service_module
 import opsloop.controllers.paging.service as paging_service_module
 from opsloop.records import EdgeWeights
 from opsloop.controllers.edge.service.app import EdgeService
-from opsloop.controllers.edge.service.config import EdgeServiceSettings
 from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.service import PagingService
-from opsloop.config import Settings
 from opsloop.topics import Topic
 from opsloop.records import EdgeDemand, OriginState
+from tests.controllers.edge.service.test_service import service_config
 from tests.helpers import read_topic, unique, wait_until
 
 pytestmark = pytest.mark.integration
@@ -68,13 +67,7 @@ def test_paging_and_edge_control_wait_for_a_broker_that_is_away_at_start(stack, 
     monkeypatch.setattr(paging_service_module, "log", paging_log)
     monkeypatch.setattr(edge_service_module, "log", edge_log)
     listener, edge = unique("absent"), unique("lb")
-    settings = Settings.model_validate({"kafka": {"bootstrap_servers": stack.kafka_bootstrap}})
-    cfg = EdgeServiceSettings.model_validate({
-        "interval_s": 1, "api": {"enabled": False}, "controller": {"stale_after_s": 3}, "overrides_file": None,
-        "topology": {"listeners": [{
-            "name": listener, "backend": f"be-{listener}", "edges": [{"name": edge}],
-            "origins": [{"name": "near", "capacity_rps": 40}, {"name": "far", "capacity_rps": 1000}],
-            "latency_ms": {edge: {"near": 2, "far": 30}}}]}})
+    settings, cfg = service_config(stack.kafka_bootstrap, listener, edge)
     paging = PagingService(PagingConfig(state_file=tmp_path / "paging.json", start_offset="latest",
                                         backoff_initial_s=0.2), stack.kafka_bootstrap)
     edge_svc = EdgeService(settings, cfg)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Any
 
 import faust
@@ -13,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.stream_workload import Msg
 from opsloop.config import Settings
 from opsloop.records import Finding, Severity
 from opsloop.records import metric
@@ -86,14 +86,6 @@ def test_any_where_labels_give_a_valid_exposition(where: dict[str, str]) -> None
 
 
 # ------------------------------------------------------------------------------------- agent loop
-@dataclass
-class Msg:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
-
 
 class Event:
     def __init__(self, msg: Msg) -> None:

@@ -20,7 +20,8 @@ from tests.helpers import read_topic, unique, wait_until
 pytestmark = pytest.mark.integration
 
 
-def service(bootstrap: str, listener: str, edge: str) -> EdgeService:
+def service_config(bootstrap: str, listener: str, edge: str) -> tuple[Settings, EdgeServiceSettings]:
+    """One listener, one edge, a small near origin and a large far one; 1 s intervals, no API."""
     settings = Settings.model_validate({"kafka": {"bootstrap_servers": bootstrap}})
     cfg = EdgeServiceSettings.model_validate({
         "interval_s": 1, "api": {"enabled": False}, "controller": {"stale_after_s": 3}, "overrides_file": None,
@@ -28,7 +29,11 @@ def service(bootstrap: str, listener: str, edge: str) -> EdgeService:
             "name": listener, "backend": f"be-{listener}", "edges": [{"name": edge}],
             "origins": [{"name": "near", "capacity_rps": 40}, {"name": "far", "capacity_rps": 1000}],
             "latency_ms": {edge: {"near": 2, "far": 30}}}]}})
-    return EdgeService(settings, cfg).start()
+    return settings, cfg
+
+
+def service(bootstrap: str, listener: str, edge: str) -> EdgeService:
+    return EdgeService(*service_config(bootstrap, listener, edge)).start()
 
 
 def records_for(bootstrap: str, listener: str) -> list[tuple[bytes, EdgeWeights]]:
