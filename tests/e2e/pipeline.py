@@ -55,14 +55,16 @@ class LoopConfig:
     actuator_port: int
 
 
-def loop_config(tmp: Path, stack: Stack, admin_socket: Path, near_capacity: float = 40.0) -> LoopConfig:
+def loop_config(tmp: Path, stack: Stack, admin_socket: Path, near_capacity: float = 40.0,
+                overrides_file: Path | None = None) -> LoopConfig:
     """Collector + worker + edge control (1 s intervals, API with a 0600 token file) + HAProxy actuator."""
     lb, token, api_port = unique("edge"), "t0ken-" + unique("x"), free_port()
     create_token_file(tmp / "edge.token", token)
     edge_port, actuator_port = free_port(), free_port()
     config, doc = pipeline_config(tmp, stack, {"haproxy": {"instances": {lb: str(admin_socket)}}})
     doc["controllers"] = {
-        "edge": {"interval_s": 1.0, "metrics_port": edge_port, "overrides_file": None,
+        "edge": {"interval_s": 1.0, "metrics_port": edge_port,
+                 "overrides_file": None if overrides_file is None else str(overrides_file),
                  "api": {"port": api_port, "token_file": str(tmp / "edge.token")},
                  "controller": {"stale_after_s": 10},
                  "topology": {"listeners": [{

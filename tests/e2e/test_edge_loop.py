@@ -16,71 +16,27 @@ controller continues the version sequence.
 from __future__ import annotations
 
 import os
-import secrets
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from kafka import KafkaConsumer, TopicPartition
 
-from opsloop.records import EdgeWeights
-from opsloop.controllers.edge.service.api_token import create_token_file
 from opsloop.lb.haproxy import HaproxyAPI, parse_show_stat
 from opsloop.lab.traffic import TrafficGenerator
-from opsloop.stack import ManagedProcess, free_port
-from tests.e2e.pipeline import pipeline_config, start_collector, start_worker
-from tests.helpers import REPO, metrics_up, opsloop_process, unique, wait_until, write_config
+from opsloop.stack import ManagedProcess
+from tests.e2e.pipeline import loop_config, start_collector, start_weight_actuator, start_worker
+from tests.helpers import REPO, wait_until
 
 pytestmark = pytest.mark.integration
 
 RATE = 80.0
 NEAR_CAPACITY = 40.0
 TOLERANCE = 0.05
-LISTENER = "web"
+LISTENER = "web"      # what tests.e2e.pipeline.loop_config names the listener and its HAProxy backend
 BACKEND = "be_web"
-
-
-class StandInActuator:
-    """Minimal HAProxy applier used only while controllers/actuators/service.py does not exist:
-    newest version per edge → integer weights 0..256 (a share > 0 never rounds to 0)."""
-
-    def __init__(self, bootstrap: str, edge: str, socket: Path) -> None:
-        self.bootstrap, self.edge, self.api = bootstrap, edge, HaproxyAPI(socket)
-        self.applied_version = -1
-        self.applied: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> "StandInActuator":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False)
-        try:
-            parts = wait_until(lambda: consumer.partitions_for_topic("edge.weights"), timeout=60)
-            tps = [TopicPartition("edge.weights", p) for p in parts]
-            consumer.assign(tps)
-            consumer.seek_to_beginning(*tps)
-            while not self._stop.is_set():
-                for recs in consumer.poll(timeout_ms=200).values():
-                    for r in recs:
-                        rec = EdgeWeights.decode(r.value)
-                        if rec.edge == self.edge and rec.listener == LISTENER and rec.version > self.applied_version:
-                            ints = {o: (0 if s <= 0 else max(1, round(s * 256))) for o, s in rec.weights.items()}
-                            for origin, w in ints.items():
-                                self.api.set_weight(BACKEND, origin, w)
-                            self.applied, self.applied_version = ints, rec.version
-        finally:
-            consumer.close()
 
 
 class EdgeControl:
@@ -146,17 +102,6 @@ def applied(hap: HaproxyAPI, ctl: EdgeControl, lb: str) -> dict[str, Any]:
     return wait_until(done, timeout=60, interval=0.2, what="weights applied in HAProxy")
 
 
-def start_actuator(tmp: Path, config: Path, doc: dict[str, Any], stack, lb: str, socket: Path):
-    """The project's applier (`opsloop weights run`) when it exists, else the stand-in above."""
-    if not (REPO / "controllers" / "actuators" / "service.py").exists():
-        return StandInActuator(stack.kafka_bootstrap, lb, socket).start()
-    port = free_port()
-    proc = opsloop_process("actuator", ["weights", "run", "--config", str(config), "--edge", lb,
-                                        "--metrics-port", str(port)], tmp / "actuator", ready=lambda: metrics_up(port))
-    proc.start()
-    return proc
-
-
 def share_over(api: HaproxyAPI, ctl: EdgeControl, ticks: int) -> tuple[dict[str, int], float]:
     """Requests per server over ``ticks`` controller intervals, and the near origin's share."""
     before = server_requests(api)
@@ -170,29 +115,13 @@ def share_over(api: HaproxyAPI, ctl: EdgeControl, ticks: int) -> tuple[dict[str,
 
 def test_closed_loop_holds_capacity_moves_off_unhealthy_origin_and_back(stack, lab_edge, tmp_path: Path) -> None:
     lab_edge.start(capacities={"near": NEAR_CAPACITY})
-    lb = unique("edge")
-    token = secrets.token_hex(24)
-    create_token_file(tmp_path / "edge.token", token)  # the service refuses a token file others can read
-    api_port = free_port()
-    config, doc = pipeline_config(tmp_path, stack, {"haproxy": {"instances": {lb: str(lab_edge.admin_socket)}}})
-    doc["controllers"] = {"edge": {
-        "interval_s": 1.0, "metrics_port": free_port(), "overrides_file": str(tmp_path / "edge-overrides.json"),
-        "api": {"port": api_port, "token_file": str(tmp_path / "edge.token")},
-        "controller": {"stale_after_s": 10},
-        "topology": {"listeners": [{
-            "name": LISTENER, "backend": BACKEND, "edges": [{"name": lb}],
-            "origins": [{"name": "near", "capacity_rps": NEAR_CAPACITY}, {"name": "far", "capacity_rps": 1000}],
-            "latency_ms": {lb: {"near": 2, "far": 30}}}]}},
-        "actuator": {"mode": "live", "stale_after_s": 30, "store_dir": str(tmp_path / "actuator-store"),
-                     "targets": [{"edge": lb, "listener": LISTENER, "kind": "haproxy",
-                                  "socket": str(lab_edge.admin_socket), "backend": BACKEND,
-                                  "servers": {"near": "near", "far": "far"}}]}}
-    write_config(config, doc)
+    loop = loop_config(tmp_path, stack, lab_edge.admin_socket, NEAR_CAPACITY, tmp_path / "edge-overrides.json")
+    config, doc, lb, api_port, token = loop.config, loop.doc, loop.lb, loop.api_port, loop.token
     hap = HaproxyAPI(lab_edge.admin_socket)
     worker = start_worker(tmp_path, config, doc, stack)
     collector = start_collector("haproxy", tmp_path, config, doc, stack)
     ctl = EdgeControl(config, tmp_path / "edge-control", api_port, token).start()
-    actuator = start_actuator(tmp_path, config, doc, stack, lb, lab_edge.admin_socket)
+    actuator = start_weight_actuator(tmp_path, loop, stack)
     gen = TrafficGenerator(lab_edge.url, RATE, workers=8).start()
     try:
         # 1. capacity: the near origin held at or under 40 req/s (+5 %), the overflow on the far one
