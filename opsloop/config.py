@@ -225,19 +225,7 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
 
     ``discover=False`` skips ``$OPSLOOP_CONFIG`` and the default path (the defaults, or ``path``)."""
     p = config_path(path) if discover else (Path(path) if path is not None else None)
-    doc: dict[str, Any] = {}
-    if p is not None:
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise ConfigError(f"config file {p}: {e.strerror}") from None
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p}: not valid YAML: {e}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {p}: top level must be a mapping, got {type(loaded).__name__}")
-        doc = loaded or {}
+    doc = read_document(p) if p is not None else {}
     doc = _deep_merge(doc, env_overrides(os.environ))
     if overrides:
         doc = _deep_merge(doc, overrides)
@@ -251,6 +239,33 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
         log.warning("%s: %s", where, w)   # services log it; `config check` shows it on stderr
     settings._warnings = warnings
     return settings
+
+
+def read_document(p: Path) -> dict[str, Any]:
+    """The config file's mapping, unvalidated; ConfigError in one line naming the file if unreadable."""
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"config file {p}: {e.strerror}") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {p}: not valid YAML: {yaml_error_line(e)}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"config file {p}: top level must be a mapping, got {type(loaded).__name__}")
+    return loaded or {}
+
+
+def yaml_error_line(e: yaml.YAMLError) -> str:
+    """One line: where and what, never the text around it. PyYAML's own message quotes the offending
+    line of the file under a caret, over several lines: a secret with a stray quote was printed whole."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or type(e).__name__
+    context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    if context and cmark is not None:
+        context += f" from line {cmark.line + 1}, column {cmark.column + 1}"
+    return f"{where}{problem}" + (f" ({context})" if context else "")
 
 
 def validation_errors(doc: dict[str, Any]) -> list[str]:
