@@ -15,6 +15,8 @@ from typing import Any
 import faust
 from faust.transport.drivers import aiokafka as driver
 
+from opsloop.streams.runtime.delivery import DrainConsumer
+
 
 def kafka_transport(app: faust.App, fetch_max_wait_ms: int) -> driver.Transport:
     """The app's consumer transport (set it as ``app.transport`` before the app starts)."""
@@ -26,7 +28,7 @@ def kafka_transport(app: faust.App, fetch_max_wait_ms: int) -> driver.Transport:
             consumer._fetch_max_wait_ms = fetch_max_wait_ms
             return consumer
 
-    class WorkerConsumer(driver.Consumer):
+    class WorkerConsumer(DrainConsumer):   # and a record delivered without four tasks (delivery.py)
         def _new_consumer_thread(self) -> ConsumerThread:
             return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
