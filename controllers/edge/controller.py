@@ -131,6 +131,9 @@ class ControllerSettings(BaseModel):
     hold_down_intervals: float = Field(default=2.0, ge=0.0, le=1000.0)
     hold_down_backoff: float = Field(default=2.0, ge=1.0, le=10.0)
     hold_down_max_intervals: float = Field(default=8.0, ge=0.0, le=10000.0)
+    # an origin back after an outage longer than hold_down_max_intervals is back from a repair,
+    # not flapping: held down this long (its first healthy check), then ramped in as usual
+    outage_hold_down_intervals: float = Field(default=1.0, ge=0.0, le=1000.0)
     slowstart_intervals: float = Field(default=4.0, ge=0.0, le=1000.0)
 
     @model_validator(mode="after")
@@ -401,6 +404,9 @@ class HoldDown:
         self.flaps[back] += 1
         hold = np.minimum(s.hold_down_intervals * s.hold_down_backoff ** (self.flaps - 1),
                           s.hold_down_max_intervals) * interval
+        # back after a long outage (a repair, not a flap): every interval it is held down moves
+        # its whole share back later, outside the return's own transient
+        hold = np.where(quiet, np.minimum(hold, s.outage_hold_down_intervals * interval), hold)
         self.until[back] = now + hold[back]
         self.changed_at[moved] = now
         self.up = healthy.copy()

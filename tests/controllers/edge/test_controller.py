@@ -245,6 +245,27 @@ def test_returning_origin_is_held_down_with_growing_back_off_then_ramped():
     assert max(np.diff([0.0, *ramp])) <= 0.5 + 1e-9 and ramp[0] < 1.0
 
 
+def test_origin_back_from_a_long_outage_is_held_down_one_interval_a_flapper_two():
+    s = ControllerSettings(interval_s=15, hold_down_intervals=2, hold_down_max_intervals=8,
+                           outage_hold_down_intervals=1, slowstart_intervals=4)
+
+    def held_after(down_ticks: int) -> int:
+        ctrl = EdgeController(1, 2, s, initial=[[1.0, 0.0]])
+        t = 0.0
+        shares = []
+        for up in [True] * 2 + [False] * down_ticks + [True] * 4:
+            t += 15
+            shares.append(ctrl.step(_obs([200], [400, 1000], [[10, 80]], [up, True], now=t)).weights[0, 0])
+        back = shares[2 + down_ticks:]
+        assert back[-1] > 0  # ramping in by the end either way
+        return back.index(next(x for x in back if x > 0))
+
+    # down longer than the longest hold-down (8 intervals): a repair, its first check is enough
+    assert held_after(10) == 1
+    # down for one interval: a flap, held down the full 2 intervals
+    assert held_after(1) == 2
+
+
 def test_an_edge_with_no_other_healthy_origin_is_not_held_down():
     ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
     latency = [[10, math.inf]]  # the near origin is its only path

@@ -19,9 +19,6 @@ KINDS = ("useu", "failure", "mesh", "shortfall", "surge", "noise", "flap", "capa
 
 # scenario -> the violation kinds it still shows (prefix of the verdict's message), with figures
 KNOWN_MISSES: dict[str, set[str]] = {
-    # all traffic of both edges returns to the recovered origin: held down 2 intervals, then
-    # ramped in; 3.4 % of the traffic per interval moves outside the 3-interval transient
-    "failure_two_by_two": {"churn"},
     # origin flapping every 20 s: held down (no failed requests to it: 326 vs 471), 23.5 ms vs
     # the baselines' 21.4 ms mean latency (1.10x; limit 1.10)
     "flap_odd_period": {"mean latency"},
