@@ -6,9 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import os
+import sys
+
+import requests
+
 from opsloop.controllers.edge.service.api_token import create_token_file
+from opsloop.lb.haproxy import HaproxyAPI, parse_show_stat
 from opsloop.stack import ManagedProcess, Stack, free_port
-from tests.helpers import metrics_up, opsloop_process, unique, write_config
+from tests.helpers import REPO, metrics_up, opsloop_process, unique, wait_until, write_config
 
 
 def pipeline_config(tmp: Path, stack: Stack, collectors: dict[str, Any] | None = None,
@@ -56,8 +62,9 @@ class LoopConfig:
 
 
 def loop_config(tmp: Path, stack: Stack, admin_socket: Path, near_capacity: float = 40.0,
-                overrides_file: Path | None = None) -> LoopConfig:
-    """Collector + worker + edge control (1 s intervals, API with a 0600 token file) + HAProxy actuator."""
+                overrides_file: Path | None = None, controller: dict[str, Any] | None = None) -> LoopConfig:
+    """Collector + worker + edge control (1 s intervals, API with a 0600 token file) + HAProxy actuator;
+    ``controller``: tunables under ``controllers.edge.controller`` beside the 10 s staleness."""
     lb, token, api_port = unique("edge"), "t0ken-" + unique("x"), free_port()
     create_token_file(tmp / "edge.token", token)
     edge_port, actuator_port = free_port(), free_port()
@@ -66,7 +73,7 @@ def loop_config(tmp: Path, stack: Stack, admin_socket: Path, near_capacity: floa
         "edge": {"interval_s": 1.0, "metrics_port": edge_port,
                  "overrides_file": None if overrides_file is None else str(overrides_file),
                  "api": {"port": api_port, "token_file": str(tmp / "edge.token")},
-                 "controller": {"stale_after_s": 10},
+                 "controller": {"stale_after_s": 10, **(controller or {})},
                  "topology": {"listeners": [{
                      "name": "web", "backend": "be_web", "edges": [{"name": lb}],
                      "origins": [{"name": "near", "capacity_rps": near_capacity},
@@ -87,3 +94,70 @@ def start_weight_actuator(tmp: Path, loop: LoopConfig, stack: Stack) -> ManagedP
     proc.start()
     stack.add_scrape_target(f"actuator-{port}", f"127.0.0.1:{port}")
     return proc
+
+
+LISTENER = "web"      # what loop_config names the listener and its HAProxy backend
+BACKEND = "be_web"
+
+
+class EdgeControl:
+    """The edge control service process and its API."""
+
+    def __init__(self, config: Path, workdir: Path, api_port: int, token: str) -> None:
+        self.config, self.workdir, self.api_port, self.token = config, workdir, api_port, token
+        self.proc: ManagedProcess | None = None
+
+    def start(self) -> "EdgeControl":
+        self.proc = ManagedProcess(
+            name="edge-control", argv=[sys.executable, "-m", "opsloop.controllers.edge.service", "run", "--config",
+                                       str(self.config)],
+            workdir=self.workdir, env={"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+            ready=self._ready, ready_timeout_s=90)
+        self.proc.start()
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+
+    def _ready(self) -> bool:
+        return requests.get(f"http://127.0.0.1:{self.api_port}/openapi.json", timeout=1).ok
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        r = requests.request(method, f"http://127.0.0.1:{self.api_port}{path}", json=body, timeout=5,
+                             headers={"Authorization": f"Bearer {self.token}"})
+        r.raise_for_status()
+        return r.json()
+
+    def status(self) -> dict[str, Any]:
+        return self.call("GET", "/v1/status")[LISTENER]
+
+
+def server_requests(api: HaproxyAPI) -> dict[str, int]:
+    """Requests HAProxy sent to each server so far (sum of its HTTP response counters)."""
+    out = {}
+    for row in parse_show_stat(api.show_stat()):
+        if row["pxname"] == BACKEND and row["svname"] in ("near", "far"):
+            out[row["svname"]] = sum(int(row.get(f"hrsp_{c}") or 0) for c in ("1xx", "2xx", "3xx", "4xx", "5xx", "other"))
+    return out
+
+
+def wait_ticks(ctl: EdgeControl, n: int) -> dict[str, Any]:
+    start = ctl.status().get("tick", 0)
+    return wait_until(lambda: (s := ctl.status()).get("tick", 0) >= start + n and s, timeout=60, interval=0.2,
+                      what=f"{n} controller intervals")
+
+
+def haproxy_near_share(api: HaproxyAPI) -> float | None:
+    near, far = api.get_weight(BACKEND, "near")[0], api.get_weight(BACKEND, "far")[0]
+    return near / (near + far) if near + far > 0 else None
+
+
+def applied(hap: HaproxyAPI, ctl: EdgeControl, lb: str) -> dict[str, Any]:
+    """Wait until HAProxy's weights (read back) carry the controller's current shares; returns that status."""
+    def done() -> dict[str, Any] | None:
+        s = ctl.status()
+        share = haproxy_near_share(hap)
+        want = (s.get("weights") or {}).get(lb, {}).get("near")
+        return s if want is not None and share is not None and abs(share - want) <= 0.01 else None
+    return wait_until(done, timeout=60, interval=0.2, what="weights applied in HAProxy")

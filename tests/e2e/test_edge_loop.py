@@ -7,99 +7,31 @@ HAProxy runtime API `set weight`.
 
 Asserted in controller intervals and weight versions (no deadline is asserted): the near origin
 (capacity 40 req/s, 80 req/s offered) is held at or under its capacity + 5 % (its request rate from
-HAProxy's counters over five intervals) with the overflow on the far origin; when the near origin goes DOWN (health file → HAProxy check) or is marked unhealthy
-through the API, the decision of the first interval that sees it gives it a zero share, HAProxy
-ends with weight 0 and it gets no requests; when it recovers, traffic returns; a restarted
-controller continues the version sequence.
+HAProxy's counters over five intervals) with the overflow on the far origin; when the near origin goes
+DOWN (health file → HAProxy check) or is marked unhealthy through the API, the decision of the first
+interval that sees it gives it a zero share, HAProxy ends with weight 0 and it gets no requests; when it
+recovers, traffic returns (held down, then ramped in: ``test_edge_holddown.py``); a restarted controller
+continues the version sequence.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-import requests
 
-from opsloop.lb.haproxy import HaproxyAPI, parse_show_stat
+from opsloop.lb.haproxy import HaproxyAPI
 from opsloop.lab.traffic import TrafficGenerator
-from opsloop.stack import ManagedProcess
-from tests.e2e.pipeline import loop_config, start_collector, start_weight_actuator, start_worker
-from tests.helpers import REPO, wait_until
+from tests.e2e.pipeline import (BACKEND, LISTENER, EdgeControl, applied, loop_config, server_requests, start_collector,
+                                start_weight_actuator, start_worker, wait_ticks)
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 
 RATE = 80.0
 NEAR_CAPACITY = 40.0
 TOLERANCE = 0.05
-LISTENER = "web"      # what tests.e2e.pipeline.loop_config names the listener and its HAProxy backend
-BACKEND = "be_web"
-
-
-class EdgeControl:
-    """The edge control service process and its API."""
-
-    def __init__(self, config: Path, workdir: Path, api_port: int, token: str) -> None:
-        self.config, self.workdir, self.api_port, self.token = config, workdir, api_port, token
-        self.proc: ManagedProcess | None = None
-
-    def start(self) -> "EdgeControl":
-        self.proc = ManagedProcess(
-            name="edge-control", argv=[sys.executable, "-m", "opsloop.controllers.edge.service", "run", "--config",
-                                       str(self.config)],
-            workdir=self.workdir, env={"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
-            ready=self._ready, ready_timeout_s=90)
-        self.proc.start()
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.stop()
-
-    def _ready(self) -> bool:
-        return requests.get(f"http://127.0.0.1:{self.api_port}/openapi.json", timeout=1).ok
-
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        r = requests.request(method, f"http://127.0.0.1:{self.api_port}{path}", json=body, timeout=5,
-                             headers={"Authorization": f"Bearer {self.token}"})
-        r.raise_for_status()
-        return r.json()
-
-    def status(self) -> dict[str, Any]:
-        return self.call("GET", "/v1/status")[LISTENER]
-
-
-def server_requests(api: HaproxyAPI) -> dict[str, int]:
-    """Requests HAProxy sent to each server so far (sum of its HTTP response counters)."""
-    out = {}
-    for row in parse_show_stat(api.show_stat()):
-        if row["pxname"] == BACKEND and row["svname"] in ("near", "far"):
-            out[row["svname"]] = sum(int(row.get(f"hrsp_{c}") or 0) for c in ("1xx", "2xx", "3xx", "4xx", "5xx", "other"))
-    return out
-
-
-def wait_ticks(ctl: EdgeControl, n: int) -> dict[str, Any]:
-    start = ctl.status().get("tick", 0)
-    return wait_until(lambda: (s := ctl.status()).get("tick", 0) >= start + n and s, timeout=60, interval=0.2,
-                      what=f"{n} controller intervals")
-
-
-def haproxy_near_share(api: HaproxyAPI) -> float | None:
-    near, far = api.get_weight(BACKEND, "near")[0], api.get_weight(BACKEND, "far")[0]
-    return near / (near + far) if near + far > 0 else None
-
-
-def applied(hap: HaproxyAPI, ctl: EdgeControl, lb: str) -> dict[str, Any]:
-    """Wait until HAProxy's weights (read back) carry the controller's current shares; returns that status."""
-    def done() -> dict[str, Any] | None:
-        s = ctl.status()
-        share = haproxy_near_share(hap)
-        want = (s.get("weights") or {}).get(lb, {}).get("near")
-        return s if want is not None and share is not None and abs(share - want) <= 0.01 else None
-    return wait_until(done, timeout=60, interval=0.2, what="weights applied in HAProxy")
 
 
 def share_over(api: HaproxyAPI, ctl: EdgeControl, ticks: int) -> tuple[dict[str, int], float]:

@@ -22,6 +22,13 @@ latency of the topology (the controller adds that itself); an origin no edge rep
 value, one never reported is taken as answering like the fastest reported (unloaded); with no
 ``rtime`` at all the controller plans without a rebound estimate.
 
+The controller counts its hold-down and ramp-in in intervals, as in the simulator, where every tick
+is exactly ``interval_s`` after the last. Live ticks wake a few milliseconds off their slot, so a
+hold-down of 2 intervals ended at the second tick after a return or at the third, at random: the
+controller's clock (``Observation.now``) therefore advances by whole intervals when a tick is within
+a quarter interval of its slot (by the time elapsed otherwise: a stall, a clock step); the records'
+``computed_at``, the inputs' age and the status keep the wall clock.
+
 Every record carries this instance's ``epoch`` (its start time in ms, above every epoch recovered
 from ``edge.weights``): actuators order decisions by ``(epoch, version)``, so a restart that lost
 the version sequence still moves the edge, and an older instance still running is refused.
@@ -49,6 +56,8 @@ from opsloop.records import EdgeDemand
 log = get_logger("controller.edge")
 
 Publish = Callable[[list[EdgeWeights], list[Finding]], None]
+# a tick this close to a whole number of intervals after the last counts as exactly that many
+SLOT_TOLERANCE = 0.25
 
 
 @dataclass
@@ -98,6 +107,7 @@ class ControlLoop:
         self.publish = publish
         self.clock = clock
         self.started_at = clock()
+        self._last_tick: tuple[float, float] | None = None   # (wall clock, controller clock) of the last tick
         self.lock = threading.Lock()   # the API reads status while the loop writes it
         self.listeners: dict[str, ListenerState] = {}
         newest = max((r.epoch for r in (recovered or {}).values()), default=-1)
@@ -123,7 +133,21 @@ class ControlLoop:
                 ctl.weights = rows / rows.sum(axis=1, keepdims=True)
                 log.info("weights_recovered", listener=listener, version=ctl.version)
 
-    def observe(self, state: ListenerState, now: float) -> tuple[Observation | None, dict[str, Any]]:
+    def control_time(self, now: float) -> float:
+        """The controller's clock at a tick at wall time ``now`` (module docstring: whole intervals)."""
+        if self._last_tick is None:
+            control = now
+        else:
+            last_now, last_control = self._last_tick
+            elapsed, interval = now - last_now, self.settings.interval_s
+            slots = round(elapsed / interval)
+            on_slot = slots >= 1 and abs(elapsed - slots * interval) <= SLOT_TOLERANCE * interval
+            control = last_control + (slots * interval if on_slot else max(0.0, elapsed))
+        self._last_tick = (now, control)
+        return control
+
+    def observe(self, state: ListenerState, now: float,
+                control_now: float | None = None) -> tuple[Observation | None, dict[str, Any]]:
         snap = self.store.snapshot(state.name)
         spec = snap.spec
         topo = spec.topology()
@@ -172,16 +196,18 @@ class ControlLoop:
         response = origin_response_ms(fresh, state.origins, latency, state.response_ms)
         if response is not None:
             status["origin_response_ms"] = dict(zip(state.origins, response.round(3).tolist()))
-        return Observation(now=now, demand=demand, capacity=capacity, latency=latency, healthy=healthy,
-                           inputs_age_s=age, origin_latency_ms=response), status
+        return Observation(now=now if control_now is None else control_now, demand=demand, capacity=capacity,
+                           latency=latency, healthy=healthy, inputs_age_s=age, origin_latency_ms=response), status
 
     def tick(self) -> dict[str, Decision | None]:
         """Run one interval for every listener; a failing listener does not stop the others."""
         out: dict[str, Decision | None] = {}
+        now = self.clock()
+        control_now = self.control_time(now)
         for state in self.listeners.values():
             t0 = time.perf_counter()
             try:
-                out[state.name] = self._tick_listener(state)
+                out[state.name] = self._tick_listener(state, now, control_now)
             except Exception as e:  # noqa: BLE001 - keep controlling the other listeners
                 M.TICKS.labels(state.name, "error").inc()
                 log.error("tick_failed", listener=state.name, error=f"{type(e).__name__}: {e}", exc_info=True)
@@ -189,9 +215,8 @@ class ControlLoop:
             M.TICK_SECONDS.observe(time.perf_counter() - t0)
         return out
 
-    def _tick_listener(self, state: ListenerState) -> Decision | None:
-        now = self.clock()
-        obs, status = self.observe(state, now)
+    def _tick_listener(self, state: ListenerState, now: float, control_now: float) -> Decision | None:
+        obs, status = self.observe(state, now, control_now)
         with self.lock:
             state.ticks += 1
         if obs is None:
@@ -201,7 +226,7 @@ class ControlLoop:
                                      "tick": state.ticks, "version": state.controller.version}
             return None
         decision = state.controller.step(obs)
-        records = [r.model_copy(update={"epoch": self.epoch})
+        records = [r.model_copy(update={"epoch": self.epoch, "computed_at": now})
                    for r in decision.records(state.name, state.edges, state.origins)]
         findings = self._findings(state, decision, now)
         self.publish(records, findings)

@@ -211,3 +211,44 @@ def test_without_response_times_the_observation_has_none() -> None:
     h.demand("e1", 50.0)
     obs, status = h.loop.observe(h.loop.listeners["nortime"], h.clock.t)
     assert obs is not None and obs.origin_latency_ms is None and "origin_response_ms" not in status
+
+
+def test_hold_down_and_ramp_in_count_intervals_whatever_the_ticks_wake_up_jitter() -> None:
+    """A returning origin is held for ``hold_down_intervals`` ticks, then ramped in, and a second flap
+    soon after is held ``hold_down_backoff`` times longer — as in the simulator, although live ticks wake
+    a few ms off their slot (here each a little earlier than the last, which made a hold-down of 2
+    intervals last 3 ticks); the records keep the wall clock as ``computed_at``."""
+    h = Harness("jitter")
+
+    def tick(k: int, near_up: bool = True):
+        h.clock.t = T0 + k + 0.05 - 0.001 * k        # slot k, woken 50 ms late, less each time
+        h.demand("e1", 80.0, near_up=near_up)
+        return h.loop.tick()["jitter"]
+
+    k = 0
+    for _ in range(4):
+        k += 1
+        tick(k)
+
+    def flap() -> tuple[int, list[float]]:
+        nonlocal k
+        k += 1
+        assert tick(k, near_up=False).weights[0, 0] == 0.0
+        held, ramp = 0, []
+        while True:
+            k += 1
+            d = tick(k)
+            if "holding down" in d.reason:
+                assert not ramp and d.weights[0, 0] == 0.0
+                held += 1
+            elif "ramping in" in d.reason:
+                ramp.append(float(d.weights[0, 0]))
+            else:
+                return held, ramp
+
+    held1, ramp1 = flap()
+    held2, ramp2 = flap()
+    assert (held1, held2) == (2, 4)
+    for ramp in (ramp1, ramp2):
+        assert len(ramp) == 3 and 0 < ramp[0] and ramp == sorted(ramp)
+    assert h.published[-1][0][0].computed_at == pytest.approx(h.clock.t)

@@ -1,0 +1,177 @@
+"""Hold-down and ramp-in of a flapping origin on the live edge loop, asserted on what HAProxy applied and served.
+
+The same pipeline as ``test_edge_loop.py`` (traffic → real HAProxy → origins; haproxy collector → Kafka →
+stream worker → ``edge.demand`` → edge control service → ``edge.weights`` → actuator → HAProxy runtime API),
+with the controller's hold-down at its defaults (2 intervals, doubling per flap) and a 1 s interval; its flap
+count is kept over 16 intervals instead of 8 (the controller forgets flaps after an origin stayed down that
+long, and on a busy machine the pipeline alone can take a few seconds to see it return).
+
+The near origin flaps twice (health file down, then up as soon as the controller has seen it DOWN):
+
+* after each return it is **held down**: the controller's decisions keep its share at 0 for the hold-down's
+  intervals, HAProxy keeps its weight at 0 although its own check reports it UP, and it serves no request;
+* then it is **ramped in**: its share rises over several intervals, by at most ``relax_step`` per interval,
+  and HAProxy applies each step (the actuator's history, read back) and sends it a growing part of the
+  requests;
+* the second flap, soon after the first, is held down **longer** (back-off).
+
+Everything is counted in controller intervals (the decisions published on ``edge.weights``, one per tick) and
+in HAProxy's request counters; no duration is asserted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opsloop.controllers.actuators.store import WeightStore
+from opsloop.lab.traffic import TrafficGenerator
+from opsloop.lb.haproxy import HaproxyAPI, parse_show_stat
+from opsloop.records import EdgeWeights
+from opsloop.topics import Topic
+from tests.e2e.pipeline import (BACKEND, LISTENER, EdgeControl, applied, loop_config, start_collector,
+                                start_weight_actuator, start_worker, wait_ticks)
+from tests.helpers import read_topic, wait_until
+
+pytestmark = pytest.mark.integration
+
+RATE = 80.0
+NEAR_CAPACITY = 40.0
+HOLD_DOWN = 2           # the controller's default hold_down_intervals
+BACKOFF = 2             # and hold_down_backoff
+RELAX_STEP = 0.2        # the largest share a relax step moves per interval (controller default)
+
+
+@dataclass
+class Sample:
+    """One read of HAProxy's view of the near server."""
+
+    weight: int
+    status: str
+    requests: int
+
+
+class HaproxyWatch:
+    """Samples HAProxy's near server (weight, check status, requests sent) every 50 ms in a thread."""
+
+    def __init__(self, api: HaproxyAPI) -> None:
+        self.api = api
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="haproxy-watch")
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            for row in parse_show_stat(self.api.show_stat()):
+                if row["pxname"] == BACKEND and row["svname"] == "near":
+                    sent = sum(int(row.get(f"hrsp_{c}") or 0) for c in ("1xx", "2xx", "3xx", "4xx", "5xx", "other"))
+                    self.samples.append(Sample(int(row["weight"]), row["status"], sent))
+
+    def __enter__(self) -> "HaproxyWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def flap(health_file: Path, ctl: EdgeControl) -> None:
+    """Near DOWN until the controller has seen it, then UP; returns once its ramp-in is over."""
+    health_file.write_text("down")
+    wait_until(lambda: ctl.status().get("checks_down") == ["near"], timeout=60, interval=0.1,
+               what="the controller seeing near DOWN")
+    health_file.write_text("up")
+    wait_until(lambda: (s := ctl.status())["healthy"]["near"] and "holding down" not in s["reason"]
+               and "ramping in" not in s["reason"], timeout=120, interval=0.2,
+               what="near held down, then ramped in")
+
+
+def returns(decisions: list[EdgeWeights]) -> list[list[EdgeWeights]]:
+    """The decisions of each return of near: the runs of ticks holding it down, then ramping it in."""
+    runs: list[list[EdgeWeights]] = []
+    current: list[EdgeWeights] | None = None
+    for d in decisions:
+        if "holding down" in d.reason or "ramping in" in d.reason:
+            if current is None:
+                current = []
+                runs.append(current)
+            current.append(d)
+        else:
+            current = None
+    return runs
+
+
+def test_flapping_origin_is_held_down_ramped_in_and_backed_off_on_haproxy(stack, lab_edge, tmp_path: Path) -> None:
+    lab_edge.start(capacities={"near": NEAR_CAPACITY})
+    loop = loop_config(tmp_path, stack, lab_edge.admin_socket, NEAR_CAPACITY,
+                       controller={"hold_down_max_intervals": 16})
+    hap = HaproxyAPI(lab_edge.admin_socket)
+    worker = start_worker(tmp_path, loop.config, loop.doc, stack)
+    collector = start_collector("haproxy", tmp_path, loop.config, loop.doc, stack)
+    ctl = EdgeControl(loop.config, tmp_path / "edge-control", loop.api_port, loop.token).start()
+    actuator = start_weight_actuator(tmp_path, loop, stack)
+    gen = TrafficGenerator(lab_edge.url, RATE, workers=8).start()
+    health_file = lab_edge.origins[0].health_file(lab_edge.workdir)
+    try:
+        wait_until(lambda: (s := ctl.status()).get("mode") == "normal" and s["weights"][loop.lb]["near"] > 0.3,
+                   timeout=120, interval=0.5, what="the controller sharing live demand between near and far")
+        applied(hap, ctl, loop.lb)
+        with HaproxyWatch(hap) as watch:
+            flap(health_file, ctl)
+            flap(health_file, ctl)
+            applied(hap, ctl, loop.lb)
+            wait_ticks(ctl, 1)
+    finally:
+        gen.stop()
+        actuator.stop()
+        ctl.stop()
+        collector.stop()
+        worker.stop()
+
+    # the controller's side: every decision it published for this edge, one per tick
+    decisions = [d for r in read_topic(stack.kafka_bootstrap, Topic.EDGE_WEIGHTS.value)
+                 if (d := EdgeWeights.decode(r.value)).edge == loop.lb and d.listener == LISTENER]
+    first, second = returns(decisions)
+    for ret in (first, second):
+        held = [d for d in ret if "holding down" in d.reason]
+        ramp = [d for d in ret if "holding down" not in d.reason]
+        assert all(d.weights["near"] == 0.0 for d in held), [(d.weights, d.reason) for d in held]
+        shares = [d.weights["near"] for d in ramp]
+        # ramped: rising over several intervals, never more than a relax step at a time
+        assert len(shares) >= 3 and shares[0] > 0, shares
+        steps = [b - a for a, b in zip([0.0, *shares], shares)]
+        assert all(-1e-9 <= s <= RELAX_STEP + 1e-9 for s in steps), shares
+    held1 = sum("holding down" in d.reason for d in first)
+    held2 = sum("holding down" in d.reason for d in second)
+    # held for the hold-down's intervals, and the second flap, soon after, for the backed-off ones
+    assert held1 == HOLD_DOWN, [d.reason for d in first]
+    assert held2 == HOLD_DOWN * BACKOFF, [d.reason for d in second]
+
+    # HAProxy's side: the actuator applied each of those steps (its history: the shares written and read back)
+    history = WeightStore(Path(loop.doc["controllers"]["actuator"]["store_dir"]), loop.lb, LISTENER).history()
+    applied_share = {(e.epoch, e.version): e.shares["near"] for e in history if e.action == "apply"}
+    for ret in (first, second):
+        steps = [(d.weights["near"], applied_share[(d.epoch, d.version)]) for d in ret
+                 if d.weights["near"] > 0 and (d.epoch, d.version) in applied_share]
+        assert len(steps) >= 3, steps
+        assert all(abs(want - got) <= 0.01 for want, got in steps), steps
+        assert [got for _, got in steps] == sorted(got for _, got in steps), steps
+
+    # and what it served: while its check said UP but its weight was still 0 (held down) near got no request;
+    # those samples exist for both returns, and once weighted in it served requests again
+    samples = watch.samples
+    held_up = [(a, b) for a, b in zip(samples, samples[1:])
+               if a.weight == 0 and b.weight == 0 and a.status == b.status == "UP"]
+    assert held_up, "HAProxy never showed near UP with weight 0 (held down)"
+    assert all(b.requests == a.requests for a, b in held_up), [(a, b) for a, b in held_up if b.requests != a.requests]
+    periods = sum(1 for a, b in zip(samples, samples[1:]) if a.weight > 0 and b.weight == 0)
+    assert periods == 2, periods    # two flaps, each taking near to weight 0 once
+    ramp_weights = sorted({s.weight for s in samples if 0 < s.weight})
+    assert len(ramp_weights) >= 4, ramp_weights
+    assert samples[-1].requests > max(a.requests for a, _ in held_up), "near served nothing after its ramp-in"
