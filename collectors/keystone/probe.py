@@ -23,12 +23,13 @@ import requests
 
 from opsloop.collect.types import CollectError
 
-from . import sigv4
+from . import bounded, sigv4
 from .credentials import ProbeCredentials
 
 TOKEN_REFRESH_MARGIN_S = 120.0
 PROBE_BUCKET_PATH = "/opsloop-probe/"
 PROBE_S3_HOST = "s3.opsloop.invalid"
+MAX_REPLY_BYTES = 8 * 1024 * 1024  # a token with its catalog is tens of KB
 
 
 @dataclass(slots=True)
@@ -115,7 +116,9 @@ class KeystoneProber:
     # --- HTTP plumbing -----------------------------------------------------------------------
     def _request(self, method: str, target: str, probe: str, **kwargs: object) -> requests.Response:
         try:
-            return self._session.request(method, target, timeout=self.timeout_s, **kwargs)  # type: ignore[arg-type]
+            # the whole reply within timeout_s ("per request"): a Keystone trickling its body held the round
+            return bounded.request(self._session, method, target, timeout_s=self.timeout_s,
+                                   total_s=self.timeout_s, max_bytes=MAX_REPLY_BYTES, **kwargs)
         except requests.Timeout:
             raise ProbeFailure(CollectError(target, "timeout",
                 f"Keystone did not answer {method} {target.removeprefix(self.url)} within {self.timeout_s:g} s "
@@ -125,6 +128,9 @@ class KeystoneProber:
             raise ProbeFailure(CollectError(target, "unreachable",
                 f"Keystone at {self.url} is unreachable ({reason}; is it running and listening?)"),
                 "unreachable", stop_round=True) from None
+        except requests.RequestException as e:  # a reply over MAX_REPLY_BYTES
+            raise ProbeFailure(CollectError(target, "tool", f"Keystone's reply to {method} "
+                f"{target.removeprefix(self.url)} ({probe}): {e}"), "error", stop_round=True) from None
 
     def _status_error(self, target: str, resp: requests.Response, what: str) -> CollectError:
         kind = "auth" if resp.status_code in (401, 403) else "tool"

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import requests
+
+from .bounded import request as bounded_request
 
 MAX_STATS_BYTES = 8 * 1024 * 1024  # a stats document is a few KB per worker
 
@@ -51,7 +54,11 @@ class ServerStats:
 def fetch(address: str, timeout_s: float) -> bytes:
     if address.startswith(("http://", "https://")):
         try:
-            resp = requests.get(address, timeout=timeout_s)
+            # the whole reply within timeout_s: a server trickling its body held the round
+            resp = bounded_request(None, "GET", address, timeout_s=timeout_s, total_s=timeout_s,
+                                   max_bytes=MAX_STATS_BYTES)
+        except requests.Timeout:
+            raise StatsError("timeout", f"uWSGI stats {address}: no whole reply within {timeout_s:g} s") from None
         except requests.RequestException as e:
             raise StatsError("unreachable", f"uWSGI stats {address}: {type(e).__name__}: {e}") from None
         if resp.status_code != 200:
@@ -66,16 +73,25 @@ def fetch(address: str, timeout_s: float) -> bytes:
         family, target = socket.AF_INET6 if ":" in host else socket.AF_INET, (host.strip("[]"), int(port))
     chunks: list[bytes] = []
     size = 0
+    # Each recv is bounded by the socket timeout, the document by the deadline: a server sending a
+    # byte now and then held the round for as long as it liked.
+    deadline = time.monotonic() + timeout_s
     try:
         with socket.socket(family, socket.SOCK_STREAM) as s:
             s.settimeout(timeout_s)
             s.connect(target)
             while size < MAX_STATS_BYTES:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StatsError("timeout", f"uWSGI stats {address}: no whole document within {timeout_s:g} s")
+                s.settimeout(left)
                 chunk = s.recv(65536)
                 if not chunk:
                     break
                 chunks.append(chunk)
                 size += len(chunk)
+    except socket.timeout:
+        raise StatsError("timeout", f"uWSGI stats {address}: no whole document within {timeout_s:g} s") from None
     except OSError as e:
         raise StatsError("unreachable", f"uWSGI stats {address}: {type(e).__name__}: {e}") from None
     return b"".join(chunks)
