@@ -29,12 +29,17 @@ def decision_findings(decision: Decision, listener: str, edges: list[str], now: 
         fraction = shortfall / demand if demand > 0 else 1.0
         worst = sorted(((float(s), e) for s, e in zip(decision.shed_rps, edges) if s > 0),
                        reverse=True)[:5]
+        # an edge that sheds all its demand reaches no healthy origin with capacity: it is not served
+        # "the same fraction" as the others, it is not served at all
+        unserved = [e for e, s, d in zip(edges, decision.shed_rps, decision.demand_estimate) if 0 < d <= s]
+        fair = (f"nothing served at edge(s) {', '.join(unserved)} (no healthy origin with capacity reachable)"
+                if unserved else "every edge served the same fraction")
         out.append(Finding(
             detector=SHED_DETECTOR, what="healthy origin capacity short: traffic shed fairly",
             where={"listener": listener}, observed=round(shortfall, 3), expected=0.0,
             score=min(1.0, fraction), severity=Severity.CRITICAL if fraction > 0.1 else Severity.WARNING,
             explanation=(f"{shortfall:.1f} req/s ({fraction:.1%}) of {demand:.1f} req/s above healthy "
-                         f"capacity·(1-headroom); every edge served the same fraction. Largest: "
+                         f"capacity·(1-headroom); {fair}. Largest: "
                          + ", ".join(f"{e} {s:.1f} req/s" for s, e in worst)),
             first_seen=now, last_seen=now, runbook=RUNBOOK))
     elif include_cleared:

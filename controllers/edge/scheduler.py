@@ -19,7 +19,9 @@ Inputs, E edges × O origins (numpy arrays or nested sequences):
 
 Output, :class:`Solution`: ``weights[E,O]`` (every row sums to 1, never all-zero), ``flows[E,O]``
 (req/s), ``served``/``shed`` per edge, ``shortfall_rps``, ``served_fraction``, ``objective``
-(latency-weighted served traffic, ms·req/s), ``status`` and the indices of held/fallback edges.
+(latency-weighted served traffic, ms·req/s), ``status``, the indices of held/fallback edges and a
+``message`` saying what is short (the served fraction, the shortfall, and the edges that reach no
+usable origin: nothing is served there, whatever their weights).
 
 The program: variables ``x[e,o] >= 0`` only for reachable, healthy pairs (a sparse matrix, so
 1000 × 100 stays small); minimize ``Σ (latency[e,o] + stickiness·(1 - previous[e,o])) · x[e,o]``
@@ -72,7 +74,9 @@ class Solution:
     flows: np.ndarray                   # [E, O] req/s planned per pair
     served: np.ndarray                  # [E] req/s planned to be served
     shed: np.ndarray                    # [E] req/s of demand beyond healthy capacity
-    served_fraction: float              # the common served fraction t (1.0 when nothing is shed)
+    # the fraction of the demand served: the common fraction t every edge reaching a usable origin
+    # gets (1.0 when nothing is shed); with demand at edges that reach none, served / demand
+    served_fraction: float
     objective: float                    # Σ latency · flow over served traffic (ms·req/s)
     status: str                         # "optimal" | "shed" | "hold" | "fallback"
     held_edges: list[int] = field(default_factory=list)      # rows that kept ``previous``
@@ -328,14 +332,32 @@ def solve(demand: ArrayLike, capacity: ArrayLike, latency: ArrayLike, healthy: A
         status = "hold"
     if fallback:
         status = "fallback"
-    message = ""
-    if status != "optimal":
-        message = (f"served fraction {t:.3f}, shortfall {shed.sum():.1f} req/s; "
-                   f"held edges {held}, fallback edges {fallback}")
+    # an edge with demand but no usable origin is served nothing: t (over the edges that have one)
+    # would report it served
+    stranded = ~usable.any(axis=1) & (d > 0)
+    fraction = t if not stranded.any() else float(served.sum() / d.sum())
     objective = float(np.sum(np.where(flows > 0, lat, 0.0) * flows))
-    return Solution(weights=weights, flows=flows, served=served, shed=shed, served_fraction=t,
+    return Solution(weights=weights, flows=flows, served=served, shed=shed, served_fraction=fraction,
                     objective=objective, status=status, held_edges=held, fallback_edges=fallback,
-                    message=message)
+                    message=_message(status, fraction, shed, d, stranded, ok, held, fallback))
+
+
+def _message(status: str, fraction: float, shed: np.ndarray, demand: np.ndarray, stranded: np.ndarray,
+             healthy: np.ndarray, held: list[int], fallback: list[int]) -> str:
+    """What is short, in one line ("" when nothing is)."""
+    if status == "optimal":
+        return ""
+    parts = [f"served fraction {fraction:.3f}, shortfall {shed.sum():.1f} req/s"]
+    if not healthy.any():
+        parts.append("no healthy origin")
+    if stranded.any():
+        parts.append(f"nothing served at edge(s) {np.flatnonzero(stranded).tolist()} "
+                     f"({demand[stranded].sum():.1f} req/s): no usable origin")
+    if held:
+        parts.append(f"edge(s) {held} hold their previous weights")
+    if fallback:
+        parts.append(f"edge(s) {fallback} spread over their reachable origins by capacity")
+    return "; ".join(parts)
 
 
 def greedy(demand: ArrayLike, capacity: ArrayLike, latency: ArrayLike, healthy: ArrayLike,

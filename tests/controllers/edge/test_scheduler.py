@@ -71,6 +71,31 @@ def test_nothing_healthy_holds_previous_or_falls_back():
     np.testing.assert_allclose(fallback.weights, [[0.25, 0.75]])  # by capacity
 
 
+def test_nothing_healthy_reports_nothing_served_and_names_the_edges():
+    # every origin unhealthy: the weights held are no service, the report must not say "served 1.000"
+    sol = solve([100, 50], [200, 300], [[10, 20], [15, INF]], [False, False], previous=[[0.5, 0.5], [1, 0]])
+    assert sol.served_fraction == 0.0 and sol.shortfall_rps == pytest.approx(150)
+    assert sol.message == ("served fraction 0.000, shortfall 150.0 req/s; no healthy origin; nothing served at "
+                           "edge(s) [0, 1] (150.0 req/s): no usable origin; edge(s) [0, 1] hold their previous weights")
+    fallback = solve([100], [100, 300], [[10, 80]], [False, False])
+    assert fallback.served_fraction == 0.0
+    assert "nothing served at edge(s) [0] (100.0 req/s)" in fallback.message
+    assert "edge(s) [0] spread over their reachable origins by capacity" in fallback.message
+
+
+def test_an_edge_without_usable_origin_counts_as_unserved():
+    # edge 1 reaches only the unhealthy origin: the other edge is fully served, the total is not
+    sol = solve([100, 50], [200, 300], [[10, INF], [INF, 15]], [True, False], previous=[[1, 0], [0, 1]])
+    assert sol.status == "hold" and sol.held_edges == [1]
+    assert sol.served.tolist() == pytest.approx([100, 0])
+    assert sol.served_fraction == pytest.approx(100 / 150)
+    assert "no healthy origin" not in sol.message
+    assert "nothing served at edge(s) [1] (50.0 req/s): no usable origin" in sol.message
+    # an idle edge without a usable origin loses nothing
+    idle = solve([100, 0], [200, 300], [[10, INF], [INF, 15]], [True, False], previous=[[1, 0], [0, 1]])
+    assert idle.served_fraction == 1.0 and "nothing served" not in idle.message
+
+
 def test_idle_edge_gets_nearest_origin_with_room():
     sol = solve([0, 500], [500, 500], [[10, 80], [10, 80]], [True, True], headroom=0.0)
     np.testing.assert_allclose(sol.weights[0], [0, 1])  # nearest (origin 0) is full

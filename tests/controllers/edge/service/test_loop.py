@@ -252,3 +252,32 @@ def test_hold_down_and_ramp_in_count_intervals_whatever_the_ticks_wake_up_jitter
     for ramp in (ramp1, ramp2):
         assert len(ramp) == 3 and 0 < ramp[0] and ramp == sorted(ramp)
     assert h.published[-1][0][0].computed_at == pytest.approx(h.clock.t)
+
+
+def test_every_origin_unhealthy_holds_the_last_weights_and_pages_what_is_not_served() -> None:
+    h = Harness("allbad")
+    for _ in range(4):
+        h.demand("e1", 80.0)
+        last = h.step()
+    h.store.set_health("allbad", "far", False, reason="drain far")   # far drained by the API ...
+    h.demand("e1", 80.0, near_up=False)                              # ... and near DOWN by the LB's check
+    d = h.step()
+    # fail static: the weights in force, same version (an actuator re-applies nothing), never all-zero
+    assert d.mode is Mode.HOLD and d.version == last.version and not d.changed
+    np.testing.assert_allclose(d.weights, last.weights)
+    assert "served fraction 0.000" in d.reason and "no healthy origin" in d.reason
+    assert "nothing served at edge(s) [0] (80.0 req/s)" in d.reason
+    recs, findings = h.published[-1]
+    assert recs[0].mode is Mode.HOLD and sum(recs[0].weights.values()) == pytest.approx(1.0)
+    shortfall = next(f for f in findings if f.detector == "edge.capacity_shortfall")
+    assert shortfall.severity.value == "critical" and shortfall.observed == pytest.approx(80.0)
+    assert "nothing served at edge(s) e1" in shortfall.explanation
+    assert "the same fraction" not in shortfall.explanation
+    assert any(f.detector == "edge.weights_held" and not f.cleared for f in findings)
+    # both back at once: served again (no other origin to wait on), both findings cleared once
+    h.store.set_health("allbad", "far", None)
+    h.demand("e1", 80.0)
+    back = h.step()
+    assert back.mode is Mode.NORMAL and back.shed_rps.sum() == 0.0, back.reason
+    cleared = sorted(f.detector for f in h.published[-1][1] if f.cleared)
+    assert cleared == ["edge.capacity_shortfall", "edge.weights_held"]
