@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 
 import requests
 
+from opsloop.bounded_http import request as bounded_request
 from opsloop.collect.types import CollectError
 
-from . import bounded, sigv4
+from . import sigv4
 from .credentials import ProbeCredentials
 
 TOKEN_REFRESH_MARGIN_S = 120.0
@@ -117,7 +118,7 @@ class KeystoneProber:
     def _request(self, method: str, target: str, probe: str, **kwargs: object) -> requests.Response:
         try:
             # the whole reply within timeout_s ("per request"): a Keystone trickling its body held the round
-            return bounded.request(self._session, method, target, timeout_s=self.timeout_s,
+            return bounded_request(self._session, method, target, timeout_s=self.timeout_s,
                                    total_s=self.timeout_s, max_bytes=MAX_REPLY_BYTES, **kwargs)
         except requests.Timeout:
             raise ProbeFailure(CollectError(target, "timeout",

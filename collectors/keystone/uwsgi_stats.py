@@ -16,7 +16,7 @@ from typing import Any
 
 import requests
 
-from .bounded import request as bounded_request
+from opsloop.bounded_http import request as bounded_request
 
 MAX_STATS_BYTES = 8 * 1024 * 1024  # a stats document is a few KB per worker
 

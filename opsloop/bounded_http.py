@@ -1,8 +1,9 @@
 """HTTP replies read whole within a deadline.
 
 requests' ``timeout`` bounds each socket read, not the reply: a server (or a proxy) that sends a byte
-now and then holds a request for as long as it likes, and with it the collector's round. Here the body
-is read one socket read at a time, each bounded by the timeout, the whole of it by ``total_s``.
+now and then holds a request for as long as it likes, and with it the caller (a collector's round, the
+paging loop). Here the body is read one socket read at a time, each bounded by the timeout, the whole
+of it by ``total_s``. (The status line and headers are still bounded per read only.)
 """
 
 from __future__ import annotations
