@@ -11,7 +11,9 @@ Section names say where the code lives: ``kafka``, ``stack``, ``stream`` (the Fa
 ``controllers.actuator``, ``controllers.paging``, ``audit``) are registered by name under the
 ``opsloop.config_sections`` entry-point group in pyproject.toml, so the core validates the whole file
 without importing a stage by hand. ``opsloop config check FILE`` reports every error, one per line with
-its path; old section names are accepted with a deprecation warning.
+its path; old section names are accepted with a deprecation warning. A section model may define
+``cross_section_errors(doc) -> list[str]`` for settings that contradict another section's (each line
+names both keys); it runs once every section is valid alone.
 """
 
 from __future__ import annotations
@@ -307,6 +309,11 @@ def validation_errors(doc: dict[str, Any]) -> list[str]:
             model.model_validate(section)
         except ValidationError as e:
             errors += error_lines(e, prefix=f"{path}.")
+    if not errors:   # every section valid alone: the settings of one that must agree with another's
+        for path, model in sections.items():
+            check = getattr(model, "cross_section_errors", None)
+            if check is not None and get_dotted(doc, path) is not None:
+                errors += check(doc)
     return errors
 
 

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Callable, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opsloop.config import DEFAULT_RUN_DIR, LOOPBACK, Settings
+from opsloop.dotted import get_dotted
 from opsloop.lb.ipvs import parse_real_spec, parse_service_spec
 from opsloop.topics import Topic
 from opsloop.validation import describe_validation_error
@@ -141,6 +142,26 @@ class ActuatorConfig(BaseModel):
         if self.backoff_max_s < self.backoff_initial_s:
             raise ValueError(f"backoff_max_s ({self.backoff_max_s}) < backoff_initial_s ({self.backoff_initial_s})")
         return self
+
+    @classmethod
+    def cross_section_errors(cls, doc: dict[str, Any]) -> list[str]:
+        """Settings that contradict the edge control service's (``opsloop config check``, load).
+
+        The controller publishes one decision per ``controllers.edge.interval_s``; an actuator whose
+        ``stale_after_s`` is not above it finds every decision stale before the next one arrives and
+        fails static between them (weights frozen while the controller is healthy)."""
+        from opsloop.controllers.edge.service.config import SECTION as EDGE, EdgeServiceSettings
+
+        edge = get_dotted(doc, f"controllers.{EDGE}")
+        if edge is None:
+            return []
+        stale = cls.model_validate(get_dotted(doc, f"controllers.{SECTION}") or {}).stale_after_s
+        interval = EdgeServiceSettings.model_validate(edge).interval_s
+        if stale > interval:
+            return []
+        return [f"controllers.{SECTION}.stale_after_s ({stale:g}) must be above controllers.{EDGE}.interval_s "
+                f"({interval:g}): the controller publishes one decision per interval, so every decision would be "
+                "stale before the next and the actuator would fail static between them"]
 
     @property
     def edges(self) -> list[str]:

@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from opsloop.controllers.edge.controller import ControllerSettings
 from opsloop.controllers.edge.model import Edge, Listener, Origin, Topology
 from opsloop.controllers.edge.service.api_token import check_private
-from opsloop.config import DEFAULT_RUN_DIR, ConfigError, Settings
+from opsloop.config import DEFAULT_RUN_DIR, CollectorRuntimeSettings, ConfigError, Settings
+from opsloop.dotted import get_dotted
 from opsloop.validation import describe_validation_error
 
 SECTION = "edge"
@@ -122,6 +123,23 @@ class EdgeServiceSettings(_Strict):
 
     def controller_settings(self) -> ControllerSettings:
         return ControllerSettings.model_validate({**self.controller, "interval_s": self.interval_s})
+
+    @classmethod
+    def cross_section_errors(cls, doc: dict[str, Any]) -> list[str]:
+        """Settings that contradict the collectors' (``opsloop config check``, load).
+
+        Demand is measured once per collection (``collector.interval_s``, plus up to ``jitter_s``) and
+        stamped with its time: a ``controller.stale_after_s`` not above that turns every measurement
+        stale before the next one and the controller holds (fail static) between them."""
+        stale = cls.model_validate(get_dotted(doc, f"controllers.{SECTION}") or {}).controller_settings().stale_after_s
+        collector = CollectorRuntimeSettings.model_validate(doc.get("collector") or {})
+        every = collector.interval_s + collector.jitter_s
+        if stale > every:
+            return []
+        jitter = f" + collector.jitter_s ({collector.jitter_s:g})" if collector.jitter_s else ""
+        return [f"controllers.{SECTION}.controller.stale_after_s ({stale:g}) must be above collector.interval_s "
+                f"({collector.interval_s:g}){jitter}: demand is measured once per collection, so every measurement "
+                "would be stale before the next and the controller would hold between them"]
 
 
 def load_topology(path: str | Path) -> TopologySpec:

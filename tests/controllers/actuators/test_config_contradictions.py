@@ -4,7 +4,10 @@
   the read-back gives both origins the last weight, every apply ends ``mismatch`` and the split the
   controller asked for never reaches the load balancer (shown below on an in-memory HAProxy);
 * two listeners driving one HAProxy backend (or one IPVS virtual service): each apply undoes the
-  other's weights, and drift repair makes them flap.
+  other's weights, and drift repair makes them flap;
+* across sections, an actuator ``stale_after_s`` not above the edge controller's ``interval_s``: every
+  decision is stale before the next arrives, the actuator fails static between them (``opsloop config
+  check`` and every service's load refuse it in one line naming both keys).
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from pathlib import Path
 import pytest
 
 from opsloop.audit import AuditLog
-from opsloop.config import Settings
+from opsloop.config import ConfigError, Settings, load_settings, validation_errors
 from opsloop.controllers.actuators.applier import EdgeActuator
 from opsloop.controllers.actuators.config import ActuatorConfigError, HaproxyTargetConfig, actuator_config
 from opsloop.controllers.actuators.haproxy import HaproxyTarget
 from opsloop.controllers.actuators.store import WeightStore
 from opsloop.records import EdgeWeights
 from tests.controllers.actuators.support import ListSink
+from tests.helpers import REPO, run_cli, write_config
 
 
 def haproxy(listener: str = "web", backend: str = "be_web", socket: str = "/run/haproxy/admin.sock",
@@ -87,3 +91,25 @@ def test_why_two_origins_on_one_server_cannot_work(tmp_path: Path) -> None:
     res = act.apply(EdgeWeights(version=1, listener="web", edge="ams1", weights={"near": 0.25, "far": 0.75},
                                 computed_at=time.time()))
     assert res.result == "mismatch"
+
+
+# -- across sections: the actuator's staleness against the controller's interval ----------------------
+EDGE = {"topology_file": str(REPO / "controllers" / "edge" / "topology.yaml")}
+
+
+def test_an_actuator_that_would_find_every_decision_stale_is_refused_naming_both_keys(tmp_path: Path) -> None:
+    # one decision per 15 s: at stale_after_s 15 each one is stale before the next, the actuator fails static
+    doc = {"controllers": {"actuator": {"stale_after_s": 15}, "edge": {**EDGE, "interval_s": 15}}}
+    line = ("controllers.actuator.stale_after_s (15) must be above controllers.edge.interval_s (15): the controller "
+            "publishes one decision per interval")
+    errors = validation_errors(doc)
+    assert len(errors) == 1 and errors[0].startswith(line), errors
+    with pytest.raises(ConfigError, match=r"1 error:\n  controllers\.actuator\.stale_after_s \(15\)"):
+        load_settings(write_config(tmp_path / "bad.yaml", doc), discover=False)
+    res = run_cli("config", "check", str(write_config(tmp_path / "bad.yaml", doc)))
+    assert res.returncode == 2 and line in res.stderr and len(res.stderr.strip().splitlines()) == 2, res.stderr
+
+
+def test_an_actuator_staleness_above_the_interval_passes_and_no_edge_section_means_no_check() -> None:
+    assert validation_errors({"controllers": {"actuator": {"stale_after_s": 16}, "edge": {**EDGE, "interval_s": 15}}}) == []
+    assert validation_errors({"controllers": {"actuator": {"stale_after_s": 1}}}) == []

@@ -62,3 +62,17 @@ def test_token_from_file_or_env_and_too_short_refused(tmp_path: Path, monkeypatc
     assert "short" not in str(e.value).replace("shorter", "")   # the token itself is never echoed
     with pytest.raises(ConfigError, match="token_file"):
         read_token(ApiSettings(token_file=tmp_path / "missing"))
+
+
+def test_demand_staleness_not_above_the_collection_interval_is_refused_naming_both_keys() -> None:
+    from opsloop.config import validation_errors
+
+    edge = {"topology_file": str(EXAMPLE), "interval_s": 5, "controller": {"stale_after_s": 10}}
+    # demand measured every 10 s (+ up to 2 s of jitter): at 10 s it is stale before the next measurement
+    errors = validation_errors({"collector": {"interval_s": 10, "jitter_s": 2}, "controllers": {"edge": edge}})
+    assert errors == ["controllers.edge.controller.stale_after_s (10) must be above collector.interval_s (10) + "
+                      "collector.jitter_s (2): demand is measured once per collection, so every measurement would be "
+                      "stale before the next and the controller would hold between them"]
+    # the collector's default interval (15 s) counts when the file sets none
+    assert "collector.interval_s (15)" in validation_errors({"controllers": {"edge": edge}})[0]
+    assert validation_errors({"collector": {"interval_s": 5, "jitter_s": 2}, "controllers": {"edge": edge}}) == []
