@@ -13,12 +13,14 @@ from typing import Any
 
 import requests
 
+from opsloop.bounded_http import request as bounded_request
 from opsloop.log import get_logger
 from opsloop.redact import redact_credentials
 
 log = get_logger("paging.alertmanager")
 
 
+MAX_REPLY_BYTES = 1024 * 1024  # Alertmanager answers a post with a few bytes (an error: a line)
 MAX_ALERTS_PER_POST = 250   # 0.5-1 s of a real Alertmanager's work (2 shared cores): inside request_timeout_s
 
 
@@ -72,14 +74,14 @@ class AlertmanagerClient:
 
     def _post_chunk(self, url: str, alerts: list[dict[str, Any]]) -> PostResult:
         endpoint = f"{url}/api/v2/alerts"
-        resp = self.session.post(endpoint, json=alerts, timeout=self.timeout_s)
+        resp = self._post_json(endpoint, alerts)
         if resp.status_code == 200:
             return PostResult(accepted=len(alerts))
         if resp.status_code == 400 and len(alerts) > 1:
             # One bad alert spoils the batch: find it by sending one at a time.
             out = PostResult()
             for a in alerts:
-                single = self.session.post(endpoint, json=[a], timeout=self.timeout_s)
+                single = self._post_json(endpoint, [a])
                 if single.status_code == 200:
                     out.accepted += 1
                 elif single.status_code == 400:
@@ -90,6 +92,12 @@ class AlertmanagerClient:
         if resp.status_code == 400:
             return PostResult(rejected=[(alerts[0], resp.text.strip()[:300])])
         raise AlertmanagerError(f"HTTP {resp.status_code}: {resp.text.strip()[:200]}")
+
+    def _post_json(self, endpoint: str, body: list[dict[str, Any]]) -> requests.Response:
+        # The whole reply within timeout_s, not each read: an Alertmanager (or proxy) answering a byte
+        # now and then held the paging loop, and the next member of an HA pair was never tried.
+        return bounded_request(self.session, "POST", endpoint, json=body, timeout_s=self.timeout_s,
+                               total_s=self.timeout_s, max_bytes=MAX_REPLY_BYTES)
 
     def close(self) -> None:
         self.session.close()
