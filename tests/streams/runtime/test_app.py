@@ -138,3 +138,24 @@ def test_a_name_filter_that_raises_dead_letters_the_batch_like_a_failing_handler
     assert broken.got == [] and every.got == []
     with pytest.raises(KeyError):   # outside decode_and_handle, FanOut.handle raises it
         FanOut("t", [broken, every]).handle(batch.metrics, 0.0)
+
+
+@pytest.mark.parametrize("key,value,headers", [(b"lb1", b'{"metrics": []}', []), (None, b"x", [("h", b"1")]),
+                                               (b"k", None, None), (b"", b"", [])])
+def test_raw_topics_decode_a_record_as_faust_s_raw_codec_does(tmp_path: Path, key: Any, value: Any,
+                                                               headers: Any) -> None:
+    # RawSchema skips Faust's codec lookup per record; the event must be the one Faust's decode builds.
+    import faust
+    from faust.types.tuples import ConsumerMessage
+
+    from opsloop.streams.runtime.app import RawSchema, raw_topic
+
+    app = create_app(_settings(tmp_path), app_id="t-raw-schema")
+    ours = raw_topic(app, "telemetry.lb")
+    faust_s = app.topic("telemetry.lb", schema=faust.Schema(key_serializer="raw", value_serializer="raw"))
+    assert isinstance(ours.schema, RawSchema) and not isinstance(faust_s.schema, RawSchema)
+    msg = ConsumerMessage("telemetry.lb", 3, 17, 0.0, 0, headers, key, value, None, None)
+    mine, theirs = asyncio.run(ours.decode(msg, propagate=True)), asyncio.run(faust_s.decode(msg, propagate=True))
+    assert (mine.key, mine.value, mine.headers, mine.message) == (theirs.key, theirs.value, theirs.headers, msg)
+    assert ours.prepare_key(b"k", None) == faust_s.prepare_key(b"k", None)   # sending: the raw codec as before
+    assert ours.prepare_value(b"v", None) == faust_s.prepare_value(b"v", None)
