@@ -40,6 +40,17 @@ def shown(value: object) -> str:
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
 
 
+# A setting named like a secret never has its value shown (its *_file path may be): a numeric password
+# (`password: 12345678`, read by YAML as an int) or a secret put where its variable's name goes was
+# printed whole after "got".
+_SECRET_NAMES = ("password", "secret", "token", "passwd", "credential", "authorization", "api_key")
+
+
+def _secret_setting(loc: tuple[Any, ...]) -> bool:
+    name = next((str(p).lower() for p in reversed(loc) if isinstance(p, str)), "")
+    return any(m in name for m in _SECRET_NAMES) and not name.endswith("_file")
+
+
 def error_lines(e: ValidationError, prefix: str = "") -> list[str]:
     """One ``path: reason (got value)`` line per error; ``prefix`` is the section's path (``"a.b."``)."""
     lines = []
@@ -54,6 +65,8 @@ def error_lines(e: ValidationError, prefix: str = "") -> list[str]:
             lines.append(f"{where}: required setting missing")
         elif isinstance(err.get("input"), dict) and err.get("type", "").startswith("value_error"):
             lines.append(f"{where}: {msg}")   # a model-level check: its message names the fields
+        elif _secret_setting(err.get("loc", ())):
+            lines.append(f"{where}: {msg} (value not shown: a secret setting)")
         else:
             lines.append(f"{where}: {msg} (got {shown(err.get('input'))})")
     return lines

@@ -68,3 +68,26 @@ def test_a_bad_config_file_is_one_line_and_exit_2(argv: list[str], case: str, tm
     assert "Traceback" not in r.stderr and len(lines) == 1, r.stderr[-2000:]
     assert str(cfg) in lines[0], lines[0]
     assert SECRET not in r.stderr + r.stdout, lines[0]
+
+
+def test_a_secret_setting_with_a_bad_value_is_named_not_shown(tmp_path: Path) -> None:
+    # YAML reads an all-digit password as an int; a secret put where its variable's name goes: both
+    # failed validation and were printed whole after "got".
+    digits = "98765432101"
+    cfg = tmp_path / "opsloop.yaml"
+    cfg.write_text(f"""
+kafka:
+  security: {{protocol: SASL_SSL, sasl_mechanism: PLAIN, username: u, password: {digits}}}
+audit:
+  elasticsearch: {{username: u, password: [{SECRET}], api_key: {digits}}}
+collectors:
+  ipmi:
+    hosts: [{{name: a, bmc: x, password_env: "{SECRET}!"}}]
+""")
+    r = run_cli("config", "check", str(cfg))
+    assert r.returncode == 2, r.stderr
+    for path in ("kafka.security.password", "audit.elasticsearch.password", "audit.elasticsearch.api_key",
+                 "collectors.ipmi.hosts.0.password_env"):
+        assert f"  {path}: " in r.stderr, (path, r.stderr)
+    assert digits not in r.stderr and SECRET not in r.stderr, r.stderr
+    assert "value not shown" in r.stderr
