@@ -64,6 +64,10 @@ def _keystone_message(resp: requests.Response) -> str:
     return f": {msg}" if msg else ""
 
 
+def _iso_seconds(value: str) -> float:
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
 class KeystoneProber:
     def __init__(self, url: str, credentials: ProbeCredentials, timeout_s: float, samples: int,
                  region: str = "us-east-1") -> None:
@@ -74,7 +78,7 @@ class KeystoneProber:
         self.region = region
         self._session = requests.Session()
         self._token: str | None = None
-        self._token_expires = 0.0
+        self._token_expires = 0.0  # time.monotonic()
 
     def close(self) -> None:
         self._session.close()
@@ -98,16 +102,21 @@ class KeystoneProber:
         if resp.status_code != 201 or "X-Subject-Token" not in resp.headers:
             raise ProbeFailure(self._status_error(target, resp, "issuing the service token"),
                                str(resp.status_code), stop_round=True)
+        # The lifetime on Keystone's clock (expires_at - issued_at), counted down on our monotonic clock:
+        # expires_at against our wall clock took every token for expired on a host an hour ahead, and a
+        # token was issued per probe request.
         try:
-            expires = resp.json()["token"]["expires_at"]
-            self._token_expires = dt.datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp()
+            token = resp.json()["token"]
+            expires, issued = (_iso_seconds(token[k]) for k in ("expires_at", "issued_at"))
+            lifetime = expires - issued
         except (ValueError, KeyError, TypeError, AttributeError):
-            self._token_expires = time.time() + 600  # unknown expiry: re-issue in 10 minutes
+            lifetime = 600.0  # unknown expiry: re-issue in 10 minutes
+        self._token_expires = time.monotonic() + lifetime
         self._token = resp.headers["X-Subject-Token"]
         return self._token
 
     def service_token(self) -> str:
-        if self._token is None or time.time() > self._token_expires - TOKEN_REFRESH_MARGIN_S:
+        if self._token is None or time.monotonic() > self._token_expires - TOKEN_REFRESH_MARGIN_S:
             return self._issue_token()
         return self._token
 
