@@ -15,6 +15,9 @@ The near origin flaps twice (health file down, then up as soon as the controller
   requests;
 * the second flap, soon after the first, is held down **longer** (back-off).
 
+Then every origin goes DOWN: the controller holds the weights in force (mode ``hold``), HAProxy keeps them
+(never all-zero) and a critical ``edge.capacity_shortfall`` names the edge served nothing.
+
 Everything is counted in controller intervals (the decisions published on ``edge.weights``, one per tick) and
 in HAProxy's request counters; no duration is asserted.
 """
@@ -32,7 +35,7 @@ import pytest
 from opsloop.controllers.actuators.store import WeightStore
 from opsloop.lab.traffic import TrafficGenerator
 from opsloop.lb.haproxy import HaproxyAPI, parse_show_stat
-from opsloop.records import EdgeWeights
+from opsloop.records import EdgeWeights, Finding
 from opsloop.topics import Topic
 from tests.e2e.pipeline import (BACKEND, LISTENER, EdgeControl, applied, loop_config, start_collector,
                                 start_weight_actuator, start_worker, wait_ticks)
@@ -107,7 +110,7 @@ def returns(decisions: list[EdgeWeights]) -> list[list[EdgeWeights]]:
     return runs
 
 
-def test_flapping_origin_is_held_down_ramped_in_and_backed_off_on_haproxy(stack, lab_edge, tmp_path: Path) -> None:
+def test_flapping_origin_held_down_ramped_in_backed_off_then_all_down_held_on_haproxy(stack, lab_edge, tmp_path: Path) -> None:
     lab_edge.start(capacities={"near": NEAR_CAPACITY})
     loop = loop_config(tmp_path, stack, lab_edge.admin_socket, NEAR_CAPACITY,
                        controller={"hold_down_max_intervals": 16})
@@ -127,6 +130,17 @@ def test_flapping_origin_is_held_down_ramped_in_and_backed_off_on_haproxy(stack,
             flap(health_file, ctl)
             applied(hap, ctl, loop.lb)
             wait_ticks(ctl, 1)
+        # then every origin DOWN: the controller holds (fail static) and HAProxy keeps the weights in force
+        # (one origin seen DOWN first may have taken the other's share; the actuator refuses that move if
+        # HAProxy saw both DOWN before it came: either way, what HAProxy has two ticks on it keeps)
+        for origin in lab_edge.origins:
+            origin.health_file(lab_edge.workdir).write_text("down")
+        seen_down = wait_until(lambda: (s := ctl.status()).get("checks_down") == ["far", "near"] and s, timeout=60,
+                               interval=0.1, what="the controller seeing every origin DOWN")
+        wait_ticks(ctl, 2)
+        before = {o: hap.get_weight(BACKEND, o)[0] for o in ("near", "far")}
+        all_down = wait_ticks(ctl, 3)
+        after = {o: hap.get_weight(BACKEND, o)[0] for o in ("near", "far")}
     finally:
         gen.stop()
         actuator.stop()
@@ -162,6 +176,15 @@ def test_flapping_origin_is_held_down_ramped_in_and_backed_off_on_haproxy(stack,
         assert len(steps) >= 3, steps
         assert all(abs(want - got) <= 0.01 for want, got in steps), steps
         assert [got for _, got in steps] == sorted(got for _, got in steps), steps
+
+    # every origin DOWN: held, not all-zero, and paged naming the edge served nothing
+    assert all_down["mode"] == "hold" and "no healthy origin" in all_down["reason"], all_down
+    assert all_down["version"] == seen_down["version"] and all_down["weights"] == seen_down["weights"], all_down
+    assert after == before and sum(after.values()) > 0, (before, after)
+    shortfall = [f for r in read_topic(stack.kafka_bootstrap, Topic.FINDINGS.value)
+                 if (f := Finding.decode(r.value)).detector == "edge.capacity_shortfall"
+                 and f"nothing served at edge(s) {loop.lb}" in f.explanation]
+    assert shortfall and shortfall[0].severity.value == "critical", shortfall
 
     # and what it served: while its check said UP but its weight was still 0 (held down) near got no request;
     # those samples exist for both returns, and once weighted in it served requests again
