@@ -246,9 +246,11 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
 def read_document(p: Path) -> dict[str, Any]:
     """The config file's mapping, unvalidated; ConfigError in one line naming the file if unreadable."""
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"config file {p}: {e.strerror}") from None
+    except UnicodeDecodeError as e:  # a latin-1 comment, a UTF-16 file: was a traceback in every command
+        raise ConfigError(f"config file {p}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
     try:
         loaded = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -13,11 +13,13 @@ from opsloop.cli import COMMANDS, build_parser
 from tests.helpers import run_cli
 
 SECRET = "s3cr3t-in-the-file"
-BAD_FILES = {
+BAD_FILES: dict[str, str | bytes | None] = {
     "missing": None,
     "unclosed quote": f'kafka:\n  sasl_password: "{SECRET}\n  sasl_username: me\n',
     "unclosed list": f"kafka:\n  sasl_password: [{SECRET}\n",
     "not a mapping": f"- {SECRET}\n",
+    # a latin-1 comment (or a UTF-16 file from another editor): a UnicodeDecodeError traceback in every command
+    "not UTF-8": f"# r\xe9seau\nkafka:\n  security: {{password: {SECRET}}}\n".encode("latin-1"),
 }
 
 
@@ -60,7 +62,9 @@ def test_the_walk_finds_the_services() -> None:
 def test_a_bad_config_file_is_one_line_and_exit_2(argv: list[str], case: str, tmp_path: Path) -> None:
     cfg = tmp_path / "opsloop.yaml"
     text = BAD_FILES[case]
-    if text is not None:
+    if isinstance(text, bytes):
+        cfg.write_bytes(text)
+    elif text is not None:
         cfg.write_text(text)
     r = run_cli(*argv, "--config", str(cfg), timeout=60)
     lines = r.stderr.strip().splitlines()
