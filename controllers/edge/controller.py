@@ -46,7 +46,10 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    headroom, before the origin is over; it only takes traffic off origins above their plan and
    gives an origin no more than keeps it within its plan for worst-case elastic clients. Above
    capacity but within the margin (*warm*): a ``relax_gain`` fraction of the decrease per
-   interval. In a shortfall an origin is hot only
+   interval. A reading over capacity that the origin's own response time contradicts (an
+   origin seen to slow down when overloaded that answered at its unloaded speed all through
+   the interval) is measurement noise: nothing is shed, eased or relieved for it. In a
+   shortfall an origin is hot only
    above the common overload factor by the margin on the estimate and, on the last
    measurement, by 2σ of the demand noise (3–5 %) as well (else the shares stay put).
 5. *Relax slowly and safely.* The rest of ``T − W`` is applied as ``β·(T − W)``, β ≤ ``relax_gain``
@@ -449,6 +452,9 @@ class EdgeController(Controller):
         self._over_last = np.zeros(n_origins, dtype=bool)
         self._service_base: np.ndarray | None = None  # lowest origin response time seen (unloaded)
         self._service_now: np.ndarray | None = None
+        # per origin: the slowest response time seen in an interval measured over capacity (does
+        # this origin's response time show its overload?)
+        self._over_service = np.zeros(n_origins)
 
     # -- latency and demand models ------------------------------------------------------------
     def _mean_latency(self, weights: np.ndarray, latency: np.ndarray,
@@ -514,6 +520,19 @@ class EdgeController(Controller):
         self._service_now = now
         self._service_base = now.copy() if self._service_base is None \
             else np.minimum(self._service_base, np.where(now > 0, now, self._service_base))
+
+    def _noise_only(self, over: np.ndarray) -> np.ndarray:
+        """[O]: origins read over capacity whose own response time says they were not: an origin
+        whose answers were seen to slow down when it was overloaded, but that answered at its
+        unloaded speed all through the interval, was within capacity, and the reading above it
+        is measurement noise (one high draw shed ~10 points that the next intervals took back).
+        An origin whose slowdown was never seen (or telemetry without response times) is
+        believed on its reading alone, as before."""
+        now, base = self._service_now, self._service_base
+        self._over_service = np.where(over, np.maximum(self._over_service, now), self._over_service)
+        shows_overload = self._over_service > base * 1.01 + 1e-9
+        unloaded = now <= base * (1 + 1e-4) + 1e-9  # any overload in the interval slows it
+        return over & ~self._over_last & shows_overload & unloaded
 
     def _demand_estimate(self, measured: np.ndarray, row_latency: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -763,6 +782,12 @@ class EdgeController(Controller):
             estimate, self._predicted_demand_at(current, latency))  # a shortfall stays loaded
         load = (current * offered[:, None]).sum(axis=0)
         over = healthy & (load > capacity + 1e-9)
+        # a reading over capacity that the origin's own response time contradicts is noise:
+        # neither shed nor eased off, nor relieved by a relax step below
+        noise_only = np.zeros_like(over)
+        if self._service_now is not None and solution.status == "optimal":
+            noise_only = self._noise_only(over)
+            over = over & ~noise_only
         # hot: over capacity by more than the noise margin, or over it a second interval running
         hot = over & ((load > capacity * (1 + s.hot_margin) + 1e-9) | self._over_last)
         self._over_last = over
@@ -857,12 +882,13 @@ class EdgeController(Controller):
         # far origin one share point moves the near origin's load by several per cent, so a move
         # off it on a single high draw swings the load back and forth (σ of the load: the edges'
         # measurement noise, independent, weighted by what each sends there). Only where the
-        # headroom covers that noise: demand noisier than that is planned with an uplift, whose
-        # moves are not noise-chasing but the plan for it
+        # headroom covers that noise: demand noisier than that is planned with an uplift beyond
+        # noisy_uplift, whose moves are not noise-chasing but the plan for it (a smaller uplift,
+        # from a σ estimate at the headroom's edge, left no margin at all)
         carried = current * offered[:, None]
-        quiet_sigma = np.where(uplift > 0, 0.0, self._sigma)
+        quiet_sigma = np.where(uplift > s.noisy_uplift, 0.0, self._sigma)
         load_sigma = np.sqrt(((carried * quiet_sigma[:, None]) ** 2).sum(axis=0))
-        above_plan = healthy & (load > cap_plan + load_sigma + 1e-9)
+        above_plan = healthy & (load > cap_plan + load_sigma + 1e-9) & ~noise_only
         relieves = bool((np.where(relax < 0, -relax, 0.0)[:, above_plan]).sum() > s.deadband)
         if biggest > s.deadband and (latency_gain < 0 or relieves):
             beta_max = min(s.relax_gain, s.relax_step / biggest)

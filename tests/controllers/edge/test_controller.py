@@ -245,6 +245,44 @@ def test_returning_origin_is_held_down_with_growing_back_off_then_ramped():
     assert max(np.diff([0.0, *ramp])) <= 0.5 + 1e-9 and ramp[0] < 1.0
 
 
+def test_one_high_reading_is_shed_only_when_the_origins_response_time_confirms_it():
+    latency, cap = [[20, 150]], [200, 1000]
+
+    def run(high_readings: int, near_ms: float, start_ms: float = 35.0) -> tuple[float, float, str]:
+        """Near share before and after the high readings, and the last reason."""
+        ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
+        t = 0.0
+
+        def tick(load: float, ms: float):
+            nonlocal t
+            t += 15
+            w = ctrl.weights[0, 0]
+            return ctrl.step(Observation(now=t, demand=np.array([load / w]), capacity=np.asarray(cap, float),
+                                         latency=np.asarray(latency, float), healthy=np.array([True, True]),
+                                         origin_latency_ms=np.array([ms, 10.0])))
+
+        tick(300, start_ms)  # overloaded at the start: are its answers seen to slow down?
+        for _ in range(6):
+            tick(184, 20.0)  # 92 % of capacity, answering at its unloaded speed
+        before = ctrl.weights[0, 0]
+        for _ in range(high_readings):
+            d = tick(214, near_ms)  # read 7 % over capacity
+        return before, d.weights[0, 0], d.reason
+
+    # one reading over capacity while the origin answered at its unloaded speed: measurement noise
+    before, after, reason = run(1, 20.0)
+    assert "shed" not in reason and after >= before - 0.005, (before, after, reason)
+    # the same reading with the origin answering slower: a real overload, shed at once
+    before, after, reason = run(1, 22.0)
+    assert "shed" in reason and after < before - 0.03, (before, after, reason)
+    # nor a second one while it still answers at its unloaded speed
+    before, after, reason = run(2, 20.0)
+    assert "shed" not in reason and after >= before - 0.005, (before, after, reason)
+    # an origin whose answers were never seen to slow down under overload: the reading is believed
+    before, after, reason = run(1, 20.0, start_ms=20.0)
+    assert "shed" in reason and after < before - 0.03, (before, after, reason)
+
+
 def test_origin_back_from_a_long_outage_is_held_down_one_interval_a_flapper_two():
     s = ControllerSettings(interval_s=15, hold_down_intervals=2, hold_down_max_intervals=8,
                            outage_hold_down_intervals=1, slowstart_intervals=4)
