@@ -83,7 +83,7 @@ def paging(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         am = start_alertmanager(tmp / "am", webhook)
         actuator, port = start_actuator(tmp / "paging", stack.kafka_bootstrap, am_url(am))
         config, doc = pipeline_config(tmp, stack)
-        doc["controllers"] = {"detectors": {"anomaly": {"enabled": False}}}
+        doc.setdefault("streams", {})["detectors"] = {"anomaly": {"enabled": False}}
         write_config(config, doc)
         worker = start_worker(tmp, config, doc, stack)
         try:

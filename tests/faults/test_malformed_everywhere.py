@@ -116,7 +116,7 @@ def deadletters(bootstrap: str, key: str) -> list[dict[str, Any]]:
 
 def test_every_telemetry_topic_deadletters_garbage_and_goes_on(stack, tmp_path: Path) -> None:
     config, doc = pipeline_config(tmp_path, stack)
-    doc["controllers"] = {"detectors": {"anomaly": {"enabled": False}}}
+    doc.setdefault("streams", {})["detectors"] = {"anomaly": {"enabled": False}}
     write_config(config, doc)
     worker = start_worker(tmp_path, config, doc, stack)
     port = doc["stream"]["metrics_port"]

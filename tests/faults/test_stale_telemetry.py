@@ -57,7 +57,7 @@ def stale_alerts(webhook: Any, status: str) -> list[dict[str, Any]]:
 
 def test_stale_samples_fire_the_stale_data_alert_and_fresh_ones_resolve_it(stack, tmp_path: Path) -> None:
     config, doc = pipeline_config(tmp_path, stack)
-    doc["controllers"] = {"detectors": {"anomaly": {"enabled": False}}}
+    doc.setdefault("streams", {})["detectors"] = {"anomaly": {"enabled": False}}
     write_config(config, doc)
     wport = doc["stream"]["metrics_port"]
     host = unique("stale")

@@ -44,7 +44,7 @@ async def end_with_markers(bootstrap: str, topic: str, partitions: int) -> None:
 def test_restart_recovers_a_changelog_that_ends_in_a_transaction_marker(stack: Stack, tmp_path: Path) -> None:
     config, doc = pipeline_config(tmp_path, stack)
     doc["stream"]["session_timeout_s"] = 6
-    doc["controllers"] = {"detectors": {"anomaly": {"enabled": False}}}
+    doc.setdefault("streams", {})["detectors"] = {"anomaly": {"enabled": False}}
     write_config(config, doc)
     port = doc["stream"]["metrics_port"]
     changelog = f"{doc['stream']['app_id']}-detector-state-changelog"

@@ -63,7 +63,7 @@ def test_second_worker_shares_partitions_without_losing_or_repeating(stack: Stac
     bootstrap = stack.kafka_bootstrap
     config, doc = pipeline_config(tmp_path, stack)
     doc["kafka"]["partitions"] = PARTITIONS
-    doc["controllers"] = {"detectors": {"anomaly": {"enabled": False}}}
+    doc.setdefault("streams", {})["detectors"] = {"anomaly": {"enabled": False}}
     write_config(config, doc)
     app_id = doc["stream"]["app_id"]
     tag = unique("scale")

@@ -96,7 +96,7 @@ def committed_everything(bootstrap: str, group: str, topics: list[Topic]) -> boo
 
 def detectors_config(tmp: Path, stack: Any, **detectors: Any) -> tuple[Path, dict[str, Any]]:
     config, doc = pipeline_config(tmp, stack)
-    doc["controllers"] = {"detectors": detectors}
+    doc.setdefault("streams", {})["detectors"] = detectors
     return write_config(config, doc), doc
 
 
