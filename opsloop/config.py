@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from opsloop.dotted import get_dotted
 from opsloop.kafka_security import KafkaSecurity
 from opsloop.paths import state_dir
-from opsloop.validation import error_lines
+from opsloop.validation import error_lines, yaml_error_line
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUN_DIR = state_dir()   # .run/ in a checkout, /var/lib/opsloop installed, or $OPSLOOP_STATE_DIR
@@ -258,18 +258,6 @@ def read_document(p: Path) -> dict[str, Any]:
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"config file {p}: top level must be a mapping, got {type(loaded).__name__}")
     return loaded or {}
-
-
-def yaml_error_line(e: yaml.YAMLError) -> str:
-    """One line: where and what, never the text around it. PyYAML's own message quotes the offending
-    line of the file under a caret, over several lines: a secret with a stray quote was printed whole."""
-    mark = getattr(e, "problem_mark", None)
-    problem = getattr(e, "problem", None) or type(e).__name__
-    context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    if context and cmark is not None:
-        context += f" from line {cmark.line + 1}, column {cmark.column + 1}"
-    return f"{where}{problem}" + (f" ({context})" if context else "")
 
 
 def validation_errors(doc: dict[str, Any]) -> list[str]:

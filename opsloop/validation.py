@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from opsloop.redact import redact_credentials
@@ -82,6 +83,8 @@ def describe_validation_error(e: ValidationError, prefix: str = "") -> str:
         got = repr(err.get("input"))
         if len(got) > 80:
             got = got[:77] + "..."
+        if _secret_setting(err.get("loc", ())):
+            got = "value not shown: a secret setting"
         msg = err.get("msg")
         if loc.endswith("timestamp") and err.get("type") == "less_than_equal":
             msg = ("timestamp is after 2100: looks like milliseconds or nanoseconds; expected seconds "
@@ -93,3 +96,15 @@ def describe_validation_error(e: ValidationError, prefix: str = "") -> str:
         parts.append(f"{where}: {msg} (got {got})")
     # A config value or a validator's message may quote a URL: its user:password@ never reaches the output.
     return redact_credentials("; ".join(parts))
+
+
+def yaml_error_line(e: yaml.YAMLError) -> str:
+    """One line: where and what, never the text around it. PyYAML's own message quotes the offending
+    line of the file under a caret, over several lines: a secret with a stray quote was printed whole."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or type(e).__name__
+    context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    if context and cmark is not None:
+        context += f" from line {cmark.line + 1}, column {cmark.column + 1}"
+    return f"{where}{problem}" + (f" ({context})" if context else "")

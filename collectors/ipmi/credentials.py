@@ -33,6 +33,9 @@ def resolve_password(host: ResolvedHost) -> str:
             raw = path.read_text()
         except OSError as e:
             raise CredentialError(f"password file {path} of {host.name}: {e.strerror}") from None
+        except UnicodeDecodeError as e:  # was a bare "UnicodeDecodeError" tool error naming no file
+            raise CredentialError(f"password file {path} of {host.name}: not UTF-8 text "
+                                  f"(at byte offset {e.start})") from None
         if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise CredentialError(f"password file {path} of {host.name} is readable by group/others: chmod 600 it")
         return _checked(raw.rstrip("\r\n"), f"password file {path}")

@@ -55,6 +55,8 @@ def load(file: Path | None, env_prefix: str, environ: Mapping[str, str] | None =
             loaded = yaml.safe_load(file.read_text())
         except OSError as e:
             raise CredentialsError(f"credentials file {file}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:  # a latin-1 password: was a traceback that stopped the collector
+            raise CredentialsError(f"credentials file {file}: not UTF-8 text (at byte offset {e.start})") from None
         except yaml.YAMLError as e:
             # The YAML error text can quote the offending line, which may hold a secret: do not echo it.
             mark = getattr(e, "problem_mark", None)

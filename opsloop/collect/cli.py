@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     except CollectorUnavailable as e:
         print(f"opsloop collect {a.name}: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:  # a file the section names is unusable (the IPMI inventory): was a traceback
+        print(f"opsloop collect {a.name}: {e}", file=sys.stderr)
+        return 2
     rt = settings.collector
     publisher = None
     if not (a.once and a.stdout):
