@@ -14,8 +14,9 @@ from pathlib import Path
 from opsloop.config import ConfigError, load_settings
 from opsloop.log import setup_logging
 from opsloop.metrics import serve_service_metrics, stop_on_signals
+from opsloop.redact import redact_credentials
 
-from opsloop.controllers.paging.amconfig import render_alertmanager_config
+from opsloop.controllers.paging.amconfig import render_alertmanager_config, write_private
 from opsloop.controllers.paging.config import PagingConfigError, paging_config
 from opsloop.controllers.paging.service import PagingService
 
@@ -67,10 +68,14 @@ def _render(a: argparse.Namespace) -> int:
         text = render_alertmanager_config(webhook_url=a.webhook_url, routing_key_file=a.routing_key_file,
                                           pagerduty_url=a.pagerduty_url)
     except (OSError, ValueError) as e:
-        print(f"opsloop page render-config: {e}", file=sys.stderr)
+        print(f"opsloop page render-config: {redact_credentials(str(e))}", file=sys.stderr)
         return 2
     if a.output:
-        a.output.write_text(text)
+        try:
+            write_private(a.output, text)
+        except OSError as e:  # was a traceback
+            print(f"opsloop page render-config: --output {a.output}: {e.strerror or e}", file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(text)
     return 0
