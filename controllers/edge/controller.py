@@ -45,10 +45,11 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    ramp that will carry an origin past its plan gets the same joint move with the normal
    headroom, before the origin is over; it only takes traffic off origins above their plan and
    gives an origin no more than keeps it within its plan for worst-case elastic clients. Above
-   capacity but within the margin (*warm*): a ``relax_gain`` fraction of the decrease per
-   interval. A reading over capacity that the origin's own response time contradicts (an
-   origin seen to slow down when overloaded that answered at its unloaded speed all through
-   the interval) is measurement noise: nothing is shed, eased or relieved for it. In a
+   capacity but within the margin (*warm*), by more than one σ of the load's measurement
+   noise: a ``relax_gain`` fraction of the decrease per interval. A reading over capacity that
+   the origin's own response time contradicts (an origin seen to slow down when overloaded
+   that answered at its unloaded speed all through the interval) is measurement noise:
+   nothing is shed, eased or relieved for it. In a
    shortfall an origin is hot only
    above the common overload factor by the margin on the estimate and, on the last
    measurement, by 2σ of the demand noise (3–5 %) as well (else the shares stay put).
@@ -851,12 +852,18 @@ class EdgeController(Controller):
             joint = True
         delta = target - current
 
+        # σ of each origin's load: the edges' measurement noise, independent, weighted by what
+        # each sends there (where the headroom covers it; see the relax step below)
+        carried = current * offered[:, None]
+        quiet_sigma = np.where(uplift > s.noisy_uplift, 0.0, self._sigma)
+        load_sigma = np.sqrt(((carried * quiet_sigma[:, None]) ** 2).sum(axis=0))
+        # an origin above capacity but within the margin (warm): a relax_gain fraction of the
+        # decrease, the freed share spread over the increases; not on a reading within one σ of
+        # capacity (the next reading over capacity makes it hot all the same)
+        warm = over & ~hot & (load > capacity + load_sigma + 1e-9)
         if joint:
             shed_move = delta
         else:
-            # an origin above capacity but within the margin (warm): a relax_gain fraction of
-            # the decrease, the freed share spread over the increases
-            warm = over & ~hot
             gain = np.where(warm, s.relax_gain, 0.0)
             cut = np.where(delta < 0, -delta * gain[None, :], 0.0)
             rise = np.clip(delta, 0.0, None)
@@ -885,9 +892,6 @@ class EdgeController(Controller):
         # headroom covers that noise: demand noisier than that is planned with an uplift beyond
         # noisy_uplift, whose moves are not noise-chasing but the plan for it (a smaller uplift,
         # from a σ estimate at the headroom's edge, left no margin at all)
-        carried = current * offered[:, None]
-        quiet_sigma = np.where(uplift > s.noisy_uplift, 0.0, self._sigma)
-        load_sigma = np.sqrt(((carried * quiet_sigma[:, None]) ** 2).sum(axis=0))
         above_plan = healthy & (load > cap_plan + load_sigma + 1e-9) & ~noise_only
         relieves = bool((np.where(relax < 0, -relax, 0.0)[:, above_plan]).sum() > s.deadband)
         if biggest > s.deadband and (latency_gain < 0 or relieves):
@@ -920,7 +924,6 @@ class EdgeController(Controller):
         proposal = after_shed + beta * relax
 
         parts = []
-        warm = over & ~hot
         if warm.any():
             names = ", ".join(f"#{o} {load[o]:.0f}/{capacity[o]:.0f} req/s" for o in np.flatnonzero(warm))
             parts.append(f"easing off origin(s) above capacity {names}")

@@ -283,6 +283,26 @@ def test_one_high_reading_is_shed_only_when_the_origins_response_time_confirms_i
     assert "shed" in reason and after < before - 0.03, (before, after, reason)
 
 
+def test_a_reading_within_the_noise_of_capacity_is_not_eased_off_until_it_repeats():
+    rng = np.random.default_rng(5)
+    ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
+    latency, cap = [[20, 150]], [200, 1000]
+    t = 0.0
+
+    def tick(load: float):
+        nonlocal t
+        t += 15
+        return ctrl.step(_obs([load / ctrl.weights[0, 0]], cap, latency, [True, True], now=t))
+
+    for _ in range(12):  # 2 % measurement noise around 92 % of capacity
+        tick(184 * (1 + 0.02 * rng.standard_normal()))
+    assert ctrl._sigma[0] > 0.005
+    once = tick(201)  # 0.5 % over capacity: within one σ of the load
+    assert "easing off" not in once.reason and "shed" not in once.reason, once.reason
+    again = tick(201)  # over capacity a second interval running: shed
+    assert "shed" in again.reason and again.weights[0, 0] < once.weights[0, 0] - 0.01, again.reason
+
+
 def test_origin_back_from_a_long_outage_is_held_down_one_interval_a_flapper_two():
     s = ControllerSettings(interval_s=15, hold_down_intervals=2, hold_down_max_intervals=8,
                            outage_hold_down_intervals=1, slowstart_intervals=4)
