@@ -29,6 +29,15 @@ controller's clock (``Observation.now``) therefore advances by whole intervals w
 a quarter interval of its slot (by the time elapsed otherwise: a stall, a clock step); the records'
 ``computed_at``, the inputs' age and the status keep the wall clock.
 
+Each step of the controller is one measurement, as in the simulator: a tick that finds no demand
+record newer than the last step's, with health, capacity and latency unchanged and the inputs not
+yet stale and no returning origin's hold-down or ramp-in under way (those count intervals),
+republishes the last decision (same version, fresh ``computed_at``) instead of stepping
+the controller on the same measurement again. Collectors and the controller tick at their own
+phases, so a tick regularly finds the record it already used; stepped on it, the controller read a
+repeat as demand that did not change, its measured variability fell and so did the headroom it
+plans for noise (with every 4th tick a repeat, the draws overloaded a noisy origin twice as often).
+
 Every record carries this instance's ``epoch`` (its start time in ms, above every epoch recovered
 from ``edge.weights``): actuators order decisions by ``(epoch, version)``, so a restart that lost
 the version sequence still moves the edge, and an older instance still running is refused.
@@ -72,6 +81,8 @@ class ListenerState:
     open_findings: set[str] = field(default_factory=set)
     ticks: int = 0
     response_ms: dict[str, float] = field(default_factory=dict)  # last origin response time seen
+    observed: tuple[Any, ...] = ()        # the inputs of the last observation (demand record times, topology)
+    stepped: tuple[Any, ...] | None = None  # ... and of the last one the controller stepped on
 
 
 def origin_response_ms(records: list[tuple[int, EdgeDemand]], origins: list[str],
@@ -159,8 +170,10 @@ class ControlLoop:
         down: set[str] = set()
         load: dict[str, float] = {o: 0.0 for o in state.origins}
         fresh: list[tuple[int, EdgeDemand]] = []
+        stamps: list[float | None] = []
         for i, edge in enumerate(spec.edges):
             rec = self.book.get(spec.backend_name, edge.lb_name)
+            stamps.append(None if rec is None else rec.timestamp)
             if rec is None:
                 ages.append(max(0.0, now - self.started_at))
                 continue
@@ -193,6 +206,7 @@ class ControlLoop:
             M.HEALTHY.labels(state.name, o).set(1.0 if healthy[j] else 0.0)
         if seen < len(state.edges) and age <= stale_after:
             return None, status   # not every edge heard from yet: do not plan on zero demand
+        state.observed = (tuple(stamps), healthy.tobytes(), capacity.tobytes(), latency.tobytes())
         response = origin_response_ms(fresh, state.origins, latency, state.response_ms)
         if response is not None:
             status["origin_response_ms"] = dict(zip(state.origins, response.round(3).tolist()))
@@ -225,6 +239,10 @@ class ControlLoop:
                 state.last_status = {**status, "mode": "waiting", "reason": "waiting for demand from every edge",
                                      "tick": state.ticks, "version": state.controller.version}
             return None
+        if state.last is not None and state.observed == state.stepped \
+                and obs.inputs_age_s <= self.settings.stale_after_s and not _returning(state.controller, control_now):
+            return self._repeat(state, status, now, obs.inputs_age_s)
+        state.stepped = state.observed
         decision = state.controller.step(obs)
         records = [r.model_copy(update={"epoch": self.epoch, "computed_at": now})
                    for r in decision.records(state.name, state.edges, state.origins)]
@@ -236,7 +254,7 @@ class ControlLoop:
             state.last, state.last_records = decision, records
             state.last_status = {**status, "mode": decision.mode.value, "reason": decision.reason,
                                  "tick": state.ticks, "version": decision.version, "epoch": self.epoch,
-                                 "changed": decision.changed,
+                                 "changed": decision.changed, "repeated": False,
                                  "computed_at": now,
                                  "weights": {r.edge: r.weights for r in records},
                                  "shed_rps": float(decision.shed_rps.sum())}
@@ -244,6 +262,19 @@ class ControlLoop:
             log.info("weights_changed", listener=state.name, version=decision.version, mode=decision.mode.value,
                      reason=decision.reason[:300])
         return decision
+
+    def _repeat(self, state: ListenerState, status: dict[str, Any], now: float, age: float) -> Decision:
+        """No new measurement since the last step: the last decision again, fresh (module docstring)."""
+        assert state.last is not None
+        records = [r.model_copy(update={"computed_at": now, "inputs_age_s": age}) for r in state.last_records]
+        self.publish(records, [])
+        M.TICKS.labels(state.name, "repeated").inc()
+        M.INPUTS_AGE.labels(state.name).set(age)
+        with self.lock:
+            state.last_records = records
+            state.last_status = {**state.last_status, **status, "tick": state.ticks, "computed_at": now,
+                                 "changed": False, "repeated": True}
+        return state.last
 
     def _findings(self, state: ListenerState, decision: Decision, now: float) -> list[Finding]:
         found = decision_findings(decision, state.name, state.edges, now, include_cleared=True)
@@ -277,6 +308,13 @@ class ControlLoop:
         with self.lock:
             state = self.listeners[listener]
             return [r.model_dump(mode="json") for r in state.last_records]
+
+
+def _returning(ctl: EdgeController, now: float) -> bool:
+    """A returning origin's hold-down or ramp-in under way: it moves with the intervals, not with the
+    measurements, so such a tick steps the controller even on a measurement it has seen."""
+    hold, s = ctl.hold_down, ctl.settings
+    return bool((now < hold.until + s.slowstart_intervals * s.interval_s).any())
 
 
 def _healthy(pin: bool | None, file_healthy: bool, checks_down: bool, forced: bool) -> bool:

@@ -213,17 +213,21 @@ def test_without_response_times_the_observation_has_none() -> None:
     assert obs is not None and obs.origin_latency_ms is None and "origin_response_ms" not in status
 
 
-def test_hold_down_and_ramp_in_count_intervals_whatever_the_ticks_wake_up_jitter() -> None:
+@pytest.mark.parametrize("repeats", [False, True])
+def test_hold_down_and_ramp_in_count_intervals_whatever_the_ticks_wake_up_jitter(repeats: bool) -> None:
     """A returning origin is held for ``hold_down_intervals`` ticks, then ramped in, and a second flap
     soon after is held ``hold_down_backoff`` times longer — as in the simulator, although live ticks wake
     a few ms off their slot (here each a little earlier than the last, which made a hold-down of 2
-    intervals last 3 ticks); the records keep the wall clock as ``computed_at``."""
-    h = Harness("jitter")
+    intervals last 3 ticks), and although every other tick finds no new measurement (``repeats``: the
+    hold-down counts intervals, not measurements); the records keep the wall clock as ``computed_at``."""
+    listener = f"jitter{int(repeats)}"
+    h = Harness(listener)
 
-    def tick(k: int, near_up: bool = True):
+    def tick(k: int, near_up: bool = True, fresh: bool = False):
         h.clock.t = T0 + k + 0.05 - 0.001 * k        # slot k, woken 50 ms late, less each time
-        h.demand("e1", 80.0, near_up=near_up)
-        return h.loop.tick()["jitter"]
+        if fresh or not (repeats and k % 2):
+            h.demand("e1", 80.0, near_up=near_up)
+        return h.loop.tick()[listener]
 
     k = 0
     for _ in range(4):
@@ -233,11 +237,11 @@ def test_hold_down_and_ramp_in_count_intervals_whatever_the_ticks_wake_up_jitter
     def flap() -> tuple[int, list[float]]:
         nonlocal k
         k += 1
-        assert tick(k, near_up=False).weights[0, 0] == 0.0
+        assert tick(k, near_up=False, fresh=True).weights[0, 0] == 0.0
         held, ramp = 0, []
         while True:
             k += 1
-            d = tick(k)
+            d = tick(k, fresh=held == 0)             # near seen back up at once, then every other tick
             if "holding down" in d.reason:
                 assert not ramp and d.weights[0, 0] == 0.0
                 held += 1
@@ -315,3 +319,36 @@ def test_noisy_demand_near_capacity_is_planned_with_headroom_for_its_variability
     assert np.mean([d.weights[0, 0] for _, d in noisy]) <= 0.95
     overloaded = sum(rps * float(d.weights[0, 0]) > capacity for rps, d in noisy)
     assert overloaded <= 0.05 * len(noisy), overloaded
+
+
+def test_a_tick_without_a_new_measurement_repeats_the_last_decision_instead_of_stepping_on_it() -> None:
+    """The collector and the controller tick at their own phases, so a tick often finds the demand
+    record it already used. The controller steps once per measurement, as in the simulator: the same
+    noisy measurements with a repeat after every third give the same decisions as without, and each
+    repeated tick republishes the last decision (same version, fresh ``computed_at``)."""
+    rng = np.random.default_rng(11)
+    draws = [38.0 * (1.0 + 0.1 * rng.standard_normal()) for _ in range(60)]
+
+    def run(listener: str, repeat_every: int) -> tuple[list[Decision], Harness]:
+        h = Harness(listener)
+        share, stepped = 1.0, []
+        for i, rps in enumerate(draws):
+            h.book.update(EdgeDemand(edge="e1", backend=f"be_{listener}", demand_rps=rps,
+                                     origins={"near": OriginState(rps=rps * share),
+                                              "far": OriginState(rps=rps * (1 - share))}, timestamp=h.clock.t))
+            d = h.step()
+            stepped.append(d)
+            share = float(d.weights[0, 0])
+            if repeat_every and i % repeat_every == repeat_every - 1:
+                again = h.step()                                      # no new record since the last tick
+                recs = h.published[-1][0]
+                assert again is d and recs[0].version == d.version and recs[0].computed_at == h.clock.t
+                assert h.loop.status()[listener]["repeated"] is True
+        return stepped, h
+
+    plain, _ = run("steps", 0)
+    repeated, h = run("repeats", 3)
+    assert len(h.published) == len(draws) + len(draws) // 3          # one record per tick all the same
+    for a, b in zip(plain, repeated):
+        np.testing.assert_allclose(b.weights, a.weights, atol=1e-12)
+    assert len({round(float(d.weights[0, 0]), 6) for d in plain}) > 3   # the weights did move on the noise
