@@ -60,10 +60,32 @@ class Entry:
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "Entry":
         entry = cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
-        if not isinstance(entry.version, int) or not isinstance(entry.epoch, int) \
-                or not isinstance(entry.weights, dict):
-            raise TypeError("version/epoch must be integers and weights an object")
+        # Every field checked, not only the three that order versions: a weight "lots" or applied_at
+        # "yesterday" (a hand edit, disk damage) loaded, then every apply, rollback and `weights history`
+        # failed on it with an error naming neither the file nor the line.
+        if not _int(entry.version) or not _int(entry.epoch) or not isinstance(entry.weights, dict) \
+                or not all(isinstance(k, str) and _int(v) for k, v in entry.weights.items()):
+            raise TypeError("version/epoch must be integers and weights an object of integers")
+        for name in ("shares", "decision"):
+            value = getattr(entry, name)
+            if not isinstance(value, dict) or not all(isinstance(k, str) and _number(v) for k, v in value.items()):
+                raise TypeError(f"{name} must be an object of numbers")
+        if not _number(entry.applied_at) or not (entry.computed_at is None or _number(entry.computed_at)):
+            raise TypeError("applied_at/computed_at must be numbers (seconds)")
+        if not isinstance(entry.complete, bool) or entry.action not in ACTIONS or not isinstance(entry.reason, str):
+            raise TypeError(f"complete must be true/false, action one of {sorted(ACTIONS)}, reason a string")
         return entry
+
+
+ACTIONS = frozenset({"apply", "manual", "rollback"})
+
+
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
 def _safe(name: str) -> str:
