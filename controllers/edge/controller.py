@@ -38,7 +38,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    worst case ``elasticity`` until one was seen). In a shortfall: on what clients send now.
 4. *Shed jointly and at once.* An origin is *hot* when its offered load at the current weights
    (worst-case prediction) exceeds capacity by ``hot_margin`` (3 %), or exceeds capacity for a
-   second interval running. Then every edge moves toward the joint plan with ``shed_headroom``
+   second interval running, or while its response time is more than that margin above its
+   unloaded one (the overload is real, and the slow answers hide demand). Then every edge moves toward the joint plan with ``shed_headroom``
    (8 %) in one step — the edge that makes room on an origin moves in the same step as the one
    shed onto it — and what ``max_step`` keeps an edge from moving off an origin stays there in
    the plan while the LP places the rest around it (:meth:`EdgeController._bounded_shed`). A
@@ -789,8 +790,12 @@ class EdgeController(Controller):
         if self._service_now is not None and solution.status == "optimal":
             noise_only = self._noise_only(over)
             over = over & ~noise_only
-        # hot: over capacity by more than the noise margin, or over it a second interval running
-        hot = over & ((load > capacity * (1 + s.hot_margin) + 1e-9) | self._over_last)
+        # hot: over capacity by more than the noise margin, or over it a second interval running,
+        # or with its answers more than that margin slower than unloaded: the overload is real,
+        # and an origin slowed down by it hides part of its demand from the reading
+        slowed = np.zeros_like(over) if self._service_now is None else \
+            self._service_now > self._service_base * (1 + s.hot_margin) + 1e-9
+        hot = over & ((load > capacity * (1 + s.hot_margin) + 1e-9) | self._over_last | slowed)
         self._over_last = over
         if solution.status == "shed":
             # a shortfall: every origin is over capacity by design; an origin is hot only when

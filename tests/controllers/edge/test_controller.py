@@ -283,6 +283,22 @@ def test_one_high_reading_is_shed_only_when_the_origins_response_time_confirms_i
     assert "shed" in reason and after < before - 0.03, (before, after, reason)
 
 
+def test_a_small_overload_that_slows_the_origin_down_is_shed_at_once():
+    def last(near_ms: float) -> str:
+        ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
+        for k in range(4):  # 90 % of capacity, answering at its unloaded 20 ms
+            reading, ms = (180.0, 20.0) if k < 3 else (201.0, near_ms)  # then 0.5 % over
+            d = ctrl.step(Observation(now=15.0 * (k + 1), demand=np.array([reading]),
+                                      capacity=np.array([200.0, 1000.0]), latency=np.array([[20.0, 150.0]]),
+                                      healthy=np.array([True, True]), origin_latency_ms=np.array([ms, 10.0])))
+        return d.reason
+
+    # within the hot margin, answers as fast as ever: eased off
+    assert "easing off" in last(20.0) and "shed" not in last(20.0)
+    # the same reading with answers 4 % slower: the overload is real (and hides demand): shed
+    assert "shed" in last(20.8)
+
+
 def test_a_reading_within_the_noise_of_capacity_is_not_eased_off_until_it_repeats():
     rng = np.random.default_rng(5)
     ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
