@@ -97,6 +97,7 @@ def start_weight_actuator(tmp: Path, loop: LoopConfig, stack: Stack) -> ManagedP
 
 
 LISTENER = "web"      # what loop_config names the listener and its HAProxy backend
+HTTP_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "other")   # HAProxy's hrsp_* response counters
 BACKEND = "be_web"
 
 
@@ -138,7 +139,7 @@ def server_requests(api: HaproxyAPI) -> dict[str, int]:
     out = {}
     for row in parse_show_stat(api.show_stat()):
         if row["pxname"] == BACKEND and row["svname"] in ("near", "far"):
-            out[row["svname"]] = sum(int(row.get(f"hrsp_{c}") or 0) for c in ("1xx", "2xx", "3xx", "4xx", "5xx", "other"))
+            out[row["svname"]] = sum(int(row.get(f"hrsp_{c}") or 0) for c in HTTP_CLASSES)
     return out
 
 
