@@ -267,7 +267,7 @@ class ControlLoop:
         """No new measurement since the last step: the last decision again, fresh (module docstring)."""
         assert state.last is not None
         records = [r.model_copy(update={"computed_at": now, "inputs_age_s": age}) for r in state.last_records]
-        self.publish(records, [])
+        self.publish(records, self._findings(state, state.last, now))   # open findings stay re-published
         M.TICKS.labels(state.name, "repeated").inc()
         M.INPUTS_AGE.labels(state.name).set(age)
         with self.lock:

@@ -278,6 +278,9 @@ def test_every_origin_unhealthy_holds_the_last_weights_and_pages_what_is_not_ser
     assert "nothing served at edge(s) e1" in shortfall.explanation
     assert "the same fraction" not in shortfall.explanation
     assert any(f.detector == "edge.weights_held" and not f.cleared for f in findings)
+    h.step()                                                         # no new record: the same, re-published
+    assert h.published[-1][0][0].version == d.version and h.loop.status()["allbad"]["repeated"] is True
+    assert sorted(f.detector for f in h.published[-1][1]) == ["edge.capacity_shortfall", "edge.weights_held"]
     # both back at once: served again (no other origin to wait on), both findings cleared once
     h.store.set_health("allbad", "far", None)
     h.demand("e1", 80.0)
