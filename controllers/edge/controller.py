@@ -10,7 +10,9 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
 -----------------------------------------------------------------------------------------------
 1. *Demand estimate.* The max of the last ``demand_window`` (2) measurements — a rise is seen at
    once, a fall after 2 intervals. On a *ramp* (three rises in a row, ``ramp_threshold`` per
-   interval on average and clearly above the measured noise, or two large ones; one still rising
+   interval on average and clearly above the measured noise — σ at least ``ramp_noise_floor``,
+   as σ read off a few draws runs low and three noisy draws then read as a ramp — or two large
+   ones; one still rising
    stays a ramp; an interval of a big latency change counts with its smaller reading, raw or
    corrected by the elasticity seen, unless it holds a step) one more interval of it is added; a step (a big rise, then the clients'
    transient) is not carried on. With three edges or more, two rises of the median across edges
@@ -605,8 +607,11 @@ class EdgeController(Controller):
             steady2 = ~(filled[1:][last3[-2:].argmax(axis=0), cols]
                         & (last3[-2:].max(axis=0) > 3.0 * last3[-2:].min(axis=0)))
             mean_change = last3.mean(axis=0)
+            # (σ at least the measurement-noise floor: read off a few draws it runs low, and
+            # three noisy draws on one edge then made a ramp that moved its weights)
             rising = (last3 > 0).all(axis=0) & (mean_change > s.ramp_threshold) \
-                & (mean_change > 2.5 * math.sqrt(2.0) * sigma / 3.0) & steady3
+                & (mean_change > 2.5 * math.sqrt(2.0) * np.maximum(sigma, s.ramp_noise_floor) / 3.0) \
+                & steady3
             mean_rise, last_rise = (hist[-1] - hist[-4]) / 3, hist[-1] - hist[-2]
             slope = np.where(last3[-1] >= mean_change / 3, mean_rise,
                              np.minimum(mean_rise, last_rise))

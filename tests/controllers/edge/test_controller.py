@@ -497,3 +497,22 @@ def test_a_slow_ramp_common_to_the_edges_is_read_from_three_rises():
     one = flat + [[208, 200, 200], [216, 200, 200], [224, 200, 200]]
     estimate, measured = _three_edges(one)
     assert estimate[1] <= measured[1] * 1.03 and estimate[2] <= measured[2] * 1.03
+
+
+def test_one_edge_ramp_must_clear_the_measurement_noise_floor():
+    def estimate_after(rises: list[float]) -> tuple[float, float]:
+        ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
+        rates = [200.0 * (1 + 0.003 * (-1) ** k) for k in range(10)]  # calm: σ reads ~0.3 %
+        for r in rises:
+            rates.append(rates[-1] * (1 + r))
+        for k, rate in enumerate(rates):
+            d = ctrl.step(_obs([rate], [1000, 1000], [[10, 50]], [True, True], now=15.0 * (k + 1)))
+        return float(d.demand_estimate[0]), rates[-1]
+
+    # three rises of 1.8 %: above the threshold and the (low) σ read so far, but within reach of
+    # a 2 % measurement noise (three draws can do that): no ramp planned ahead
+    estimate, last = estimate_after([0.018, 0.018, 0.018])
+    assert estimate == pytest.approx(last, rel=1e-6)
+    # rises of 4 % clear it: planned an interval ahead
+    estimate, last = estimate_after([0.04, 0.04, 0.04])
+    assert estimate > last * 1.02

@@ -30,9 +30,6 @@ SEED_MISSES: dict[tuple[str, int], set[str]] = {
     # 74 % of the baselines')
     ("noise_near_capacity", 47): {"overload-seconds", "churn", "95th-percentile",
                                   "weights oscillate"},
-    # shortfall: the shares follow the noisy estimate of who sends the excess: weights swing
-    # 3.1 points in the last 4 intervals (limit 3)
-    ("shortfall", 47): {"weights oscillate"},
     # x3 at one of three edges: 14 s over capacity against the headroom baseline's 123 s (11 %)
     ("surge_one_edge", 47): {"overload-seconds"},
     # closed-loop clients, far origin 5x the near one's latency: one share point moves the US
