@@ -11,6 +11,13 @@ last batch were caught up, ``backlog_within`` while at least one more full batch
 behind it (then the records wait anyway, and a larger batch drains them sooner). The loop is Faust's
 ``take_events`` (faust-streaming 0.15.3, pinned) with that one change: the same processor fills the
 buffer, events are acked after the caller is done with a batch, never more than ``max_`` at a time.
+
+The buffer is filled by :func:`_feed`, Faust's passive stream drainer (its Cython ``StreamIterator``)
+with one change: Faust yields to the event loop (``asyncio.sleep(0)``) before *every* event, a full
+loop round per record; the feed yields every :data:`YIELD_EVERY` events taken without waiting, as
+Faust's own consumer loop does between deliveries. The rest is Faust's: events of an older consumer
+generation or taken while the flow is suspended (a rebalance) are skipped, messages are tracked as
+unacked, the stream sensors and the current event are set, the stream's processors run.
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ import asyncio
 from typing import Any, AsyncGenerator, Callable, Optional, Sequence
 
 import faust
-from faust.types import TP, EventT
-from mode.utils.futures import notify
+from faust.exceptions import Skip
+from faust.types import TP, ChannelT, EventT
+from mode.utils.futures import maybe_async, notify
 
 Lag = Callable[[TP, int], Optional[int]]   # records behind ``offset`` in ``tp``, None when unknown
+YIELD_EVERY = 100   # events taken in a row before the feed lets other tasks run (Faust's consumer loop: 100)
 
 
 def behind(events: Sequence[EventT], lag: Lag) -> int:
@@ -106,7 +115,11 @@ async def _take_batches(stream: faust.StreamT, max_: int, within: float, backlog
 
     s.enable_acks = False   # events are acked below, once the caller is done with their batch
     s.add_processor(add_to_buffer)
-    s._enable_passive(channel_it)
+    if isinstance(s.channel, ChannelT) and not s._passive:
+        s._passive = True
+        s.add_future(_feed(s, channel_it))
+    else:   # not a Kafka channel (never in the worker): Faust's own drainer
+        s._enable_passive(channel_it)
     try:
         while not s.should_stop:
             await s.wait_for_stopped(buffer_full, timeout=timeout)
@@ -127,3 +140,84 @@ async def _take_batches(stream: faust.StreamT, max_: int, within: float, backlog
     finally:
         s.enable_acks = stream_enable_acks
         s._processors.remove(add_to_buffer)
+
+
+async def _feed(s: Any, channel_it: Any) -> None:
+    """Faust's ``Stream._passive_drainer`` over its Cython ``StreamIterator`` (faust-streaming 0.15.3),
+    yielding to the loop every :data:`YIELD_EVERY` events instead of before each (module docstring)."""
+    try:
+        s._passive_started.set()
+        try:
+            await _feed_events(s)
+        except BaseException as exc:   # as Faust: to the channel's subscribers
+            await channel_it.throw(exc)
+    finally:
+        s._channel_stop_iteration(channel_it)
+        s._passive = False
+
+
+async def _feed_events(s: Any) -> None:
+    app = s.app
+    channel = s.channel
+    queue = channel.queue
+    errors = queue._errors
+    slow_get = channel.__anext__
+    flow_active = app.flow_control.is_active
+    acking_topics = app.topics._acking_topics
+    add_unacked = app.consumer._unacked_messages.add
+    on_message_in, on_stream_event_in = s._on_message_in, s._on_stream_event_in
+    set_current_event = s._set_current_event
+    processors = s._processors
+    s._finalized = True
+    started_here = await s.maybe_start()
+    in_a_row = 0
+    try:
+        while not s.should_stop:
+            if errors:
+                raise errors.popleft()
+            if queue.empty():
+                in_a_row = 0
+                item = await slow_get()
+            else:
+                item = queue.get_nowait()
+                in_a_row += 1
+                if in_a_row >= YIELD_EVERY:
+                    in_a_row = 0
+                    await asyncio.sleep(0)
+            if not isinstance(item, EventT):   # never on a topic's channel; as Faust: a bare value
+                set_current_event(None)
+                if await _process(s, processors, item):
+                    s.events_total += 1
+                continue
+            message = item.message
+            if not flow_active() or message.generation_id != app.consumer_generation_id:
+                continue   # a rebalance began or this event predates it: Faust drops it, unacked
+            tp, offset = message.tp, message.offset
+            if message.topic in acking_topics and not message.tracked:
+                message.tracked = True
+                add_unacked(message)
+                on_message_in(tp, offset, message)
+            on_stream_event_in(tp, offset, s, item)
+            set_current_event(item)
+            try:
+                if await _process(s, processors, item.value):
+                    s.events_total += 1
+                else:
+                    await s.ack(item)   # skipped by a processor: acked at once, as Faust does
+            finally:
+                s.current_event = None
+    finally:
+        if started_here:
+            await s.stop()
+            s.service_reset()
+
+
+async def _process(s: Any, processors: Sequence[Callable[[Any], Any]], value: Any) -> bool:
+    """Run the stream's processors on ``value``; False when one of them skipped it."""
+    try:
+        for processor in processors:
+            value = await maybe_async(processor(value))
+        await s.on_merge(value)
+    except Skip:
+        return False
+    return True

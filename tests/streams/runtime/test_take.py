@@ -58,3 +58,44 @@ def test_the_long_window_needs_a_full_batch_waiting(waiting: int, window: float)
 def test_backlog_window_is_validated(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="batch_backlog_within_s"):
         load_settings(None, {"stream": {"data_dir": str(tmp_path), "batch_backlog_within_s": 0}})
+
+
+def test_the_feed_takes_events_of_the_current_generation_and_drops_older_ones_unacked(tmp_path: Path) -> None:
+    # take_batches fills its buffer with its own feed (Faust's drainer without a loop round per event);
+    # it must keep Faust's rebalance rule: an event fetched before the last rebalance is dropped, not
+    # handed to the agent, and not acked (its partition's new owner reads it from the committed offset).
+    import asyncio
+
+    import faust
+    from faust.types.tuples import ConsumerMessage
+
+    from opsloop.streams.runtime.app import create_app
+    from opsloop.streams.runtime.take import YIELD_EVERY, take_batches
+
+    app = create_app(load_settings(None, {"stream": {"data_dir": str(tmp_path / "streams")}}), app_id="t-feed")
+
+    async def main() -> tuple[list[int], list[bool], int]:
+        app.flow_control.resume()
+        app.consumer_generation_id = 7
+        channel = app.channel(maxsize=1000)
+        stream = app.stream(channel)
+        n = YIELD_EVERY + 5   # past one yield to the loop
+        events = []
+        for i in range(n):
+            msg = ConsumerMessage("telemetry.ipmi", 0, i, 0.0, 0, [], b"k", b"v%d" % i, None,
+                                  generation_id=6 if i % 10 == 3 else 7)
+            events.append(faust.Event(app, b"k", msg.value, {}, msg))
+            await channel.put(events[-1])
+        got: list[int] = []
+        async for batch in take_batches(stream, n, 0.05, 0.05, lambda tp, off: None):
+            got += [e.message.offset for e in batch]
+            if len(got) >= n - n // 10 - 1:
+                break
+        await stream.stop()
+        return got, [e.message.acked for e in events], stream.events_total
+
+    got, acked, total = asyncio.run(main())
+    stale = {i for i in range(YIELD_EVERY + 5) if i % 10 == 3}
+    assert got == [i for i in range(YIELD_EVERY + 5) if i not in stale]   # in order, none stale
+    assert [i for i, a in enumerate(acked) if a] == got                      # acked once handed out
+    assert total == len(got)
