@@ -12,7 +12,7 @@ The threshold counts objects allocated and not yet freed. Between batches the wo
 being filled (Faust's event, message and headers per record, up to ``stream.batch_size`` records:
 tens of thousands of objects) and the changelog messages waiting to be sent; they are all freed after their
 batch. At 10,000 every batch was walked by 12-15 young and a few middle-generation collections
-(0.1-0.25 s in a 30-round run of the fleet bench, 640k samples); at 50,000 a batch is mostly freed before a
+(0.14-0.27 s in a 30-round run of the fleet bench, 640k samples); at 50,000 a batch is mostly freed before a
 collection comes (2-3 young collections a run), ~0.2-0.3 µs a sample less.
 """
 
