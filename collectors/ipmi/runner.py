@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 
+from opsloop.collect.tool import reap
+
 MAX_OUTPUT_BYTES = 1024 * 1024  # an SDR dump is a few KiB; anything near this is garbage
 
 
@@ -49,10 +51,10 @@ def run_tool(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | 
     except subprocess.TimeoutExpired:
         timed_out = True
         _kill_group(proc)
-        out, err = proc.communicate()
+        out, err = reap(proc)  # bounds the wait for pipes an orphan of the tool holds
     except BaseException:
         _kill_group(proc)
-        proc.communicate()
+        reap(proc)
         raise
     # No group kill after a clean exit: the leader is reaped, so its pid may already name an
     # unrelated process. A child that kept our pipes open makes communicate() time out while

@@ -42,14 +42,33 @@ def run_tool(argv: list[str], timeout_s: float) -> ToolResult:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        proc.communicate()  # reap, close pipes
+        reap(proc)
         raise ToolTimeout(f"{argv[0]} did not finish within {timeout_s:g}s and was killed") from None
     except BaseException:
         _kill_group(proc)
-        proc.communicate()
+        reap(proc)
         raise
     return ToolResult(tuple(argv), proc.returncode,
                       out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+
+REAP_GRACE_S = 2.0  # after SIGKILL, how long the pipes may stay open before we stop reading them
+
+
+def reap(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
+    """Reap a killed tool; its stdout and stderr (what was read of them). A process that left its group
+    (``setsid``: a helper a wrapper started, a daemonizing tool) survives the group kill holding our
+    pipes: reading them to their end hung the round for as long as it lived, so after a grace period
+    the pipes are closed instead."""
+    try:
+        out, err = proc.communicate(timeout=REAP_GRACE_S)
+        return out or b"", err or b""
+    except subprocess.TimeoutExpired as e:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()  # the leader itself was in the killed group
+        return e.output or b"", e.stderr or b""
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
