@@ -12,8 +12,11 @@ The ``-Ln`` listing is parsed by :func:`opsloop.lb.ipvs.parse_ipvsadm_list` (the
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 
+from opsloop.collect.tool import reap
 from opsloop.lb.ipvs import (LvsParseError, RealServer, ServiceKey, parse_ipvsadm_list, parse_real_spec,
                              parse_service_spec)
 
@@ -54,19 +57,31 @@ class LvsTarget:
     def _run(self, args: list[str], stdin: str | None = None) -> str:
         argv = [*self.config.command, *args]
         try:
-            proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=self.config.timeout_s)
+            # A process group of its own, killed whole on timeout: subprocess.run killed only the direct
+            # child, so under a wrapper (sudo) a hung ipvsadm lived on, one per retry, and a late write
+            # could put old weights back after a newer apply.
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, start_new_session=True)
         except FileNotFoundError:
             raise ActuatorError(f"{self.describe()}: cannot execute {argv[0]} (install ipvsadm)", "unreachable") \
                 from None
+        try:
+            stdout, stderr = proc.communicate(stdin, timeout=self.config.timeout_s)
         except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            reap(proc)  # type: ignore[arg-type]
             raise ActuatorError(f"{self.describe()}: {' '.join(argv[-3:])} timed out after "
                                 f"{self.config.timeout_s}s", "unreachable") from None
+        except BaseException:
+            _kill_group(proc)
+            reap(proc)  # type: ignore[arg-type]
+            raise
         if proc.returncode != 0:
-            err = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
+            err = (stderr.strip() or stdout.strip() or "no output").splitlines()
             kind = "unreachable" if any("initialize ipvs" in e for e in err) else "command"
             raise ActuatorError(f"{self.describe()}: ipvsadm {' '.join(args[:2])} exit {proc.returncode}: "
                                 f"{' | '.join(err[-3:])[:300]}", kind)
-        return proc.stdout
+        return stdout
 
     def _live(self) -> dict[str, RealServer]:
         text = self._run(["-Ln", "--exact"])
@@ -121,3 +136,10 @@ class LvsTarget:
 
     def down(self) -> set[str]:
         return set()  # ipvsadm has no health view; keepalived/ldirectord quiesce a dead real to weight 0
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # pgid == pid: start_new_session=True
+    except ProcessLookupError:
+        pass
