@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import orjson
-import yaml
 from pydantic import ValidationError
 
 from opsloop.collect.types import CollectorUnavailable
+from opsloop.config import ConfigError, read_document
 from opsloop.validation import describe_validation_error
 
 from opsloop.collectors.netperf.collector import NetperfCollector
@@ -35,9 +35,7 @@ exit status: 0 all targets measured, 1 some target failed, 2 bad config or tool 
 
 def load_section(path: Path) -> dict:
     """The ``collectors.netperf`` section of a config file (or a file holding only that section)."""
-    doc = yaml.safe_load(path.read_text())
-    if not isinstance(doc, dict):
-        raise ValueError(f"{path}: expected a YAML mapping")
+    doc = read_document(path)  # one line naming line and column, never PyYAML's quote of the file's text
     if "collectors" in doc:
         section = (doc.get("collectors") or {}).get("netperf")
         if not isinstance(section, dict):
@@ -57,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as e:
         print(f"{args.config}: collectors.netperf: {describe_validation_error(e)}", file=sys.stderr)
         return 2
-    except (OSError, ValueError, yaml.YAMLError) as e:
+    except ConfigError as e:  # it names the file
+        print(e, file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as e:
         print(f"{args.config}: {e}", file=sys.stderr)
         return 2
     if args.check:
