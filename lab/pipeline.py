@@ -25,7 +25,7 @@ from typing import Callable
 
 import yaml
 
-from opsloop.config import DEFAULT_RUN_DIR, REPO_ROOT, ConfigError, Settings, load_settings
+from opsloop.config import DEFAULT_RUN_DIR, REPO_ROOT, ConfigError, Settings, load_settings, read_document
 from opsloop.controllers.edge.service.api_token import create_token_file
 from opsloop.controllers.paging.amconfig import write_alertmanager_config
 from opsloop.lab.edge import EdgeSpec, OriginSpec, haproxy_process, origin_process
@@ -139,7 +139,9 @@ LAB_ANOMALY = {"series": [{"metric": "ipmi_power", "field": "watts"}], "clear_af
 
 def effective_config(base: Path | None, run_dir: Path, ports: LabPorts = LabPorts()) -> tuple[Settings, Path]:
     """The user's config (or defaults) plus the lab's addresses, written where the processes read it."""
-    doc: dict = (yaml.safe_load(base.read_text()) if base else {}) or {}
+    # The shared reader: a missing, non-UTF-8, non-YAML or non-mapping file is one ConfigError line
+    # naming the file (yaml.safe_load here was a traceback and exit 1).
+    doc: dict = read_document(base) if base else {}
     collectors = doc.setdefault("collectors", {})
     collectors.setdefault("haproxy", {"instances": {"lab-edge": str(run_dir / "lab" / "haproxy.sock")}})
     collectors.setdefault("ipmi", {"inventory": str(run_dir / "bmcs" / "inventory.yaml"), "timeout_s": 6})

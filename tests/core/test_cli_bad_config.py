@@ -45,11 +45,6 @@ def _argv(path: list[str], parser: argparse.ArgumentParser) -> list[str] | None:
 
 COMMANDS_WITH_CONFIG = [argv for name in COMMANDS for path, p in _leaves([name], build_parser(name))
                         if (argv := _argv(path, p)) is not None]
-# `opsloop run` (lab/pipeline.py, effective_config) reads the file with yaml.safe_load itself: a traceback
-# and exit 1 for each bad file. Known and reported; opsloop.config.read_document is the one-line fix.
-KNOWN = {"run": "lab/pipeline.py reads the config file itself (traceback, exit 1)"}
-COMMANDS_WITH_CONFIG = [pytest.param(a, marks=pytest.mark.xfail(strict=True, reason=KNOWN[a[0]]))
-                        if a[0] in KNOWN else a for a in COMMANDS_WITH_CONFIG]
 
 
 def test_the_walk_finds_the_services() -> None:
