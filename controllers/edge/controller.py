@@ -404,10 +404,14 @@ class HoldDown:
             self.up = healthy.copy()
             return np.ones(len(healthy))
         back = healthy & ~self.up
-        moved = back | (~healthy & self.up)
-        # an origin that stayed put for the longest hold-down has its flaps forgotten
+        gone = ~healthy & self.up
+        moved = back | gone
+        # an origin that stayed put for the longest hold-down has its flaps forgotten: one back
+        # after that long down (a repair), and one that served that long before it went down
+        # (Envoy lowers its ejection multiplier while a host stays healthy): its next return is
+        # a first flap, not the back-off of flaps long past
         quiet = now - self.changed_at > s.hold_down_max_intervals * interval
-        self.flaps[back & quiet] = 0
+        self.flaps[(back | gone) & quiet] = 0
         self.flaps[back] += 1
         hold = np.minimum(s.hold_down_intervals * s.hold_down_backoff ** (self.flaps - 1),
                           s.hold_down_max_intervals) * interval

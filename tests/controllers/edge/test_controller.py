@@ -516,3 +516,27 @@ def test_one_edge_ramp_must_clear_the_measurement_noise_floor():
     # rises of 4 % clear it: planned an interval ahead
     estimate, last = estimate_after([0.04, 0.04, 0.04])
     assert estimate > last * 1.02
+
+
+def test_a_flapper_that_then_served_healthily_for_long_returns_from_a_dip_as_a_first_flap():
+    """Three flaps, then up far longer than the longest hold-down, then one dip: the return is
+    held down for a first flap's hold-down (2 intervals), not the 4th flap's back-off (8)."""
+    s = ControllerSettings(interval_s=15, hold_down_intervals=2, hold_down_backoff=2,
+                           hold_down_max_intervals=8, slowstart_intervals=4)
+    ctrl = EdgeController(1, 2, s, initial=[[1.0, 0.0]])
+    t = 0.0
+
+    def tick(near_up: bool) -> float:
+        nonlocal t
+        t += 15
+        return ctrl.step(_obs([200], [400, 1000], [[10, 80]], [near_up, True], now=t)).weights[0, 0]
+
+    for up in [True, False, True, False, True, False, True]:
+        tick(up)
+    assert ctrl.hold_down.flaps[0] == 3
+    healthy = [tick(True) for _ in range(30)]   # held 8, ramped in, then serving for long
+    assert healthy[-1] > 0.95
+    assert tick(False) == 0.0                  # one dip
+    back = [tick(True) for _ in range(6)]
+    assert back[:2] == [0.0, 0.0] and back[2] > 0, back
+    assert ctrl.hold_down.flaps[0] == 1
