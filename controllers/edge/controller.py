@@ -438,10 +438,15 @@ class EdgeController(Controller):
     name = "ours"
 
     def __init__(self, n_edges: int, n_origins: int, settings: ControllerSettings | None = None,
-                 initial: np.ndarray | None = None) -> None:
+                 initial: np.ndarray | None = None, origin_names: list[str] | None = None) -> None:
         self.settings = settings or ControllerSettings()
         super().__init__(n_edges, n_origins, self.settings.stale_after_s, self.settings.max_step,
                          initial)
+        if origin_names is not None and len(origin_names) != n_origins:
+            raise ValueError(f"origin_names: expected {n_origins} names, got {len(origin_names)}")
+        # what the reasons call the origins (an operator reads them): their names when given
+        self.origin_names = list(origin_names) if origin_names is not None else \
+            [f"#{o}" for o in range(n_origins)]
         s = self.settings
         self._demand_history: deque[np.ndarray] = deque(
             maxlen=max(s.demand_window, s.variability_window + 2, 4))
@@ -774,6 +779,7 @@ class EdgeController(Controller):
         plan_healthy = healthy & (usable_fraction > 0)
         stranded = usable_mask(latency, healthy).any(axis=1) & \
             ~usable_mask(latency, plan_healthy).any(axis=1)
+        rescue = np.zeros_like(healthy)
         if stranded.any():
             rescue = healthy & np.isfinite(latency[stranded]).any(axis=0)
             plan_healthy |= rescue
@@ -793,6 +799,7 @@ class EdgeController(Controller):
             estimate, self._predicted_demand_at(current, latency))  # a shortfall stays loaded
         load = (current * offered[:, None]).sum(axis=0)
         over = healthy & (load > capacity + 1e-9)
+        read_over = over.copy()  # for the reason: over capacity, acted on or not
         # a reading over capacity that the origin's own response time contradicts is noise:
         # neither shed nor eased off, nor relieved by a relax step below
         noise_only = np.zeros_like(over)
@@ -937,33 +944,91 @@ class EdgeController(Controller):
                 beta = 0.0
         proposal = after_shed + beta * relax
 
+        reason = self._reason(
+            obs, latency, healthy, capacity, load, proposal, target, solution, usable_fraction,
+            rescue=rescue,
+            hot=hot, warm=warm, joint=joint, ramping_up=ramping_up, read_over=read_over,
+            noise_only=noise_only, uplift=uplift, beta=beta, biggest=biggest, limited=limited,
+            wants_move=latency_gain < 0 or relieves)
+        return Proposal.of(proposal, solution, estimate, reason, target=target)
+
+    def _names(self, mask: np.ndarray, detail=None) -> str:
+        """The origins of ``mask`` by name, each with ``detail(o)`` when given."""
+        return ", ".join(self.origin_names[o] + (f" {detail(o)}" if detail else "")
+                         for o in np.flatnonzero(mask))
+
+    def _reason(self, obs: Observation, latency: np.ndarray, healthy: np.ndarray,
+                capacity: np.ndarray, load: np.ndarray, proposal: np.ndarray, target: np.ndarray,
+                solution: Solution, usable_fraction: np.ndarray, *, rescue: np.ndarray,
+                hot: np.ndarray, warm: np.ndarray, joint: bool, ramping_up: np.ndarray,
+                read_over: np.ndarray, noise_only: np.ndarray, uplift: np.ndarray, beta: float,
+                biggest: float, limited: bool, wants_move: bool) -> str:
+        """What this step does and why, true of the weights pushed (after the final guard)."""
+        s = self.settings
+        # the weights step() will push: the guard is deterministic, so the text can name them
+        final = enforce_safety(self.weights, proposal, latency, healthy, s.max_step)
+        shortfall = solution.status == "shed"
+
+        def loads(o: int) -> str:
+            return f"{load[o]:.0f}/{capacity[o]:.0f} req/s"
+
         parts = []
         if warm.any():
-            names = ", ".join(f"#{o} {load[o]:.0f}/{capacity[o]:.0f} req/s" for o in np.flatnonzero(warm))
-            parts.append(f"easing off origin(s) above capacity {names}")
+            parts.append(f"easing off origin(s) above capacity {self._names(warm, loads)}")
         if hot.any():
-            names = ", ".join(f"#{o} {load[o]:.0f}/{capacity[o]:.0f} req/s" for o in np.flatnonzero(hot))
-            parts.append(f"shed off overloaded origin(s) {names}, every edge moved jointly")
+            what = "above the common overload factor" if shortfall else "overloaded"
+            parts.append(f"shed off {what} origin(s) {self._names(hot, loads)}, "
+                         f"every edge moved jointly")
         if joint and not hot.any():
-            parts.append("making room ahead of a ramp on origin(s) " + ", ".join(
-                f"#{o} {load[o]:.0f}/{capacity[o]:.0f} req/s" for o in np.flatnonzero(ramping_up)))
-        held = self.hold_down.held(float(obs.now)) & healthy
-        if held.any():
-            parts.append(f"holding down returning origin(s) {', '.join(f'#{o}' for o in np.flatnonzero(held))}")
-        ramping = healthy & ~held & (usable_fraction < 1.0)
+            parts.append(f"making room ahead of a ramp on origin(s) {self._names(ramping_up, loads)}")
+        # over capacity but not acted on this interval: said, so no text reads as all is well
+        if not shortfall:
+            if (read_over & noise_only).any():
+                parts.append(f"origin(s) {self._names(read_over & noise_only, loads)} read over "
+                             f"capacity while answering at unloaded speed: taken as measurement noise")
+            quiet_over = read_over & ~noise_only & ~hot & ~warm
+            if quiet_over.any():
+                parts.append(f"origin(s) {self._names(quiet_over, loads)} read over capacity "
+                             f"within the measurement noise: acted on if it repeats")
+        # "holding down" only for an origin held at weight 0 on every edge (the live test counts
+        # such decisions as held ticks with the origin's weight 0)
+        in_hold = self.hold_down.held(float(obs.now)) & healthy
+        unused = (final == 0.0).all(axis=0)
+        if (in_hold & unused).any():
+            parts.append(f"holding down returning origin(s) {self._names(in_hold & unused)}")
+        if (in_hold & ~unused & rescue).any():
+            parts.append(f"returning origin(s) {self._names(in_hold & ~unused & rescue)} used "
+                         f"before its hold-down ends: the only healthy origin of some edge")
+        if (in_hold & ~unused & ~rescue).any():
+            parts.append(f"moving off returning origin(s) {self._names(in_hold & ~unused & ~rescue)} "
+                         f"in its hold-down")
+        ramping = healthy & ~in_hold & (usable_fraction < 1.0)
         if ramping.any():
-            parts.append("ramping in origin(s) " + ", ".join(
-                f"#{o} at {usable_fraction[o]:.0%} of capacity" for o in np.flatnonzero(ramping)))
+            parts.append("ramping in origin(s) " + self._names(
+                ramping, lambda o: f"at {usable_fraction[o]:.0%} of capacity"))
         if (uplift > 0).any():
             parts.append(f"demand planned {uplift.max():.0%} above the estimate (its variability)")
         if beta > 0:
             parts.append(f"relax toward target, step {beta:.2f} of the gap")
-        if not parts:
-            parts.append("holding: a further relax step would risk overload" if limited
-                         else "at target")
+        elif not (warm.any() or joint):
+            # nothing moved by the law this interval: say why
+            if not healthy.any():
+                parts.append("holding the last weights: no healthy origin")
+            elif shortfall:
+                parts.append("shares kept: no origin above the common overload factor")
+            elif biggest <= s.deadband:
+                parts.append("at target")
+            elif not wants_move:
+                parts.append(f"holding: the move to the target ({biggest:.0%} of an edge's traffic "
+                             f"at most) would neither lower latency nor relieve an origin")
+            elif limited:
+                parts.append("holding: a further relax step would risk overload")
+            else:
+                parts.append(f"holding: a step toward the target would be under the dead band "
+                             f"({s.deadband:.1%})")
         if solution.status != "optimal":
             parts.append(solution.message)
-        return Proposal.of(proposal, solution, estimate, "; ".join(parts), target=target)
+        return "; ".join(parts)
 
 
 class _LPTargetController(Controller):

@@ -80,7 +80,8 @@ def make_controller(kind: str, scn: Scenario, initial: np.ndarray) -> Controller
     kind = canonical_kind(kind)
     if kind == "ours":
         settings = scn.controller.model_copy(update={"interval_s": scn.interval_s})
-        return EdgeController(n_edges, n_origins, settings, initial=initial)
+        return EdgeController(n_edges, n_origins, settings, initial=initial,
+                              origin_names=[o.name for o in scn.origins])
     fixed = scn.fixed_step.model_copy(update={"interval_s": scn.interval_s})
     if kind == "fixed-step":
         return FixedStepController(n_edges, n_origins, fixed, initial=initial)
