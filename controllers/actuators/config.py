@@ -28,6 +28,7 @@ from opsloop.topics import Topic
 from opsloop.validation import describe_validation_error
 
 from opsloop.controllers.actuators.mapping import HAPROXY_MAX_WEIGHT, IPVS_MAX_WEIGHT
+from opsloop.controllers.edge.service.config import SECTION as EDGE, EdgeServiceSettings
 
 SECTION = "actuator"
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$"
@@ -150,8 +151,6 @@ class ActuatorConfig(BaseModel):
         The controller publishes one decision per ``controllers.edge.interval_s``; an actuator whose
         ``stale_after_s`` is not above it finds every decision stale before the next one arrives and
         fails static between them (weights frozen while the controller is healthy)."""
-        from opsloop.controllers.edge.service.config import SECTION as EDGE, EdgeServiceSettings
-
         edge = get_dotted(doc, f"controllers.{EDGE}")
         if edge is None:
             return []
