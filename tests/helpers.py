@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 import time
+import threading
 import uuid
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import requests
 import yaml
@@ -107,3 +110,15 @@ def run_cli(*args: str, input: str | None = None, timeout: float = 120) -> subpr
 
 __all__ = ["free_port", "metrics_up", "opsloop_process", "prom_query", "read_topic", "run_cli", "scrape_metric",
            "unique", "wait_until", "write_config"]
+
+
+@contextmanager
+def serve_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """An in-process HTTP server on a free loopback port running ``handler``; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

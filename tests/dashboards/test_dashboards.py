@@ -18,7 +18,8 @@ import pytest
 import requests
 
 from opsloop.lab.traffic import TrafficGenerator
-from tests.e2e.pipeline import pipeline_config, start_collector, start_worker
+from tests.e2e.pipeline import (EdgeControl, loop_config, pipeline_config, start_collector, start_weight_actuator,
+                                start_worker, stop_all)
 from tests.helpers import REPO, prom_query, unique, wait_until
 
 DASHBOARDS = REPO / "dashboards"
@@ -237,8 +238,6 @@ def test_control_loop_panels_show_decided_applied_and_observed_shares(stack, lab
     """The closed edge loop, live (lab edge with traffic -> collector -> worker -> edge control service ->
     `opsloop weights run` -> HAProxy), scraped by Prometheus: every control-loop panel fills, and the
     decided, applied and observed shares of the "Share per origin" panel agree once the loop has settled."""
-    from tests.e2e.pipeline import loop_config, start_weight_actuator
-    from tests.e2e.test_edge_loop import EdgeControl
 
     lab_edge.start(capacities={"near": 40.0})
     loop = loop_config(tmp_path, stack, lab_edge.admin_socket)
@@ -275,11 +274,7 @@ def test_control_loop_panels_show_decided_applied_and_observed_shares(stack, lab
         # The near origin (40 req/s of 80 offered) gets about half, not everything and not nothing.
         assert 0.3 < d < 0.7, (d, a, o)
     finally:
-        gen.stop()
-        actuator.stop()
-        ctl.stop()
-        collector.stop()
-        worker.stop()
+        stop_all(gen, actuator, ctl, collector, worker)
 
 
 @pytest.mark.integration

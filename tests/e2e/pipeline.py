@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import os
 import sys
@@ -162,3 +162,20 @@ def applied(hap: HaproxyAPI, ctl: EdgeControl, lb: str) -> dict[str, Any]:
         want = (s.get("weights") or {}).get(lb, {}).get("near")
         return s if want is not None and share is not None and abs(share - want) <= 0.01 else None
     return wait_until(done, timeout=60, interval=0.2, what="weights applied in HAProxy")
+
+
+class Stoppable(Protocol):
+    def stop(self) -> Any: ...
+
+
+def stop_all(*parts: Stoppable) -> None:
+    """Stop every part in the order given (traffic first, the stream worker last), each even if an
+    earlier one failed to stop; the first failure is raised once all are stopped."""
+    errors: list[BaseException] = []
+    for part in parts:
+        try:
+            part.stop()
+        except Exception as e:   # noqa: BLE001 - re-raised below, after the rest are stopped
+            errors.append(e)
+    if errors:
+        raise errors[0]

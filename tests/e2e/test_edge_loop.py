@@ -24,7 +24,7 @@ import pytest
 from opsloop.lb.haproxy import HaproxyAPI
 from opsloop.lab.traffic import TrafficGenerator
 from tests.e2e.pipeline import (BACKEND, LISTENER, EdgeControl, applied, loop_config, server_requests, start_collector,
-                                start_weight_actuator, start_worker, wait_ticks)
+                                start_weight_actuator, start_worker, stop_all, wait_ticks)
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -116,8 +116,4 @@ def test_closed_loop_holds_capacity_moves_off_unhealthy_origin_and_back(stack, l
         assert abs(resumed["weights"][lb]["near"] - last["weights"][lb]["near"]) <= 0.25
         assert gen.codes.get(200, 0) > 0
     finally:
-        gen.stop()
-        actuator.stop()
-        ctl.stop()
-        collector.stop()
-        worker.stop()
+        stop_all(gen, actuator, ctl, collector, worker)

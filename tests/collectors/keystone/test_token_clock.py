@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from opsloop.collectors.keystone import Config, build
 from opsloop.collectors.keystone import probe as probe_module
+from tests.helpers import serve_http
 
 LIFETIME_S = 3600
 
@@ -54,13 +54,8 @@ def keystone(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     for var, value in (("USERNAME", "probe"), ("PASSWORD", "pw"), ("PROJECT", "service")):
         monkeypatch.setenv(f"OPSLOOP_KEYSTONE_{var}", value)
     FakeKeystone.issued = 0
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeKeystone)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(FakeKeystone) as url:
+        yield url
 
 
 @pytest.mark.parametrize("offset_s", [0, 2 * LIFETIME_S, -2 * LIFETIME_S],

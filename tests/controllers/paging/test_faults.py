@@ -16,9 +16,8 @@ failed, backed off and was sent whole again, and no page of the flood ever count
 from __future__ import annotations
 
 import random
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Iterator
 
 import orjson
@@ -29,6 +28,7 @@ from opsloop.controllers.paging.alertmanager import AlertmanagerClient, Backoff
 from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.service import PagingService
 from tests.controllers.paging.test_unit import T0, FlakyClient, finding
+from tests.helpers import serve_http
 
 ATTEMPTS = 1100   # past 2 ** 1024, the first power of two a float cannot hold
 
@@ -120,13 +120,8 @@ class SlowAlertmanager(BaseHTTPRequestHandler):
 @pytest.fixture
 def slow_alertmanager() -> Iterator[str]:
     SlowAlertmanager.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowAlertmanager)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(SlowAlertmanager) as url:
+        yield url
 
 
 def test_a_flood_of_distinct_findings_is_delivered_in_bodies_alertmanager_takes_in_time(
