@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from opsloop.dotted import get_dotted
 from opsloop.kafka_security import KafkaSecurity
 from opsloop.paths import state_dir
-from opsloop.validation import error_lines, yaml_error_line
+from opsloop.validation import YamlFileError, error_lines, read_yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUN_DIR = state_dir()   # .run/ in a checkout, /var/lib/opsloop installed, or $OPSLOOP_STATE_DIR
@@ -246,15 +246,9 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
 def read_document(p: Path) -> dict[str, Any]:
     """The config file's mapping, unvalidated; ConfigError in one line naming the file if unreadable."""
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"config file {p}: {e.strerror}") from None
-    except UnicodeDecodeError as e:  # a latin-1 comment, a UTF-16 file: was a traceback in every command
-        raise ConfigError(f"config file {p}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {p}: not valid YAML: {yaml_error_line(e)}") from None
+        loaded = read_yaml(p)
+    except YamlFileError as e:
+        raise ConfigError(f"config file {p}: {e}") from None
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"config file {p}: top level must be a mapping, got {type(loaded).__name__}")
     return loaded or {}

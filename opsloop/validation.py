@@ -8,6 +8,7 @@ it sits in).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -85,7 +86,7 @@ def describe_validation_error(e: ValidationError, prefix: str = "") -> str:
             got = got[:77] + "..."
         if _secret_setting(err.get("loc", ())):
             got = "value not shown: a secret setting"
-        msg = err.get("msg")
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")   # pydantic's, not the reason
         if loc.endswith("timestamp") and err.get("type") == "less_than_equal":
             msg = ("timestamp is after 2100: looks like milliseconds or nanoseconds; expected seconds "
                    "(Telegraf: json_timestamp_units = \"1s\")")
@@ -108,3 +109,25 @@ def yaml_error_line(e: yaml.YAMLError) -> str:
     if context and cmark is not None:
         context += f" from line {cmark.line + 1}, column {cmark.column + 1}"
     return f"{where}{problem}" + (f" ({context})" if context else "")
+
+
+class YamlFileError(ValueError):
+    """A YAML file that cannot be used: unreadable, not UTF-8 text or not YAML. The message is one line
+    without the file's name: the caller names the file as its users know it (config file, topology file)."""
+
+
+def read_yaml(path: Path) -> Any:
+    """The parsed YAML document of ``path`` (anything YAML gives: the caller checks its shape); the one
+    reader of every YAML file a user hands a command, so each refuses a bad one in the same one line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:   # missing, a directory, no permission
+        raise YamlFileError(f"cannot read ({e.strerror or type(e).__name__})") from None
+    except UnicodeDecodeError as e:   # a latin-1 comment, a UTF-16 file: was a traceback
+        raise YamlFileError(f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise YamlFileError(f"not valid YAML: {yaml_error_line(e)}") from None
+    except RecursionError:   # PyYAML builds nested collections recursively: '[' * 1000 was a traceback
+        raise YamlFileError("not usable YAML: nested too deeply") from None

@@ -22,7 +22,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from opsloop.controllers.edge.controller import ControllerSettings
@@ -30,7 +29,7 @@ from opsloop.controllers.edge.model import Edge, Listener, Origin, Topology
 from opsloop.controllers.edge.service.api_token import check_private
 from opsloop.config import DEFAULT_RUN_DIR, CollectorRuntimeSettings, ConfigError, Settings
 from opsloop.dotted import get_dotted
-from opsloop.validation import describe_validation_error
+from opsloop.validation import YamlFileError, describe_validation_error, read_yaml
 
 SECTION = "edge"
 TOKEN_ENV = "OPSLOOP_EDGE_API_TOKEN"
@@ -144,12 +143,13 @@ class EdgeServiceSettings(_Strict):
 
 def load_topology(path: str | Path) -> TopologySpec:
     p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise ConfigError(f"topology file {p}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"topology file {p}: not valid YAML: {e}") from None
+    try:   # the shared reader: not UTF-8 was a traceback, a YAML error PyYAML's multi-line message
+        doc = read_yaml(p)
+    except YamlFileError as e:
+        raise ConfigError(f"topology file {p}: {e}") from None
+    if not isinstance(doc, dict):   # a list's items were quoted whole in pydantic's message
+        raise ConfigError(f"topology file {p}: " + ("empty" if doc is None else
+                                                    f"top level must be a mapping, got {type(doc).__name__}"))
     try:
         return TopologySpec.model_validate(doc)
     except ValidationError as e:

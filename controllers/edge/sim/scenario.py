@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from opsloop.controllers.edge.controller import ControllerSettings, FixedStepSettings
+from opsloop.validation import YamlFileError, read_yaml
 
 # "fixed-step-headroom": the fixed-step baseline planned with our controller's headroom, so a
 # comparison does not credit the headroom alone
@@ -195,14 +195,13 @@ class Scenario(BaseModel):
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario YAML file; errors name the file and the field."""
     path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{path}: not valid YAML ({exc})") from None
+    try:   # the shared reader: not UTF-8 was a traceback, a YAML error PyYAML's multi-line message
+        doc = read_yaml(path)
+    except YamlFileError as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
     if not isinstance(doc, dict):
-        raise ScenarioError(f"{path}: expected a mapping at the top level, got {type(doc).__name__}")
+        raise ScenarioError(f"{path}: " + ("empty" if doc is None else
+                                          f"expected a mapping at the top level, got {type(doc).__name__}"))
     try:
         return Scenario.model_validate(doc)
     except ValidationError as exc:

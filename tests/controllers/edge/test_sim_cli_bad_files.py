@@ -1,0 +1,54 @@
+"""`opsloop sim --scenario FILE` with a scenario file it cannot use: exit 2 and one line naming the file
+(and the line and column of a YAML error), never a traceback. Before: a file not UTF-8 was a
+UnicodeDecodeError traceback and a YAML error PyYAML's multi-line message quoting the offending line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_cli
+
+GOOD = """name: tiny
+interval_s: 10
+duration_s: 60
+origins: [{name: near, capacity_rps: 100}]
+edges: [{name: e1, base_rps: 50, latency_ms: {near: 5}}]
+"""
+CASES: dict[str, tuple[str | bytes | None, str]] = {
+    "missing": (None, "cannot read (No such file or directory)"),
+    "a directory": ("dir", "cannot read (Is a directory)"),
+    "not UTF-8": (f"# r\xe9seau\n{GOOD}".encode("latin-1"), "not UTF-8 text (byte 0xe9 at offset 3)"),
+    "unclosed quote": ('name: "tiny\ninterval_s: 10\n',
+                       "not valid YAML: line 3, column 1: found unexpected end of stream "
+                       "(while scanning a quoted scalar from line 1, column 7)"),
+    "empty": ("# nothing yet\n", "empty"),
+    "not a mapping": ("- tiny\n", "expected a mapping at the top level, got list"),
+    "a wrong field": (GOOD.replace("interval_s: 10", "interval_s: -10"), "interval_s: "),
+    "nested too deeply": ("[" * 3000 + "]" * 3000, "nested too deeply"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_bad_scenario_file_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
+    content, expected = CASES[case]
+    f = tmp_path / "scenario.yaml"
+    if content == "dir":
+        f.mkdir()
+    elif isinstance(content, bytes):
+        f.write_bytes(content)
+    elif content is not None:
+        f.write_text(content)
+    r = run_cli("sim", "--scenario", str(f), timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, f"exit {r.returncode}: {r.stderr[-2000:]}"
+    assert "Traceback" not in r.stderr and len(lines) == 1, r.stderr[-2000:]
+    assert lines[0].startswith(f"opsloop sim: {f}: ") and expected in lines[0], lines[0]
+
+
+def test_the_good_scenario_runs(tmp_path: Path) -> None:
+    f = tmp_path / "scenario.yaml"
+    f.write_text(GOOD)
+    r = run_cli("sim", "--scenario", str(f), "--controllers", "ours", timeout=120)
+    assert r.returncode in (0, 1) and "scenario tiny: 1 edge(s)" in r.stdout, r.stderr[-2000:]
