@@ -12,7 +12,8 @@ reported as a negative rate. A sample whose timestamp does not advance (a duplic
 at-least-once replay) is ignored. Series silent for ``ttl_s`` (receive time: a sample stamped in
 the future stops refreshing its series, so it cannot pin it) are forgotten and removed from the
 gauges, and so are the least recently seen beyond ``max_series`` (the worker's ``stream.max_state_keys``); both counted in
-``opsloop_stream_state_dropped_total{handler="lb-rates"}``.
+``opsloop_stream_state_dropped_total{handler="lb-rates"}``. Tag values longer than a label takes are
+shortened to a prefix and a hash (streams/runtime/gauges.py, ``label_value``), counted.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from prometheus_client import Counter, Gauge
 from opsloop.config import StreamSettings
 from opsloop.records import Metric
 from opsloop.streams.bounded import DEFAULT_MAX_STATE_KEYS, STATE_KEYS, Recency, count_dropped
-from opsloop.streams.runtime.gauges import child
+from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, child, label_value
 
 HRSP_FIELDS = ("hrsp_1xx", "hrsp_2xx", "hrsp_3xx", "hrsp_4xx", "hrsp_5xx", "hrsp_other")
 # Stock Telegraf inputs.haproxy renames hrsp_* to http_response.*.
@@ -144,6 +145,10 @@ class LbRates:
         sv = tags.get("sv", "")
         if kind not in ("frontend", "backend", "server"):
             kind = {"FRONTEND": "frontend", "BACKEND": "backend"}.get(sv, "server")
+        if len(lb) > MAX_LABEL_VALUE or len(proxy) > MAX_LABEL_VALUE or len(sv) > MAX_LABEL_VALUE:
+            # label values, bounded here so the state key, the gauges and their removal agree
+            lb, proxy, sv = (label_value(self.name, "host", lb), label_value(self.name, "proxy", proxy),
+                             label_value(self.name, "sv", sv))
         key = (lb, kind, proxy, sv)
         if kind == "server":
             states[(lb, proxy, sv)] = m.fields

@@ -7,13 +7,27 @@ metric's own table (prometheus-client 0.26, pinned: ``_metrics``, keyed by the t
 as strings) and calls ``labels()`` only when it is not there. No cache of ours, so nothing to go
 stale: a child removed meanwhile (``remove``, ``clear``, a dropped state key) is created again by
 ``labels()`` exactly as before, and values that are not strings always take that path.
+
+A tag value becomes a label value only through :func:`label_value`, where the handler reads it into
+its state key (so the gauges, their removal and the handler's own state agree on it): a value longer
+than :data:`MAX_LABEL_VALUE` characters (a 1 MB host tag went into a label whole, in every scrape) is
+shortened to a prefix and a hash of the whole, as the paging stage does for alert labels, so two
+values that differ past the cut stay two series; counted in
+``opsloop_stream_label_values_shortened_total{handler, tag}``.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import TypeVar
 
+from prometheus_client import Counter
 from prometheus_client.metrics import MetricWrapperBase
+
+MAX_LABEL_VALUE = 256   # the paging stage's bound on an alert's label value
+SHORTENED = Counter("opsloop_stream_label_values_shortened_total",
+                    f"Tag values longer than {MAX_LABEL_VALUE} characters shortened to a prefix and a hash "
+                    "before they became a metric label", ["handler", "tag"])
 
 M = TypeVar("M", bound=MetricWrapperBase)
 
@@ -22,3 +36,13 @@ def child(metric: M, *values: str) -> M:
     """``metric.labels(*values)``: the existing child straight from the metric's table."""
     got = metric._metrics.get(values)  # type: ignore[attr-defined]
     return got if got is not None else metric.labels(*values)
+
+
+def label_value(handler: str, tag: str, value: str) -> str:
+    """``value`` if it fits a label, else its first characters and a hash of the whole (counted).
+    Callers on the hot path test ``len(value) > MAX_LABEL_VALUE`` first and call this only then."""
+    if len(value) <= MAX_LABEL_VALUE:
+        return value
+    SHORTENED.labels(handler, tag).inc()
+    digest = hashlib.sha1(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{value[:MAX_LABEL_VALUE - 9]}_{digest}"

@@ -31,7 +31,7 @@ from opsloop.streams.agents.base import DetectorHandler, log, number
 from opsloop.streams.detectors.anomaly.settings import AnomalySettings, SeriesSpec
 from opsloop.streams.detectors.anomaly.model import DetectorConfig, StreamingDetector
 from opsloop.streams.detectors.findingbook import FindingBook
-from opsloop.streams.runtime.gauges import child
+from opsloop.streams.runtime.gauges import child, label_value
 
 LABELS = ["metric", "field", "series"]
 SCORE = Gauge("opsloop_anomaly_score", "Anomaly score in [0, 1] of the series' last point", LABELS)
@@ -162,7 +162,8 @@ class AnomalyHandler(DetectorHandler):
                 s.calm = 0
 
     def _show(self, s: Series, score: float) -> None:
-        labels = (s.spec_metric, s.spec_field, series_label(s.tags))
+        # the tag set as one label value: bounded (64 tags of any length fit a sample)
+        labels = (s.spec_metric, s.spec_field, label_value(self.name, "series", series_label(s.tags)))
         e = s.detector.explain()
         child(SCORE, *labels).set(score)
         child(OBSERVED, *labels).set(e["observed"])

@@ -43,11 +43,13 @@ from opsloop.records import Finding, Severity
 from opsloop.records import Metric
 
 from opsloop.streams.detectors.findingbook import FindingBook, where_key as _key
+from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, label_value
 
 UNPROTECTED = "firewall.unprotected_port"
 FINGERPRINT_DRIFT = "firewall.ruleset_drift"
 PACKAGE_DRIFT = "firewall.package_drift"
 RUNBOOK = "runbooks/firewall.md"
+HANDLER = "firewall-detector"   # the handler's name, for the count of label values shortened
 
 
 @dataclass(slots=True)
@@ -112,12 +114,14 @@ def report_from_metrics(metrics: Iterable[Metric], roles: Mapping[str, str] | No
         hv = m.tags.get("hypervisor") or m.tags.get("host")
         if not hv:
             continue
+        if len(hv) > MAX_LABEL_VALUE:   # the hypervisor label of the gauges: bounded before it keys any state
+            hv = label_value(HANDLER, "hypervisor", hv)
         rep = reports.get((hv, m.timestamp))
         if rep is None:
             rep = HypervisorReport(hv, m.tags.get("role") or roles.get(hv, "default"), m.timestamp, complete=False)
             reports[(hv, m.timestamp)] = rep
         if m.tags.get("role"):
-            rep.role = m.tags["role"]
+            rep.role = label_value(HANDLER, "role", m.tags["role"])
         if m.name in _HOST_LEVEL:
             rep.complete = True
         if m.name == "iptables_vm_port":

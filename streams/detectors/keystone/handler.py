@@ -29,6 +29,7 @@ from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler, drop_children, log, number
 from opsloop.streams.detectors.keystone.settings import KeystoneSettings
 from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, label_value
 from opsloop.streams.detectors.keystone.detector import (OTHER_CREDENTIALS, HeavyHitterDetector, LatencyRegimeDetector,
                                                          SmallRequestP95Detector, probe_latency)
 
@@ -93,6 +94,8 @@ class KeystoneHandler(DetectorHandler):
             host = m.tags.get("host")
             if not host or m.name not in self.names:
                 continue
+            if len(host) > MAX_LABEL_VALUE:   # a label value: bounded before it keys any state
+                host = label_value(self.name, "host", host)
             series = m.name + "|" + label_string(m.tags, skip=("host",))
             st = self._host(host)
             if self.is_replay(m.timestamp, st.last_ts.get(series)):
@@ -125,6 +128,8 @@ class KeystoneHandler(DetectorHandler):
             if endpoint not in VALIDATION_ENDPOINTS or (count or 0) < self.settings.regime_min_count:
                 return
             source = f"{m.tags.get('method', '')} {endpoint}"
+        if len(source) > MAX_LABEL_VALUE:
+            source = label_value(self.name, "source", source)
         ts, latency, _ = probe_latency(m)
         det = st.regimes.get(source)
         if det is None:
@@ -136,6 +141,8 @@ class KeystoneHandler(DetectorHandler):
 
     def _credential(self, host: str, st: HostState, m: Metric) -> None:
         key = m.tags.get("access_key", "")
+        if len(key) > MAX_LABEL_VALUE:   # shown as a label of the credential share
+            key = label_value(self.name, "access_key", key)
         validations = number(m.fields, "keystone_validations")
         if not key or validations is None:
             raise ValueError(f"s3_frontend_credential needs an access_key tag and a numeric keystone_validations "

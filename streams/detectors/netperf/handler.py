@@ -11,6 +11,7 @@ collector's set results (``result_from_metric``). Gauges (labels target_set, lab
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from prometheus_client import Gauge
@@ -20,6 +21,7 @@ from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler, drop_children, log
 from opsloop.streams.detectors.netperf.settings import NetperfSettings
 from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, label_value
 from opsloop.streams.detectors.netperf.detector import SET_METRIC, NetperfDetector, NetperfResult, result_from_metric
 
 SERIES = ["target_set", "label", "queues"]
@@ -60,6 +62,9 @@ class NetperfHandler(DetectorHandler):
                 continue
             if r is None:
                 continue
+            if len(r.target_set) > MAX_LABEL_VALUE or len(r.label) > MAX_LABEL_VALUE:   # label values
+                r = replace(r, target_set=label_value(self.name, "target_set", r.target_set),
+                            label=label_value(self.name, "label", r.label))
             series = "|".join(r.where.values())
             if self.is_replay(r.timestamp, self.last_ts.get(series)):
                 continue   # replayed after a crash: already in the baseline

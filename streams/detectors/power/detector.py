@@ -273,7 +273,7 @@ def power_reading(m: Metric) -> tuple[str, float] | None:
         return None
     if not host or isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"{m.name}: needs a host tag and a number >= 0 as watts "
-                         f"(got host={host!r}, watts={value!r})")
+                         f"(got host={host!r:.100}, watts={value!r:.100})")
     return host, float(value)
 
 

@@ -25,7 +25,7 @@ from opsloop.streams.detectors.power.settings import PowerSettings
 from opsloop.streams.detectors.findingbook import FindingBook
 from opsloop.streams.detectors.power.detector import (POWER_METRICS, PowerDetector, ServerSpec, power_reading,
                                                       spec_from_tags)
-from opsloop.streams.runtime.gauges import child
+from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, child, label_value
 
 HOST = ["host", "generation"]
 JOULES_PER_KWH = 3.6e6   # the detector reasons in kWh (prices are per kWh); Prometheus gets joules
@@ -85,6 +85,8 @@ class PowerHandler(DetectorHandler):
         return spec
 
     def _spec(self, host: str, tags: Mapping[str, str]) -> ServerSpec | None:
+        if len(tags.get("generation", "")) > MAX_LABEL_VALUE:   # the generation label of the gauges
+            tags = {**tags, "generation": label_value(self.name, "generation", tags["generation"])}
         key = (host, tags.get("generation"), tags.get("raw_capacity_tb"))
         try:
             return self._specs[key]
@@ -112,6 +114,8 @@ class PowerHandler(DetectorHandler):
             if reading is None:
                 continue
             host, watts = reading
+            if len(host) > MAX_LABEL_VALUE:   # a label value: bounded before it keys any state
+                host = label_value(self.name, "host", host)
             if self.is_replay(m.timestamp, self.last_ts.get(host)):
                 continue   # replayed after a crash: already counted
             self.last_ts[host] = m.timestamp
