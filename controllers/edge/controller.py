@@ -66,7 +66,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
 6. *Final guard* (:func:`enforce_safety`, applied to every controller): shares off an unhealthy or
    unreachable origin move at once; other changes ≤ ``max_step`` (0.5) per origin per interval;
    rows sum to 1, are never all-zero, and put nothing on an unhealthy origin while a healthy one is
-   reachable. Stale inputs (``inputs_age_s > stale_after_s``) hold the last good weights
+   reachable; a row with none holds its weights, but moves what is on an origin it has no path
+   to onto the reachable ones (those requests fail for certain). Stale inputs (``inputs_age_s > stale_after_s``) hold the last good weights
    (``mode=hold``, with a reason).
 
 Why it is stable
@@ -295,6 +296,12 @@ def enforce_safety(previous: np.ndarray, proposal: np.ndarray, latency: np.ndarr
 
     prop = np.where(usable, prop, 0.0)
     base = strip_unusable(prev, prop, usable, latency)
+    # a row with no usable origin holds its weights (fail static on health), but not on an origin
+    # it has no path to: that share fails for certain, and moves to the reachable ones
+    reachable = np.isfinite(np.asarray(latency, dtype=float))
+    cut_off = ~has_usable & reachable.any(axis=1)
+    if cut_off.any():
+        base[cut_off] = strip_unusable(prev, prev, reachable, latency)[cut_off]
     # an empty proposal, or a row with no usable origin, holds (the stripped) previous weights
     prop_empty = (prop.sum(axis=1) <= _EPS) | ~has_usable
     prop[prop_empty] = base[prop_empty]

@@ -57,9 +57,16 @@ def test_guard_holds_whatever_the_proposal(problem, max_step, data):
     _check_rows(out, latency, healthy)
     usable = usable_mask(latency, healthy)
     _check_step_bound(previous, out, usable, max_step)
-    # rows with nothing usable hold the previous weights
+    # rows with nothing usable hold the previous weights (fail static on health), except what
+    # was on an origin they have no path to: that moves to the reachable ones, as they share it
     for e in np.flatnonzero(~usable.any(axis=1)):
-        np.testing.assert_allclose(out[e], previous[e])
+        reach = np.isfinite(latency[e])
+        if not reach.any():
+            np.testing.assert_allclose(out[e], previous[e])
+            continue
+        assert out[e][~reach].sum() == 0.0
+        if previous[e][reach].sum() > 1e-9:
+            np.testing.assert_allclose(out[e][reach], previous[e][reach] / previous[e][reach].sum())
 
 
 def test_guard_moves_off_unhealthy_at_once_and_bounds_the_rest():
@@ -540,3 +547,14 @@ def test_a_flapper_that_then_served_healthily_for_long_returns_from_a_dip_as_a_f
     back = [tick(True) for _ in range(6)]
     assert back[:2] == [0.0, 0.0] and back[2] > 0, back
     assert ctrl.hold_down.flaps[0] == 1
+
+
+def test_fuzz_seed116_a_row_with_no_usable_origin_leaves_one_it_has_no_path_to():
+    """Fuzz seed 116 (and 235): an edge whose reachable origins are all unhealthy held its share on
+    an origin whose path was cut (every request there fails); fail static keeps it on the
+    reachable ones instead."""
+    latency = np.array([[10.0, INF, 50.0]])
+    out = enforce_safety([[0.0, 0.6, 0.4]], [[0.0, 0.6, 0.4]], latency, [False, True, False], 0.5)
+    np.testing.assert_allclose(out, [[0.0, 0.0, 1.0]])
+    out = enforce_safety([[0.0, 1.0, 0.0]], [[0.0, 1.0, 0.0]], latency, [False, True, False], 0.5)
+    np.testing.assert_allclose(out, [[1.0, 0.0, 0.0]])   # nothing reachable held: the nearest
