@@ -82,6 +82,8 @@ class EdgeActuator:
             return self._done(decision, ApplyResult(
                 "refused", decision.version, "decision would set every server to weight 0; holding the last good "
                                              "weights"))
+        # Wall clock on purpose: computed_at is a date written by the controller's host (event time);
+        # the service's own timers (freshness, back-off) are monotonic (service.py).
         age = now - decision.computed_at
         if -age > self.max_clock_skew_s:
             return self._done(decision, ApplyResult(

@@ -19,6 +19,12 @@ skipped without decoding. Per (listener, edge) only the newest decision of a pol
   epoch, or one with a wrong clock, is visible at once instead of leaving old weights silently;
 * slots are isolated: an error in one listener's apply (a damaged history, a bug) holds that
   listener and is counted; the other listeners go on.
+
+Clocks: the service's timers (freshness since the last applied decision, back-off, reconcile) are
+elapsed times on ``time.monotonic()``, so a wall-clock step (NTP, a wrong RTC fixed by hand) neither
+makes the slot fail static at once nor keeps it fresh for an hour; ``tick(now)`` takes a monotonic
+time. Wall clock only where a time is a date: a decision's ``computed_at`` against the host's clock
+(the applier: event time, written by another host) and a finding's first_seen/last_seen.
 """
 
 from __future__ import annotations
@@ -69,11 +75,11 @@ def make_actuator(config: ActuatorConfig, cfg: HaproxyTargetConfig | LvsTargetCo
 class _Slot:
     actuator: EdgeActuator
     pending: EdgeWeights | None = None
-    retry_at: float = 0.0
+    retry_at: float = 0.0                # monotonic
     delay_s: float = 0.0
-    last_fresh: float = field(default_factory=time.time)
-    fail_static_since: float | None = None
-    next_reconcile: float = 0.0
+    last_fresh: float = field(default_factory=time.monotonic)   # monotonic: elapsed since is the staleness
+    fail_static_since: float | None = None   # wall clock: the finding's first_seen (a date)
+    next_reconcile: float = 0.0          # monotonic
     refused_in_a_row: int = 0
 
 
@@ -92,7 +98,7 @@ class ActuatorService:
         self.group_id = self.kafka.group(f"{config.group_prefix}-{'+'.join(self.edges)}")
         self._consumer = consumer
         self._producer = producer
-        now = time.time()
+        now = time.monotonic()
         self.slots: dict[tuple[str, str], _Slot] = {
             (t.listener, t.edge): _Slot(make_actuator(config, t, audit), last_fresh=now)
             for t in config.targets if t.edge in self.edges}
@@ -141,7 +147,8 @@ class ActuatorService:
 
     def tick(self, now: float) -> None:
         """Apply what is pending (when its back-off allows), then check for fail static. One slot's
-        error holds that slot (fail static, counted) and never stops the others."""
+        error holds that slot (fail static, counted) and never stops the others. ``now`` is
+        ``time.monotonic()``: every comparison here is of elapsed time."""
         for slot in self.slots.values():
             try:
                 self._tick_slot(slot, now)
@@ -187,11 +194,12 @@ class ActuatorService:
 
     def _finding(self, slot: _Slot, now: float, reason: str, cleared: bool) -> None:
         a = slot.actuator
-        first = slot.fail_static_since or now
+        wall = time.time()   # dates of the finding; ``now`` (monotonic) only measures the time since fresh
+        first = slot.fail_static_since or wall
         f = Finding(detector=FAIL_STATIC_DETECTOR, what="edge weights held (fail static)",
                     where={"listener": a.listener, "edge": a.edge}, observed=round(now - slot.last_fresh, 1),
                     expected=self.config.stale_after_s, severity=Severity.WARNING, explanation=reason[:1000],
-                    first_seen=first, last_seen=now, cleared=cleared,
+                    first_seen=first, last_seen=wall, cleared=cleared,
                     runbook="edge-weights#fail-static")
         try:
             self._producer.send(self.kafka.topic(self.config.findings_topic), key=f.id.encode(), value=f.encode())
@@ -201,7 +209,7 @@ class ActuatorService:
     def _enter_fail_static(self, slot: _Slot, now: float, reason: str, audit: bool) -> None:
         if slot.fail_static_since is not None:
             return
-        slot.fail_static_since = now
+        slot.fail_static_since = time.time()   # a date (the finding's first_seen), not a timer
         metrics.FAIL_STATIC.labels(slot.actuator.listener, slot.actuator.edge).set(1)
         if audit:
             slot.actuator.hold(reason)
@@ -217,7 +225,7 @@ class ActuatorService:
         log.info("fail_static_cleared", edge=slot.actuator.edge, listener=slot.actuator.listener)
 
     def step(self) -> None:
-        now = time.time()
+        now = time.monotonic()
         waits = [max(0.0, s.retry_at - now) for s in self.slots.values() if s.pending is not None]
         timeout = min([self.config.poll_timeout_s, *waits])
         polled = self._consumer.poll(timeout_ms=max(10, int(timeout * 1000)))
@@ -225,7 +233,7 @@ class ActuatorService:
         records = [(r.key, r.value) for recs in polled.values() for r in recs]
         if records:
             self.handle_records(records)
-        self.tick(time.time())
+        self.tick(time.monotonic())
         if records and all(s.pending is None for s in self.slots.values()):
             self._consumer.commit()
 

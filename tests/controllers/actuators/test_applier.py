@@ -133,7 +133,7 @@ def _service(tmp: Path, stale_after_s: float = 10.0) -> tuple[ActuatorService, M
 
 def test_no_decision_for_stale_after_s_is_fail_static(tmp_path: Path) -> None:
     svc, target, sent, sink, edge = _service(tmp_path)
-    t0 = time.time()
+    t0 = time.monotonic()
     svc.tick(t0 + 5)
     assert metrics.FAIL_STATIC.labels("l", edge)._value.get() == 0 and not sent
     svc.tick(t0 + 11)
@@ -145,7 +145,7 @@ def test_no_decision_for_stale_after_s_is_fail_static(tmp_path: Path) -> None:
     assert len(sent) == 1  # one finding while it lasts, not one per tick
     svc.handle_records([(f"l|{edge}".encode(), decision(1, {"a": 0.5, "b": 0.25, "c": 0.25}, edge=edge,
                                                                  listener="l").encode())])
-    svc.tick(time.time())
+    svc.tick(time.monotonic())
     assert target.weights == {"a": 128, "b": 64, "c": 64}
     assert metrics.FAIL_STATIC.labels("l", edge)._value.get() == 0
     assert Finding.decode(sent[-1][2]).cleared and Finding.decode(sent[-1][2]).id == f.id
@@ -155,7 +155,7 @@ def test_unreachable_target_is_retried_with_backoff(tmp_path: Path) -> None:
     svc, target, sent, sink, edge = _service(tmp_path, stale_after_s=1000)
     target.gone = True
     svc.handle_records([(f"l|{edge}".encode(), decision(1, {"a": 0.5, "b": 0.5}, edge=edge, listener="l").encode())])
-    t = time.time()
+    t = time.monotonic()
     svc.tick(t)
     slot = svc.slots[("l", edge)]
     assert slot.pending is not None and slot.retry_at == t + 1.0
@@ -186,7 +186,7 @@ def test_newest_version_of_a_poll_wins(tmp_path: Path) -> None:
     recs = [(key, decision(v, {"a": 0.1 * v, "b": 1 - 0.1 * v}, edge=edge, listener="l").encode()) for v in (3, 5, 4)]
     recs.append((b"l|other-edge", decision(9, {"a": 1.0}, edge="other-edge", listener="l").encode()))
     svc.handle_records(recs)
-    svc.tick(time.time())
+    svc.tick(time.monotonic())
     assert sink.results == ["applied"] and sink.records[0].version == 5
 
 

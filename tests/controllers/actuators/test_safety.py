@@ -93,7 +93,7 @@ def test_a_damaged_history_holds_its_listener_only_with_fail_static_a_finding_an
     bad_store.path.write_bytes(b"\n".join([first, b"not a history entry", second]) + b"\n")
     send(svc, decision(5, edge, "bad"))
     send(svc, decision(5, edge, "good"))
-    svc.tick(time.time())
+    svc.tick(time.monotonic())
     assert targets["good"].weights == {"a": 128, "b": 64, "c": 64}        # the other listener goes on
     assert targets["bad"].writes == []                                   # nothing written on a guess
     assert gauge("opsloop_edge_fail_static", listener="bad", edge=edge) == 1
@@ -105,7 +105,7 @@ def test_a_damaged_history_holds_its_listener_only_with_fail_static_a_finding_an
     # the history repaired (moved aside): the next decision applies and clears the finding
     bad_store.path.rename(bad_store.path.with_suffix(".damaged"))
     send(svc, decision(6, edge, "bad"))
-    svc.tick(time.time())
+    svc.tick(time.monotonic())
     assert targets["bad"].weights == {"a": 128, "b": 64, "c": 64}
     assert gauge("opsloop_edge_fail_static", listener="bad", edge=edge) == 0
     assert Finding.decode(sent[-1][2]).cleared
@@ -114,7 +114,7 @@ def test_a_damaged_history_holds_its_listener_only_with_fail_static_a_finding_an
 # -- freshness and the order of decisions -------------------------------------------------------------
 def test_refused_decisions_do_not_count_as_fresh_and_are_exported(tmp_path: Path) -> None:
     svc, targets, sent, sink, edge = service(tmp_path, stale_after_s=10.0)
-    t0 = time.time()
+    t0 = time.monotonic()
     send(svc, decision(5, edge))
     svc.tick(t0)
     assert sink.results == ["applied"]
