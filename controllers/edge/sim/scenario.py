@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from opsloop.controllers.edge.controller import ControllerSettings, FixedStepSettings
-from opsloop.validation import YamlFileError, read_yaml
+from opsloop.validation import YamlFileError, error_lines, read_yaml
 
 # "fixed-step-headroom": the fixed-step baseline planned with our controller's headroom, so a
 # comparison does not credit the headroom alone
@@ -192,6 +192,9 @@ class Scenario(BaseModel):
         return self
 
 
+MAX_SIM_STEPS = 1_000_000   # a day at 0.1 s steps is 864,000
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario YAML file; errors name the file and the field."""
     path = Path(path)
@@ -203,9 +206,11 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(f"{path}: " + ("empty" if doc is None else
                                           f"expected a mapping at the top level, got {type(doc).__name__}"))
     try:
-        return Scenario.model_validate(doc)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']} "
-            f"(got {err.get('input')!r})"[:300] for err in exc.errors())
-        raise ScenarioError(f"{path}: {problems}") from None
+        scn = Scenario.model_validate(doc)
+    except ValidationError as exc:   # a check across fields quoted the whole document after "got"
+        raise ScenarioError(f"{path}: {'; '.join(error_lines(exc))}") from None
+    # The plant keeps arrays of one row per step: dt_s 1e-9 over 60 s asked numpy for 447 GiB (a traceback).
+    if scn.duration_s / scn.dt_s > MAX_SIM_STEPS:
+        raise ScenarioError(f"{path}: dt_s: {scn.dt_s!r} makes {scn.duration_s / scn.dt_s:.3g} simulation steps "
+                            f"over duration_s {scn.duration_s:g} (at most {MAX_SIM_STEPS:,})")
+    return scn

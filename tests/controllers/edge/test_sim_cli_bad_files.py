@@ -27,6 +27,11 @@ CASES: dict[str, tuple[str | bytes | None, str]] = {
     "not a mapping": ("- tiny\n", "expected a mapping at the top level, got list"),
     "a wrong field": (GOOD.replace("interval_s: 10", "interval_s: -10"), "interval_s: "),
     "nested too deeply": ("[" * 3000 + "]" * 3000, "nested too deeply"),
+    # one row per step in the plant's arrays: numpy was asked for 447 GiB (a traceback)
+    "too many steps": (GOOD + "dt_s: 1.0e-9\n", "dt_s: 1e-09 makes 6e+10 simulation steps over duration_s 60"),
+    # a check across fields quoted the whole document after "got"
+    "a cross-field error": (GOOD + "events: [{at: 5, capacity: {near: .inf}}]\n",
+                            "events[0] (at 5.0).capacity['near']: expected req/s >= 0, got inf"),
 }
 
 
@@ -45,6 +50,7 @@ def test_a_bad_scenario_file_is_one_line_and_exit_2(case: str, tmp_path: Path) -
     assert r.returncode == 2, f"exit {r.returncode}: {r.stderr[-2000:]}"
     assert "Traceback" not in r.stderr and len(lines) == 1, r.stderr[-2000:]
     assert lines[0].startswith(f"opsloop sim: {f}: ") and expected in lines[0], lines[0]
+    assert "base_rps" not in lines[0] or case == "a wrong field", lines[0]   # never the document quoted
 
 
 def test_the_good_scenario_runs(tmp_path: Path) -> None:
