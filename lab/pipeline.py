@@ -270,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"opsloop run: {e}", file=sys.stderr)
         return 2
+    except OSError as e:   # a --run-dir it cannot create or write: was a traceback
+        print(f"opsloop run: --run-dir {a.run_dir}: cannot write {e.filename or a.run_dir}: {e.strerror}",
+              file=sys.stderr)
+        return 2
     if a.stop:
         stop_running(a.run_dir, settings, config_path)
         print("pipeline stopped")
