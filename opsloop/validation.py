@@ -94,7 +94,10 @@ def describe_validation_error(e: ValidationError, prefix: str = "") -> str:
             msg = "timestamp is before 2000; expected seconds since the epoch"
         elif err.get("type") == "finite_number":
             msg = "not a finite number"
-        parts.append(f"{where}: {msg} (got {got})")
+        if isinstance(err.get("input"), dict) and err.get("type", "").startswith("value_error"):
+            parts.append(f"{where}: {msg}")   # a check across fields: its message names them, not the mapping
+        else:
+            parts.append(f"{where}: {msg} (got {got})")
     # A config value or a validator's message may quote a URL: its user:password@ never reaches the output.
     return redact_credentials("; ".join(parts))
 

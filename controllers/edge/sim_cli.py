@@ -110,7 +110,9 @@ def write_plot(scn: Scenario, runs: dict[str, Run], path: str) -> None:
                 ax.axvline(ev.at, color="grey", linewidth=0.6)
     fig.suptitle(f"scenario {scn.name}")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    # the format named: a path without .png (or a directory) was written as path + ".png" while
+    # "plot written to <path>" was printed
+    fig.savefig(path, dpi=90, format="png")
     plt.close(fig)
 
 

@@ -58,3 +58,18 @@ def test_the_good_scenario_runs(tmp_path: Path) -> None:
     f.write_text(GOOD)
     r = run_cli("sim", "--scenario", str(f), "--controllers", "ours", timeout=120)
     assert r.returncode in (0, 1) and "scenario tiny: 1 edge(s)" in r.stdout, r.stderr[-2000:]
+
+
+def test_the_plot_is_written_where_it_says(tmp_path: Path) -> None:
+    # a path without .png was written as path + ".png" while the message named the path; a directory
+    # then "succeeded" too
+    f = tmp_path / "scenario.yaml"
+    f.write_text(GOOD)
+    plot = tmp_path / "plot-without-suffix"
+    r = run_cli("sim", "--scenario", str(f), "--controllers", "ours", "--plot", str(plot), timeout=120)
+    assert r.returncode in (0, 1) and f"plot written to {plot}" in r.stderr, r.stderr[-2000:]
+    assert plot.read_bytes().startswith(b"\x89PNG") and not plot.with_suffix(".png").exists()
+    a_dir = tmp_path / "a-dir"
+    a_dir.mkdir()
+    r = run_cli("sim", "--scenario", str(f), "--controllers", "ours", "--plot", str(a_dir), timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == f"opsloop sim: cannot write plot {a_dir}: Is a directory", r.stderr

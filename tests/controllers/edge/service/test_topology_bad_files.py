@@ -28,6 +28,9 @@ CASES: dict[str, tuple[str | bytes | None, str]] = {
     "a wrong field": (GOOD.replace("capacity_rps: 40", "capacity_rps: -40"),
                       "listeners.0.origins.0.capacity_rps: capacity_rps: expected a finite number >= 0, got -40"),
     "nested too deeply": ("[" * 3000 + "]" * 3000, "nested too deeply"),
+    # a check across fields quoted the listener's mapping after "got"
+    "a duplicate edge": (GOOD.replace("edges: [{name: e1}]", f"edges: [{{name: e1}}, {{name: e1, lb: {SECRET}}}]"),
+                         "listeners.0: edges: duplicate name(s) ['e1'] in listener 'web'"),
 }
 
 
