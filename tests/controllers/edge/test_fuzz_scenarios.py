@@ -157,6 +157,11 @@ def check_decision(ctrl: Controller, obs: Observation, before: np.ndarray | None
         relax_only = not any(k in d.reason for k in ("shed", "easing off", "making room"))
         if relax_only and evacuated == 0.0 and d.mode is Mode.NORMAL:
             assert np.abs(change).max() <= s.relax_step + 1e-9, f"edge {e} relaxed > relax_step; {where}"
+    # "at target" only within the dead band of the target (an edge with no usable origin holds
+    # its weights, and the reason says so apart)
+    if "at target" in d.reason:
+        planned = np.setdiff1d(np.arange(w.shape[0]), d.held_edges)
+        assert np.abs(w[planned] - d.target[planned]).max(initial=0.0) <= s.deadband + 1e-9, where
     # "holding down" exactly when a returning origin is held at weight 0 on every edge
     held = ctrl.hold_down.held(float(obs.now)) & np.asarray(obs.healthy, bool) & (w == 0.0).all(axis=0)
     assert ("holding down" in d.reason) == bool(held.any()), where
