@@ -8,7 +8,8 @@ Per time step ``dt_s``:
   (load/capacity - 1))``);
 - each edge's clients see the mean latency of their weights, ``L = Σ_o w_o (latency_o + service_o)``,
   and request at ``base_rps · (L_ref / L)^elasticity`` (``L_ref`` = the nearest origin unloaded;
-  elasticity 1 = closed-loop clients like a curl loop, 0 = open loop), reached with a
+  elasticity 1 = closed-loop clients like a curl loop, 0 = open loop; both latencies at least
+  1 ms, so a 0 ms path answering in 0 ms is defined), reached with a
   first-order lag ``client_tau_s``; requests to an unhealthy origin fail;
 - every ``interval_s`` the controller gets each edge's mean request rate over the interval (with
   relative noise ``noise``), the capacities, latencies and health, and pushes new weights.
@@ -35,6 +36,9 @@ from opsloop.controllers.edge.sim.scenario import (CONTROLLER_KINDS, Event, Scen
                                                    canonical_kind)
 
 _FAILED_LATENCY_MS = 1000.0  # a request to an unhealthy/unreachable origin: a timeout
+# a client's round trip is at least this long: a 0 ms path with a 0 ms service time made the
+# clients' latency ratio 0/0 (NaN rates, NaN in --json) or sent an edge's demand to zero
+_MIN_ROUND_TRIP_MS = 1.0
 
 
 @dataclass
@@ -165,11 +169,16 @@ class Plant:
         self.rates = self.base.copy()
         for _ in range(50):
             self.loads, _ = self._route(weights, self.rates)
-            self.rates = self.base * (self.reference / self.client_latency(weights)) ** self.elasticity
+            self.rates = self.base * self._latency_factor(self.client_latency(weights))
+
+    def _latency_factor(self, latency: np.ndarray) -> np.ndarray:
+        """Elastic clients' rate at ``latency`` relative to their rate at the reference."""
+        ratio = np.maximum(self.reference, _MIN_ROUND_TRIP_MS) / np.maximum(latency, _MIN_ROUND_TRIP_MS)
+        return ratio ** self.elasticity
 
     def advance(self, weights: np.ndarray, dt: float) -> tuple[np.ndarray, float, np.ndarray]:
         latency = self.client_latency(weights)
-        wanted = self.base * self.demand_factor * (self.reference / np.maximum(latency, 1e-9)) ** self.elasticity
+        wanted = self.base * self.demand_factor * self._latency_factor(latency)
         lag = 1.0 if self.scn.client_tau_s == 0 else 1.0 - math.exp(-dt / self.scn.client_tau_s)
         self.rates = self.rates + (wanted - self.rates) * lag
         self.loads, failed = self._route(weights, self.rates)

@@ -219,3 +219,19 @@ def test_the_generator_covers_the_shapes_it_promises():
     ratios = [sum(e["base_rps"] for e in d["edges"]) / max(sum(o["capacity_rps"] for o in d["origins"]), 1e-9)
               for d in docs]
     assert min(ratios) == 0.0 and max(ratios) > 2.0
+
+
+def test_zero_round_trip_gives_finite_rates_and_strict_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """An origin 0 ms away answering in 0 ms: the clients' latency ratio was 0/0 (NaN rates, NaN
+    all over --json), and an edge whose nearest path is 0 ms sent nothing on any other."""
+    doc = {"name": "zero_round_trip", "duration_s": 300, "dt_s": 5, "interval_s": 15,
+           "origins": [{"name": "a", "capacity_rps": 80, "service_ms": 0},
+                       {"name": "b", "capacity_rps": 1000, "service_ms": 0}],
+           "edges": [{"name": "e", "base_rps": 100, "elasticity": 1.0, "latency_ms": {"a": 0, "b": 0.5}}]}
+    path = _write(tmp_path, doc)
+    assert _run_checked(path, monkeypatch) == 20
+    monkeypatch.undo()
+    run = plant.simulate(load_scenario(path), "ours")
+    assert np.isfinite(run.rates).all() and run.rates[-1, 0] == pytest.approx(100.0, rel=0.2)
+    _sim_json(path, capsys)
