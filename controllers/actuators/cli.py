@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from opsloop.audit import AuditLog, AuditSettings
 from opsloop.audit.kafka import KafkaAuditPublisher
@@ -27,6 +28,7 @@ from opsloop.config import ConfigError, load_settings
 from opsloop.log import setup_logging
 from opsloop.metrics import serve_service_metrics, stop_on_signals
 from opsloop.records import EdgeWeights
+from opsloop.redact import redact_credentials
 
 from opsloop.controllers.actuators.base import ActuatorError
 from opsloop.controllers.actuators.config import ActuatorConfigError, actuator_config
@@ -46,6 +48,20 @@ EPILOG = """examples:
 
 class CliError(ValueError):
     pass
+
+
+MAX_VERSION = 2 ** 63 - 1   # a version is a 64-bit integer on the wire and in the JSON log lines
+
+
+def version_arg(text: str) -> int:
+    """``--to``: a version as the store keeps them (a 26-digit one broke every JSON log line of the run)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= v <= MAX_VERSION:
+        raise argparse.ArgumentTypeError(f"a version is 0 to {MAX_VERSION}, got {text}")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--weights", required=True, help="origin=share,... (shares summing to 1)")
             sp.add_argument("--reason", default="manual apply")
         if name == "rollback":
-            sp.add_argument("--to", type=int, metavar="VERSION", help="version to re-apply (default: the previous)")
+            sp.add_argument("--to", type=version_arg, metavar="VERSION", help="version to re-apply (default: the previous)")
             sp.add_argument("--reason", default="")
         if name in ("apply", "rollback"):
             sp.add_argument("--dry-run", action="store_true", help="compute and audit, touch nothing")
@@ -90,6 +106,8 @@ def parse_weights(text: str) -> dict[str, float]:
         origin, sep, value = part.partition("=")
         if not sep or not origin.strip():
             raise CliError(f"--weights: {part!r} is not origin=share")
+        if origin.strip() in out:   # the later share silently won
+            raise CliError(f"--weights: {origin.strip()!r} given twice")
         try:
             share = float(value)
         except ValueError:
@@ -118,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "run":
             return _run(a, settings, config)
         return _operator(a, settings, config)
+    except ValidationError as e:   # shares not summing to 1: pydantic's message took four lines
+        reasons = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors(include_url=False))
+        print(f"opsloop weights {a.command}: {redact_credentials(reasons)}", file=sys.stderr)
+        return 2
     except (CliError, ActuatorConfigError, ValueError) as e:
         print(f"opsloop weights {a.command}: {e}", file=sys.stderr)
         return 2
