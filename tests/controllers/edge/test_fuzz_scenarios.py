@@ -105,6 +105,44 @@ def random_scenario(seed: int) -> dict[str, Any]:
     }
 
 
+def random_extreme_scenario(seed: int) -> dict[str, Any]:
+    """``random_scenario(seed)`` pushed to the edges of the format: 0 ms paths and service times,
+    a time step other than 1 s, every capacity zero, demand of 1e9 req/s or a millionth of one,
+    an origin's capacity and health changing in the same second (its own draws: the plain
+    cases stay as they are)."""
+    doc = random_scenario(seed)
+    rng = np.random.default_rng([seed, 7])
+    doc["name"] = f"fuzz_extreme_{seed}"
+    for o in doc["origins"]:
+        if rng.random() < 0.5:
+            o["service_ms"] = 0.0
+    for e in doc["edges"]:
+        for o in e["latency_ms"]:
+            if rng.random() < 0.3:
+                e["latency_ms"][o] = 0.0
+    dt = float(rng.choice([0.5, 2.5, 5.0]))
+    doc["dt_s"] = dt
+    doc["interval_s"] = max(dt, round(doc["interval_s"] / dt) * dt)
+    doc["duration_s"] = doc["interval_s"] * int(rng.integers(12, 20))
+    doc["events"] = [ev for ev in doc["events"] if ev["at"] <= doc["duration_s"]]
+    shape = rng.choice(["zero_capacity", "huge_demand", "tiny_demand", "same_second"])
+    if shape == "zero_capacity":
+        for o in doc["origins"]:
+            o["capacity_rps"] = 0.0
+    elif shape == "huge_demand":
+        for e in doc["edges"]:
+            e["base_rps"] = 1e9
+    elif shape == "tiny_demand":
+        for e in doc["edges"]:
+            e["base_rps"] = 1e-6
+    else:
+        o = doc["origins"][0]["name"]
+        at = float(doc["interval_s"] * 3)
+        doc["events"] += [{"at": at, "capacity": {o: 0.0}}, {"at": at, "health": {o: False}},
+                          {"at": at + dt, "health": {o: True}, "capacity": {o: 1e6}}]
+    return doc
+
+
 def _write(tmp_path: Path, doc: dict[str, Any]) -> Path:
     path = tmp_path / f"{doc['name']}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -234,4 +272,14 @@ def test_zero_round_trip_gives_finite_rates_and_strict_json(tmp_path: Path, monk
     monkeypatch.undo()
     run = plant.simulate(load_scenario(path), "ours")
     assert np.isfinite(run.rates).all() and run.rates[-1, 0] == pytest.approx(100.0, rel=0.2)
+    _sim_json(path, capsys)
+
+
+@pytest.mark.parametrize("seed", range(12), ids=[f"extreme{s}" for s in range(12)])
+def test_scenario_at_the_edges_of_the_format_keeps_the_invariants_and_gets_a_verdict(
+        seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, random_extreme_scenario(seed))
+    assert _run_checked(path, monkeypatch) >= 12
+    monkeypatch.undo()
     _sim_json(path, capsys)
