@@ -38,6 +38,15 @@ def child(metric: M, *values: str) -> M:
     return got if got is not None else metric.labels(*values)
 
 
+def bounded_tags(handler: str, tags: dict[str, str]) -> dict[str, str]:
+    """``tags`` itself when every key and value fits a label, else a copy with the long ones shortened
+    (counted): for a handler that keys its state, findings and table entries by the whole tag set (a
+    1 MB tag made a state key and changelog record beyond Kafka's message size)."""
+    if all(len(k) <= MAX_LABEL_VALUE and len(v) <= MAX_LABEL_VALUE for k, v in tags.items()):
+        return tags
+    return {label_value(handler, "(tag name)", k): label_value(handler, k[:40], v) for k, v in tags.items()}
+
+
 def label_value(handler: str, tag: str, value: str) -> str:
     """``value`` if it fits a label, else its first characters and a hash of the whole (counted).
     Callers on the hot path test ``len(value) > MAX_LABEL_VALUE`` first and call this only then."""

@@ -31,7 +31,7 @@ from opsloop.streams.agents.base import DetectorHandler, log, number
 from opsloop.streams.detectors.anomaly.settings import AnomalySettings, SeriesSpec
 from opsloop.streams.detectors.anomaly.model import DetectorConfig, StreamingDetector
 from opsloop.streams.detectors.findingbook import FindingBook
-from opsloop.streams.runtime.gauges import child, label_value
+from opsloop.streams.runtime.gauges import bounded_tags, child, label_value
 
 LABELS = ["metric", "field", "series"]
 SCORE = Gauge("opsloop_anomaly_score", "Anomaly score in [0, 1] of the series' last point", LABELS)
@@ -115,9 +115,15 @@ class AnomalyHandler(DetectorHandler):
         ck = (spec.metric, spec.field, tuple(tags.items()))
         key = self._keys.get(ck)
         if key is None:
-            if len(self._keys) > 4 * self.settings.max_series:
-                self._keys.clear()
-            key = self._keys[ck] = self.key(spec.metric, spec.field, tags)
+            # the series' tag set, bounded: it keys the state, its table entry and the finding's where
+            # (a 1 MB tag made a state key and changelog record beyond Kafka's message size)
+            given = dict(tags)
+            bounded = bounded_tags(self.name, given)
+            key = self.key(spec.metric, spec.field, bounded)
+            if bounded is given:   # a tag set cut short is not cached: the cache would keep its long values
+                if len(self._keys) > 4 * self.settings.max_series:
+                    self._keys.clear()
+                self._keys[ck] = key
         return key
 
     def _point(self, key: str, spec: SeriesSpec, m: Metric, value: float) -> float | None:
@@ -126,7 +132,7 @@ class AnomalyHandler(DetectorHandler):
             if len(self.series) >= self.settings.max_series:
                 DROPPED.labels(spec.metric).inc()
                 return None
-            s = Series(spec.metric, spec.field, dict(m.tags), StreamingDetector(self.config),
+            s = Series(spec.metric, spec.field, bounded_tags(self.name, dict(m.tags)), StreamingDetector(self.config),
                        FindingBook(self.refresh_s))
             self.series[key] = s
         if s.last_ts is not None and m.timestamp <= s.last_ts:

@@ -125,26 +125,33 @@ def report_from_metrics(metrics: Iterable[Metric], roles: Mapping[str, str] | No
         if m.name in _HOST_LEVEL:
             rep.complete = True
         if m.name == "iptables_vm_port":
-            port = m.tags.get("port_id") or m.tags.get("device", "")
+            port = _b("port", m.tags.get("port_id") or m.tags.get("device", ""))
             protected = m.fields.get("protected")
-            rep.ports[port] = (m.tags.get("vm", ""), bool(protected) and protected != "0")
+            rep.ports[port] = (_b("vm", m.tags.get("vm", "")), bool(protected) and protected != "0")
             if m.fields.get("reason"):
-                rep.reasons[port] = str(m.fields["reason"])
+                rep.reasons[port] = _b("reason", str(m.fields["reason"]))
         elif m.name == "iptables_ruleset":
             fp = m.fields.get("base_fingerprint", m.fields.get("fingerprint", ""))
-            rep.ruleset_fingerprint = str(fp)
+            rep.ruleset_fingerprint = _b("fingerprint", str(fp))
         elif m.name == "iptables_software":
             if m.tags.get("package") and "version" in m.fields:
-                rep.packages[m.tags["package"]] = str(m.fields["version"])
+                rep.packages[_b("package", m.tags["package"])] = _b("version", str(m.fields["version"]))
         elif m.name == "firewall_port":
-            port = m.tags.get("port", "")
-            rep.ports[port] = (m.tags.get("vm", ""), bool(m.fields.get("chain_present", False)))
+            port = _b("port", m.tags.get("port", ""))
+            rep.ports[port] = (_b("vm", m.tags.get("vm", "")), bool(m.fields.get("chain_present", False)))
         elif m.name == "firewall_host":
-            rep.ruleset_fingerprint = str(m.fields.get("ruleset_fingerprint", rep.ruleset_fingerprint))
+            rep.ruleset_fingerprint = _b("fingerprint", str(m.fields.get("ruleset_fingerprint", rep.ruleset_fingerprint)))
             for k, v in m.fields.items():
                 if k.startswith("pkg_"):
-                    rep.packages[k[4:]] = str(v)
+                    rep.packages[_b("package", k[4:])] = _b("version", str(v))
     return sorted(reports.values(), key=lambda r: (r.timestamp, r.hypervisor))
+
+
+def _b(what: str, text: str) -> str:
+    """A name or value the report keeps (its state, table entry, findings' where): at most a label's
+    length, a prefix and a hash beyond (a 1 MB port id made one hypervisor's changelog record beyond
+    Kafka's message size)."""
+    return text if len(text) <= MAX_LABEL_VALUE else label_value(HANDLER, what, text)
 
 
 def _majority(values: list[str]) -> str | None:

@@ -85,3 +85,32 @@ def test_a_megabyte_tag_is_a_bounded_label_through_the_handler(kind: str) -> Non
     assert values, "the handler exported none of its series: the sample was lost"
     assert max(map(len, values)) <= MAX_LABEL_VALUE, sorted(map(len, values))[-3:]
     assert _shortened(handler.name) > before
+
+
+def test_the_anomaly_state_of_a_series_with_megabyte_tags_is_bounded() -> None:
+    # the series key, its table entry and its finding's where hold the tag set: a 1 MB tag (or tag name)
+    # made a changelog record beyond Kafka's 1 MB message size
+    make, _, _ = HANDLERS["anomaly"]
+    handler = make()
+    now = time.time()
+    handler.handle([_decoded("ipmi_power", {"host": HUGE + "-s", HUGE[:300_000]: "v"}, {"watts": 150.0 + (i % 3)},
+                             now - 60 + i) for i in range(40)], now)
+    (key,) = [k for k in handler.series if "xxxxxxxx" in k]
+    state = orjson.dumps(handler.state_of(key))
+    assert len(key) < 4096 and len(state) < 16384, (len(key), len(state))
+    assert all(len(k) <= MAX_LABEL_VALUE and len(v) <= MAX_LABEL_VALUE for k, v in handler.series[key].tags.items())
+    assert handler.series[key].detector.explain()["points"] == 40   # every point of the series learned
+
+
+def test_the_firewall_state_of_a_hypervisor_with_megabyte_names_is_bounded() -> None:
+    # a hypervisor's state (its table entry) holds its ports, VMs, packages and their versions
+    handler = FirewallHandler()
+    now = time.time()
+    handler.handle([_decoded("iptables_vm_port", {"hypervisor": "hv-1", "port_id": HUGE + "-port", "vm": HUGE + "-vm"},
+                             {"protected": 0, "reason": HUGE}, now),
+                    _decoded("iptables_software", {"hypervisor": "hv-1", "package": HUGE + "-pkg"}, {"version": HUGE}, now),
+                    _decoded("iptables_ruleset", {"hypervisor": "hv-1"}, {"fingerprint": HUGE}, now)], now)
+    state = handler.state_of("hv-1")
+    assert state is not None and len(orjson.dumps(state)) < 16384, len(orjson.dumps(state))
+    findings = handler.open_findings()
+    assert findings and all(len(v) <= MAX_LABEL_VALUE for f in findings for v in f.where.values())
