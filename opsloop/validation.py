@@ -114,6 +114,9 @@ def yaml_error_line(e: yaml.YAMLError) -> str:
     return f"{where}{problem}" + (f" ({context})" if context else "")
 
 
+MAX_YAML_BYTES = 16 * 2 ** 20
+
+
 class YamlFileError(ValueError):
     """A YAML file that cannot be used: unreadable, not UTF-8 text or not YAML. The message is one line
     without the file's name: the caller names the file as its users know it (config file, topology file)."""
@@ -123,9 +126,14 @@ def read_yaml(path: Path) -> Any:
     """The parsed YAML document of ``path`` (anything YAML gives: the caller checks its shape); the one
     reader of every YAML file a user hands a command, so each refuses a bad one in the same one line."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            data = f.read(MAX_YAML_BYTES + 1)   # bounded: /dev/zero given as a file was read until memory ran out
     except OSError as e:   # missing, a directory, no permission
         raise YamlFileError(f"cannot read ({e.strerror or type(e).__name__})") from None
+    if len(data) > MAX_YAML_BYTES:
+        raise YamlFileError(f"larger than {MAX_YAML_BYTES // 2 ** 20} MiB: not a file of settings")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:   # a latin-1 comment, a UTF-16 file: was a traceback
         raise YamlFileError(f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
     try:

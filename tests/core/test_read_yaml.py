@@ -61,3 +61,8 @@ def test_any_bytes_are_a_document_or_one_line(data: bytes, tmp_path: Path) -> No
         read_yaml(f)
     except YamlFileError as e:
         assert "\n" not in str(e) and str(e), repr(str(e))
+
+
+def test_an_endless_file_is_refused_not_read_until_memory_runs_out() -> None:
+    with pytest.raises(YamlFileError, match=r"^larger than 16 MiB: not a file of settings$"):
+        read_yaml(Path("/dev/zero"))
