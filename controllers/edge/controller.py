@@ -31,7 +31,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    ``hold_down_intervals`` × ``hold_down_backoff``^(flaps−1) (≤ ``hold_down_max_intervals``; the
    flap count is forgotten after that long without a change), then its capacity ramps in over
    ``slowstart_intervals`` — Envoy's outlier-ejection back-off and HAProxy's ``slowstart``. An
-   edge with no other healthy origin may use it at once.
+   edge with no other healthy origin may use it at once (that edge only: the others keep off
+   it until its hold-down ends).
 3. *Target* ``T = solve(D̂, capacity, latency, healthy, previous=W, headroom=h)`` (h = 5 %) on
    the demand the clients will send once no origin is overloaded (*rebound*): when the telemetry
    gives origins' response times (``Observation.origin_latency_ms``), each measurement is grown
@@ -781,18 +782,24 @@ class EdgeController(Controller):
         capacity = np.asarray(obs.capacity, dtype=float)
         healthy = np.asarray(obs.healthy, dtype=bool)
         # hold-down: a returning origin is planned as absent, then with a ramping capacity;
-        # an edge that has nothing else healthy may use it at once
+        # an edge that has nothing else healthy may use it at once (that edge only)
         usable_fraction = self.hold_down.update(float(obs.now), healthy)
         plan_healthy = healthy & (usable_fraction > 0)
         stranded = usable_mask(latency, healthy).any(axis=1) & \
             ~usable_mask(latency, plan_healthy).any(axis=1)
         rescue = np.zeros_like(healthy)
+        plan_latency = latency  # what the plans may use: a rescued origin only by those edges
         if stranded.any():
             rescue = healthy & np.isfinite(latency[stranded]).any(axis=0)
+            # only the stranded edges: another edge moved onto an origin still in its hold-down
+            # loses that share again if it flaps (the hold-down is there to prevent just that)
+            plan_latency = latency.copy()
+            plan_latency[np.ix_(~stranded, rescue & ~plan_healthy)] = math.inf
             plan_healthy |= rescue
             usable_fraction = np.where(rescue, 1.0, usable_fraction)
         plan_capacity = capacity * np.where(plan_healthy, usable_fraction, 1.0)
-        solution, planned = self._plan(estimate, plan_capacity, latency, plan_healthy, s.headroom)
+        solution, planned = self._plan(estimate, plan_capacity, plan_latency, plan_healthy,
+                                       s.headroom)
         target = solution.weights
         if self.weights is None:  # first decision: nothing to damp against
             return Proposal.of(target, solution, estimate, f"initial assignment ({solution.status})")
@@ -839,7 +846,7 @@ class EdgeController(Controller):
             ((current * rising[:, None]) > s.deadband).any(axis=0)
         joint = False
         if ramping_up.any() and not hot.any():
-            target = self._bounded_shed(current, estimate, plan_capacity, latency, healthy,
+            target = self._bounded_shed(current, estimate, plan_capacity, plan_latency, healthy,
                                         plan_healthy, s.headroom)
             # making room is no shed: an origin already above its plan gains nothing from it
             # (the plan's rebound estimate may route an edge back onto it mid-ramp); the rest of
@@ -875,7 +882,7 @@ class EdgeController(Controller):
         if hot.any():
             # shed deeper than the plan, and move every edge at once toward the joint plan: the
             # edge that makes room on an origin moves in the same step as the one shed onto it
-            target = self._bounded_shed(current, estimate, plan_capacity, latency, healthy,
+            target = self._bounded_shed(current, estimate, plan_capacity, plan_latency, healthy,
                                         plan_healthy)
             joint = True
         delta = target - current
@@ -1024,7 +1031,8 @@ class EdgeController(Controller):
             elif shortfall:
                 parts.append("shares kept: no origin above the common overload factor")
             elif biggest <= s.deadband:
-                parts.append("at target")
+                # edges with no usable origin hold their weights: the message says which
+                parts.append("the other edges at target" if solution.held_edges else "at target")
             elif not wants_move:
                 parts.append(f"holding: the move to the target ({biggest:.0%} of an edge's traffic "
                              f"at most) would neither lower latency nor relieve an origin")

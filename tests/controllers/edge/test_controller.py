@@ -347,6 +347,28 @@ def test_origin_back_from_a_long_outage_is_held_down_one_interval_a_flapper_two(
     assert held_after(1) == 2
 
 
+def test_an_origin_used_at_once_by_an_edge_with_nothing_else_stays_held_for_the_others():
+    # "solo" reaches only near; "both" has near at 10 ms and far at 80 ms. Near returns: solo uses
+    # it at once, both keeps off it for the hold-down (it was planned onto it, 20 points a tick)
+    s = ControllerSettings(interval_s=15, hold_down_intervals=4, slowstart_intervals=2)
+    ctrl = EdgeController(2, 2, s, initial=[[1.0, 0.0], [1.0, 0.0]])
+    latency = [[10.0, 80.0], [10.0, INF]]
+    t = 0.0
+
+    def tick(near_up: bool):
+        nonlocal t
+        t += 15
+        return ctrl.step(_obs([100, 100], [400, 1000], latency, [near_up, True], now=t)).weights
+
+    tick(True)
+    tick(False)
+    held = [tick(True) for _ in range(4)]
+    assert all(w[1, 0] == 1.0 for w in held)
+    assert all(w[0, 0] == 0.0 for w in held), [w[0, 0] for w in held]
+    after = [tick(True)[0, 0] for _ in range(10)]
+    assert after[0] > 0 and after[-1] > 0.95   # then ramped in as usual
+
+
 def test_an_edge_with_no_other_healthy_origin_is_not_held_down():
     ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
     latency = [[10, math.inf]]  # the near origin is its only path

@@ -67,7 +67,7 @@ def test_holding_down_appears_exactly_when_an_origin_is_held_at_weight_zero():
     tick([False, True])
     back = tick([True, True])
     # solo has nothing else healthy: it uses near at once; so near carries traffic
-    assert back.weights[1, 0] == 1.0
+    assert back.weights[1, 0] == 1.0 and back.weights[0, 0] == 0.0
     assert "holding down" not in back.reason, back.reason
     assert "returning origin(s) near used before its hold-down ends" in back.reason, back.reason
 
