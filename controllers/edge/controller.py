@@ -989,9 +989,11 @@ class EdgeController(Controller):
         parts = []
         if warm.any():
             parts.append(f"easing off origin(s) above capacity {self._names(warm, loads)}")
-        if hot.any():
-            what = "above the common overload factor" if shortfall else "overloaded"
-            parts.append(f"shed off {what} origin(s) {self._names(hot, loads)}, "
+        if hot.any() and shortfall:
+            parts.append(f"shed off origin(s) {self._names(hot, loads)} above the common overload "
+                         f"factor, every edge moved jointly")
+        elif hot.any():
+            parts.append(f"shed off overloaded origin(s) {self._names(hot, loads)}, "
                          f"every edge moved jointly")
         if joint and not hot.any():
             parts.append(f"making room ahead of a ramp on origin(s) {self._names(ramping_up, loads)}")

@@ -92,7 +92,8 @@ def test_a_shortfall_is_not_called_at_target():
     for _ in range(6):
         d = tick([2000], [400, 1000])
     assert d.mode is Mode.SHED
-    assert "at target" not in d.reason and "served fraction" in d.reason, d.reason
+    assert d.reason.startswith("shares kept: no origin above the common overload factor; "
+                               "served fraction"), d.reason
 
 
 def test_no_healthy_origin_holds_and_says_so():
@@ -145,3 +146,12 @@ def test_hysteresis_is_not_called_at_target():
 def test_origin_names_must_match_the_origins():
     with pytest.raises(ValueError, match="origin_names: expected 2 names, got 1"):
         EdgeController(1, 2, origin_names=["near"])
+
+
+def test_a_shortfall_shed_names_the_origin_above_the_common_factor():
+    ctrl = EdgeController(2, 2, ControllerSettings(interval_s=15), initial=[[1.0, 0.0], [1.0, 0.0]],
+                          origin_names=NAMES)
+    d = ctrl.step(_obs([900, 600], [400, 600], [True, True], 15.0, latency=[[10.0, 80.0], [10.0, 20.0]]))
+    assert d.mode is Mode.SHED
+    assert d.reason.startswith("shed off origin(s) near 1500/400 req/s above the common overload "
+                               "factor, every edge moved jointly"), d.reason
