@@ -115,6 +115,7 @@ def yaml_error_line(e: yaml.YAMLError) -> str:
 
 
 MAX_YAML_BYTES = 16 * 2 ** 20
+MAX_YAML_VALUES = 1_000_000   # with every alias expanded: a file of settings has thousands
 
 
 class YamlFileError(ValueError):
@@ -137,8 +138,40 @@ def read_yaml(path: Path) -> Any:
     except UnicodeDecodeError as e:   # a latin-1 comment, a UTF-16 file: was a traceback
         raise YamlFileError(f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
     try:
-        return yaml.safe_load(text)
+        doc = yaml.safe_load(text)
+        values = expanded_values(doc)
     except yaml.YAMLError as e:
         raise YamlFileError(f"not valid YAML: {yaml_error_line(e)}") from None
     except RecursionError:   # PyYAML builds nested collections recursively: '[' * 1000 was a traceback
         raise YamlFileError("not usable YAML: nested too deeply") from None
+    if values > MAX_YAML_VALUES:   # aliases of aliases: 9 levels of 9 are 387 million values to validate
+        raise YamlFileError(f"not usable YAML: its aliases expand to more than {MAX_YAML_VALUES:,} values")
+    return doc
+
+
+def expanded_values(doc: Any) -> int:
+    """How many values ``doc`` holds with every alias expanded, counted without expanding them (each
+    collection once: its size is remembered); YamlFileError for a collection that contains itself."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()   # the collections being counted: one met again inside itself is a cycle
+
+    def size(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        if id(node) in active:
+            raise YamlFileError("not usable YAML: an alias refers to a collection that contains it")
+        active.add(id(node))
+        items = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        total = 1
+        for item in items:
+            total += size(item)
+            if total > MAX_YAML_VALUES:
+                break
+        active.discard(id(node))
+        sizes[id(node)] = total
+        return total
+
+    return size(doc)

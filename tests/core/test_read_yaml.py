@@ -22,7 +22,13 @@ SECRET = "s3cr3t-in-the-file"
     ("\ufeffa: 1\n".encode("utf-16"), "not UTF-8 text (byte 0xff at offset 0)"),
     (f"a: \x00{SECRET}\n", "not valid YAML: "),
     ("[" * 2000 + "]" * 2000, "nested too deeply"),   # was a RecursionError traceback
-], ids=["missing", "a directory", "unclosed quote", "latin-1", "utf-16", "a NUL", "nested too deeply"])
+    # aliases of aliases: 9 levels of 9 are 387 million values; validating them stalled every command
+    ("l0: &l0 [a, a, a, a, a, a, a, a, a]\n" + "".join(
+        f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 9)),
+     "not usable YAML: its aliases expand to more than 1,000,000 values"),
+    ("targets: &t [*t]\n", "not usable YAML: an alias refers to a collection that contains it"),
+], ids=["missing", "a directory", "unclosed quote", "latin-1", "utf-16", "a NUL", "nested too deeply",
+        "an alias bomb", "an alias cycle"])
 def test_a_file_that_cannot_be_used_is_one_line(content: str | bytes | None, expected: str, tmp_path: Path) -> None:
     f = tmp_path / "f.yaml"
     if content == "dir":
@@ -46,8 +52,8 @@ def test_the_line_and_column_of_a_syntax_error_are_named(tmp_path: Path) -> None
 
 def test_a_good_file_is_its_document(tmp_path: Path) -> None:
     f = tmp_path / "f.yaml"
-    f.write_text("a: [1, 2]\nb: {c: x}\n")
-    assert read_yaml(f) == {"a": [1, 2], "b": {"c": "x"}}
+    f.write_text("a: &x [1, 2]\nb: {c: x}\nd: [*x, *x]\n")   # aliases used as meant: fine
+    assert read_yaml(f) == {"a": [1, 2], "b": {"c": "x"}, "d": [[1, 2], [1, 2]]}
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
