@@ -44,7 +44,8 @@ def bounded_tags(handler: str, tags: dict[str, str]) -> dict[str, str]:
     1 MB tag made a state key and changelog record beyond Kafka's message size)."""
     if all(len(k) <= MAX_LABEL_VALUE and len(v) <= MAX_LABEL_VALUE for k, v in tags.items()):
         return tags
-    return {label_value(handler, "(tag name)", k): label_value(handler, k[:40], v) for k, v in tags.items()}
+    # the counter names no tag: tag names come from the sample, a label of them would be unbounded too
+    return {label_value(handler, "(tag name)", k): label_value(handler, "(tag value)", v) for k, v in tags.items()}
 
 
 def label_value(handler: str, tag: str, value: str) -> str:
