@@ -53,6 +53,17 @@ class CliError(ValueError):
 MAX_VERSION = 2 ** 63 - 1   # a version is a 64-bit integer on the wire and in the JSON log lines
 
 
+def limit_arg(text: str) -> int:
+    """``history --limit``: at least 1 (0 showed every entry and -3 all but the first three: a slice [-n:])."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return v
+
+
 def version_arg(text: str) -> int:
     """``--to``: a version as the store keeps them (a 26-digit one broke every JSON log line of the run)."""
     try:
@@ -88,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("show", "history"):
             sp.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "history":
-            sp.add_argument("--limit", type=int, default=20)
+            sp.add_argument("--limit", type=limit_arg, default=20)
         if name == "apply":
             sp.add_argument("--weights", required=True, help="origin=share,... (shares summing to 1)")
             sp.add_argument("--reason", default="manual apply")

@@ -29,6 +29,13 @@ def test_bad_shares_are_one_line(config: str, weights: str, line: str) -> None:
     assert r.returncode == 2 and r.stderr.strip() == line, r.stderr[-2000:]
 
 
+@pytest.mark.parametrize("limit", ["0", "-3"])
+def test_a_history_limit_below_one_is_refused(config: str, limit: str) -> None:
+    # a slice [-limit:]: 0 showed every entry, -3 all but the first three
+    r = run_cli("weights", "history", "--config", config, "--edge", "e1", "--limit", limit)
+    assert r.returncode == 2 and f"argument --limit: expected an integer >= 1, got {limit}" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("to", ["99999999999999999999999999", "-5"])
 def test_a_rollback_version_out_of_range_is_refused(config: str, to: str) -> None:
     r = run_cli("weights", "rollback", "--config", config, "--edge", "e1", "--to", to, "--dry-run")
