@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,23 @@ def _fmt(value: float | None, unit: str = "", scale: float = 1.0, digits: int = 
 def _pct(fraction: float | None) -> str:
     """A fraction (of capacity, of the traffic, of a weight) as a percentage: the table's one format for them."""
     return _fmt(fraction, "%", 100, 1)
+
+
+def first_non_finite(value: Any, where: str = "") -> str | None:
+    """The path of the first NaN or infinite number in a result (None when every number is finite)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "(result)"
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = first_non_finite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def render_table(scn: Scenario, summaries: dict[str, dict[str, Any]]) -> str:
@@ -144,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise ScenarioError(f"--controllers: unknown controller(s) {unknown!r} "
                                     f"(known: {', '.join(CONTROLLER_KINDS)})")
         summaries, runs = run_scenario(scn, kinds)
+        # A value the model accepts but the plant's arithmetic overflows (demand_scale 1e308): the metrics
+        # came out NaN, the verdict said "meets targets" and --json printed NaN (not JSON).
+        bad = first_non_finite(summaries)
+        if bad is not None:
+            raise ScenarioError(f"{args.scenario}: the simulation overflowed ({bad} is not a finite number): "
+                                "a rate, capacity or scale in the scenario is too large")
     except ScenarioError as exc:
         print(f"opsloop sim: {exc}", file=sys.stderr)
         return 2

@@ -73,3 +73,15 @@ def test_the_plot_is_written_where_it_says(tmp_path: Path) -> None:
     a_dir.mkdir()
     r = run_cli("sim", "--scenario", str(f), "--controllers", "ours", "--plot", str(a_dir), timeout=120)
     assert r.returncode == 2 and r.stderr.strip() == f"opsloop sim: cannot write plot {a_dir}: Is a directory", r.stderr
+
+
+def test_a_scenario_that_overflows_the_plant_is_refused_not_judged(tmp_path: Path) -> None:
+    # demand_scale 1e308 was accepted: every metric came out NaN, the verdict said "meets targets" (exit 0)
+    # and --json printed NaN, which is not JSON
+    f = tmp_path / "scenario.yaml"
+    f.write_text(GOOD + "events: [{at: 5, demand_scale: 1.0e+308}]\n")
+    r = run_cli("sim", "--scenario", str(f), "--json", timeout=120)
+    lines = [x for x in r.stderr.strip().splitlines() if x.startswith("opsloop sim:")]
+    assert r.returncode == 2 and len(lines) == 1 and r.stdout == "", r.stderr[-2000:]
+    # refused by the simulator's check, or by the model once it bounds demand_scale
+    assert "the simulation overflowed" in lines[0] or "demand_scale" in lines[0], lines[0]
