@@ -176,9 +176,12 @@ def read_token(api: ApiSettings) -> str:
     if api.token_file is not None:
         check_private(api.token_file, "controllers.edge.api.token_file")
         try:
-            token = api.token_file.read_text().strip()
+            token = api.token_file.read_text(encoding="utf-8").strip()
         except OSError as e:
             raise ConfigError(f"controllers.edge.api.token_file {api.token_file}: {e.strerror}") from None
+        except UnicodeDecodeError as e:   # was a traceback at start; the byte is not shown (a secret)
+            raise ConfigError(f"controllers.edge.api.token_file {api.token_file}: not UTF-8 text "
+                              f"(at byte offset {e.start})") from None
         source = f"token_file {api.token_file}"
     else:
         token = os.environ.get(TOKEN_ENV, "").strip()

@@ -1,7 +1,7 @@
 """`opsloop edge check --topology FILE` with a topology file it cannot use: exit 2 and one line naming the
 file (and the line and column of a YAML error), never a traceback, nothing of the file's text. Before: a
 file not UTF-8 was a UnicodeDecodeError traceback and a YAML error PyYAML's multi-line message quoting the
-offending line under a caret."""
+offending line under a caret. And the API token file not UTF-8: one line, the token not shown."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from opsloop.config import ConfigError
+from opsloop.controllers.edge.service.config import ApiSettings, read_token
 from tests.helpers import run_cli
 
 SECRET = "s3cr3t-in-the-file"
@@ -60,3 +62,14 @@ def test_a_good_topology_file_checks(tmp_path: Path) -> None:
     cfg.write_text("{}\n")
     r = run_cli("edge", "check", "--config", str(cfg), "--topology", str(topo), timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("ok: 1 listener(s): web (1 edges, 1 origins)"), r.stderr
+
+
+def test_an_api_token_file_not_utf8_is_one_line_without_the_token(tmp_path: Path) -> None:
+    # read at `opsloop edge run` start, after Kafka: a UnicodeDecodeError traceback that printed the bytes
+    tok = tmp_path / "token"
+    tok.write_bytes(f"{SECRET}-\xe9-{SECRET}\n".encode("latin-1"))
+    tok.chmod(0o600)
+    with pytest.raises(ConfigError) as e:
+        read_token(ApiSettings(token_file=tok))
+    assert str(e.value) == (f"controllers.edge.api.token_file {tok}: not UTF-8 text "
+                            f"(at byte offset {len(SECRET) + 1})")
