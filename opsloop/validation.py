@@ -106,8 +106,9 @@ def yaml_error_line(e: yaml.YAMLError) -> str:
     """One line: where and what, never the text around it. PyYAML's own message quotes the offending
     line of the file under a caret, over several lines: a secret with a stray quote was printed whole."""
     mark = getattr(e, "problem_mark", None)
-    problem = getattr(e, "problem", None) or type(e).__name__
-    context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    # PyYAML quotes a tag in its problem ("... for the tag '!xxx...'"): a 100 kB tag was a 100 kB line
+    problem = _cut(getattr(e, "problem", None) or type(e).__name__)
+    context, cmark = _cut(getattr(e, "context", None)), getattr(e, "context_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     if context and cmark is not None:
         context += f" from line {cmark.line + 1}, column {cmark.column + 1}"
@@ -116,6 +117,10 @@ def yaml_error_line(e: yaml.YAMLError) -> str:
 
 MAX_YAML_BYTES = 16 * 2 ** 20
 MAX_YAML_VALUES = 1_000_000   # with every alias expanded: a file of settings has thousands
+
+
+def _cut(text: str | None, limit: int = 200) -> str | None:
+    return text if text is None or len(text) <= limit else text[:limit - 3] + "..."
 
 
 class YamlFileError(ValueError):

@@ -72,3 +72,12 @@ def test_any_bytes_are_a_document_or_one_line(data: bytes, tmp_path: Path) -> No
 def test_an_endless_file_is_refused_not_read_until_memory_runs_out() -> None:
     with pytest.raises(YamlFileError, match=r"^larger than 16 MiB: not a file of settings$"):
         read_yaml(Path("/dev/zero"))
+
+
+def test_a_long_tag_is_not_quoted_whole(tmp_path: Path) -> None:
+    # PyYAML's problem quotes the tag it has no constructor for: a 100 kB tag was a 100 kB error line
+    f = tmp_path / "f.yaml"
+    f.write_text("a: !" + "x" * 100_000 + " 1\n")
+    with pytest.raises(YamlFileError, match=r"^not valid YAML: line 1, column 4: could not determine a constructor") as e:
+        read_yaml(f)
+    assert len(str(e.value)) < 300, len(str(e.value))
