@@ -40,8 +40,31 @@ class JsonFormatter(logging.Formatter):
             doc["fields"] = redact(fields)
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
+        try:
+            text = orjson.dumps(doc, default=_shown).decode()
+        except (orjson.JSONEncodeError, TypeError):   # an int beyond 64 bits, a non-str key: was a "Logging error" traceback
+            text = orjson.dumps(_plain(doc), default=_shown).decode()
         # Credentials in URLs (Alertmanager, Elasticsearch) never reach a log line, whoever logs them.
-        return redact_credentials(orjson.dumps(doc, default=str).decode())
+        return redact_credentials(text)
+
+
+def _shown(value: Any) -> str:
+    """What orjson cannot serialise (a set, bytes, any object) as its str(); never raises."""
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - a failing __str__/__repr__ must not cost the log line
+        return f"<{type(value).__name__} not printable>"
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with what orjson refuses outright made text: ints beyond 64 bits, non-str keys."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else _shown(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -2 ** 63 <= value < 2 ** 64:
+        return str(value)
+    return value
 
 
 class EventLogger:
