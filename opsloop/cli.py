@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from opsloop import __version__
@@ -82,9 +83,28 @@ def main(argv: list[str] | None = None) -> int:
     module, func = COMMANDS[name][0].split(":")
     fn = getattr(importlib.import_module(module), func)
     try:
-        return int(fn(rest) or 0)
+        try:
+            code = int(fn(rest) or 0)
+        except SystemExit:   # argparse's --help: its text may still sit in the buffer
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()   # a reader gone early shows here, not as "Exception ignored" at exit
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:   # `opsloop sim --json | head -c 100`: was a traceback
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of stdout closed the pipe: Python's recipe (docs of `signal`, "Note on SIGPIPE"): stdout
+    to /dev/null so the flush at exit stays quiet, and the status a shell gives a command killed by SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):   # stdout without a file descriptor (replaced in-process)
+        pass
+    return 141
 
 
 if __name__ == "__main__":
