@@ -18,6 +18,7 @@ up short (see ``controllers/actuators/README.md``).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 from opsloop.controllers.edge.service.api import EdgeApi
-from opsloop.controllers.edge.service.config import (EdgeServiceSettings, read_token, resolve_topology,
+from opsloop.controllers.edge.service.config import (TOKEN_ENV, EdgeServiceSettings, read_token, resolve_topology,
                                              service_settings)
 from opsloop.controllers.edge.service.inputs import DemandBook, DemandConsumer
 from opsloop.controllers.edge.service.kafka_io import DecisionPublisher, recover_decisions
@@ -44,7 +45,7 @@ log = get_logger("controller.edge")
 EPILOG = """examples:
   opsloop edge run --config opsloop.yaml
   OPSLOOP_EDGE_API_TOKEN=$(cat /etc/opsloop/edge.token) opsloop edge run --config opsloop.yaml --interval 5
-  opsloop edge check --config opsloop.yaml        # validate the section and the topology, print it
+  opsloop edge check --config opsloop.yaml        # validate the section, the topology and the API token
 
 config (opsloop.yaml):
   controllers:
@@ -138,6 +139,18 @@ class EdgeService:
         self.audit.close()
 
 
+def check_token(cfg: EdgeServiceSettings) -> str:
+    """`edge check`: the API token read as `edge run` reads it (ConfigError when run would refuse it: a token
+    file missing, open to others, not UTF-8, empty or short); what was checked, for the ok line. A token
+    left to the environment is checked only where it is set (the service's environment may be elsewhere)."""
+    if not cfg.api.enabled:
+        return "API off"
+    if cfg.api.token_file is None and not os.environ.get(TOKEN_ENV):
+        return f"API token not checked (${TOKEN_ENV} not set here)"
+    read_token(cfg.api)   # the token itself is never printed
+    return f"API token file {cfg.api.token_file} ok" if cfg.api.token_file is not None else f"API token ${TOKEN_ENV} ok"
+
+
 def build_parser() -> argparse.ArgumentParser:
     # the help shows what the service does and its data flow; the rest of the docstring is for readers of the code
     description = "\n\n".join(__doc__.split("\n\n")[:2])
@@ -149,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
         s.add_argument("--config", help="opsloop YAML config")
         s.add_argument("--topology", type=Path, help="override controllers.edge.topology_file")
+        if name == "check":
+            s.add_argument("--skip-token", action="store_true",
+                           help="do not read the API token (a config checked away from where it runs: a container's "
+                                "secret file on the host)")
         if name == "run":
             s.add_argument("--interval", type=float, help="override controllers.edge.interval_s (seconds)")
             s.add_argument("--metrics-port", type=int, help="override controllers.edge.metrics_port")
@@ -185,13 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         try:
             kept = load_overrides(cfg.overrides_file).count() if cfg.overrides_file is not None else 0
-        except OverridesError as e:
+            token = "API token not checked (--skip-token)" if args.skip_token else check_token(cfg)
+        except (OverridesError, ConfigError) as e:
             print(f"opsloop edge: {e}", file=sys.stderr)
             return 2
         print(f"ok: {len(topology.listeners)} listener(s): "
               + ", ".join(f"{lst.name} ({len(lst.edges)} edges, {len(lst.origins)} origins)"
                           for lst in topology.listeners)
-              + f"; {kept} API override(s) kept in {cfg.overrides_file}")
+              + f"; {kept} API override(s) kept in {cfg.overrides_file}; {token}")
         return 0
     setup_logging("opsloop-edge", args.log_level)
     try:
