@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -55,7 +56,8 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # .inf and .nan are YAML floats: `collector.interval_s: .inf` passed and the collector died of OverflowError
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _distinct_ports(section: BaseModel, names: tuple[str, ...]) -> None:
@@ -259,7 +261,7 @@ def validation_errors(doc: dict[str, Any]) -> list[str]:
     errors: list[str] = []
     base = {k: v for k, v in doc.items() if k != "collectors"}
     try:
-        Settings.model_validate(base)
+        errors += non_finite_lines(Settings.model_validate(base))
     except ValidationError as e:
         errors += error_lines(e)
     collectors = doc.get("collectors") or {}
@@ -273,7 +275,7 @@ def validation_errors(doc: dict[str, Any]) -> list[str]:
             errors.append(f"collectors.{name}: {e}")
             continue
         try:
-            model.model_validate(section or {})
+            errors += non_finite_lines(model.model_validate(section or {}), f"collectors.{name}")
         except ValidationError as e:
             errors += error_lines(e, prefix=f"collectors.{name}.")
     sections = registered_sections()
@@ -290,7 +292,7 @@ def validation_errors(doc: dict[str, Any]) -> list[str]:
         if section is None:
             continue
         try:
-            model.model_validate(section)
+            errors += non_finite_lines(model.model_validate(section), path)
         except ValidationError as e:
             errors += error_lines(e, prefix=f"{path}.")
     if not errors:   # every section valid alone: the settings of one that must agree with another's
@@ -298,7 +300,29 @@ def validation_errors(doc: dict[str, Any]) -> list[str]:
             check = getattr(model, "cross_section_errors", None)
             if check is not None and get_dotted(doc, path) is not None:
                 errors += check(doc)
-    return errors
+    return list(dict.fromkeys(errors))   # a stage's .inf is seen in the raw mapping and in its section
+
+
+def non_finite_lines(value: Any, where: str = "", depth: int = 0) -> list[str]:
+    """A ``where.key: ...`` line per NaN or infinite float in a validated section (its nested models, lists
+    and mappings too). Every section model refuses them, whatever its own base: the stages' and collectors'
+    models set no ``allow_inf_nan``, and a string "inf" becomes a float only once validated."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [f"{where}: Input should be a finite number (got {value!r})"]
+    if isinstance(value, BaseModel):
+        items: Any = ((name, getattr(value, name, None)) for name in type(value).model_fields)
+    elif isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return []
+    if depth > 50:   # settings are a few levels deep; a deeper free-form mapping is left to its model
+        return []
+    lines: list[str] = []
+    for key, item in items:
+        lines += non_finite_lines(item, f"{where}.{key}" if where else str(key), depth + 1)
+    return lines
 
 
 def defaults_document() -> dict[str, Any]:
