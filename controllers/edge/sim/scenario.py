@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from opsloop.controllers.edge.controller import ControllerSettings, FixedStepSettings
+from opsloop.controllers.edge.model import MAX_CAPACITY_RPS, MAX_LATENCY_MS
 from opsloop.validation import YamlFileError, error_lines, read_yaml
 
 # "fixed-step-headroom": the fixed-step baseline planned with our controller's headroom, so a
@@ -28,12 +29,22 @@ class ScenarioError(ValueError):
     """A scenario file that cannot be run; the message names the file and the field."""
 
 
+# Sane ranges of a scenario's numbers: `demand_scale: 1e308` made every figure of the run NaN. A rate (demand,
+# capacity) is bounded as in a topology file, a latency or service time as a topology's latency (inf: no path).
+MAX_RPS = MAX_CAPACITY_RPS
+MAX_DEMAND_SCALE = 1000.0            # one event's factor
+MAX_IMPLIED_RPS = 1e15               # an edge's demand after every event's factors (they compound)
+MAX_TIME_S = 86_400.0                # a ramp, a stale spell, a delay: at most the longest run
+MAX_INTERVAL_S = 3600.0              # as controllers.edge.interval_s
+MAX_SEED = 2 ** 63 - 1               # numpy refuses a negative seed: was a traceback at the run
+
+
 class SimOrigin(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1)
-    capacity_rps: float = Field(ge=0.0, allow_inf_nan=False)
-    service_ms: float = Field(default=10.0, ge=0.0, allow_inf_nan=False)
+    capacity_rps: float = Field(ge=0.0, le=MAX_RPS)
+    service_ms: float = Field(default=10.0, ge=0.0, le=MAX_LATENCY_MS)
     healthy: bool = True
 
 
@@ -41,8 +52,8 @@ class SimEdge(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1)
-    base_rps: float = Field(ge=0.0, allow_inf_nan=False)
-    elasticity: float = Field(default=1.0, ge=0.0, le=4.0)
+    base_rps: float = Field(ge=0.0, le=MAX_RPS, allow_inf_nan=False)
+    elasticity: float = Field(default=1.0, ge=0.0, le=4.0, allow_inf_nan=False)
     latency_ms: dict[str, float]
     initial_weights: dict[str, float] | None = None
 
@@ -50,16 +61,16 @@ class SimEdge(BaseModel):
 class Event(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    at: float = Field(ge=0.0, allow_inf_nan=False)
+    at: float = Field(ge=0.0, le=MAX_TIME_S, allow_inf_nan=False)
     label: str = ""
     demand: dict[str, float] | None = None            # edge -> new base_rps
     # one factor for every edge's base_rps, or a factor per edge
     demand_scale: float | dict[str, float] | None = None
-    ramp_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)  # demand change spread over
+    ramp_s: float | None = Field(default=None, gt=0.0, le=MAX_TIME_S, allow_inf_nan=False)  # demand change spread over
     capacity: dict[str, float] | None = None          # origin -> new capacity_rps
     health: dict[str, bool] | None = None             # origin -> healthy
     latency: dict[str, dict[str, float]] | None = None  # edge -> origin -> ms
-    stale_for_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    stale_for_s: float | None = Field(default=None, gt=0.0, le=MAX_TIME_S, allow_inf_nan=False)
 
     @property
     def changes_plant(self) -> bool:
@@ -68,42 +79,42 @@ class Event(BaseModel):
 
 
 class Targets(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)   # a NaN target fails every run
 
-    tolerance: float = Field(default=0.05, ge=0.0)
-    capacity_within_intervals: float = Field(default=3.0, gt=0.0)
-    overshoot: float = Field(default=0.05, ge=0.0)
-    oscillation_weight: float = Field(default=0.03, ge=0.0)
-    oscillation_load: float = Field(default=0.05, ge=0.0)
-    settle_band: float = Field(default=0.02, gt=0.0)
-    steady_intervals: int = Field(default=4, ge=2)
+    tolerance: float = Field(default=0.05, ge=0.0, le=1.0)   # fractions of capacity or of traffic
+    capacity_within_intervals: float = Field(default=3.0, gt=0.0, le=1000.0)
+    overshoot: float = Field(default=0.05, ge=0.0, le=1.0)
+    oscillation_weight: float = Field(default=0.03, ge=0.0, le=1.0)
+    oscillation_load: float = Field(default=0.05, ge=0.0, le=1.0)
+    settle_band: float = Field(default=0.02, gt=0.0, le=1.0)
+    steady_intervals: int = Field(default=4, ge=2, le=10_000)
     # 95th percentile of the excess over capacity outside the transients after a step (noise, flaps)
-    excess_p95: float = Field(default=0.05, ge=0.0)
-    churn: float = Field(default=0.03, ge=0.0)        # mean traffic share moved per interval
+    excess_p95: float = Field(default=0.05, ge=0.0, le=1.0)
+    churn: float = Field(default=0.03, ge=0.0, le=1.0)        # mean traffic share moved per interval
     # against the fixed-step baselines of the same run (with and without our headroom):
-    overload_ratio: float = Field(default=0.10, ge=0.0)  # overload-seconds ≤ ratio × baseline's …
-    overload_slack_s: float = Field(default=0.0, ge=0.0)  # … + this (a baseline with ~0 overload)
-    latency_ratio: float = Field(default=1.10, gt=0.0)   # mean latency ≤ ratio × baseline's
+    overload_ratio: float = Field(default=0.10, ge=0.0, le=100.0)  # overload-seconds ≤ ratio × baseline's …
+    overload_slack_s: float = Field(default=0.0, ge=0.0, le=MAX_TIME_S)  # … + this (a baseline with ~0 overload)
+    latency_ratio: float = Field(default=1.10, gt=0.0, le=100.0)   # mean latency ≤ ratio × baseline's
 
 
 class Scenario(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     description: str = ""
     listener: str = "listener"
-    interval_s: float = Field(default=15.0, gt=0.0)
-    duration_s: float = Field(default=600.0, gt=0.0, le=86400.0)
-    dt_s: float = Field(default=1.0, gt=0.0)
-    seed: int = 0
+    interval_s: float = Field(default=15.0, gt=0.0, le=MAX_INTERVAL_S)
+    duration_s: float = Field(default=600.0, gt=0.0, le=MAX_TIME_S)
+    dt_s: float = Field(default=1.0, gt=0.0, le=MAX_INTERVAL_S)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     noise: float = Field(default=0.0, ge=0.0, le=0.5)
-    client_tau_s: float = Field(default=2.0, ge=0.0)
-    overload_slowdown: float = Field(default=1.0, ge=0.0)
+    client_tau_s: float = Field(default=2.0, ge=0.0, le=MAX_INTERVAL_S)
+    overload_slowdown: float = Field(default=1.0, ge=0.0, le=1000.0)   # service time x (1 + this x overload)
     # true demand noise (what clients send, unlike ``noise`` which only blurs the measurement):
     # every edge's base rate × (1 + demand_noise·N(0,1)), redrawn every demand_noise_period_s
     demand_noise: float = Field(default=0.0, ge=0.0, le=0.5)
-    demand_noise_period_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
-    health_detection_delay_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    demand_noise_period_s: float | None = Field(default=None, gt=0.0, le=MAX_TIME_S)
+    health_detection_delay_s: float = Field(default=0.0, ge=0.0, le=MAX_TIME_S)
     origins: list[SimOrigin] = Field(min_length=1)
     edges: list[SimEdge] = Field(min_length=1)
     events: list[Event] = Field(default_factory=list)
@@ -132,6 +143,9 @@ class Scenario(BaseModel):
                     raise ValueError(f"{where}: unknown origin {origin!r} (origins: {origins})")
                 if not isinstance(ms, (int, float)) or math.isnan(ms) or ms < 0:
                     raise ValueError(f"{where}[{origin!r}]: expected latency >= 0 ms, got {ms!r}")
+                if math.isfinite(ms) and ms > MAX_LATENCY_MS:   # .inf is no path; a finite one is bounded
+                    raise ValueError(f"{where}[{origin!r}]: {ms!r} ms is above {MAX_LATENCY_MS:g} ms "
+                                     "(write .inf for no path)")
 
         for edge in self.edges:
             check_latency(f"edges[{edge.name!r}].latency_ms", edge.latency_ms)
@@ -155,12 +169,12 @@ class Scenario(BaseModel):
                 for edge, factor in ev.demand_scale.items():
                     if edge not in edges:
                         raise ValueError(f"{where}.demand_scale: unknown edge {edge!r} (edges: {edges})")
-                    if not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 0:
-                        raise ValueError(f"{where}.demand_scale[{edge!r}]: expected a factor >= 0, "
-                                         f"got {factor!r}")
-            elif ev.demand_scale is not None and (not math.isfinite(ev.demand_scale)
-                                                  or ev.demand_scale < 0):
-                raise ValueError(f"{where}.demand_scale: expected a factor >= 0, got {ev.demand_scale!r}")
+                    if not isinstance(factor, (int, float)) or not 0 <= factor <= MAX_DEMAND_SCALE:
+                        raise ValueError(f"{where}.demand_scale[{edge!r}]: expected a factor in "
+                                         f"[0, {MAX_DEMAND_SCALE:g}], got {factor!r}")
+            elif ev.demand_scale is not None and not 0 <= ev.demand_scale <= MAX_DEMAND_SCALE:
+                raise ValueError(f"{where}.demand_scale: expected a factor in [0, {MAX_DEMAND_SCALE:g}], "
+                                 f"got {ev.demand_scale!r}")
             if ev.ramp_s is not None and ev.demand is None and ev.demand_scale is None:
                 raise ValueError(f"{where}.ramp_s: only ramps a demand change (give demand or "
                                  f"demand_scale)")
@@ -168,13 +182,14 @@ class Scenario(BaseModel):
                 if edge not in edges:
                     raise ValueError(f"{where}.demand: unknown edge {edge!r} (edges: {edges})")
             for edge, rps in (ev.demand or {}).items():
-                if not isinstance(rps, (int, float)) or not math.isfinite(rps) or rps < 0:
-                    raise ValueError(f"{where}.demand[{edge!r}]: expected req/s >= 0, got {rps!r}")
+                if not isinstance(rps, (int, float)) or not 0 <= rps <= MAX_RPS:
+                    raise ValueError(f"{where}.demand[{edge!r}]: expected req/s in [0, {MAX_RPS:g}], got {rps!r}")
             for origin, cap in (ev.capacity or {}).items():
                 if origin not in origins:
                     raise ValueError(f"{where}.capacity: unknown origin {origin!r}")
-                if not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap < 0:
-                    raise ValueError(f"{where}.capacity[{origin!r}]: expected req/s >= 0, got {cap!r}")
+                if not isinstance(cap, (int, float)) or not 0 <= cap <= MAX_RPS:
+                    raise ValueError(f"{where}.capacity[{origin!r}]: expected req/s in [0, {MAX_RPS:g}], "
+                                     f"got {cap!r}")
             for origin in (ev.health or {}):
                 if origin not in origins:
                     raise ValueError(f"{where}.health: unknown origin {origin!r}")
@@ -185,11 +200,28 @@ class Scenario(BaseModel):
             if not ev.changes_plant and ev.stale_for_s is None:
                 raise ValueError(f"{where}: changes nothing (give demand, demand_scale, capacity, "
                                  f"health, latency or stale_for_s)")
+        _check_implied_demand(self)
         for kind in self.controllers:
             if canonical_kind(kind) not in CONTROLLER_KINDS:
                 raise ValueError(f"controllers: unknown controller {kind!r} "
                                  f"(known: {', '.join(CONTROLLER_KINDS)})")
         return self
+
+
+def _check_implied_demand(scn: Scenario) -> None:
+    """Each event's factor is bounded, but factors compound (the plant scales the demand in force): an
+    edge's demand through the events, in the order the plant applies them, stays below MAX_IMPLIED_RPS."""
+    demand = {e.name: e.base_rps for e in scn.edges}
+    for i, ev in sorted(enumerate(scn.events), key=lambda item: item[1].at):
+        for edge in demand:
+            if isinstance(ev.demand_scale, dict):
+                demand[edge] *= ev.demand_scale.get(edge, 1.0)
+            elif ev.demand_scale is not None:
+                demand[edge] *= ev.demand_scale
+            demand[edge] = (ev.demand or {}).get(edge, demand[edge])
+            if demand[edge] > MAX_IMPLIED_RPS:
+                raise ValueError(f"events[{i}] (at {ev.at}).demand_scale: the demand of edge {edge!r} grows to "
+                                 f"{demand[edge]:.3g} req/s (at most {MAX_IMPLIED_RPS:g})")
 
 
 MAX_SIM_STEPS = 1_000_000   # a day at 0.1 s steps is 864,000
