@@ -69,7 +69,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    rows sum to 1, are never all-zero, and put nothing on an unhealthy origin while a healthy one is
    reachable; a row with none holds its weights, but moves what is on an origin it has no path
    to onto the reachable ones (those requests fail for certain). Stale inputs (``inputs_age_s > stale_after_s``) hold the last good weights
-   (``mode=hold``, with a reason).
+   (``mode=hold``, with a reason); health known fresh apart from them (``health_age_s``) still moves
+   the share off an origin it calls down, to where a plan on the last demand seen has room.
 
 Why it is stable
 ----------------
@@ -177,6 +178,9 @@ class Observation:
     latency: np.ndarray         # [E, O] ms, inf = no path
     healthy: np.ndarray         # [O] bool
     inputs_age_s: float = 0.0   # age of the oldest input this decision relies on
+    # age of ``healthy`` when it is known apart from the rest (health checks that stay fresh while
+    # the demand measurement is stale); None: as old as the other inputs
+    health_age_s: float | None = None
     # [O] mean time an origin took to answer over the interval (queue + service, no network), when
     # the telemetry has it: lets the controller predict how much faster relieved clients come back
     origin_latency_ms: np.ndarray | None = None
@@ -338,9 +342,14 @@ class Controller:
     name = "base"
 
     def __init__(self, n_edges: int, n_origins: int, stale_after_s: float, max_step: float,
-                 initial: np.ndarray | None = None) -> None:
+                 initial: np.ndarray | None = None, origin_names: list[str] | None = None) -> None:
         self.n_edges = n_edges
         self.n_origins = n_origins
+        if origin_names is not None and len(origin_names) != n_origins:
+            raise ValueError(f"origin_names: expected {n_origins} names, got {len(origin_names)}")
+        # what the reasons call the origins (an operator reads them): their names when given
+        self.origin_names = list(origin_names) if origin_names is not None else \
+            [f"#{o}" for o in range(n_origins)]
         self.stale_after_s = stale_after_s
         self.max_step = max_step
         self.weights: np.ndarray | None = None
@@ -355,6 +364,11 @@ class Controller:
 
     def _propose(self, obs: Observation) -> Proposal:
         raise NotImplementedError
+
+    def _names(self, mask: np.ndarray, detail=None) -> str:
+        """The origins of ``mask`` (a boolean mask or indices) by name, each with ``detail(o)`` when given."""
+        picked = np.flatnonzero(mask) if np.asarray(mask).dtype == bool else np.asarray(mask, dtype=int)
+        return ", ".join(self.origin_names[o] + (f" {detail(o)}" if detail else "") for o in picked)
 
     def _publish(self, obs: Observation, decided: Proposal, stale: bool = False) -> Decision:
         weights = decided.weights
@@ -374,8 +388,21 @@ class Controller:
         if obs.inputs_age_s > self.stale_after_s:
             why = f"stale inputs: age {obs.inputs_age_s:.0f}s > {self.stale_after_s:.0f}s"
             if self.weights is not None:
-                held = Proposal(self.weights, self.weights, zeros, Mode.HOLD,
-                                f"{why}; holding version {self.version}", zeros,
+                weights, note = self.weights, f"holding version {self.version}"
+                # fail static on the stale demand, but never on traffic to an origin that fresh health
+                # checks call down while a healthy one is reachable (safety rule 1 holds whatever the inputs)
+                if obs.health_age_s is not None and obs.health_age_s <= self.stale_after_s:
+                    # where the evacuated share goes: where a plan on the last demand seen has room for it
+                    # (the rest of every row stays as it is)
+                    last = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
+                    plan = solve(last, obs.capacity, obs.latency, obs.healthy, previous=self.weights).weights
+                    moved_off = strip_unusable(self.weights, plan, usable_mask(obs.latency, obs.healthy), obs.latency)
+                    weights = enforce_safety(self.weights, moved_off, obs.latency, obs.healthy, self.max_step)
+                    moved = ((self.weights - weights) > _EPS).any(axis=0)
+                    if moved.any():
+                        note = (f"holding version {self.version} but moved off {self._names(moved)} "
+                                "(unhealthy by fresh health checks)")
+                held = Proposal(weights, weights, zeros, Mode.HOLD, f"{why}; {note}", zeros,
                                 list(range(self.n_edges)))
                 return self._publish(obs, held, stale=True)
             # nothing to hold: nearest healthy origin per edge, from the last known topology
@@ -449,12 +476,7 @@ class EdgeController(Controller):
                  initial: np.ndarray | None = None, origin_names: list[str] | None = None) -> None:
         self.settings = settings or ControllerSettings()
         super().__init__(n_edges, n_origins, self.settings.stale_after_s, self.settings.max_step,
-                         initial)
-        if origin_names is not None and len(origin_names) != n_origins:
-            raise ValueError(f"origin_names: expected {n_origins} names, got {len(origin_names)}")
-        # what the reasons call the origins (an operator reads them): their names when given
-        self.origin_names = list(origin_names) if origin_names is not None else \
-            [f"#{o}" for o in range(n_origins)]
+                         initial, origin_names)
         s = self.settings
         self._demand_history: deque[np.ndarray] = deque(
             maxlen=max(s.demand_window, s.variability_window + 2, 4))
@@ -966,11 +988,6 @@ class EdgeController(Controller):
             wants_move=latency_gain < 0 or relieves)
         return Proposal.of(proposal, solution, estimate, reason, target=target)
 
-    def _names(self, mask: np.ndarray, detail=None) -> str:
-        """The origins of ``mask`` by name, each with ``detail(o)`` when given."""
-        return ", ".join(self.origin_names[o] + (f" {detail(o)}" if detail else "")
-                         for o in np.flatnonzero(mask))
-
     def _reason(self, obs: Observation, latency: np.ndarray, healthy: np.ndarray,
                 capacity: np.ndarray, load: np.ndarray, proposal: np.ndarray, target: np.ndarray,
                 solution: Solution, usable_fraction: np.ndarray, *, rescue: np.ndarray,
@@ -1052,9 +1069,9 @@ class _LPTargetController(Controller):
     """Baselines: the LP target on the measured demand, then their own way of pushing it."""
 
     def __init__(self, n_edges: int, n_origins: int, settings: FixedStepSettings | None = None,
-                 initial: np.ndarray | None = None) -> None:
+                 initial: np.ndarray | None = None, origin_names: list[str] | None = None) -> None:
         self.settings = settings or FixedStepSettings()
-        super().__init__(n_edges, n_origins, self.settings.stale_after_s, 1.0, initial)
+        super().__init__(n_edges, n_origins, self.settings.stale_after_s, 1.0, initial, origin_names)
 
     def _lp_target(self, obs: Observation) -> tuple[np.ndarray, Solution]:
         estimate = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)

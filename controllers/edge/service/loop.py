@@ -126,7 +126,7 @@ class ControlLoop:
         for name in store.listener_names():
             spec = store.snapshot(name).spec
             edges, origins = [e.name for e in spec.edges], [o.name for o in spec.origins]
-            ctl = EdgeController(len(edges), len(origins), settings)
+            ctl = EdgeController(len(edges), len(origins), settings, origin_names=origins)
             self._recover(ctl, name, edges, origins, recovered or {})
             self.listeners[name] = ListenerState(name, edges, origins, ctl)
 

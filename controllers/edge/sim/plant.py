@@ -247,6 +247,7 @@ def simulate(scn: Scenario, kind: str) -> Run:
             decision = ctrl.step(Observation(now=now, demand=measured, capacity=plant.capacity.copy(),
                                              latency=plant.latency.copy(),
                                              healthy=seen_health.copy(), inputs_age_s=age,
+                                             health_age_s=0.0,   # checks stay current when demand is stale
                                              origin_latency_ms=origin_ms))
             weights = decision.weights
             tick_times.append(now)

@@ -127,6 +127,29 @@ def test_stale_inputs_hold_the_last_good_weights():
     assert rec.mode is Mode.HOLD and rec.inputs_age_s == 60 and "stale" in rec.reason
 
 
+@pytest.mark.parametrize("controller", ["ours", "fixed-step"])
+def test_stale_demand_with_fresh_health_moves_off_a_dead_origin_and_holds_the_rest(controller):
+    """Demand 60 s old but health checks current: the demand-driven weights are held (fail static), the
+    share on the origin the checks call down moves at once (safety rule 1), to where a plan on the last
+    demand seen has room: a move in proportion to the held weights would put the small origin at 125 %."""
+    names, initial = ["us", "eu", "ap"], [[0.6, 0.3, 0.1], [0.2, 0.5, 0.3]]
+    ctrl = (EdgeController(2, 3, ControllerSettings(stale_after_s=30), initial=initial, origin_names=names)
+            if controller == "ours" else FixedStepController(2, 3, initial=initial, origin_names=names))
+    lat, cap, demand = [[20, 90, 150], [150, 20, 90]], np.asarray([1000.0, 1000.0, 150.0]), np.asarray([300.0, 300.0])
+    d = ctrl.step(Observation(now=30, demand=demand, capacity=cap, latency=np.asarray(lat, float),
+                              healthy=np.asarray([False, True, True]), inputs_age_s=60, health_age_s=0.0))
+    assert d.mode is Mode.HOLD and d.stale and "stale inputs" in d.reason and "moved off us" in d.reason
+    _check_rows(d.weights, lat, [False, True, True])
+    assert (d.weights[:, 1:] >= np.asarray(initial)[:, 1:] - 1e-12).all()   # nothing taken off a healthy origin
+    assert (demand @ d.weights)[1:] == pytest.approx([480.0, 120.0])        # the dead origin's 240 req/s onto eu
+    assert d.changed and d.version == 1
+    # health as old as the demand: nothing moves (the last good weights are held whole)
+    stale_all = ctrl.step(Observation(now=45, demand=demand, capacity=cap, latency=np.asarray(lat, float),
+                                      healthy=np.asarray([True, False, True]), inputs_age_s=75))
+    np.testing.assert_array_equal(stale_all.weights, d.weights)
+    assert not stale_all.changed and "moved off" not in stale_all.reason
+
+
 def test_stale_without_history_falls_back_to_nearest_healthy():
     ctrl = EdgeController(1, 2)
     d = ctrl.step(_obs([300], [200, 1000], [[20, 150]], [False, True], age=600))

@@ -170,17 +170,20 @@ def check_decision(ctrl: Controller, obs: Observation, before: np.ndarray | None
     assert np.isfinite(w).all() and (w >= 0).all() and (w <= 1 + 1e-12).all(), where
     np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-9, err_msg=where)
     assert d.mode in set(Mode) and d.reason, where
-    if d.stale:   # fail static: inputs too old to trust (health among them) hold the weights
-        assert before is None or np.array_equal(w, before), where
-        return
     usable = usable_mask(obs.latency, obs.healthy)
     reachable = np.isfinite(obs.latency)
+    fresh_health = obs.health_age_s is not None and obs.health_age_s <= ctrl.stale_after_s
+    if d.stale and not fresh_health:   # fail static: inputs too old to trust (health among them) hold the weights
+        assert before is None or np.array_equal(w, before), where
+        return
+    if d.stale and before is not None:   # stale demand, current health: only the share on unusable origins moves
+        assert (w[usable] >= before[usable] - 1e-9).all(), f"a usable origin lost share while stale; {where}"
     for e in range(w.shape[0]):
         if usable[e].any():   # nothing on an origin seen unhealthy, nor one without a path
             assert w[e][~usable[e]].sum() == 0.0, f"edge {e} off its usable origins; {where}"
         elif reachable[e].any():   # fail static on health, never on a path that is gone
             assert w[e][~reachable[e]].sum() == 0.0, f"edge {e} on an origin with no path; {where}"
-    if before is None:
+    if before is None or d.stale:
         return
     s = ctrl.settings
     for e in range(w.shape[0]):

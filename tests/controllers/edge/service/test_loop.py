@@ -244,6 +244,7 @@ def test_hold_down_and_ramp_in_count_intervals_whatever_the_ticks_wake_up_jitter
             d = tick(k, fresh=held == 0)             # near seen back up at once, then every other tick
             if "holding down" in d.reason:
                 assert not ramp and d.weights[0, 0] == 0.0
+                assert "holding down returning origin(s) near" in d.reason   # named as the topology names it
                 held += 1
             elif "ramping in" in d.reason:
                 ramp.append(float(d.weights[0, 0]))
