@@ -125,7 +125,13 @@ def _cut(text: str | None, limit: int = 200) -> str | None:
 
 class YamlFileError(ValueError):
     """A YAML file that cannot be used: unreadable, not UTF-8 text or not YAML. The message is one line
-    without the file's name: the caller names the file as its users know it (config file, topology file)."""
+    without the file's name: the caller names the file as its users know it (config file, topology file).
+    ``bare`` is the same line with nothing of the file's content (no byte, no quoted tag): for a file of
+    secrets (credentials)."""
+
+    def __init__(self, message: str, bare: str | None = None) -> None:
+        super().__init__(message)
+        self.bare = bare or message
 
 
 def read_yaml(path: Path) -> Any:
@@ -141,12 +147,23 @@ def read_yaml(path: Path) -> Any:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:   # a latin-1 comment, a UTF-16 file: was a traceback
-        raise YamlFileError(f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
+        raise YamlFileError(f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})",
+                            f"not UTF-8 text (at byte offset {e.start})") from None
+    return parse_yaml(text)
+
+
+def parse_yaml(text: str) -> Any:
+    """The parsed YAML document of ``text`` with :func:`read_yaml`'s limits (size, depth, aliases) and its
+    one-line errors: for YAML that does not come from a file (a command's output)."""
+    if len(text) > MAX_YAML_BYTES:
+        raise YamlFileError(f"larger than {MAX_YAML_BYTES // 2 ** 20} MiB: not a file of settings")
     try:
         doc = yaml.safe_load(text)
         values = expanded_values(doc)
     except yaml.YAMLError as e:
-        raise YamlFileError(f"not valid YAML: {yaml_error_line(e)}") from None
+        mark = getattr(e, "problem_mark", None)
+        raise YamlFileError(f"not valid YAML: {yaml_error_line(e)}",
+                            "not valid YAML" + (f" at line {mark.line + 1}" if mark is not None else "")) from None
     except RecursionError:   # PyYAML builds nested collections recursively: '[' * 1000 was a traceback
         raise YamlFileError("not usable YAML: nested too deeply") from None
     if values > MAX_YAML_VALUES:   # aliases of aliases: 9 levels of 9 are 387 million values to validate

@@ -11,10 +11,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from opsloop.validation import describe_validation_error, yaml_error_line
+from opsloop.validation import YamlFileError, describe_validation_error, read_yaml
 
 _HOSTNAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}$"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -127,16 +126,10 @@ class ResolvedHost(BaseModel):
 
 
 def load_inventory(path: Path) -> Inventory:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise InventoryError(f"inventory {path}: {e.strerror}") from None
-    except UnicodeDecodeError as e:  # was a traceback
-        raise InventoryError(f"inventory {path}: not UTF-8 text (at byte offset {e.start})") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:  # one line, without PyYAML's quote of the file's text
-        raise InventoryError(f"inventory {path}: not YAML: {yaml_error_line(e)}") from None
+    try:   # the shared reader: one line, its size, depth and alias bounds (an alias bomb stalled the collector)
+        doc = read_yaml(Path(path))
+    except YamlFileError as e:
+        raise InventoryError(f"inventory {path}: {e}") from None
     if not isinstance(doc, dict):
         raise InventoryError(f"inventory {path}: expected a mapping with 'hosts', got {type(doc).__name__}")
     try:

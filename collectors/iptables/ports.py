@@ -17,10 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from opsloop.collectors.iptables.analyze import default_device
+from opsloop.validation import YamlFileError, parse_yaml, read_yaml
 
 
 class PortsError(ValueError):
@@ -46,11 +46,17 @@ _PORTS = TypeAdapter(list[VmPort])
 
 
 def parse_ports(text: str, source: str) -> list[VmPort]:
-    """Parse the port list (JSON is valid YAML, so one loader serves both)."""
-    try:
-        doc: Any = yaml.safe_load(text) if text.strip() else []
-    except yaml.YAMLError as e:
-        raise PortsError(f"{source}: not JSON/YAML: {_first_line(str(e))}") from None
+    """Parse the port list (JSON is valid YAML, so one loader serves both): a command's output."""
+    try:   # read_yaml's bounds and one-line errors: an alias bomb in the output stalled the collector
+        doc: Any = parse_yaml(text) if text.strip() else []
+    except YamlFileError as e:
+        raise PortsError(f"{source}: {e}") from None
+    return _ports(doc, source)
+
+
+def _ports(doc: Any, source: str) -> list[VmPort]:
+    if doc is None:   # an empty file: no ports yet
+        doc = []
     if isinstance(doc, dict) and "ports" in doc:
         doc = doc["ports"]
     if not isinstance(doc, list):
@@ -70,14 +76,8 @@ def parse_ports(text: str, source: str) -> list[VmPort]:
 
 
 def read_ports_file(path: Path) -> list[VmPort]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise PortsError(f"cannot read ports file {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise PortsError(f"ports file {path} is not UTF-8 text") from None
-    return parse_ports(text, str(path))
-
-
-def _first_line(s: str) -> str:
-    return s.strip().splitlines()[0] if s.strip() else s
+    try:   # the shared reader: its size bound too (/dev/zero as ports_file was read until memory ran out)
+        doc = read_yaml(path)
+    except YamlFileError as e:
+        raise PortsError(f"ports file {path}: {e}") from None
+    return _ports(doc, f"ports file {path}")

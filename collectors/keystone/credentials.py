@@ -24,8 +24,9 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-import yaml
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
+
+from opsloop.validation import YamlFileError, read_yaml
 
 
 class CredentialsError(ValueError):
@@ -51,17 +52,10 @@ def load(file: Path | None, env_prefix: str, environ: Mapping[str, str] | None =
     environ = os.environ if environ is None else environ
     data: dict[str, object] = {}
     if file is not None:
-        try:
-            loaded = yaml.safe_load(file.read_text())
-        except OSError as e:
-            raise CredentialsError(f"credentials file {file}: {e.strerror or e}") from None
-        except UnicodeDecodeError as e:  # a latin-1 password: was a traceback that stopped the collector
-            raise CredentialsError(f"credentials file {file}: not UTF-8 text (at byte offset {e.start})") from None
-        except yaml.YAMLError as e:
-            # The YAML error text can quote the offending line, which may hold a secret: do not echo it.
-            mark = getattr(e, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise CredentialsError(f"credentials file {file} is not valid YAML/JSON{where}") from None
+        try:   # the shared reader: its size, depth and alias bounds (an alias bomb stalled the collector)
+            loaded = read_yaml(file)
+        except YamlFileError as e:   # .bare: no byte or text of the file, which holds a secret
+            raise CredentialsError(f"credentials file {file}: {e.bare}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise CredentialsError(f"credentials file {file}: expected a mapping of {', '.join(_FIELDS)}")
         data.update(loaded or {})

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from opsloop.paths import shipped
+from opsloop.validation import YamlFileError, read_yaml
 
 ALERTS_DIR = shipped("alerts")   # the checkout's alerts/, or the copy inside the installed package
 DEFAULT_SOURCE = ALERTS_DIR / "alertmanager.yml"
@@ -26,7 +27,10 @@ TIMING_KEYS = ("group_wait", "group_interval", "repeat_interval")
 
 
 def load_alertmanager_config(source: Path = DEFAULT_SOURCE) -> dict[str, Any]:
-    doc = yaml.safe_load(source.read_text())
+    try:   # the shared reader: one line for a file that is not UTF-8 or not YAML, its alias and size bounds
+        doc = read_yaml(source)
+    except YamlFileError as e:
+        raise ValueError(f"{source}: {e}") from None
     if not isinstance(doc, dict) or "route" not in doc or "receivers" not in doc:
         raise ValueError(f"{source}: not an Alertmanager configuration (no route/receivers)")
     return doc

@@ -22,7 +22,7 @@ def check(r, file: Path, code: int) -> str:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("content,says", [
-    (b"hosts:\n  - {name: a, bmc: \"x}\n", "not YAML: line 3, column 1"),
+    (b"hosts:\n  - {name: a, bmc: \"x}\n", "not valid YAML: line 3, column 1"),
     ("hosts:\n  - {name: r\xe9seau, bmc: x}\n".encode("latin-1"), "not UTF-8 text"),
     (f"hosts:\n  - {{name: a, bmc: x, password_env: \"{SECRET}!\"}}\n".encode(), "hosts.0.password_env"),
 ], ids=["not YAML", "not UTF-8", "a secret in password_env"])

@@ -89,7 +89,7 @@ def test_inventory_file_defaults_and_overrides(tmp_path: Path) -> None:
     ("hosts: [{name: a, bmc: x}, {name: a, bmc: y}]", "twice"),
     ("- just\n- a list", "expected a mapping"),
     ("hosts: [{name: a, bmc: x, colour: red}]", "colour"),
-    ("{unclosed", "not YAML"),
+    ("{unclosed", "not valid YAML"),
 ])
 def test_bad_inventory_names_file_and_field(tmp_path: Path, content: str, message: str) -> None:
     inv = tmp_path / "inv.yaml"

@@ -178,7 +178,7 @@ def test_ports_format_and_errors():
         parse_ports(json.dumps([{"port_id": PORT_A, "vm": "a"}] * 2), "f")
     with pytest.raises(PortsError, match="expected a list"):
         parse_ports('"just a string"', "f")
-    with pytest.raises(PortsError, match="not JSON/YAML"):
+    with pytest.raises(PortsError, match="not valid YAML"):
         parse_ports("[{", "f")
 
 
