@@ -119,6 +119,10 @@ class RecoveryWatchdog:
         if not lagging:
             return None
         positions = await self.positions(sorted(lagging))
+        if not rec.in_recovery:
+            # Ended during the look: Faust has resumed the streams, and a re-seek now would resume the
+            # flow control again, clearing stream queues no seek follows (records lost, see delivery.py).
+            return None
         idle = self.clock() - self._progress_at
         if idle >= self.stall_s:
             await self._give_up(lagging, positions, idle)
@@ -181,6 +185,8 @@ class RecoveryWatchdog:
         consumer = self.app.consumer
         try:
             await consumer.seek_wait(targets)
+            if not self.recovery.in_recovery:
+                return   # ended during the seek: resuming the flow would clear the stream queues (above)
             consumer.resume_partitions(set(targets))
             self.app.flow_control.resume()
             consumer.resume_flow()
