@@ -12,7 +12,6 @@ within --restart-window; then everything stops, naming it).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import sys
@@ -26,6 +25,7 @@ from typing import Callable
 
 import yaml
 
+from opsloop.argtypes import finite, integer
 from opsloop.config import DEFAULT_RUN_DIR, REPO_ROOT, ConfigError, Settings, load_settings, read_document
 from opsloop.controllers.edge.service.api_token import create_token_file
 from opsloop.controllers.paging.amconfig import write_alertmanager_config
@@ -245,44 +245,20 @@ class _RunParser(argparse.ArgumentParser):
         return super().format_help()
 
 
-def _number(low: float, *, low_ok: bool = True) -> Callable[[str], float]:
-    """An argparse type: a finite number at least ``low`` (above it when not ``low_ok``); nan, inf and
-    negatives were taken (a nan traffic rate made the lab's generator send as fast as it could: 88k requests in 2 s)."""
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not math.isfinite(v) or v < low or (v == low and not low_ok):
-            raise argparse.ArgumentTypeError(f"expected a finite number {'>=' if low_ok else '>'} {low:g}, got {text}")
-        return v
-    return parse
-
-
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
-    return v
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = _RunParser(prog="opsloop run", description=__doc__, epilog=EPILOG,
                    formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=Path, help="opsloop YAML config (defaults otherwise)")
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR / "pipeline",
                    help="where the processes keep their files and logs (default %(default)s)")
-    p.add_argument("--traffic-rate", type=_number(0), default=60.0, help="requests/s through the lab edge")
+    p.add_argument("--traffic-rate", type=finite(0), default=60.0, help="requests/s through the lab edge")
     p.add_argument("--stop", action="store_true", help="stop a pipeline started by another `opsloop run`")
-    p.add_argument("--duration", type=_number(0), default=0, help="run this many seconds, then stop (0 = until Ctrl-C)")
+    p.add_argument("--duration", type=finite(0), default=0, help="run this many seconds, then stop (0 = until Ctrl-C)")
     p.add_argument("--free-ports", action="store_true",
                    help="free loopback ports for the lab and the services the config does not place (tests)")
-    p.add_argument("--max-restarts", type=_count, default=5,
+    p.add_argument("--max-restarts", type=integer(0), default=5,
                    help="restarts of one child allowed within the window (default %(default)s)")
-    p.add_argument("--restart-window", type=_number(0, low_ok=False), default=300.0,
+    p.add_argument("--restart-window", type=finite(0, low_ok=False), default=300.0,
                    help="the restart budget's window, seconds (default %(default)s)")
     return p
 

@@ -23,6 +23,7 @@ import orjson
 from pydantic import ValidationError
 
 from opsloop.audit import AuditLog, AuditSettings
+from opsloop.argtypes import INT64_MAX, integer
 from opsloop.audit.kafka import KafkaAuditPublisher
 from opsloop.config import ConfigError, load_settings
 from opsloop.log import setup_logging
@@ -50,29 +51,10 @@ class CliError(ValueError):
     pass
 
 
-MAX_VERSION = 2 ** 63 - 1   # a version is a 64-bit integer on the wire and in the JSON log lines
-
-
-def limit_arg(text: str) -> int:
-    """``history --limit``: at least 1 (0 showed every entry and -3 all but the first three: a slice [-n:])."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return v
-
-
-def version_arg(text: str) -> int:
-    """``--to``: a version as the store keeps them (a 26-digit one broke every JSON log line of the run)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 0 <= v <= MAX_VERSION:
-        raise argparse.ArgumentTypeError(f"a version is 0 to {MAX_VERSION}, got {text}")
-    return v
+# history --limit: at least 1 (a slice [-n:]: 0 showed every entry and -3 all but the first three);
+# rollback --to: a version as the store keeps them (a 26-digit one broke every JSON log line of the run)
+limit_arg = integer(1)
+version_arg = integer(0, INT64_MAX, what="a version")
 
 
 def build_parser() -> argparse.ArgumentParser:
