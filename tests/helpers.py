@@ -122,3 +122,15 @@ def serve_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def write_case_file(path: Path, content: str | bytes | None) -> Path:
+    """A bad-file test case at ``path``: ``"dir"`` a directory, bytes as they are, text as UTF-8,
+    ``None`` nothing (a missing file)."""
+    if content == "dir":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    return path

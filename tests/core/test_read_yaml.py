@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from opsloop.validation import YamlFileError, read_yaml
+from tests.helpers import write_case_file
 
 SECRET = "s3cr3t-in-the-file"
 
@@ -30,13 +31,7 @@ SECRET = "s3cr3t-in-the-file"
 ], ids=["missing", "a directory", "unclosed quote", "latin-1", "utf-16", "a NUL", "nested too deeply",
         "an alias bomb", "an alias cycle"])
 def test_a_file_that_cannot_be_used_is_one_line(content: str | bytes | None, expected: str, tmp_path: Path) -> None:
-    f = tmp_path / "f.yaml"
-    if content == "dir":
-        f.mkdir()
-    elif isinstance(content, bytes):
-        f.write_bytes(content)
-    elif content is not None:
-        f.write_text(content)
+    f = write_case_file(tmp_path / "f.yaml", content)
     with pytest.raises(YamlFileError) as e:
         read_yaml(f)
     assert expected in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import run_cli, write_case_file
 
 GOOD = """name: tiny
 interval_s: 10
@@ -38,13 +38,7 @@ CASES: dict[str, tuple[str | bytes | None, str]] = {
 @pytest.mark.parametrize("case", CASES)
 def test_a_bad_scenario_file_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
     content, expected = CASES[case]
-    f = tmp_path / "scenario.yaml"
-    if content == "dir":
-        f.mkdir()
-    elif isinstance(content, bytes):
-        f.write_bytes(content)
-    elif content is not None:
-        f.write_text(content)
+    f = write_case_file(tmp_path / "scenario.yaml", content)
     r = run_cli("sim", "--scenario", str(f), timeout=60)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2, f"exit {r.returncode}: {r.stderr[-2000:]}"

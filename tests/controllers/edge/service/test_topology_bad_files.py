@@ -11,7 +11,7 @@ import pytest
 
 from opsloop.config import ConfigError
 from opsloop.controllers.edge.service.config import ApiSettings, read_token
-from tests.helpers import run_cli
+from tests.helpers import run_cli, write_case_file
 
 SECRET = "s3cr3t-in-the-file"
 GOOD = """listeners:
@@ -39,13 +39,7 @@ CASES: dict[str, tuple[str | bytes | None, str]] = {
 @pytest.mark.parametrize("case", CASES)
 def test_a_bad_topology_file_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
     content, expected = CASES[case]
-    topo = tmp_path / "topology.yaml"
-    if content == "dir":
-        topo.mkdir()
-    elif isinstance(content, bytes):
-        topo.write_bytes(content)
-    elif content is not None:
-        topo.write_text(content)
+    topo = write_case_file(tmp_path / "topology.yaml", content)
     cfg = tmp_path / "opsloop.yaml"
     cfg.write_text("{}\n")
     r = run_cli("edge", "check", "--config", str(cfg), "--topology", str(topo), timeout=60)
