@@ -7,6 +7,9 @@ keeps its state per **state key** (a series, a hypervisor, a host ...) so that t
 and restore them after a restart or rebalance:
 
 * ``touched()``: the keys changed since the last call (what the loop writes, once per batch);
+* ``fed()``: of those, the keys a sample of the batch fed (changed in ``process``): the loop learns from
+  them which partition a key's records come from, the one its state must be written to (the other
+  touched keys, a finding about another host or a dropped key, may belong to any partition);
 * ``state_of(key)``: the JSON-able state of one key (None: delete it);
 * ``restore(states)``: replace the in-memory state with what the table holds;
 * ``drain_outbox()``: (event, finding) pairs for the findings sink (see ``FindingBook``).
@@ -59,6 +62,7 @@ class DetectorHandler:
 
     def __init__(self) -> None:
         self._touched: set[str] = set()
+        self._fed: set[str] = set()   # keys changed by process(): their samples are in the batch
         self._outbox: list[Publication] = []
         self.rejected = 0   # samples of the right name that an adapter could not read
         self.max_clock_skew_s = DEFAULT_MAX_CLOCK_SKEW_S
@@ -73,7 +77,14 @@ class DetectorHandler:
     # ---------------------------------------------------------------- the contract (agent loop)
     def handle(self, metrics: Sequence[Metric], now: float) -> None:
         self._now = now
-        self.process(metrics, now)
+        before, self._touched = self._touched, set()
+        try:
+            self.process(metrics, now)
+        finally:
+            # process() changes only the keys of its samples; expiry and the books (a role's drift, a
+            # generation's deviation: findings about hosts not in this batch) come after
+            self._fed |= self._touched
+            self._touched |= before
         self._expire(now)
         for book in self.changed_books():
             self._collect(book)
@@ -133,6 +144,11 @@ class DetectorHandler:
 
     def touched(self) -> set[str]:
         out, self._touched = self._touched, set()
+        return out
+
+    def fed(self) -> set[str]:
+        """The keys a sample fed since the last call (a subset of what ``touched`` returns)."""
+        out, self._fed = self._fed, set()
         return out
 
     def drain_outbox(self) -> list[Publication]:

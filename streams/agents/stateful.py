@@ -8,10 +8,17 @@ its state and send its findings, both async. This loop follows the same pattern 
    fetched, decoded and dead-lettered once, and every handler sees the batch.
 1. **State table** ``detector-state`` (keys ``<handler>|<state key>``,
    JSON values, memory store rebuilt from its compacted changelog topic on start). After each
-   batch the keys the handler touched are written **once** each; a key goes to the changelog
-   partition of the source record that last touched it, so the state of a series lives in the
-   same partition number as the series and moves with it on a rebalance (Faust assigns table
-   partitions together with source partitions).
+   batch the keys the handler touched are written **once** each, into the changelog partition
+   of the key's own records (its *home*: the partition number of the records that fed it, see
+   ``DetectorHandler.fed``), so the state of a series lives in the same partition number as the
+   series and moves with it on a rebalance (Faust assigns table partitions together with source
+   partitions). Faust writes a table key to the partition of the *current event*, so the key
+   is written under the latest event of its home partition. Not the partition of the batch
+   that touched it: a handler changes keys of other partitions too (the firewall's drift check
+   updates findings about every hypervisor of the role, the power handler a whole generation),
+   and such a key written there lived in two changelog partitions: on restart the copy recovered
+   last won, possibly the older one (a finding re-opened, re-paged), and with several workers
+   the owner of the key missed the newer state (``tests/streams/agents/test_state_partition.py``).
 2. **Restore**: at the first batch after start or after a partition assignment, the handler's
    state is replaced by the table's (already recovered by Faust: consumption of an assigned
    partition resumes only after its table partitions are recovered). A killed worker therefore
@@ -98,6 +105,14 @@ class StatefulAgent:
         self.needs_restore = True
         self.deadletter = raw_topic(app, Topic.DEADLETTER)
         self._all = FanOut(name, self.handlers)
+        # handler -> state key -> home partition (where the key's records come from); an entry goes
+        # with its key's table entry (deleted: forgotten by TTL or cap) or with its partition (revoked)
+        self._home: dict[str, dict[str, int]] = {h.name: {} for h in self.handlers}
+        # partition -> its latest event, a table write's current event for the keys living there:
+        # a strong ref per assigned partition (events are otherwise dropped after their batch)
+        self._last: dict[int, EventT] = {}
+        self._source_topics: set[str] = set()
+        self.home_unknown = 0   # writes of a key whose home was not known (module docstring)
 
     @property
     def topics(self) -> list[str]:
@@ -108,6 +123,7 @@ class StatefulAgent:
         # internal=True (Faust creates the source topics at subscription with the app's partition
         # count, the same as the state table's, instead of waiting minutes for a metadata refresh).
         source = raw_topic(self.app, *self.topics)
+        self._source_topics = set(source.topics)
 
         async def agent(stream: faust.StreamT) -> None:
             async for events in take_batches(stream, self.size, self.within, self.backlog_within,
@@ -122,7 +138,11 @@ class StatefulAgent:
         async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
             self.needs_restore = True
 
+        async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
+            self.revoke({tp.partition for tp in revoked if tp.topic in self._source_topics})
+
         self.app.on_partitions_assigned.connect(on_assigned, weak=False)
+        self.app.on_partitions_revoked.connect(on_revoked, weak=False)
         self.app.agent(source, name=self.name)(agent)
 
     async def _send_deadletter(self, dl: DeadLetter) -> None:
@@ -133,6 +153,15 @@ class StatefulAgent:
             return self.app.consumer.highwater(TP(topic, partition))
         except Exception:  # noqa: BLE001 - not assigned yet / no fetch yet
             return None
+
+    def revoke(self, partitions: set[int]) -> None:
+        """Forget the homes and latest events of ``partitions`` (no longer ours: never written to)."""
+        for p in partitions:
+            self._last.pop(p, None)
+        if partitions:
+            for home in self._home.values():
+                for key in [k for k, p in home.items() if p in partitions]:
+                    del home[key]
 
     def restore(self) -> None:
         by_handler: dict[str, dict[str, Any]] = {h.name: {} for h in self.handlers}
@@ -145,6 +174,7 @@ class StatefulAgent:
         for h in self.handlers:
             h.restore(by_handler[h.name])
             h.touched()          # restoring is not a change to write back
+            h.fed()
             h.drain_outbox()
             self.sink.restore(h.open_findings())
             log.info("state_restored", agent=h.name, keys=len(by_handler[h.name]),
@@ -152,27 +182,53 @@ class StatefulAgent:
         self.needs_restore = False
 
     async def run_batch(self, events: Sequence[EventT]) -> None:
+        """Handle one batch: handlers called per source partition, findings sent, touched keys written.
+
+        One handler call per source partition number, so the keys a call's samples fed (``fed``) are
+        known to come from that partition: their home, where their table entries must live. The
+        other keys a call touched (findings about other hosts, dropped keys) are written to their
+        own home, known from earlier records, after every group (a key fed later in the batch is
+        known by then). The topics of a partition number share one call: a handler's fixed cost per
+        call (gauges, sweeps, books) is then paid once per partition, not once per topic and partition.
+        """
         if self.needs_restore:
             self.restore()
-        # One handler call per source partition number, so every touched key is known to come from
-        # that partition (its table entry must live in the same partition number). The topics of a
-        # partition number share one call: a handler's fixed cost per call (gauges, sweeps, books)
-        # is then paid once per partition, not once per topic and partition.
         groups: dict[int, list[EventT]] = {}
         for e in events:
             groups.setdefault(e.message.partition, []).append(e)
-        owner: dict[tuple[DetectorHandler, str], EventT] = {}
-        for group in groups.values():
+        # the event of the last group that touched each key: the fallback when its home is unknown
+        touched: dict[tuple[DetectorHandler, str], EventT] = {}
+        for partition, group in groups.items():
             await process_batch(self.name, [e.message for e in group], self._all, self._send_deadletter,
                                 self._highwater, max_clock_skew_s=self.max_clock_skew_s)
+            self._last[partition] = group[-1]
             for h in self.handlers:
+                home = self._home[h.name]
+                for key in h.fed():
+                    home[key] = partition
                 for key in h.touched():
-                    owner[(h, key)] = group[-1]
+                    touched[(h, key)] = group[-1]
         for h in self.handlers:
             await self.sink.publish(h.drain_outbox())
+        unknown: list[str] = []
         with gc_paused():   # synchronous: a state dict per touched key, all alive until written
-            for (h, key), event in owner.items():
+            for (h, key), fallback in touched.items():
+                event = self._home_event(h, key)
+                if event is None:
+                    # Never fed since this worker got its partition (a host silent since the start or the
+                    # rebalance whose finding another host's report changed): its home is not known,
+                    # so its state goes where it was touched, as before. Rare; said below.
+                    unknown.append(key)
+                    event = fallback
                 self.write_state(h, key, event)
+        if unknown:
+            self.home_unknown += len(unknown)
+            log.warning("state_home_unknown", agent=self.name, keys=len(unknown), example=unknown[0])
+
+    def _home_event(self, handler: DetectorHandler, key: str) -> EventT | None:
+        """The latest event of ``key``'s home partition (None: home not known or not assigned)."""
+        p = self._home[handler.name].get(key)
+        return None if p is None else self._last.get(p)
 
     def write_state(self, handler: DetectorHandler, key: str, event: EventT) -> None:
         try:
@@ -183,6 +239,7 @@ class StatefulAgent:
         table_key = handler.name + KEY_SEP + key
         with _as_current(event):
             if state is None:
+                self._home[handler.name].pop(key, None)   # forgotten: bounded with the handler's state
                 if table_key in self.table:
                     del self.table[table_key]
             else:

@@ -1,0 +1,162 @@
+"""Detector state is written to its key's own changelog partition, whichever partition's records changed it.
+
+Faust writes a table key to the partition of the current event. The firewall's drift check (one role,
+all its hypervisors) changes findings about hypervisors whose records come from other partitions; the
+agent wrote such a key under the event of the batch group that touched it, so one hypervisor's state
+lived in two changelog partitions and a restart recovered whichever came last, possibly the older copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import faust
+import orjson
+from faust.streams import current_event
+
+from bench.stream_workload import Msg
+from opsloop.config import Settings
+from opsloop.records import metric
+from opsloop.wire import encode_batch
+from opsloop.streams.agents.findings_sink import ActiveFindings, FindingsSink
+from opsloop.streams.agents.stateful import StatefulAgent
+from opsloop.streams.detectors.firewall.detector import FINGERPRINT_DRIFT
+from opsloop.streams.detectors.firewall.handler import FirewallHandler
+
+T0 = 1_790_000_000.0
+HV_C = "firewall-detector|hv-c"
+
+
+class Event:
+    def __init__(self, msg: Msg) -> None:
+        self.message = msg
+
+
+class ChangelogTable(dict):
+    """A table whose every write and delete is appended to a per-partition changelog, as Faust's is:
+    to the partition of the current event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[int, str, Any]] = []   # (partition, key, value or None: tombstone)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        value = orjson.loads(orjson.dumps(value))   # JSON, as the changelog stores it
+        self.log.append((current_event().message.partition, key, value))
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.log.append((current_event().message.partition, key, None))
+        super().__delitem__(key)
+
+    def partitions_of(self, key: str) -> set[int]:
+        return {p for p, k, _ in self.log if k == key}
+
+    def recovered(self, order: list[int]) -> dict[str, Any]:
+        """The table a restarted worker holding every partition rebuilds, recovering ``order`` in turn."""
+        out: dict[str, Any] = {}
+        for p in order:
+            for q, k, v in self.log:
+                if q != p:
+                    continue
+                if v is None:
+                    out.pop(k, None)
+                else:
+                    out[k] = v
+        return out
+
+
+def agent_for(handler: FirewallHandler, table: ChangelogTable) -> StatefulAgent:
+    async def send(key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+        return None
+
+    app = faust.App("agents-partition-unit", broker="kafka://127.0.0.1:1", value_serializer="raw")
+    agent = StatefulAgent(app, [handler], Settings(), table, FindingsSink(send, ActiveFindings()))  # type: ignore[arg-type]
+
+    async def no_deadletters(dl: Any) -> None:
+        raise AssertionError(f"unexpected dead letter {dl.reason}")
+
+    agent._send_deadletter = no_deadletters  # type: ignore[method-assign]
+    agent._highwater = lambda topic, partition: None  # type: ignore[method-assign]
+    return agent
+
+
+def report(hv: str, ts: float, partition: int, offset: int, base_fp: str) -> Event:
+    """One complete firewall round of ``hv`` (one protected port), keyed by the hypervisor."""
+    samples = [metric("iptables_vm_port", {"protected": 1}, {"host": hv, "port_id": "p1", "device": "tapp1",
+                                                              "vm": "vm-p1"}, ts),
+               metric("iptables_ruleset", {"fingerprint": f"fp-{hv}", "base_fingerprint": base_fp,
+                                           "ports_expected": 1}, {"host": hv}, ts),
+               metric("iptables_software", {"version": "2:9.4.1"}, {"host": hv, "package": "neutron-common"}, ts)]
+    return Event(Msg("telemetry.iptables", partition, offset, hv.encode(), encode_batch(samples)))
+
+
+def drift_open(state: dict[str, Any] | None) -> bool:
+    return bool(state) and any(d["detector"] == FINGERPRINT_DRIFT for d in state["book"]["open"].values())
+
+
+HOMES = {"firewall-detector|hv-a": 0, "firewall-detector|hv-b": 0, HV_C: 1}
+
+
+def assert_every_key_at_home(table: ChangelogTable) -> None:
+    for key in {k for _, k, _ in table.log}:
+        assert table.partitions_of(key) == {HOMES[key]}, (key, table.log)
+
+
+def test_drift_found_by_another_partitions_records_is_written_to_the_hypervisors_own_partition() -> None:
+    table = ChangelogTable()
+    agent = agent_for(FirewallHandler(), table)
+    # hv-c (partition 1) reports alone: a role of one, nothing to compare
+    asyncio.run(agent.run_batch([report("hv-c", T0, 1, 0, "base-b")]))
+    # hv-a and hv-b (partition 0) complete the role: hv-c's ruleset now differs from the majority
+    asyncio.run(agent.run_batch([report("hv-a", T0 + 5, 0, 0, "base-a"), report("hv-b", T0 + 5, 0, 1, "base-a")]))
+    assert drift_open(table[HV_C])                        # the scenario: hv-c changed by partition 0's batch
+    assert_every_key_at_home(table)                       # was: hv-c's drift written to partition 0
+    assert agent.home_unknown == 0
+    # hv-c fixes its ruleset: the drift clears, on its own partition as before
+    asyncio.run(agent.run_batch([report("hv-c", T0 + 60, 1, 1, "base-a")]))
+    assert not drift_open(table[HV_C])
+    assert_every_key_at_home(table)
+    # A restarted worker rebuilds the same table whatever order it recovers the partitions in
+    # (was: partition 0 recovered last brought back hv-c's drift, cleared since).
+    assert table.recovered([1, 0]) == dict(table) == table.recovered([0, 1])
+
+
+def test_a_key_fed_later_in_the_same_batch_is_written_home() -> None:
+    table = ChangelogTable()
+    agent = agent_for(FirewallHandler(), table)
+    # partition 1's group comes first (its record is first), then partition 0's changes hv-c again
+    asyncio.run(agent.run_batch([report("hv-c", T0, 1, 0, "base-b"), report("hv-a", T0, 0, 0, "base-a"),
+                                 report("hv-b", T0, 0, 1, "base-a")]))
+    assert drift_open(table[HV_C])
+    assert_every_key_at_home(table)
+
+
+def test_a_dropped_key_is_deleted_from_its_own_partition_and_its_home_forgotten() -> None:
+    table = ChangelogTable()
+    handler = FirewallHandler()
+    handler.bound_state(max_clock_skew_s=300.0, state_ttl_s=3600.0, max_state_keys=2)
+    agent = agent_for(handler, table)
+    asyncio.run(agent.run_batch([report("hv-c", T0, 1, 0, "base-a")]))
+    # two more hypervisors on partition 0: over the cap of 2, hv-c (least recently seen) is dropped
+    asyncio.run(agent.run_batch([report("hv-a", T0, 0, 0, "base-a"), report("hv-b", T0, 0, 1, "base-a")]))
+    assert HV_C not in table and table.log[-1] != (0, HV_C, None)
+    assert (1, HV_C, None) in table.log                   # the tombstone where hv-c's state lives
+    assert_every_key_at_home(table)
+    assert "hv-c" not in agent._home[handler.name]        # bounded with the handler's state
+    assert HV_C not in table.recovered([0, 1])
+
+
+def test_revoked_partitions_are_forgotten_and_an_unknown_home_falls_back_counted() -> None:
+    table = ChangelogTable()
+    agent = agent_for(FirewallHandler(), table)
+    asyncio.run(agent.run_batch([report("hv-c", T0, 1, 0, "base-b")]))
+    agent.revoke({1})
+    assert 1 not in agent._last and "hv-c" not in agent._home["firewall-detector"]
+    # partition 1 is not ours any more: hv-c's drift (found by partition 0's records) has no home here;
+    # it is written as before, where it was touched, and counted
+    asyncio.run(agent.run_batch([report("hv-a", T0 + 5, 0, 0, "base-a"), report("hv-b", T0 + 5, 0, 1, "base-a")]))
+    assert drift_open(table[HV_C]) and table.partitions_of(HV_C) == {0, 1}
+    assert agent.home_unknown == 1
+    assert set(agent._last) == {0}
