@@ -10,9 +10,9 @@ its state and send its findings, both async. This loop follows the same pattern 
    JSON values, memory store rebuilt from its compacted changelog topic on start). After each
    batch the keys the handler touched are written **once** each, into the changelog partition
    of the key's own records (its *home*: the partition number of the records that fed it, see
-   ``DetectorHandler.fed``), so the state of a series lives in the same partition number as the
-   series and moves with it on a rebalance (Faust assigns table partitions together with source
-   partitions). Faust writes a table key to the partition of the *current event*, so the key
+   ``DetectorHandler.fed``, or until they come the partition Faust recovered it from), so the
+   state of a series lives in the same partition number as the series and moves with it on a
+   rebalance (Faust assigns table partitions together with source partitions). Faust writes a table key to the partition of the *current event*, so the key
    is written under the latest event of its home partition. Not the partition of the batch
    that touched it: a handler changes keys of other partitions too (the firewall's drift check
    updates findings about every hypervisor of the role, the power handler a whole generation),
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import faust
 from faust.streams import _current_event
@@ -163,14 +163,28 @@ class StatefulAgent:
                 for key in [k for k, p in home.items() if p in partitions]:
                     del home[key]
 
+    def recovered_partitions(self) -> Mapping[Any, int]:
+        """Table key -> the changelog partition Faust recovered it from (its home, written there).
+
+        Faust's memory store keeps this map (``_key_partition``, filled only by the recovery) to drop
+        the keys of partitions not assigned after a rebalance; empty for a store without it."""
+        found = getattr(getattr(self.table, "data", None), "_key_partition", None)
+        return found if isinstance(found, Mapping) else {}
+
     def restore(self) -> None:
         by_handler: dict[str, dict[str, Any]] = {h.name: {} for h in self.handlers}
+        recovered = self.recovered_partitions()
         for k, v in self.table.items():
             if not isinstance(k, str) or not isinstance(v, dict) or KEY_SEP not in k:
                 continue
             handler, key = k.split(KEY_SEP, 1)
             if handler in by_handler:
                 by_handler[handler][key] = v
+                p = recovered.get(k)
+                if p is not None:
+                    # its home until its records say otherwise: a host silent since the start whose
+                    # finding another host's report changes is written home too
+                    self._home[handler].setdefault(key, p)
         for h in self.handlers:
             h.restore(by_handler[h.name])
             h.touched()          # restoring is not a change to write back
@@ -215,9 +229,9 @@ class StatefulAgent:
             for (h, key), fallback in touched.items():
                 event = self._home_event(h, key)
                 if event is None:
-                    # Never fed since this worker got its partition (a host silent since the start or the
-                    # rebalance whose finding another host's report changed): its home is not known,
-                    # so its state goes where it was touched, as before. Rare; said below.
+                    # Neither fed nor recovered since this worker got its partition (a key first made by
+                    # another partition's records), or no event of its home partition seen since: its
+                    # state goes where it was touched, as before. Rare; said below.
                     unknown.append(key)
                     event = fallback
                 self.write_state(h, key, event)

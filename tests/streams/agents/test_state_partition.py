@@ -20,9 +20,10 @@ from opsloop.config import Settings
 from opsloop.records import metric
 from opsloop.wire import encode_batch
 from opsloop.streams.agents.findings_sink import ActiveFindings, FindingsSink
-from opsloop.streams.agents.stateful import StatefulAgent
+from opsloop.streams.agents.stateful import StatefulAgent, state_table
 from opsloop.streams.detectors.firewall.detector import FINGERPRINT_DRIFT
 from opsloop.streams.detectors.firewall.handler import FirewallHandler
+from opsloop.streams.detectors.firewall.settings import FirewallSettings
 
 T0 = 1_790_000_000.0
 HV_C = "firewall-detector|hv-c"
@@ -40,6 +41,7 @@ class ChangelogTable(dict):
     def __init__(self) -> None:
         super().__init__()
         self.log: list[tuple[int, str, Any]] = []   # (partition, key, value or None: tombstone)
+        self._key_partition: dict[str, int] = {}    # filled by a recovery only, as Faust's memory store
 
     def __setitem__(self, key: str, value: Any) -> None:
         value = orjson.loads(orjson.dumps(value))   # JSON, as the changelog stores it
@@ -50,24 +52,31 @@ class ChangelogTable(dict):
         self.log.append((current_event().message.partition, key, None))
         super().__delitem__(key)
 
+    @property
+    def data(self) -> Any:
+        """Faust's memory store's map of recovered keys to their partition (``_key_partition``)."""
+        return self
+
     def partitions_of(self, key: str) -> set[int]:
         return {p for p, k, _ in self.log if k == key}
 
-    def recovered(self, order: list[int]) -> dict[str, Any]:
+    def recovered(self, order: list[int]) -> ChangelogTable:
         """The table a restarted worker holding every partition rebuilds, recovering ``order`` in turn."""
-        out: dict[str, Any] = {}
+        out = ChangelogTable()
         for p in order:
             for q, k, v in self.log:
                 if q != p:
                     continue
+                out.log.append((q, k, v))
+                out._key_partition[k] = q
                 if v is None:
-                    out.pop(k, None)
+                    dict.pop(out, k, None)
                 else:
-                    out[k] = v
+                    dict.__setitem__(out, k, v)
         return out
 
 
-def agent_for(handler: FirewallHandler, table: ChangelogTable) -> StatefulAgent:
+def agent_for(handler: FirewallHandler, table: Any) -> StatefulAgent:
     async def send(key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> None:
         return None
 
@@ -96,7 +105,7 @@ def drift_open(state: dict[str, Any] | None) -> bool:
     return bool(state) and any(d["detector"] == FINGERPRINT_DRIFT for d in state["book"]["open"].values())
 
 
-HOMES = {"firewall-detector|hv-a": 0, "firewall-detector|hv-b": 0, HV_C: 1}
+HOMES = {"firewall-detector|hv-a": 0, "firewall-detector|hv-b": 0, HV_C: 1, "firewall-detector|hv-x": 1}
 
 
 def assert_every_key_at_home(table: ChangelogTable) -> None:
@@ -120,7 +129,7 @@ def test_drift_found_by_another_partitions_records_is_written_to_the_hypervisors
     assert_every_key_at_home(table)
     # A restarted worker rebuilds the same table whatever order it recovers the partitions in
     # (was: partition 0 recovered last brought back hv-c's drift, cleared since).
-    assert table.recovered([1, 0]) == dict(table) == table.recovered([0, 1])
+    assert dict(table.recovered([1, 0])) == dict(table) == dict(table.recovered([0, 1]))
 
 
 def test_a_key_fed_later_in_the_same_batch_is_written_home() -> None:
@@ -145,7 +154,7 @@ def test_a_dropped_key_is_deleted_from_its_own_partition_and_its_home_forgotten(
     assert (1, HV_C, None) in table.log                   # the tombstone where hv-c's state lives
     assert_every_key_at_home(table)
     assert "hv-c" not in agent._home[handler.name]        # bounded with the handler's state
-    assert HV_C not in table.recovered([0, 1])
+    assert HV_C not in table.recovered([0, 1]) and HV_C not in table.recovered([1, 0])
 
 
 def test_revoked_partitions_are_forgotten_and_an_unknown_home_falls_back_counted() -> None:
@@ -160,3 +169,37 @@ def test_revoked_partitions_are_forgotten_and_an_unknown_home_falls_back_counted
     assert drift_open(table[HV_C]) and table.partitions_of(HV_C) == {0, 1}
     assert agent.home_unknown == 1
     assert set(agent._last) == {0}
+
+
+def test_a_restarted_worker_writes_a_silent_key_to_the_partition_it_recovered_it_from() -> None:
+    table = ChangelogTable()
+    asyncio.run(agent_for(FirewallHandler(), table).run_batch([report("hv-c", T0, 1, 0, "base-b")]))
+    # Restarted: hv-c stays silent; hv-x (another role) is partition 1's only record, and partition 0's
+    # hv-a and hv-b complete hv-c's role, so hv-c's drift is found by partition 0's records.
+    restarted = table.recovered([0, 1])
+    agent = agent_for(FirewallHandler(FirewallSettings(roles={"hv-x": "storage"})), restarted)
+    asyncio.run(agent.run_batch([report("hv-x", T0 + 5, 1, 1, "base-a"), report("hv-a", T0 + 5, 0, 0, "base-a"),
+                                 report("hv-b", T0 + 5, 0, 1, "base-a")]))
+    assert drift_open(restarted[HV_C])
+    assert_every_key_at_home(restarted)                   # without the recovered home: partition 0, counted
+    assert agent.home_unknown == 0
+
+
+class Recovered:
+    """A changelog record as Faust's recovery hands it to the table (key and value deserialised)."""
+
+    def __init__(self, key: str, value: Any, partition: int) -> None:
+        self.key, self.value = key, value
+        self.message = Msg("opsloop-detector-state-changelog", partition, 0, key.encode(),
+                           orjson.dumps(value) if value is not None else None)  # type: ignore[arg-type]
+
+
+def test_faust_tells_the_partition_a_key_was_recovered_from() -> None:
+    """The map the agent reads is Faust's (memory store, faust-streaming 0.15): an upgrade that drops it
+    fails here rather than silently losing the homes of silent keys."""
+    app = faust.App("agents-partition-faust", broker="kafka://127.0.0.1:1", value_serializer="raw")
+    table = state_table(app)
+    table.apply_changelog_batch([Recovered(HV_C, {"book": {}}, 1), Recovered("firewall-detector|hv-a", {}, 0),
+                                 Recovered("firewall-detector|hv-a", {}, 2)])   # the last record wins
+    agent = agent_for(FirewallHandler(), table)
+    assert dict(agent.recovered_partitions()) == {HV_C: 1, "firewall-detector|hv-a": 2}
