@@ -24,6 +24,8 @@ from opsloop.streams.agents.stateful import StatefulAgent, state_table
 from opsloop.streams.detectors.firewall.detector import FINGERPRINT_DRIFT
 from opsloop.streams.detectors.firewall.handler import FirewallHandler
 from opsloop.streams.detectors.firewall.settings import FirewallSettings
+from opsloop.streams.detectors.power.handler import PowerHandler
+from tests.streams.agents.test_handlers import power_samples
 
 T0 = 1_790_000_000.0
 HV_C = "firewall-detector|hv-c"
@@ -76,7 +78,7 @@ class ChangelogTable(dict):
         return out
 
 
-def agent_for(handler: FirewallHandler, table: Any) -> StatefulAgent:
+def agent_for(handler: FirewallHandler | PowerHandler, table: Any) -> StatefulAgent:
     async def send(key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> None:
         return None
 
@@ -130,6 +132,20 @@ def test_drift_found_by_another_partitions_records_is_written_to_the_hypervisors
     # A restarted worker rebuilds the same table whatever order it recovers the partitions in
     # (was: partition 0 recovered last brought back hv-c's drift, cleared since).
     assert dict(table.recovered([1, 0])) == dict(table) == dict(table.recovered([0, 1]))
+
+
+def test_a_power_deviation_found_by_another_partitions_hosts_is_written_to_the_hosts_own_partition() -> None:
+    def power(host: str, watts: float, partition: int, offset: int) -> Event:
+        return Event(Msg("telemetry.ipmi", partition, offset, host.encode(),
+                         encode_batch(power_samples(host, "gen2x", watts, 48, T0, 4))))
+
+    table = ChangelogTable()
+    agent = agent_for(PowerHandler(), table)
+    asyncio.run(agent.run_batch([power("hot", 290.0, 1, 0)]))           # alone in its generation
+    asyncio.run(agent.run_batch([power(f"ok-{i}", 205.0 + i, 0, i) for i in range(3)]))
+    assert "power.generation_deviation" in {d["detector"] for d in table["power-detector|hot"]["book"]["open"].values()}
+    homes = {f"power-detector|ok-{i}": 0 for i in range(3)} | {"power-detector|hot": 1}
+    assert {k: table.partitions_of(k) for k in homes} == {k: {p} for k, p in homes.items()}
 
 
 def test_a_key_fed_later_in_the_same_batch_is_written_home() -> None:
