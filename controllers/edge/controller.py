@@ -366,9 +366,9 @@ class Controller:
         raise NotImplementedError
 
     def _names(self, mask: np.ndarray, detail=None) -> str:
-        """The origins of ``mask`` (a boolean mask or indices) by name, each with ``detail(o)`` when given."""
-        picked = np.flatnonzero(mask) if np.asarray(mask).dtype == bool else np.asarray(mask, dtype=int)
-        return ", ".join(self.origin_names[o] + (f" {detail(o)}" if detail else "") for o in picked)
+        """The origins of ``mask`` by name, each with ``detail(o)`` when given."""
+        return ", ".join(self.origin_names[o] + (f" {detail(o)}" if detail else "")
+                         for o in np.flatnonzero(mask))
 
     def _publish(self, obs: Observation, decided: Proposal, stale: bool = False) -> Decision:
         weights = decided.weights
