@@ -106,7 +106,7 @@ class FakeTable(dict):
         super().__setitem__(key, orjson.loads(orjson.dumps(value)))   # JSON, as the changelog stores it
 
 
-def loop_for(handler: FirewallHandler, table: FakeTable, sent: list[tuple[bytes, bytes, Any]],
+def loop_for(handler: DetectorHandler, table: FakeTable, sent: list[tuple[bytes, bytes, Any]],
              *more: DetectorHandler) -> StatefulAgent:
     async def send(key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> None:
         sent.append((key, value, headers))

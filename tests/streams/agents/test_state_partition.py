@@ -16,16 +16,15 @@ import orjson
 from faust.streams import current_event
 
 from bench.stream_workload import Msg
-from opsloop.config import Settings
 from opsloop.records import metric
 from opsloop.wire import encode_batch
-from opsloop.streams.agents.findings_sink import ActiveFindings, FindingsSink
 from opsloop.streams.agents.stateful import StatefulAgent, state_table
 from opsloop.streams.detectors.firewall.detector import FINGERPRINT_DRIFT
 from opsloop.streams.detectors.firewall.handler import FirewallHandler
 from opsloop.streams.detectors.firewall.settings import FirewallSettings
 from opsloop.streams.detectors.power.handler import PowerHandler
 from tests.streams.agents.test_handlers import power_samples
+from tests.streams.agents.test_runtime import loop_for
 
 T0 = 1_790_000_000.0
 HV_C = "firewall-detector|hv-c"
@@ -79,18 +78,7 @@ class ChangelogTable(dict):
 
 
 def agent_for(handler: FirewallHandler | PowerHandler, table: Any) -> StatefulAgent:
-    async def send(key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> None:
-        return None
-
-    app = faust.App("agents-partition-unit", broker="kafka://127.0.0.1:1", value_serializer="raw")
-    agent = StatefulAgent(app, [handler], Settings(), table, FindingsSink(send, ActiveFindings()))  # type: ignore[arg-type]
-
-    async def no_deadletters(dl: Any) -> None:
-        raise AssertionError(f"unexpected dead letter {dl.reason}")
-
-    agent._send_deadletter = no_deadletters  # type: ignore[method-assign]
-    agent._highwater = lambda topic, partition: None  # type: ignore[method-assign]
-    return agent
+    return loop_for(handler, table, [])   # the agent of the runtime tests (findings sent nowhere we read)
 
 
 def report(hv: str, ts: float, partition: int, offset: int, base_fp: str) -> Event:
