@@ -1,9 +1,12 @@
 """``opsloop detect evaluate``: backtest a detector configuration on labelled history.
 
-Each input is a CSV with ``timestamp`` and ``value`` columns and either a ``label`` column (1 inside an
-anomaly window) or windows given by ``--windows`` (CSV ``start,end`` timestamps, optionally a ``series``
-column naming the input file's stem). The streaming detector (the one ``opsloop detect replay`` runs) scores
-every row; the result is
+Each input is a CSV with a timestamp column and a ``value`` column (or several channels, as SKAB's files)
+and either a label column (``label``, ``anomaly``, ``is_anomaly``: non-zero inside an anomaly window) or
+windows given by ``--windows``: a CSV of ``start,end`` timestamps (optionally a ``series`` column naming the
+input file's stem) or NAB's ``combined_windows.json``. The layouts are those of
+streams/detectors/labelled_csv.py (this project's, NAB's, Yahoo S5's, SKAB's). The streaming detector (the
+one ``opsloop detect replay`` runs) scores every row, one detector per channel, a row taking its highest
+channel score; the result is
 
 * the window score under the three cost profiles (one threshold for all inputs, the best of a sweep;
   0 = never alarming, 100 = perfect; see streams/detectors/evaluate_windows.py);
@@ -25,7 +28,8 @@ from typing import Any, Sequence
 from .anomaly.model import DetectorConfig, StreamingDetector
 from .evaluate_windows import WindowScore, all_profiles, windows_from_labels
 from .evaluation import evaluate
-from .replay_cli import ReplayError, parse_timestamp, parse_value
+from .labelled_csv import read_labelled, read_windows_json, windows_for
+from .replay_cli import ReplayError, parse_timestamp
 
 EPILOG = """\
 examples:
@@ -33,9 +37,13 @@ examples:
   opsloop detect evaluate --input a.csv --input b.csv --windows windows.csv
   opsloop detect evaluate --input power.csv --set refractory=50 --set z0=3.5 --plot power.png
   opsloop detect evaluate --input power.csv --threshold 0.5 --json
+  opsloop detect evaluate --input skab/data/valve1/*.csv                # SKAB: ';', every channel, max score
+  opsloop detect evaluate --input skab/data/valve1/0.csv --column Current
+  opsloop detect evaluate --input NAB/data/realKnownCause/*.csv --windows NAB/labels/combined_windows.json
 
 windows.csv:  series,start,end                         (series = input file name without .csv; optional)
               power,2024-05-01 03:10:00,2024-05-01 03:40:00
+windows.json: NAB's {"<dir>/<file>.csv": [["<start>", "<end>"], ...]}, matched on the input's path tail
 """
 
 
@@ -43,7 +51,7 @@ windows.csv:  series,start,end                         (series = input file name
 class Backtest:
     name: str
     timestamps: list[float]
-    values: list[float]
+    values: list[float]                 # the first channel (plotted)
     windows: list[tuple[int, int]]
     scores: list[float]
     expected: list[float]
@@ -51,47 +59,8 @@ class Backtest:
     upper: list[float]
 
 
-def read_series(path: Path) -> tuple[list[float], list[float], list[int] | None]:
-    """timestamps, values and labels (None without a label column); rows with an empty value are dropped."""
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            raise ReplayError("line 1: empty file, expected a 'timestamp,value[,label]' header")
-        names = [h.strip().lower() for h in header]
-        try:
-            ti = next(names.index(n) for n in ("timestamp", "timestamps") if n in names)
-            vi = next(names.index(n) for n in ("value", "values") if n in names)
-        except StopIteration:
-            raise ReplayError(f"line 1: header {','.join(header)!r} must name 'timestamp' and 'value'") from None
-        li = names.index("label") if "label" in names else None
-        ts: list[float] = []
-        vs: list[float] = []
-        labels: list[int] = []
-        for line, row in enumerate(reader, start=2):
-            if not row:
-                continue
-            try:
-                if len(row) <= max(ti, vi, li or 0):
-                    raise ValueError(f"expected {len(header)} columns, got {len(row)}")
-                t = parse_timestamp(row[ti])
-                v = parse_value(row[vi])
-                lab = 0
-                if li is not None:
-                    text = row[li].strip()
-                    lab = 1 if text and float(text) != 0.0 else 0
-            except ValueError as e:
-                raise ReplayError(f"line {line}: {e}") from None
-            if v is None:
-                continue
-            ts.append(t)
-            vs.append(v)
-            labels.append(lab)
-    return ts, vs, labels if li is not None else None
-
-
 def read_windows(path: Path) -> dict[str | None, list[tuple[float, float]]]:
-    """Windows by series name (None = for every input)."""
+    """Windows by series name (None = for every input) from a windows CSV."""
     out: dict[str | None, list[tuple[float, float]]] = {}
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
@@ -118,6 +87,12 @@ def rows_of(timestamps: Sequence[float], spans: Sequence[tuple[float, float]]) -
     return out
 
 
+def series_name(path: Path, paths: Sequence[Path]) -> str:
+    """The file's stem, with its folder when another input has the same stem (SKAB's valve1/0, valve2/0)."""
+    same = sum(1 for p in paths if p.stem == path.stem)
+    return path.stem if same == 1 else f"{path.parent.name}/{path.stem}"
+
+
 def parse_overrides(pairs: Sequence[str]) -> DetectorConfig:
     types = {f.name: f.type for f in fields(DetectorConfig)}
     kw: dict[str, Any] = {}
@@ -133,16 +108,24 @@ def parse_overrides(pairs: Sequence[str]) -> DetectorConfig:
     return DetectorConfig(**kw)
 
 
-def backtest(name: str, ts: list[float], vs: list[float], windows: list[tuple[int, int]],
+def backtest(name: str, ts: list[float], channels: dict[str, list[float]], windows: list[tuple[int, int]],
              config: DetectorConfig) -> Backtest:
-    det = StreamingDetector(config)
-    bt = Backtest(name, ts, vs, windows, [], [], [], [])
-    for t, v in zip(ts, vs):
-        bt.scores.append(det.update(t, v))
-        e = det.explain()
-        bt.expected.append(e["expected"])
-        bt.lower.append(e["lower"] if e["warm"] else float("nan"))
-        bt.upper.append(e["upper"] if e["warm"] else float("nan"))
+    """One detector per channel; a row's score is its highest channel score. The band shown is the first
+    channel's."""
+    first = next(iter(channels.values()))
+    bt = Backtest(name, ts, first, windows, [], [], [], [])
+    for k, values in enumerate(channels.values()):
+        det = StreamingDetector(config)
+        for i, (t, v) in enumerate(zip(ts, values)):
+            score = det.update(t, v)
+            if k:
+                bt.scores[i] = max(bt.scores[i], score)
+                continue
+            bt.scores.append(score)
+            e = det.explain()
+            bt.expected.append(e["expected"])
+            bt.lower.append(e["lower"] if e["warm"] else float("nan"))
+            bt.upper.append(e["upper"] if e["warm"] else float("nan"))
     return bt
 
 
@@ -159,7 +142,8 @@ def report(tests: list[Backtest], threshold: float | None) -> tuple[list[WindowS
         fps += e.false_positives
         delays = iter(zip(e.delays_rows, e.delays_s))
         for a, z in b.windows:
-            hit = any(b.scores[i] >= thr for i in range(a, z + 1))
+            # as evaluate() counts it: warm-up rows raise no alarm (a window starting in them was a StopIteration)
+            hit = any(b.scores[i] >= thr for i in range(max(a, warm), z + 1))
             rows, secs = next(delays) if hit else (None, None)
             events.append({"series": b.name, "start_row": a, "end_row": z, "start": b.timestamps[a],
                            "detected": hit, "delay_rows": rows, "delay_s": secs})
@@ -219,9 +203,13 @@ def plot(tests: list[Backtest], threshold: float, path: Path) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opsloop detect evaluate", description=__doc__.split("\n\n")[0],
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", "-i", action="append", required=True, type=Path,
-                   help="labelled CSV (timestamp,value[,label]); repeat for a corpus scored with one threshold")
-    p.add_argument("--windows", type=Path, help="CSV of anomaly windows: start,end[,series] (instead of labels)")
+    p.add_argument("--input", "-i", action="append", required=True, type=Path, nargs="+",
+                   help="labelled CSV (timestamp,value[,label]; or SKAB's, Yahoo S5's, NAB's layout); several "
+                        "files, or the option repeated, make a corpus scored with one threshold")
+    p.add_argument("--windows", type=Path,
+                   help="anomaly windows instead of labels: a CSV start,end[,series] or NAB's combined_windows.json")
+    p.add_argument("--column", action="append", default=[], metavar="NAME",
+                   help="score only this channel of a multichannel file (repeatable; default: every channel)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="detector setting override, e.g. --set refractory=50 (see DetectorConfig)")
     p.add_argument("--threshold", type=float, help="threshold for the per-event table (default: the best one)")
@@ -234,20 +222,42 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = parse_overrides(args.set)
-        spans = read_windows(args.windows) if args.windows else {}
-        tests = []
-        for path in args.input:
+        spans: dict[str | None, list[tuple[float, float]]] = {}
+        nab: dict[str, list[tuple[float, float]]] = {}
+        if args.windows and args.windows.suffix.lower() == ".json":
+            nab = read_windows_json(args.windows)
+        elif args.windows:
+            spans = read_windows(args.windows)
+        paths = [p for group in args.input for p in group]
+        files = []
+        for path in paths:
             try:
-                ts, vs, labels = read_series(path)
+                found = read_labelled(path, args.column)
             except ReplayError as e:
                 raise ReplayError(f"{path}: {e}") from None
-            if spans:
+            if not found.timestamps:
+                raise ReplayError(f"{path}: no rows with a value")
+            files.append(found)
+        # In a labelled corpus a file without a label column is normal operation (SKAB's anomaly-free file).
+        any_labels = any(f.labels is not None for f in files)
+        tests = []
+        for path, found in zip(paths, files):
+            ts = found.timestamps
+            if args.windows and nab:
+                listed = windows_for(path, nab)
+                if listed is None:
+                    raise ReplayError(f"{path}: not listed in {args.windows}")
+                windows = rows_of(ts, listed)
+            elif args.windows:
                 windows = rows_of(ts, spans.get(path.stem, []) + spans.get(None, []))
-            elif labels is not None:
-                windows = windows_from_labels(labels)
+            elif found.labels is not None:
+                windows = windows_from_labels(found.labels)
+            elif any_labels:
+                print(f"evaluate: {path}: no label column: scored as anomaly-free", file=sys.stderr)
+                windows = []
             else:
-                raise ReplayError(f"{path}: no 'label' column and no --windows file: nothing to score against")
-            tests.append(backtest(path.stem, ts, vs, windows, config))
+                raise ReplayError(f"{path}: no label column and no --windows file: nothing to score against")
+            tests.append(backtest(series_name(path, paths), ts, found.channels, windows, config))
     except (ReplayError, ValueError) as e:
         print(f"evaluate: {e}", file=sys.stderr)
         return 2

@@ -16,15 +16,15 @@ A corpus is a list of ``LabelledSeries``: timestamps, values and inclusive anoma
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import random
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 from .evaluate_windows import labels_of, windows_from_labels
+from .labelled_csv import read_labelled
+from .replay_cli import ReplayError
 from .scenarios import all_scenarios
 
 SKAB_ENV = "OPSLOOP_SKAB_DIR"
@@ -58,15 +58,13 @@ def load_skab(root: Path) -> list[LabelledSeries]:
         raise FileNotFoundError(f"no SKAB csv files under {root}")
     out = []
     for p in files:
-        with p.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f, delimiter=";"))
-        if not rows or "datetime" not in rows[0]:
-            raise ValueError(f"{p}: not a SKAB file (no 'datetime' column)")
-        ts = [datetime.fromisoformat(r["datetime"]).replace(tzinfo=timezone.utc).timestamp() for r in rows]
-        channels = {c: [float(r[c]) for r in rows] for c in SKAB_CHANNELS if c in rows[0]}
-        labels = [int(float(r.get("anomaly") or 0)) for r in rows]   # the anomaly-free file has no column
-        out.append(LabelledSeries(f"skab/{p.parent.name}/{p.stem}", ts, channels[SKAB_CHANNELS[0]],
-                                  windows_from_labels(labels), channels))
+        try:
+            found = read_labelled(p, SKAB_CHANNELS)
+        except ReplayError as e:
+            raise ValueError(f"{p}: not a SKAB file ({e})") from None
+        labels = found.labels or [0] * len(found.timestamps)   # the anomaly-free file has no label column
+        out.append(LabelledSeries(f"skab/{p.parent.name}/{p.stem}", found.timestamps,
+                                  found.channels[SKAB_CHANNELS[0]], windows_from_labels(labels), found.channels))
     return out
 
 

@@ -106,7 +106,7 @@ def test_evaluate_bad_inputs_are_clear_errors(tmp_path: Path, capsys: pytest.Cap
     values, _ = _step_series()
     plain = _write(tmp_path / "plain.csv", values)
     assert detect_main(["evaluate", "--input", str(plain)]) == 2
-    assert "no 'label' column" in capsys.readouterr().err
+    assert "no label column" in capsys.readouterr().err
     bad = tmp_path / "bad.csv"
     bad.write_text("timestamp,value,label\n1704067200,12,0\n1704067260,abc,0\n")
     assert detect_main(["evaluate", "--input", str(bad)]) == 2
@@ -123,3 +123,18 @@ def test_detect_help_lists_evaluate(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         detect_main(["evaluate", "--help"])
     assert "examples:" in capsys.readouterr().out
+
+
+def test_a_window_inside_the_warm_up_rows_is_reported_missed_not_a_crash(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # A window starting in the first 15 % of rows, alarmed only there: the per-event table once counted the
+    # alarm as a hit while the event scoring (which ignores warm-up rows) did not, and raised StopIteration.
+    values, labels = _step_series()
+    for i in range(200, 260):          # warm-up: the first 225 rows; the spike is in them, the window runs on
+        values[i] += 400.0 if i < 210 else 0.0
+        labels[i] = 1
+    src = _write(tmp_path / "early.csv", values, labels)
+    assert detect_main(["evaluate", "--input", str(src), "--json", "--threshold", "0.01"]) == 0
+    events = json.loads(capsys.readouterr().out)["events"]
+    assert [e["start_row"] for e in events] == [200, 1000]
+    assert events[0]["detected"] is False and events[0]["delay_rows"] is None and events[1]["detected"]

@@ -1,0 +1,159 @@
+"""Labelled series files in the layouts public anomaly benchmarks use, read one way.
+
+* ``timestamp,value[,label]`` — this project's own layout and NAB's data files (NAB keeps its labels in
+  a separate ``combined_windows.json``: see :func:`read_windows_json`);
+* Yahoo S5's ``timestamp,value,is_anomaly`` (integer timestamps are epoch seconds here: only their order
+  and spacing matter to the detector);
+* SKAB's ``;``-separated ``datetime;<channel>...;anomaly;changepoint``: every numeric column other than
+  the timestamp, the label and ``changepoint`` is a channel.
+
+The delimiter is sniffed from the header (``,``, ``;`` or tab). A file with a ``value`` column has that
+one channel; otherwise every remaining column is one (``columns`` picks some). A multichannel file is
+scored channel by channel and each row takes the highest score (a fault shows in some channels only).
+Rows whose channels are all empty are dropped, and so are rows before every channel has had a value; an
+empty cell after that repeats the channel's previous value (a detector needs a value per row, and a gap is
+not evidence of anything).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Sequence
+
+from .replay_cli import ReplayError, parse_timestamp, parse_value
+
+TIMESTAMP_COLUMNS = ("timestamp", "timestamps", "datetime", "time", "date")
+LABEL_COLUMNS = ("label", "anomaly", "is_anomaly", "labels")
+IGNORED_COLUMNS = ("changepoint",)   # SKAB's start/end markers: the anomaly column already holds the window
+DELIMITERS = ",;\t"
+
+
+@dataclass
+class LabelledFile:
+    timestamps: list[float]
+    channels: dict[str, list[float]]     # column name -> values, in the file's column order
+    labels: list[int] | None             # None: the file has no label column
+
+
+def _delimiter(header_line: str) -> str:
+    counts = {d: header_line.count(d) for d in DELIMITERS}
+    best = max(counts, key=lambda d: counts[d])
+    return best if counts[best] else ","
+
+
+def read_labelled(path: Path, columns: Sequence[str] = ()) -> LabelledFile:
+    """Read one file; ReplayError naming the line (and column) for anything that is not a labelled series."""
+    with path.open(newline="", encoding="utf-8") as f:
+        first = f.readline()
+        if not first.strip():
+            raise ReplayError("line 1: empty file, expected a 'timestamp,value[,label]' header")
+        delim = _delimiter(first)
+        header = next(csv.reader([first], delimiter=delim))
+        names = [h.strip().lower() for h in header]
+        ti = next((names.index(n) for n in TIMESTAMP_COLUMNS if n in names), None)
+        if ti is None:
+            raise ReplayError(f"line 1: header {first.strip()!r} names no timestamp column "
+                              f"(one of {', '.join(TIMESTAMP_COLUMNS)})")
+        li = next((names.index(n) for n in LABEL_COLUMNS if n in names), None)
+        value_cols = _value_columns(header, names, ti, li, columns)
+        ts: list[float] = []
+        chans: list[list[float]] = [[] for _ in value_cols]
+        labels: list[int] = []
+        last: list[float | None] = [None] * len(value_cols)
+        for line, row in enumerate(csv.reader(f, delimiter=delim), start=2):
+            if not row or not any(c.strip() for c in row):
+                continue
+            try:
+                if len(row) < len(header):
+                    raise ValueError(f"expected {len(header)} columns, got {len(row)}")
+                t = parse_timestamp(row[ti])
+                vals = []
+                for k, (ci, name) in enumerate(value_cols):
+                    try:
+                        vals.append(parse_value(row[ci]))
+                    except ValueError as e:
+                        raise ValueError(f"column {name!r}: {e}") from None
+                lab = 0
+                if li is not None:
+                    text = row[li].strip()
+                    lab = 1 if text and float(text) != 0.0 else 0
+            except ValueError as e:
+                raise ReplayError(f"line {line}: {e}") from None
+            if all(v is None for v in vals):
+                continue
+            last = [v if v is not None else last[k] for k, v in enumerate(vals)]
+            if any(v is None for v in last):      # a channel with no value yet: nothing to score it on
+                continue
+            for k, v in enumerate(last):
+                chans[k].append(v)  # type: ignore[arg-type]   # checked just above
+            ts.append(t)
+            labels.append(lab)
+    return LabelledFile(ts, {name: c for (_, name), c in zip(value_cols, chans)},
+                        labels if li is not None else None)
+
+
+def _value_columns(header: list[str], names: list[str], ti: int, li: int | None,
+                   wanted: Sequence[str]) -> list[tuple[int, str]]:
+    if wanted:
+        out = []
+        for w in wanted:
+            if w.strip().lower() not in names:
+                raise ReplayError(f"line 1: no column {w!r} (columns: {', '.join(h.strip() for h in header)})")
+            i = names.index(w.strip().lower())
+            out.append((i, header[i].strip()))
+        return out
+    for n in ("value", "values"):
+        if n in names:
+            return [(names.index(n), header[names.index(n)].strip())]
+    skip = {ti, li} | {names.index(n) for n in IGNORED_COLUMNS if n in names}
+    out = [(i, h.strip()) for i, h in enumerate(header) if i not in skip and h.strip()]
+    if not out:
+        raise ReplayError(f"line 1: header {','.join(header)!r} has no value column besides the timestamp and label")
+    return out
+
+
+def read_windows_json(path: Path) -> dict[str, list[tuple[float, float]]]:
+    """NAB's label file (``combined_windows.json``): ``{"<dir>/<file>.csv": [[start, end], ...]}``."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ReplayError(f"{path}: not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise ReplayError(f"{path}: line {e.lineno}: not JSON ({e.msg})") from None
+    if not isinstance(doc, dict):
+        raise ReplayError(f"{path}: expected an object mapping a data file to its windows")
+    out: dict[str, list[tuple[float, float]]] = {}
+    for key, spans in doc.items():
+        if not isinstance(spans, list):
+            raise ReplayError(f"{path}: {key!r}: expected a list of [start, end] pairs")
+        got = []
+        for span in spans:
+            if not (isinstance(span, list) and len(span) == 2 and all(isinstance(x, (str, int, float)) for x in span)):
+                raise ReplayError(f"{path}: {key!r}: {span!r} is not a [start, end] pair")
+            try:
+                a, b = parse_timestamp(str(span[0])), parse_timestamp(str(span[1]))
+            except ValueError as e:
+                raise ReplayError(f"{path}: {key!r}: {e}") from None
+            if b < a:
+                raise ReplayError(f"{path}: {key!r}: end {span[1]!r} is before start {span[0]!r}")
+            got.append((a, b))
+        out[key] = got
+    return out
+
+
+def windows_for(path: Path, by_key: dict[str, list[tuple[float, float]]]) -> list[tuple[float, float]] | None:
+    """The windows of a data file in a NAB label map: the key with the longest common path tail wins
+    (``realKnownCause/nyc_taxi.csv`` for ``data/realKnownCause/nyc_taxi.csv``); None when no key names it."""
+    parts = PurePosixPath(path.as_posix()).parts
+    best, best_len = None, 0
+    for key, spans in by_key.items():
+        kp = PurePosixPath(key).parts
+        n = 0
+        while n < min(len(kp), len(parts)) and kp[-1 - n] == parts[-1 - n]:
+            n += 1
+        if n > best_len:
+            best, best_len = spans, n
+    return best
