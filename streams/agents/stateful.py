@@ -22,7 +22,9 @@ its state and send its findings, both async. This loop follows the same pattern 
 2. **Restore**: at the first batch after start or after a partition assignment, the handler's
    state is replaced by the table's (already recovered by Faust: consumption of an assigned
    partition resumes only after its table partitions are recovered). A killed worker therefore
-   resumes without a second warm-up and without re-opening open findings.
+   resumes without a second warm-up and without re-opening open findings. After a rebalance only
+   the keys of the worker's partitions stay in memory and are restored (``assign``): not the keys
+   of a partition that left, nor the standby copies Faust applies to the same store.
 3. **Findings** drained from the handler are sent before the state is written, both before the
    offsets of the batch can be committed by the next commit interval (at-least-once: a crash in
    between replays the batch; a finding's ``first_seen`` is event time, so a replay yields the
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, MutableMapping, Sequence
 
 import faust
 from faust.streams import _current_event
@@ -111,6 +113,8 @@ class StatefulAgent:
         # partition -> its latest event, a table write's current event for the keys living there:
         # a strong ref per assigned partition (events are otherwise dropped after their batch)
         self._last: dict[int, EventT] = {}
+        # source partitions Faust assigned this worker (None: not told yet, every table key is ours)
+        self._assigned: set[int] | None = None
         self._source_topics: set[str] = set()
         self.home_unknown = 0   # writes of a key whose home was not known (module docstring)
 
@@ -136,7 +140,8 @@ class StatefulAgent:
                               exc_info=True)
 
         async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
-            self.needs_restore = True
+            # the whole new assignment (Faust sends it all after each rebalance)
+            self.assign({tp.partition for tp in assigned if tp.topic in self._source_topics})
 
         async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
             self.revoke({tp.partition for tp in revoked if tp.topic in self._source_topics})
@@ -155,32 +160,74 @@ class StatefulAgent:
             return None
 
     def revoke(self, partitions: set[int]) -> None:
-        """Forget the homes and latest events of ``partitions`` (no longer ours: never written to)."""
+        """Stop writing under ``partitions``' events (maybe no longer ours); the assignment that
+        follows says which stay (Kafka's eager rebalance revokes every partition first)."""
         for p in partitions:
             self._last.pop(p, None)
-        if partitions:
-            for home in self._home.values():
-                for key in [k for k, p in home.items() if p in partitions]:
-                    del home[key]
+        self.needs_restore = True
+
+    def assign(self, partitions: set[int]) -> None:
+        """Keep in memory only the state of ``partitions`` (this worker's after a rebalance).
+
+        Faust's memory store drops after a recovery only the keys the recovery filled; a key first
+        written here lived on after its partition went to another worker: restored into our handlers
+        (acting on a stale copy, writing it back under another partition) and, if the partition came
+        back with the key's tombstone compacted away, alive here though deleted there. Dropped from
+        memory only: the changelog is the new owner's."""
+        self._assigned = set(partitions)
+        for p in [p for p in self._last if p not in partitions]:
+            del self._last[p]
+        for table_key in list(self.table):
+            p = self._partition_of(table_key)
+            if p is not None and p not in partitions:
+                self._drop_local(table_key)
+        self.needs_restore = True
+
+    def _partition_of(self, table_key: Any) -> int | None:
+        """The changelog partition ``table_key`` lives in: where we wrote it, else where Faust recovered it."""
+        if isinstance(table_key, str) and KEY_SEP in table_key:
+            handler, key = table_key.split(KEY_SEP, 1)
+            p = self._home.get(handler, {}).get(key)
+            if p is not None:
+                return p
+        return self.recovered_partitions().get(table_key)
+
+    def _drop_local(self, table_key: Any) -> None:
+        """Forget ``table_key`` here without a tombstone (its partition is another worker's)."""
+        if isinstance(table_key, str) and KEY_SEP in table_key:
+            handler, key = table_key.split(KEY_SEP, 1)
+            self._home.get(handler, {}).pop(key, None)
+        raw = getattr(getattr(self.table, "data", None), "data", None)   # the memory store's dict: no changelog write
+        if isinstance(raw, MutableMapping):
+            raw.pop(table_key, None)
+        recovered = self._store_partitions()
+        if recovered is not None:
+            recovered.pop(table_key, None)
 
     def recovered_partitions(self) -> Mapping[Any, int]:
         """Table key -> the changelog partition Faust recovered it from (its home, written there).
 
-        Faust's memory store keeps this map (``_key_partition``, filled only by the recovery) to drop
-        the keys of partitions not assigned after a rebalance; empty for a store without it."""
+        Faust's memory store keeps this map (``_key_partition``, filled by the recovery, kept in step
+        with our writes by ``write_state``) to drop the keys of partitions not assigned after a
+        rebalance; empty for a store without it."""
+        found = self._store_partitions()
+        return {} if found is None else found
+
+    def _store_partitions(self) -> MutableMapping[Any, int] | None:
         found = getattr(getattr(self.table, "data", None), "_key_partition", None)
-        return found if isinstance(found, Mapping) else {}
+        return found if isinstance(found, MutableMapping) else None
 
     def restore(self) -> None:
         by_handler: dict[str, dict[str, Any]] = {h.name: {} for h in self.handlers}
-        recovered = self.recovered_partitions()
         for k, v in self.table.items():
             if not isinstance(k, str) or not isinstance(v, dict) or KEY_SEP not in k:
                 continue
             handler, key = k.split(KEY_SEP, 1)
+            p = self._partition_of(k)
+            if self._assigned is not None and p is not None and p not in self._assigned:
+                continue   # a standby copy of another worker's partition (Faust fills the same store)
             if handler in by_handler:
                 by_handler[handler][key] = v
-                p = recovered.get(k)
                 if p is not None:
                     # its home until its records say otherwise: a host silent since the start whose
                     # finding another host's report changes is written home too
@@ -234,6 +281,7 @@ class StatefulAgent:
                     # state goes where it was touched, as before. Rare; said below.
                     unknown.append(key)
                     event = fallback
+                    self._home[h.name].setdefault(key, event.message.partition)   # where it lives now
                 self.write_state(h, key, event)
         if unknown:
             self.home_unknown += len(unknown)
@@ -251,13 +299,19 @@ class StatefulAgent:
             log.error("state_serialise_failed", agent=handler.name, key=key, error=f"{type(e).__name__}: {e}")
             return
         table_key = handler.name + KEY_SEP + key
+        recovered = self._store_partitions()
         with _as_current(event):
             if state is None:
                 self._home[handler.name].pop(key, None)   # forgotten: bounded with the handler's state
                 if table_key in self.table:
                     del self.table[table_key]
+                if recovered is not None:
+                    recovered.pop(table_key, None)
             else:
                 self.table[table_key] = state
+                if recovered is not None:
+                    # Faust drops a key after a recovery by this map: where it lives now, not where it was
+                    recovered[table_key] = event.message.partition
 
 
 def detector_agent(app: faust.App, handlers: Sequence[DetectorHandler], settings: Settings, table: faust.Table,

@@ -161,18 +161,24 @@ def test_a_dropped_key_is_deleted_from_its_own_partition_and_its_home_forgotten(
     assert HV_C not in table.recovered([0, 1]) and HV_C not in table.recovered([1, 0])
 
 
-def test_revoked_partitions_are_forgotten_and_an_unknown_home_falls_back_counted() -> None:
+def test_after_a_rebalance_a_key_whose_partition_has_no_event_yet_falls_back_counted() -> None:
     table = ChangelogTable()
     agent = agent_for(FirewallHandler(), table)
     asyncio.run(agent.run_batch([report("hv-c", T0, 1, 0, "base-b")]))
-    agent.revoke({1})
-    assert 1 not in agent._last and "hv-c" not in agent._home["firewall-detector"]
-    # partition 1 is not ours any more: hv-c's drift (found by partition 0's records) has no home here;
-    # it is written as before, where it was touched, and counted
+    agent.revoke({0, 1})                                  # Kafka's eager rebalance revokes everything first
+    agent.assign({0, 1})                                  # and gives both back
+    assert agent._last == {} and agent._home["firewall-detector"] == {"hv-c": 1}
+    # no event of partition 1 since: hv-c's drift (found by partition 0's records) cannot be written
+    # under its home's event; it is written as before, where it was touched, and counted
     asyncio.run(agent.run_batch([report("hv-a", T0 + 5, 0, 0, "base-a"), report("hv-b", T0 + 5, 0, 1, "base-a")]))
     assert drift_open(table[HV_C]) and table.partitions_of(HV_C) == {0, 1}
     assert agent.home_unknown == 1
     assert set(agent._last) == {0}
+    # partition 1 goes to another worker: hv-c leaves this worker's memory (no tombstone: not ours)
+    written = len(table.log)
+    agent.assign({0})
+    assert HV_C not in table and "hv-c" not in agent._home["firewall-detector"]
+    assert len(table.log) == written
 
 
 def test_a_restarted_worker_writes_a_silent_key_to_the_partition_it_recovered_it_from() -> None:
