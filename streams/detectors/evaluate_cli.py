@@ -29,7 +29,7 @@ from .anomaly.model import DetectorConfig, StreamingDetector
 from .evaluate_windows import WindowScore, all_profiles, windows_from_labels
 from .evaluation import evaluate
 from .labelled_csv import read_labelled, read_windows_json, windows_for
-from .replay_cli import ReplayError, parse_timestamp
+from .series_text import ReplayError, parse_timestamp
 
 EPILOG = """\
 examples:

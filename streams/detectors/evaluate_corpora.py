@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .evaluate_windows import labels_of, windows_from_labels
 from .labelled_csv import read_labelled
-from .replay_cli import ReplayError
+from .series_text import ReplayError
 from .scenarios import all_scenarios
 
 SKAB_ENV = "OPSLOOP_SKAB_DIR"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Sequence
 
-from .replay_cli import ReplayError, parse_timestamp, parse_value
+from .series_text import ReplayError, parse_timestamp, parse_value
 
 TIMESTAMP_COLUMNS = ("timestamp", "timestamps", "datetime", "time", "date")
 LABEL_COLUMNS = ("label", "anomaly", "is_anomaly", "labels")
@@ -38,27 +38,33 @@ class LabelledFile:
     labels: list[int] | None             # None: the file has no label column
 
 
-def _delimiter(header_line: str) -> str:
+def read_labelled(path: Path, columns: Sequence[str] = ()) -> LabelledFile:
+    """Read one file; ReplayError naming the line (and column) for anything that is not a labelled series."""
+    try:
+        return _read(path, columns)
+    except UnicodeDecodeError as e:
+        raise ReplayError(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise ReplayError(f"malformed CSV: {e}") from None
+
+
+def sniff_delimiter(header_line: str) -> str:
+    """``,``, ``;`` or tab: the one the header line holds most of (``,`` when it holds none)."""
     counts = {d: header_line.count(d) for d in DELIMITERS}
     best = max(counts, key=lambda d: counts[d])
     return best if counts[best] else ","
 
 
-def read_labelled(path: Path, columns: Sequence[str] = ()) -> LabelledFile:
-    """Read one file; ReplayError naming the line (and column) for anything that is not a labelled series."""
+def _read(path: Path, columns: Sequence[str]) -> LabelledFile:
     with path.open(newline="", encoding="utf-8") as f:
         first = f.readline()
         if not first.strip():
             raise ReplayError("line 1: empty file, expected a 'timestamp,value[,label]' header")
-        delim = _delimiter(first)
+        delim = sniff_delimiter(first)
         header = next(csv.reader([first], delimiter=delim))
         names = [h.strip().lower() for h in header]
-        ti = next((names.index(n) for n in TIMESTAMP_COLUMNS if n in names), None)
-        if ti is None:
-            raise ReplayError(f"line 1: header {first.strip()!r} names no timestamp column "
-                              f"(one of {', '.join(TIMESTAMP_COLUMNS)})")
         li = next((names.index(n) for n in LABEL_COLUMNS if n in names), None)
-        value_cols = _value_columns(header, names, ti, li, columns)
+        ti, value_cols = value_columns(header, columns)
         ts: list[float] = []
         chans: list[list[float]] = [[] for _ in value_cols]
         labels: list[int] = []
@@ -95,8 +101,14 @@ def read_labelled(path: Path, columns: Sequence[str] = ()) -> LabelledFile:
                         labels if li is not None else None)
 
 
-def _value_columns(header: list[str], names: list[str], ti: int, li: int | None,
-                   wanted: Sequence[str]) -> list[tuple[int, str]]:
+def value_columns(header: list[str], wanted: Sequence[str] = ()) -> tuple[int, list[tuple[int, str]]]:
+    """The timestamp column and the value columns (index, name) of a header: ``wanted`` ones, else
+    ``value``, else every column that is not the timestamp, a label or ``changepoint``."""
+    names = [h.strip().lower() for h in header]
+    ti = next((names.index(n) for n in TIMESTAMP_COLUMNS if n in names), None)
+    if ti is None:
+        raise ReplayError(f"line 1: header {','.join(header)!r} names no timestamp column "
+                          f"(one of {', '.join(TIMESTAMP_COLUMNS)})")
     if wanted:
         out = []
         for w in wanted:
@@ -104,15 +116,15 @@ def _value_columns(header: list[str], names: list[str], ti: int, li: int | None,
                 raise ReplayError(f"line 1: no column {w!r} (columns: {', '.join(h.strip() for h in header)})")
             i = names.index(w.strip().lower())
             out.append((i, header[i].strip()))
-        return out
+        return ti, out
     for n in ("value", "values"):
         if n in names:
-            return [(names.index(n), header[names.index(n)].strip())]
-    skip = {ti, li} | {names.index(n) for n in IGNORED_COLUMNS if n in names}
+            return ti, [(names.index(n), header[names.index(n)].strip())]
+    skip = {ti} | {names.index(n) for n in (*LABEL_COLUMNS, *IGNORED_COLUMNS) if n in names}
     out = [(i, h.strip()) for i, h in enumerate(header) if i not in skip and h.strip()]
     if not out:
         raise ReplayError(f"line 1: header {','.join(header)!r} has no value column besides the timestamp and label")
-    return out
+    return ti, out
 
 
 def read_windows_json(path: Path) -> dict[str, list[tuple[float, float]]]:

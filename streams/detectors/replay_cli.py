@@ -1,11 +1,14 @@
 """``opsloop detect replay``: run the streaming detector over a CSV, one score per row.
 
-Input: CSV with a header naming a ``timestamp`` and a ``value`` column (other columns are ignored;
-``timestamps``/``values`` are accepted as names too). Timestamps are epoch seconds (int or float)
-or ISO-8601 / ``YYYY-MM-DD HH:MM:SS`` (naive times are UTC). Output: CSV ``timestamp,value,score``
-with the input's timestamp and value text unchanged, in input order; each score in [0, 1] comes
-from exactly the streaming detector (``anomaly.StreamingDetector``) fed the rows up to and
-including that row. An empty value scores 0 and does not feed the detector.
+Input: CSV (``,``, ``;`` or tab, sniffed from the header) with a timestamp column (``timestamp``,
+``datetime``, ``time``, ...) and a ``value`` column, or several value columns as SKAB's files (label
+columns such as ``anomaly``/``is_anomaly`` and SKAB's ``changepoint`` are not values; ``--column``
+picks some). Timestamps are epoch seconds (int or float) or ISO-8601 / ``YYYY-MM-DD HH:MM:SS`` (naive
+times are UTC). Output, in input order: for one value column CSV ``timestamp,value,score`` with the
+input's timestamp and value text unchanged; for several ``timestamp,score,score_<column>...``, one
+detector per column, the row's score the highest. Each score in [0, 1] comes from exactly the
+streaming detector (``anomaly.StreamingDetector``) fed the rows up to and including that row. An empty
+value scores 0 and does not feed the detector.
 
 A bad row (unparseable timestamp or value) stops the run with an error naming the line and the
 text, exit status 2; with ``--skip-bad`` it scores 0 and the run goes on, and the count of skipped
@@ -17,86 +20,42 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import math
 import sys
-from datetime import datetime, timezone
-from typing import Iterator, TextIO
+from typing import Iterator, Sequence, TextIO
 
 from .anomaly.model import StreamingDetector
+from .labelled_csv import sniff_delimiter, value_columns
+from .series_text import ReplayError, parse_timestamp, parse_value
 
-TIMESTAMP_NAMES = ("timestamp", "timestamps")
-VALUE_NAMES = ("value", "values")
+__all__ = ["ReplayError", "parse_timestamp", "parse_value", "replay", "main"]
 
 EPILOG = """\
 examples:
   opsloop detect replay --input series.csv --output scores.csv
   opsloop detect replay < series.csv > scores.csv
   opsloop detect replay --input series.csv --skip-bad      # bad rows score 0, counted on stderr
+  opsloop detect replay --input skab/data/valve1/0.csv     # ';' and eight channels: max score per row
+  opsloop detect replay --input skab/data/valve1/0.csv --column Current
 
 input:  timestamp,value          output: timestamp,value,score
         2024-05-01 03:10:00,12.5         2024-05-01 03:10:00,12.5,0.000000
 """
 
 
-class ReplayError(ValueError):
-    """A bad input row or header; the message names the line and the offending text."""
-
-
-def parse_timestamp(text: str) -> float:
-    s = text.strip()
-    if not s:
-        raise ValueError("empty timestamp")
-    try:
-        t = float(s)
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(t):
-            raise ValueError(f"timestamp {s!r} is not finite")
-        return t
-    try:
-        dt = datetime.fromisoformat(s.replace("Z", "+00:00") if s.endswith("Z") else s)
-    except ValueError:
-        raise ValueError(f"timestamp {s!r} is neither epoch seconds nor ISO-8601") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
-
-
-def parse_value(text: str) -> float | None:
-    s = text.strip()
-    if not s or s.lower() in ("nan", "null", "none", "na"):
-        return None
-    try:
-        v = float(s)
-    except ValueError:
-        raise ValueError(f"value {s!r} is not a number") from None
-    if math.isinf(v):
-        raise ValueError(f"value {s!r} is not finite")
-    return v
-
-
-def _columns(header: list[str]) -> tuple[int, int]:
-    names = [h.strip().lower() for h in header]
-    t = next((names.index(n) for n in TIMESTAMP_NAMES if n in names), None)
-    v = next((names.index(n) for n in VALUE_NAMES if n in names), None)
-    if t is None or v is None:
-        raise ReplayError(f"line 1: header {','.join(header)!r} must name a 'timestamp' and a 'value' column")
-    return t, v
-
-
-def replay(src: TextIO, dst: TextIO, skip_bad: bool = False) -> tuple[int, int]:
+def replay(src: TextIO, dst: TextIO, skip_bad: bool = False, columns: Sequence[str] = ()) -> tuple[int, int]:
     """Score every row of `src` into `dst`. Returns (rows, skipped)."""
-    reader = csv.reader(src)
-    header = next(reader, None)
-    if header is None:
+    first = src.readline()
+    if not first.strip():
         raise ReplayError("line 1: empty input, expected a 'timestamp,value' header")
-    ti, vi = _columns(header)
-    need = max(ti, vi)
-    det = StreamingDetector()
-    update = det.update
+    delim = sniff_delimiter(first)
+    header = next(csv.reader([first], delimiter=delim))
+    ti, cols = value_columns(header, columns)
+    need = max([ti, *(i for i, _ in cols)])
+    updates = [StreamingDetector().update for _ in cols]
     out = csv.writer(dst, lineterminator="\n")
-    out.writerow(["timestamp", "value", "score"])
+    single = len(cols) == 1
+    out.writerow(["timestamp", "value", "score"] if single else ["timestamp", "score", *(f"score_{n}" for _, n in cols)])
+    reader = csv.reader(src, delimiter=delim)
     rows = skipped = 0
     for line_no, row in zip(_line_numbers(reader), reader):
         if not row:
@@ -104,24 +63,36 @@ def replay(src: TextIO, dst: TextIO, skip_bad: bool = False) -> tuple[int, int]:
         rows += 1
         try:
             if len(row) <= need:
-                raise ValueError(f"expected at least {need + 1} columns, got {len(row)}: {','.join(row)!r}")
-            ts_text, value_text = row[ti], row[vi]
-            ts = parse_timestamp(ts_text)
-            value = parse_value(value_text)
+                raise ValueError(f"expected at least {need + 1} columns, got {len(row)}: {delim.join(row)!r}")
+            ts = parse_timestamp(row[ti])
+            values = []
+            for i, name in cols:
+                try:
+                    values.append(parse_value(row[i]))
+                except ValueError as e:
+                    raise ValueError(e if single else f"column {name!r}: {e}") from None
         except ValueError as e:
             if not skip_bad:
                 raise ReplayError(f"line {line_no}: {e}") from None
             skipped += 1
-            out.writerow([row[ti] if len(row) > ti else "", row[vi] if len(row) > vi else "", "0.000000"])
+            ts_text = row[ti] if len(row) > ti else ""
+            if single:
+                out.writerow([ts_text, row[cols[0][0]] if len(row) > cols[0][0] else "", "0.000000"])
+            else:
+                out.writerow([ts_text, "0.000000", *("0.000000" for _ in cols)])
             continue
-        score = 0.0 if value is None else update(ts, value)
-        out.writerow([ts_text, value_text, f"{score:.6f}"])
+        scores = [0.0 if v is None else update(ts, v) for update, v in zip(updates, values)]
+        if single:
+            out.writerow([row[ti], row[cols[0][0]], f"{scores[0]:.6f}"])
+        else:
+            out.writerow([row[ti], f"{max(scores):.6f}", *(f"{x:.6f}" for x in scores)])
     return rows, skipped
 
 
 def _line_numbers(reader: "csv._reader") -> Iterator[int]:  # type: ignore[name-defined]
+    # the header line was read before the reader: its first row is line 2
     while True:
-        yield reader.line_num + 1
+        yield reader.line_num + 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", "-i", default="-", help="CSV with timestamp,value header ('-' = stdin, default)")
     p.add_argument("--output", "-o", default="-", help="CSV timestamp,value,score ('-' = stdout, default)")
     p.add_argument("--skip-bad", action="store_true", help="score bad rows 0 and go on (count on stderr)")
+    p.add_argument("--column", action="append", default=[], metavar="NAME",
+                   help="score only this value column of a multi-column file (repeatable; default: every one)")
     return p
 
 
@@ -139,10 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     buffer = io.StringIO()   # whole output first: a bad row leaves no half-written file
     try:
         if args.input == "-":
-            rows, skipped = replay(sys.stdin, buffer, skip_bad=args.skip_bad)
+            rows, skipped = replay(sys.stdin, buffer, skip_bad=args.skip_bad, columns=args.column)
         else:
             with open(args.input, newline="", encoding="utf-8") as src:
-                rows, skipped = replay(src, buffer, skip_bad=args.skip_bad)
+                rows, skipped = replay(src, buffer, skip_bad=args.skip_bad, columns=args.column)
     except OSError as e:
         print(f"replay: cannot read {args.input}: {e.strerror}", file=sys.stderr)
         return 2

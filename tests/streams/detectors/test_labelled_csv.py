@@ -167,3 +167,31 @@ def test_fuzz_any_text_is_a_series_or_a_named_error(tmp_path: Path, header: str,
     n = len(got.timestamps)
     assert all(len(c) == n for c in got.channels.values()) and (got.labels is None or len(got.labels) == n)
     assert all(math.isfinite(v) for c in got.channels.values() for v in c)
+
+
+def test_not_utf8_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (p := tmp_path / "latin.csv").write_bytes(b"timestamp,value,label\n1,2\xff,0\n")
+    assert detect_main(["evaluate", "--input", str(p)]) == 2
+    assert f"{p}: not UTF-8 text" in capsys.readouterr().err
+
+
+def test_replay_scores_a_skab_file_per_channel_and_the_row_takes_the_max(tmp_path: Path) -> None:
+    src = _skab(tmp_path / "0.csv", fault_channel=5)
+    out = tmp_path / "scores.csv"
+    assert detect_main(["replay", "--input", str(src), "--output", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0].split(",") == ["timestamp", "score", *(f"score_{c}" for c in SKAB_HEADER.split(";")[1:9])]
+    rows = [[float(x) for x in line.split(",")[1:]] for line in lines[1:]]
+    assert len(rows) == N and all(r[0] == max(r[1:]) for r in rows)
+    assert max(r[6] for r in rows[FAULT.start:FAULT.stop]) > 0.5          # the faulty channel (Thermocouple)
+    assert max(r[3] for r in rows[FAULT.start:FAULT.stop]) < 0.5          # a quiet one (Current)
+    one = tmp_path / "current.csv"
+    assert detect_main(["replay", "--input", str(src), "--column", "Current", "--output", str(one)]) == 0
+    first, second = one.read_text().splitlines()[:2]
+    assert first == "timestamp,value,score" and second.split(",")[1] == "30.000000"
+
+
+def test_replay_names_the_column_of_a_bad_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (p := tmp_path / "x.csv").write_text(SKAB_HEADER + "\n2020-03-09 10:00:00;1;2;x;4;5;6;7;8;0;0\n")
+    assert detect_main(["replay", "--input", str(p)]) == 2
+    assert "line 2: column 'Current': value 'x' is not a number" in capsys.readouterr().err

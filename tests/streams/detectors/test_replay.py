@@ -72,9 +72,9 @@ def test_replay_skip_bad_scores_zero_and_counts(tmp_path: Path) -> None:
 
 def test_replay_header_and_missing_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.csv"
-    bad.write_text("time,val\n1,2\n")
+    bad.write_text("when,val\n1,2\n")
     assert main(["--input", str(bad)]) == 2
-    assert "header" in capsys.readouterr().err
+    assert "names no timestamp column" in capsys.readouterr().err
     assert main(["--input", str(tmp_path / "nope.csv")]) == 2
     assert "cannot read" in capsys.readouterr().err
 
