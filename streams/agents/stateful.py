@@ -285,6 +285,7 @@ class StatefulAgent:
                 self.write_state(h, key, event)
         if unknown:
             self.home_unknown += len(unknown)
+            health.STATE_HOME_UNKNOWN.labels(self.name).inc(len(unknown))
             log.warning("state_home_unknown", agent=self.name, keys=len(unknown), example=unknown[0])
 
     def _home_event(self, handler: DetectorHandler, key: str) -> EventT | None:

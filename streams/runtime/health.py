@@ -10,6 +10,9 @@ DEADLETTERED = Counter("opsloop_stream_deadlettered_total", "Records or samples 
                        ["topic"])
 ERRORS = Counter("opsloop_stream_errors_total", "Handler errors (the samples a handler fails on are dead-lettered, the worker goes on)",
                  ["agent"])
+STATE_HOME_UNKNOWN = Counter("opsloop_stream_state_home_unknown_total",
+                             "Detector state writes of a key whose home partition was unknown or had no event "
+                             "since the last rebalance (written where it was touched)", ["agent"])
 LAG = Gauge("opsloop_stream_consumer_lag", "Records between the last processed offset and the high-water mark",
             ["topic", "partition"])
 BATCH_SIZE = Histogram("opsloop_stream_batch_records", "Records per processed batch", ["agent"],

@@ -14,11 +14,12 @@ from typing import Any
 import faust
 import orjson
 from faust.streams import current_event
+from prometheus_client import REGISTRY
 
 from bench.stream_workload import Msg
 from opsloop.records import metric
 from opsloop.wire import encode_batch
-from opsloop.streams.agents.stateful import StatefulAgent, state_table
+from opsloop.streams.agents.stateful import AGENT_NAME, StatefulAgent, state_table
 from opsloop.streams.detectors.firewall.detector import FINGERPRINT_DRIFT
 from opsloop.streams.detectors.firewall.handler import FirewallHandler
 from opsloop.streams.detectors.firewall.settings import FirewallSettings
@@ -161,6 +162,10 @@ def test_a_dropped_key_is_deleted_from_its_own_partition_and_its_home_forgotten(
     assert HV_C not in table.recovered([0, 1]) and HV_C not in table.recovered([1, 0])
 
 
+def home_unknown_total() -> float:
+    return REGISTRY.get_sample_value("opsloop_stream_state_home_unknown_total", {"agent": AGENT_NAME}) or 0.0
+
+
 def test_after_a_rebalance_a_key_whose_partition_has_no_event_yet_falls_back_counted() -> None:
     table = ChangelogTable()
     agent = agent_for(FirewallHandler(), table)
@@ -170,9 +175,10 @@ def test_after_a_rebalance_a_key_whose_partition_has_no_event_yet_falls_back_cou
     assert agent._last == {} and agent._home["firewall-detector"] == {"hv-c": 1}
     # no event of partition 1 since: hv-c's drift (found by partition 0's records) cannot be written
     # under its home's event; it is written as before, where it was touched, and counted
+    before = home_unknown_total()
     asyncio.run(agent.run_batch([report("hv-a", T0 + 5, 0, 0, "base-a"), report("hv-b", T0 + 5, 0, 1, "base-a")]))
     assert drift_open(table[HV_C]) and table.partitions_of(HV_C) == {0, 1}
-    assert agent.home_unknown == 1
+    assert agent.home_unknown == 1 and home_unknown_total() == before + 1
     assert set(agent._last) == {0}
     # partition 1 goes to another worker: hv-c leaves this worker's memory (no tombstone: not ours)
     written = len(table.log)
