@@ -305,8 +305,10 @@ def validation_errors(doc: dict[str, Any]) -> list[str]:
 
 def non_finite_lines(value: Any, where: str = "", depth: int = 0) -> list[str]:
     """A ``where.key: ...`` line per NaN or infinite float in a validated section (its nested models, lists
-    and mappings too). Every section model refuses them, whatever its own base: the stages' and collectors'
-    models set no ``allow_inf_nan``, and a string "inf" becomes a float only once validated."""
+    and mappings too). Every section model refuses them, whatever its own base: the models of the core,
+    collectors, detectors, paging, actuator and audit set ``allow_inf_nan=False`` themselves
+    (tests/core/test_settings_models_finite.py), the edge controller's not yet, and a string "inf" becomes
+    a float only once validated."""
     if isinstance(value, float):
         return [] if math.isfinite(value) else [f"{where}: Input should be a finite number (got {value!r})"]
     if isinstance(value, BaseModel):

@@ -30,7 +30,7 @@ from opsloop.kafka_security import read_secret_file
 
 
 class ElasticsearchSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     hosts: list[str] = Field(default_factory=list)
     api_key: SecretStr | None = None

@@ -43,7 +43,7 @@ class KafkaSecurityError(ValueError):
 
 
 class KafkaSecurity(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     protocol: Protocol = "PLAINTEXT"
     sasl_mechanism: Mechanism | None = None

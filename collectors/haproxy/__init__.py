@@ -8,7 +8,7 @@ from opsloop.collectors.haproxy.collector import HaproxyCollector
 
 
 class Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     # load balancer name (the `host` tag, Kafka key) -> admin socket path; at least one: without a
     # target a round would print nothing and look like success

@@ -15,7 +15,7 @@ class Target(BaseModel):
     """One hypervisor. Normally the collector runs on each hypervisor with one target (itself);
     ``netns`` runs the tools inside a network namespace (how tests model several hypervisors)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     host: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9_.:-]+$")
     netns: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
@@ -25,7 +25,7 @@ class Target(BaseModel):
 
 
 class Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     backend: Literal["auto", "legacy", "nft"] = "auto"
     # Neutron programs every port's security group in iptables and ip6tables alike; a port is protected

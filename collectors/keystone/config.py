@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 class ProbeConfig(BaseModel):
     """Active probes. Credentials come from ``credentials_file`` and/or the environment, never from here."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enabled: bool = True
     samples: int = Field(default=5, ge=1, le=200, description="requests per probe and round")
@@ -26,7 +26,7 @@ class ProbeConfig(BaseModel):
 class FrontendConfig(BaseModel):
     """nginx access logs of the S3 front end (log_format s3_keystone, see README.md)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     access_logs: list[Path] = Field(default_factory=list)
     # Keys provisioned locally in RadosGW (the operators' workaround): their requests are not Keystone-backed.
@@ -36,7 +36,7 @@ class FrontendConfig(BaseModel):
 
 
 class Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     host: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128,
                       description="host tag (Kafka key) of every sample")

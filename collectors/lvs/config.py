@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     host: str = Field(default_factory=lambda: socket.gethostname().split(".")[0] or "localhost",
                       min_length=1, max_length=253, pattern=r"^[A-Za-z0-9_.:-]+$")

@@ -65,7 +65,7 @@ def parse_target(spec: str, default_port: int) -> Target:
 class TargetSet(BaseModel):
     """One measurement: ``streams_per_target`` streams to every target in parallel, summed, R times."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(pattern=_NAME, description="identifies the set; the target_set tag")
     targets: list[str] = Field(min_length=1, max_length=256, description="host, host:port or [v6]:port")
@@ -144,7 +144,7 @@ class TargetSet(BaseModel):
 class Config(BaseModel):
     """The ``collectors.netperf`` section."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     host: str = Field(default_factory=socket.gethostname, min_length=1, max_length=253,
                       description="the measuring host: the host tag (Kafka key)")

@@ -39,7 +39,7 @@ class ActuatorConfigError(ValueError):
 
 
 class _Target(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     edge: str = Field(min_length=1, max_length=200, pattern=_NAME)
     listener: str = Field(min_length=1, max_length=200, pattern=_NAME)
@@ -100,7 +100,7 @@ TargetConfig = Annotated[Union[HaproxyTargetConfig, LvsTargetConfig], Field(disc
 
 
 class ActuatorConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     mode: Literal["live", "dry-run", "shadow"] = "live"
     max_step: float = Field(default=0.5, gt=0.0, le=1.0)

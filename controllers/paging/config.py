@@ -24,7 +24,7 @@ class PagingConfigError(ValueError):
 
 
 class PagingConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     # Alertmanager base URLs; an HA pair gets every alert (each instance deduplicates itself).
     alertmanager_urls: list[str] = Field(default_factory=lambda: [f"http://{LOOPBACK}:29094"], min_length=1)

@@ -48,7 +48,7 @@ class AuditSink(Protocol):
 
 
 class AuditSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     elasticsearch_url: str | None = Field(default=None, pattern=r"^https?://")
     elasticsearch: ElasticsearchSettings = Field(default_factory=ElasticsearchSettings)

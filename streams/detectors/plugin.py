@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class Strict(BaseModel):
     """Base of every detector's settings: an unknown key is an error, not silently ignored."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _enabled(settings: Any) -> bool:
