@@ -223,8 +223,9 @@ def _edges_and_loads(rng: np.random.Generator, doc: dict[str, Any], n_edges: int
 
 
 def gen_failure(rng: np.random.Generator, doc: dict[str, Any]) -> str:
-    """The busiest origin fails and recovers; the others hold the demand (not all at the nearest)."""
-    n_origins = int(rng.choice([2, 3, 3, 4, 4, 5]))
+    """The busiest origin fails and recovers; the others hold the demand, but not all at the next-nearest:
+    moving its traffic there overloads one."""
+    n_origins = int(rng.choice([3, 3, 4, 4, 5]))   # with two, the other holds it all: nothing overflows
     n_edges = int(rng.integers(2, 5))
     loads = _edges_and_loads(rng, doc, n_edges, n_origins, int(n_origins >= 4), 0.35, 100.0, 350.0)
     failed = int(np.argmax(loads))
@@ -451,6 +452,10 @@ def situation(kind: str, scn: Scenario) -> list[str]:
             out.append(f"the failing origin {name} carries {share:.0%} of the traffic (< 15 %)")
         if caps.sum() - caps[_index(scn, name)] < 1.1 * demand:
             out.append(f"the others cannot hold the demand without {name}")
+        if kind == "failure":   # its traffic moved to the next-nearest origins overloads one of them
+            over = (settled(scn, ev.at).loads / caps).max()
+            if over < 1.1:
+                out.append(f"{name}'s traffic fits at the next-nearest origins ({over:.0%} at most)")
         flips = sum(1 for e in scn.events if e.health)
         if kind == "flapping" and flips < 5:
             out.append(f"{flips} health changes (< 5)")

@@ -65,6 +65,7 @@ def test_failure_leaves_an_origin_down_then_back_with_room_elsewhere() -> None:
         assert name == name_back and not down and up and changes[1].at > changes[0].at
         others = sum(o.capacity_rps for o in scn.origins if o.name != name)
         assert others > sum(e.base_rps for e in scn.edges)
+        assert (settled(scn, changes[0].at).loads / caps(scn)).max() > 1.1   # the next-nearest overflows
 
 
 def test_mesh_ramps_to_a_peak_that_overflows_the_near_origins_only() -> None:
