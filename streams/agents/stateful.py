@@ -19,6 +19,8 @@ its state and send its findings, both async. This loop follows the same pattern 
    and such a key written there lived in two changelog partitions: on restart the copy recovered
    last won, possibly the older one (a finding re-opened, re-paged), and with several workers
    the owner of the key missed the newer state (``tests/streams/agents/test_state_partition.py``).
+   A key whose records come from a new partition (netperf: a target set measured from another
+   host) moves there and is deleted from the old one (``_delete_copy``), so it keeps one copy.
 2. **Restore**: at the first batch after start or after a partition assignment, the handler's
    state is replaced by the table's (already recovered by Faust: consumption of an assigned
    partition resumes only after its table partitions are recovered). A killed worker therefore
@@ -117,6 +119,7 @@ class StatefulAgent:
         self._assigned: set[int] | None = None
         self._source_topics: set[str] = set()
         self.home_unknown = 0   # writes of a key whose home was not known (module docstring)
+        self.home_moved = 0     # keys whose records came from another partition than their state's
 
     @property
     def topics(self) -> list[str]:
@@ -259,6 +262,7 @@ class StatefulAgent:
             groups.setdefault(e.message.partition, []).append(e)
         # the event of the last group that touched each key: the fallback when its home is unknown
         touched: dict[tuple[DetectorHandler, str], EventT] = {}
+        moved: dict[tuple[DetectorHandler, str], int] = {}   # key -> the partition its state lived in
         for partition, group in groups.items():
             await process_batch(self.name, [e.message for e in group], self._all, self._send_deadletter,
                                 self._highwater, max_clock_skew_s=self.max_clock_skew_s)
@@ -266,6 +270,9 @@ class StatefulAgent:
             for h in self.handlers:
                 home = self._home[h.name]
                 for key in h.fed():
+                    old = home.get(key)
+                    if old is not None and old != partition:
+                        moved.setdefault((h, key), old)
                     home[key] = partition
                 for key in h.touched():
                     touched[(h, key)] = group[-1]
@@ -282,11 +289,32 @@ class StatefulAgent:
                     unknown.append(key)
                     event = fallback
                     self._home[h.name].setdefault(key, event.message.partition)   # where it lives now
+                if (h, key) in moved:
+                    self._delete_copy(h, key, moved[(h, key)])
                 self.write_state(h, key, event)
+        if moved:
+            self.home_moved += len(moved)
+            health.STATE_HOME_MOVED.labels(self.name).inc(len(moved))
+            (h, key), old = next(iter(moved.items()))
+            log.warning("state_home_moved", agent=self.name, keys=len(moved), example=f"{h.name}{KEY_SEP}{key}",
+                        was=old, now=self._home[h.name].get(key))
         if unknown:
             self.home_unknown += len(unknown)
             health.STATE_HOME_UNKNOWN.labels(self.name).inc(len(unknown))
             log.warning("state_home_unknown", agent=self.name, keys=len(unknown), example=unknown[0])
+
+    def _delete_copy(self, handler: DetectorHandler, key: str, partition: int) -> None:
+        """Tombstone ``key`` in the partition its state lived in before its records moved (the netperf
+        state key, a target set, moves when another host measures the set). Left there, that copy
+        stayed for good and a restart recovering that partition last brought it back: the state from
+        before the move, its cleared findings open again. Not possible without an event of that
+        partition since the last rebalance: the copy stays, as before (counted all the same)."""
+        event = self._last.get(partition)
+        table_key = handler.name + KEY_SEP + key
+        if event is None or table_key not in self.table:
+            return
+        with _as_current(event):
+            del self.table[table_key]   # the memory entry comes back with the write that follows
 
     def _home_event(self, handler: DetectorHandler, key: str) -> EventT | None:
         """The latest event of ``key``'s home partition (None: home not known or not assigned)."""

@@ -13,6 +13,9 @@ ERRORS = Counter("opsloop_stream_errors_total", "Handler errors (the samples a h
 STATE_HOME_UNKNOWN = Counter("opsloop_stream_state_home_unknown_total",
                              "Detector state writes of a key whose home partition was unknown or had no event "
                              "since the last rebalance (written where it was touched)", ["agent"])
+STATE_HOME_MOVED = Counter("opsloop_stream_state_home_moved_total",
+                           "Detector state keys whose records came from another partition than the one their "
+                           "state lived in (moved there, the old copy deleted)", ["agent"])
 LAG = Gauge("opsloop_stream_consumer_lag", "Records between the last processed offset and the high-water mark",
             ["topic", "partition"])
 BATCH_SIZE = Histogram("opsloop_stream_batch_records", "Records per processed batch", ["agent"],
