@@ -339,8 +339,9 @@ class StatefulAgent:
             else:
                 self.table[table_key] = state
                 if recovered is not None:
-                    # Faust drops a key after a recovery by this map: where it lives now, not where it was
-                    recovered[table_key] = event.message.partition
+                    # Faust drops a key after a recovery by this map: by its home, as assign() does (a key
+                    # written elsewhere for want of its home's event stays while its home is ours)
+                    recovered[table_key] = self._home[handler.name].get(key, event.message.partition)
 
 
 def detector_agent(app: faust.App, handlers: Sequence[DetectorHandler], settings: Settings, table: faust.Table,
