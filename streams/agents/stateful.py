@@ -184,10 +184,13 @@ class StatefulAgent:
             p = self._partition_of(table_key)
             if p is not None and p not in partitions:
                 self._drop_local(table_key)
+        for home in self._home.values():   # homes of keys not in the table (none expected): bounded too
+            for key in [k for k, p in home.items() if p not in partitions]:
+                del home[key]
         self.needs_restore = True
 
     def _partition_of(self, table_key: Any) -> int | None:
-        """The changelog partition ``table_key`` lives in: where we wrote it, else where Faust recovered it."""
+        """The changelog partition ``table_key`` belongs to: its home, else where Faust recovered it from."""
         if isinstance(table_key, str) and KEY_SEP in table_key:
             handler, key = table_key.split(KEY_SEP, 1)
             p = self._home.get(handler, {}).get(key)
