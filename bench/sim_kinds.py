@@ -593,8 +593,13 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--write {args.write}: {exc.strerror or exc}")
     tasks = []
     for kind in args.kinds:
+        print(f"[gen] {args.per_kind} {kind}", file=sys.stderr, flush=True)
         for index in range(args.per_kind):
-            scn, doc = generate(kind, args.seed, index)
+            try:
+                scn, doc = generate(kind, args.seed, index)
+            except RuntimeError as exc:   # a generator that cannot reach its kind: a bug here, said in one line
+                print(f"sim_kinds: {exc}", file=sys.stderr)
+                return 1
             if args.write is not None:
                 try:
                     write(doc, args.write)
