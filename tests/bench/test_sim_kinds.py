@@ -4,8 +4,10 @@ run through the verdict; the command line's errors are one line."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,13 @@ from bench.sim_kinds import (KINDS, generate, line, main, nearest_weights, run_o
 from opsloop.controllers.edge.sim import Scenario, load_scenario, simulate
 from tests.helpers import REPO
 
-INDEXES = range(4)
+INDEXES = range(3)
+
+
+@lru_cache(maxsize=None)
+def drawn(kind: str, index: int) -> tuple[Scenario, dict]:
+    """Seed 1's scenarios, drawn once for the tests of each kind's situation (a shortfall takes ~0.4 s)."""
+    return generate(kind, 1, index)
 
 
 def caps(scn: Scenario) -> np.ndarray:
@@ -44,14 +52,14 @@ def test_scenarios_validate_and_are_deterministic(kind: str, tmp_path: Path) -> 
 
 
 def test_events_fall_on_and_between_ticks() -> None:
-    scns = [generate(kind, 1, i)[0] for kind in ("failure", "halved", "surge") for i in range(8)]
+    scns = [drawn(kind, i)[0] for kind in ("failure", "halved", "surge") for i in range(8)]
     aligned = [s.events[0].at % s.interval_s == 0 for s in scns]
     assert any(aligned) and not all(aligned)
 
 
 def test_useu_starts_on_the_near_origin_over_its_capacity() -> None:
     for index in INDEXES:
-        scn, _ = generate("useu", 1, index)
+        scn, _ = drawn("useu", index)
         assert all(e.initial_weights == {"o1": 1.0, **{o.name: 0.0 for o in scn.origins[1:]}} for e in scn.edges)
         assert all(e.latency_ms["o1"] < e.latency_ms["o2"] for e in scn.edges)
         assert settled(scn, 0.0).loads[0] > 1.1 * caps(scn)[0]
@@ -59,7 +67,7 @@ def test_useu_starts_on_the_near_origin_over_its_capacity() -> None:
 
 def test_failure_leaves_an_origin_down_then_back_with_room_elsewhere() -> None:
     for index in INDEXES:
-        scn, _ = generate("failure", 1, index)
+        scn, _ = drawn("failure", index)
         changes = [ev for ev in scn.events if ev.health]
         (name, down), (name_back, up) = (next(iter(ev.health.items())) for ev in changes)
         assert name == name_back and not down and up and changes[1].at > changes[0].at
@@ -70,7 +78,7 @@ def test_failure_leaves_an_origin_down_then_back_with_room_elsewhere() -> None:
 
 def test_mesh_ramps_to_a_peak_that_overflows_the_near_origins_only() -> None:
     for index in INDEXES:
-        scn, _ = generate("mesh", 1, index)
+        scn, _ = drawn("mesh", index)
         up = scn.events[0]
         assert up.ramp_s and 1.3 <= up.demand_scale <= 1.6
         assert (settled(scn, up.at).loads / caps(scn)).max() > 1.05
@@ -79,14 +87,14 @@ def test_mesh_ramps_to_a_peak_that_overflows_the_near_origins_only() -> None:
 
 def test_shortfall_demand_is_above_all_capacity() -> None:
     for index in INDEXES:
-        scn, _ = generate("shortfall", 1, index)
+        scn, _ = drawn("shortfall", index)
         up = scn.events[0]
         assert sum(e.base_rps for e in scn.edges) * up.demand_scale > 1.05 * caps(scn).sum()
         assert settled(scn, up.at, "fair").rates.sum() > 1.03 * caps(scn).sum()   # clients settled too
 
 
 def test_surge_overloads_the_near_origin_at_the_fixed_step_weights() -> None:
-    scn, _ = generate("surge", 1, 0)
+    scn, _ = drawn("surge", 0)
     up = scn.events[0]
     edge = [e.name for e in scn.edges].index(next(iter(up.demand_scale)))
     home = int(np.argmax(nearest_weights(settled(scn, 0.0).latency, np.ones(len(scn.origins), bool))[edge]))
@@ -101,7 +109,7 @@ def test_surge_overloads_the_near_origin_at_the_fixed_step_weights() -> None:
 def test_noise_is_true_demand_noise_near_the_near_origins_capacity() -> None:
     modes = set()
     for index in range(6):
-        scn, _ = generate("noise", 1, index)
+        scn, _ = drawn("noise", index)
         level = settled(scn, 0.0).loads[0] / caps(scn)[0]
         assert 0.88 <= level <= 0.98
         if scn.demand_noise:
@@ -118,7 +126,7 @@ def test_noise_is_true_demand_noise_near_the_near_origins_capacity() -> None:
 def test_flapping_toggles_health_every_interval_with_and_without_a_detection_delay() -> None:
     delays = set()
     for index in range(6):
-        scn, _ = generate("flapping", 1, index)
+        scn, _ = drawn("flapping", index)
         flips = [ev for ev in scn.events if ev.health]
         assert len(flips) >= 5 and len({next(iter(ev.health)) for ev in flips}) == 1
         assert [next(iter(ev.health.values())) for ev in flips] == [i % 2 == 1 for i in range(len(flips))]
@@ -129,7 +137,7 @@ def test_flapping_toggles_health_every_interval_with_and_without_a_detection_del
 
 def test_halved_capacity_leaves_the_origin_well_over_at_the_current_weights() -> None:
     for index in INDEXES:
-        scn, _ = generate("halved", 1, index)
+        scn, _ = drawn("halved", index)
         cut = scn.events[0]
         name, new = next(iter(cut.capacity.items()))
         j = [o.name for o in scn.origins].index(name)
@@ -138,16 +146,16 @@ def test_halved_capacity_leaves_the_origin_well_over_at_the_current_weights() ->
 
 
 def test_situation_names_what_a_scenario_of_another_kind_lacks() -> None:
-    scn, doc = generate("surge", 1, 0)
+    doc = copy.deepcopy(drawn("surge", 0)[1])   # the cached draw stays as drawn
     doc["events"][0]["demand_scale"] = {k: 1.0 for k in doc["events"][0]["demand_scale"]}
     assert any("near origin at" in p for p in situation("surge", Scenario.model_validate(doc)))
-    scn, doc = generate("flapping", 1, 0)
+    doc = copy.deepcopy(drawn("flapping", 0)[1])
     doc["events"] = doc["events"][:3]
     assert any("3 health changes" in p for p in situation("flapping", Scenario.model_validate(doc)))
 
 
 def test_one_short_run_through_the_verdict() -> None:
-    scn, _ = generate("halved", 1, 0)
+    scn, _ = drawn("halved", 0)
     short = scn.model_copy(update={"duration_s": scn.events[0].at + 6 * scn.interval_s, "events": scn.events[:1]})
     r = run_one("halved", 0, short)
     assert set(r["baseline_overload_s"]) == {"fixed-step", "fixed-step-headroom"}
