@@ -115,6 +115,7 @@ class StatefulAgent:
         # partition -> its latest event, a table write's current event for the keys living there:
         # a strong ref per assigned partition (events are otherwise dropped after their batch)
         self._last: dict[int, EventT] = {}
+        self._held: dict[int, EventT] = {}   # revoked partitions' latest events, until the assignment says
         # source partitions Faust assigned this worker (None: not told yet, every table key is ours)
         self._assigned: set[int] | None = None
         self._source_topics: set[str] = set()
@@ -166,7 +167,9 @@ class StatefulAgent:
         """Stop writing under ``partitions``' events (maybe no longer ours); the assignment that
         follows says which stay (Kafka's eager rebalance revokes every partition first)."""
         for p in partitions:
-            self._last.pop(p, None)
+            event = self._last.pop(p, None)
+            if event is not None:
+                self._held[p] = event
         self.needs_restore = True
 
     def assign(self, partitions: set[int]) -> None:
@@ -180,6 +183,13 @@ class StatefulAgent:
         self._assigned = set(partitions)
         for p in [p for p in self._last if p not in partitions]:
             del self._last[p]
+        # A partition kept through the rebalance keeps its latest event: without it, every key of that
+        # partition changed by another's records before its own first batch was written to the wrong
+        # partition (a stray copy a restart could recover last), at each rebalance.
+        for p, event in self._held.items():
+            if p in partitions:
+                self._last.setdefault(p, event)
+        self._held.clear()
         for table_key in list(self.table):
             p = self._partition_of(table_key)
             if p is not None and p not in partitions:
@@ -311,7 +321,7 @@ class StatefulAgent:
         state key, a target set, moves when another host measures the set). Left there, that copy
         stayed for good and a restart recovering that partition last brought it back: the state from
         before the move, its cleared findings open again. Not possible without an event of that
-        partition since the last rebalance: the copy stays, as before (counted all the same)."""
+        partition yet (newly assigned, or a restart): the copy stays, as before (counted all the same)."""
         event = self._last.get(partition)
         table_key = handler.name + KEY_SEP + key
         if event is None or table_key not in self.table:

@@ -11,8 +11,8 @@ DEADLETTERED = Counter("opsloop_stream_deadlettered_total", "Records or samples 
 ERRORS = Counter("opsloop_stream_errors_total", "Handler errors (the samples a handler fails on are dead-lettered, the worker goes on)",
                  ["agent"])
 STATE_HOME_UNKNOWN = Counter("opsloop_stream_state_home_unknown_total",
-                             "Detector state writes of a key whose home partition was unknown or had no event "
-                             "since the last rebalance (written where it was touched)", ["agent"])
+                             "Detector state writes of a key whose home partition was unknown or has had no event "
+                             "on this worker yet (written where it was touched)", ["agent"])
 STATE_HOME_MOVED = Counter("opsloop_stream_state_home_moved_total",
                            "Detector state keys whose records came from another partition than the one their "
                            "state lived in (moved there, the old copy deleted)", ["agent"])

@@ -66,12 +66,11 @@ def test_a_target_set_measured_from_another_host_moves_its_state_and_a_restart_n
 
 def test_without_an_event_of_the_old_partition_the_copy_stays_and_is_counted() -> None:
     table = ChangelogTable()
-    agent = agent_for(NetperfHandler(), table)
-    asyncio.run(agent.run_batch([measured("bench-1", 1, 0, BASE, T0)]))
-    agent.revoke({0, 1})
-    agent.assign({0, 1})                    # a rebalance: no event of partition 1 since
+    asyncio.run(agent_for(NetperfHandler(), table).run_batch([measured("bench-1", 1, 0, BASE, T0)]))
+    restarted = table.recovered([0, 1])     # a restarted worker: six-vms recovered from partition 1
+    agent = agent_for(NetperfHandler(), restarted)
     before = moved_total()
-    asyncio.run(agent.run_batch([measured("bench-2", 0, 0, {8: 8.4}, T0 + 7200)]))
-    assert table.partitions_of(KEY) == {0, 1} and (1, KEY, None) not in table.log
+    asyncio.run(agent.run_batch([measured("bench-2", 0, 0, {8: 8.4}, T0 + 7200)]))   # no event of partition 1
+    assert restarted.partitions_of(KEY) == {0, 1} and (1, KEY, None) not in restarted.log
     assert agent.home_moved == 1 and moved_total() == before + 1
     assert agent._home["netperf-detector"]["six-vms"] == 0

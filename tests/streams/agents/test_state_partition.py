@@ -166,25 +166,39 @@ def home_unknown_total() -> float:
     return REGISTRY.get_sample_value("opsloop_stream_state_home_unknown_total", {"agent": AGENT_NAME}) or 0.0
 
 
-def test_after_a_rebalance_a_key_whose_partition_has_no_event_yet_falls_back_counted() -> None:
+def test_a_partition_kept_through_a_rebalance_keeps_its_latest_event() -> None:
     table = ChangelogTable()
     agent = agent_for(FirewallHandler(), table)
     asyncio.run(agent.run_batch([report("hv-c", T0, 1, 0, "base-b")]))
     agent.revoke({0, 1})                                  # Kafka's eager rebalance revokes everything first
     agent.assign({0, 1})                                  # and gives both back
-    assert agent._last == {} and agent._home["firewall-detector"] == {"hv-c": 1}
-    # no event of partition 1 since: hv-c's drift (found by partition 0's records) cannot be written
-    # under its home's event; it is written as before, where it was touched, and counted
+    # partition 0's records find hv-c's drift before partition 1's first batch since the rebalance
+    asyncio.run(agent.run_batch([report("hv-a", T0 + 5, 0, 0, "base-a"), report("hv-b", T0 + 5, 0, 1, "base-a")]))
+    assert drift_open(table[HV_C])
+    assert_every_key_at_home(table)                       # was: hv-c's drift written to partition 0, counted
+    assert agent.home_unknown == 0
+    agent.revoke({0, 1})
+    agent.assign({0})
+    assert set(agent._last) == {0}                        # a partition that left: never written to again
+
+
+def test_a_key_whose_home_partition_has_no_event_yet_falls_back_counted() -> None:
+    table = ChangelogTable()
+    asyncio.run(agent_for(FirewallHandler(), table).run_batch([report("hv-c", T0, 1, 0, "base-b")]))
+    restarted = table.recovered([0, 1])
+    agent = agent_for(FirewallHandler(), restarted)
+    # hv-c's home is known (recovered from partition 1) but no event of partition 1 came yet: its drift,
+    # found by partition 0's records, is written where it was touched, and counted
     before = home_unknown_total()
     asyncio.run(agent.run_batch([report("hv-a", T0 + 5, 0, 0, "base-a"), report("hv-b", T0 + 5, 0, 1, "base-a")]))
-    assert drift_open(table[HV_C]) and table.partitions_of(HV_C) == {0, 1}
+    assert drift_open(restarted[HV_C]) and restarted.partitions_of(HV_C) == {0, 1}
     assert agent.home_unknown == 1 and home_unknown_total() == before + 1
     assert set(agent._last) == {0}
     # partition 1 goes to another worker: hv-c leaves this worker's memory (no tombstone: not ours)
-    written = len(table.log)
+    written = len(restarted.log)
     agent.assign({0})
-    assert HV_C not in table and "hv-c" not in agent._home["firewall-detector"]
-    assert len(table.log) == written
+    assert HV_C not in restarted and "hv-c" not in agent._home["firewall-detector"]
+    assert len(restarted.log) == written
 
 
 def test_a_restarted_worker_writes_a_silent_key_to_the_partition_it_recovered_it_from() -> None:

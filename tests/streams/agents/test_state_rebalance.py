@@ -116,7 +116,9 @@ def test_a_key_written_elsewhere_for_want_of_its_homes_event_stays_while_its_hom
     async def run() -> None:
         agent, table = worker()
         await agent.run_batch([report("hv-c", T0, 1, 0, "base-b")])            # hv-c's home: partition 1
-        await rebalance(agent, table, {0, 1}, {0, 1}, [])                       # no event of partition 1 since
+        hv_c = dict(table[HV_C])
+        await rebalance(agent, table, {0, 1}, {0}, [])
+        await rebalance(agent, table, {0}, {0, 1}, [Recovered(HV_C, hv_c, 1)])   # back: no event of it yet
         await agent.run_batch([report("hv-a", T0 + 5, 0, 0, "base-a"), report("hv-b", T0 + 5, 0, 1, "base-a")])
         assert drift_open(table[HV_C]) and agent.home_unknown == 1              # written under partition 0's event
         await rebalance(agent, table, {0, 1}, {1}, [])                          # partition 0 goes, hv-c's home stays
