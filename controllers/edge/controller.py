@@ -135,6 +135,12 @@ class ControllerSettings(BaseModel):
     ramp_threshold: float = Field(default=0.015, ge=0.0, le=1.0)  # relative rise per interval
     # the per-interval noise of one edge's measured demand at least (a ramp must clear it)
     ramp_noise_floor: float = Field(default=0.02, ge=0.0, le=1.0)
+    # a step of demand seen in one interval's mean: the level planned is prev + this × the rise
+    # (the step came on average mid-interval, and the clients take a while to reach it: a third
+    # of the interval seen of it covers a step in the interval's first two thirds); 1 = off
+    step_extrapolation: float = Field(default=3.0, ge=1.0, le=10.0)
+    # a step: a rise beyond this many sd of one interval's change of an edge's demand (its noise)
+    step_sigmas: float = Field(default=4.0, ge=1.0, le=20.0)
     # a returning origin (HAProxy slowstart, Envoy outlier-ejection back-off): held down for
     # hold_down_intervals × backoff^(flaps-1) (≤ hold_down_max_intervals), then its capacity ramps
     # in over slowstart_intervals; its flap count is forgotten after it stayed up that long
@@ -488,6 +494,10 @@ class EdgeController(Controller):
         self._sigma = np.zeros(n_edges)  # per-interval noise of log-demand (peak-held)
         self._uplift = np.zeros(n_edges)  # the plan's uplift at the last tick (rate-limited)
         self._rising = np.zeros(n_edges, dtype=bool)  # a ramp seen at the last tick
+        # a step seen in the last interval's mean (its level extrapolated), and the estimate
+        # without that extrapolation
+        self._stepped = np.zeros(n_edges, dtype=bool)
+        self._unstepped = np.zeros(n_edges)
         # the clients' elasticity as seen across our own big moves, per edge (latest few)
         self._elasticity_obs: list[deque[float]] = [deque(maxlen=5) for _ in range(n_edges)]
         self._z = NormalDist().inv_cdf(s.demand_quantile)
@@ -571,11 +581,34 @@ class EdgeController(Controller):
         is measurement noise (one high draw shed ~10 points that the next intervals took back).
         An origin whose slowdown was never seen (or telemetry without response times) is
         believed on its reading alone, as before."""
+        self._over_service = np.where(over, np.maximum(self._over_service, self._service_now),
+                                      self._over_service)
+        return over & ~self._over_last & self._answered_unloaded()
+
+    def _answered_unloaded(self) -> np.ndarray:
+        """[O]: origins seen to slow down when overloaded that answered at their unloaded speed
+        all through the last interval (so were within capacity all through it)."""
         now, base = self._service_now, self._service_base
-        self._over_service = np.where(over, np.maximum(self._over_service, now), self._over_service)
         shows_overload = self._over_service > base * 1.01 + 1e-9
         unloaded = now <= base * (1 + 1e-4) + 1e-9  # any overload in the interval slows it
-        return over & ~self._over_last & shows_overload & unloaded
+        return shows_overload & unloaded
+
+    def _drop_contradicted_steps(self, estimate: np.ndarray, capacity: np.ndarray,
+                                 healthy: np.ndarray) -> np.ndarray:
+        """A step whose reading alone puts an origin over capacity while that origin answered
+        at its unloaded speed all interval is the origin's measurement noise (see
+        :meth:`_noise_only`), not a step: planned on the level measured."""
+        if not self._stepped.any() or self._service_now is None or self.weights is None:
+            return estimate
+        read = (self.weights * self._unstepped[:, None]).sum(axis=0)
+        contradicted = healthy & (read > capacity + 1e-9) & self._answered_unloaded()
+        drop = self._stepped & (self.weights[:, contradicted] > self.settings.deadband).any(axis=1)
+        if not drop.any():
+            return estimate
+        self._stepped = self._stepped & ~drop
+        estimate = np.where(drop, self._unstepped, estimate)
+        self._set_scale(estimate)
+        return estimate
 
     def _demand_estimate(self, measured: np.ndarray, row_latency: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -701,6 +734,8 @@ class EdgeController(Controller):
             # the end of the next interval: 1.5 intervals of the ramp ahead
             estimate = estimate + np.where(rising, slope, 0.0)
         self._rising = rising
+        plain = estimate
+        estimate, stepped = self._step_level(hist, logs, changes, sigma, estimate, rising)
         if len(changes) >= 5:
             uplift = np.clip(self._z * sigma - s.headroom, 0.0, s.max_uplift)
             # σ read off a few draws jumps (0.008 early, 0.15 late for a true 0.10): the uplift
@@ -716,8 +751,42 @@ class EdgeController(Controller):
             step = hist[-1] > level * (1.0 + 3.0 * sigma)
             calm_estimate = np.maximum(level, estimate - hist[-s.demand_window:].max(axis=0)
                                        + level)  # keeps the ramp's slope
-            estimate = np.where(noisy & ~step & ~rising, calm_estimate, estimate)
+            estimate = np.where(noisy & ~step & ~rising & ~stepped, calm_estimate, estimate)
+            plain = np.where(noisy & ~step & ~rising, calm_estimate, plain)
+        self._unstepped = plain * (1.0 + uplift)
         return estimate * (1.0 + uplift), uplift, rising
+
+    def _step_level(self, hist: np.ndarray, logs: np.ndarray, changes: np.ndarray,
+                    sigma: np.ndarray, estimate: np.ndarray, rising: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """(estimate, stepped): an edge whose demand rose as a *step* in the last interval is
+        planned on ``prev + step_extrapolation × rise``. The measurement is the interval's mean:
+        a step that came mid-interval shows about half its rise there (less, as the clients take
+        a while to reach it), and the origins carry the whole of it until the next tick. A step:
+        a rise over the level of the 3 intervals before (log-demand corrected for the latency our
+        weights gave; not over a big move of ours) beyond ``step_sigmas`` sd of one interval's
+        change (σ√2, σ at least ``ramp_noise_floor``; the level's own noise is less), after two
+        calm intervals (each within 2 sd), not on a ramp, and only once σ is known (a few early
+        noisy draws read as steps). The next tick
+        measures the full level: a step that came at the interval's start shows no further rise,
+        and the plan relaxes back."""
+        s = self.settings
+        stepped = np.zeros(len(estimate), dtype=bool)
+        if s.step_extrapolation > 1.0 and len(changes) >= 5:
+            floor = np.maximum(sigma, s.ramp_noise_floor)
+            rise = logs[-1] - logs[-4:-1].mean(axis=0)
+            with np.errstate(invalid="ignore"):  # NaN: an interval of a big move of ours
+                # judged against a calm level: the two intervals before moved within 2 sd
+                # (not a ramp under way, a flap's dip and recovery, or a big move of ours)
+                calm = (np.abs(changes[-3:-1]) <= 2.0 * math.sqrt(2.0) * floor).all(axis=0)
+                stepped = ~np.isnan(changes[-1]) & calm \
+                    & (rise > s.step_sigmas * math.sqrt(2.0) * floor) & ~rising & ~self._stepped
+            prev = hist[-4:-1].mean(axis=0)
+            stepped &= hist[-1] > prev
+            level = prev + s.step_extrapolation * (hist[-1] - prev)
+            estimate = np.where(stepped, np.maximum(estimate, level), estimate)
+        self._stepped = stepped
+        return estimate, stepped
 
     def _plan(self, estimate: np.ndarray, capacity: np.ndarray, latency: np.ndarray,
               healthy: np.ndarray, headroom: float, fixed: np.ndarray | None = None):
@@ -788,6 +857,12 @@ class EdgeController(Controller):
         pinned, _ = self._plan(estimate, capacity, latency, plan_healthy, headroom, fixed)
         return pinned.weights if pinned.status == "optimal" else sol.weights
 
+    def _set_scale(self, estimate: np.ndarray) -> None:
+        """The ramp/step/variability factor of ``estimate`` over the window's largest
+        measurement: the predictions from each measurement's own latency carry it."""
+        raw = np.stack(list(self._demand_history)[-self.settings.demand_window:]).max(axis=0)
+        self._scale = np.divide(estimate, raw, out=np.ones_like(estimate), where=raw > _EPS)
+
     def _propose(self, obs: Observation) -> Proposal:
         s = self.settings
         measured = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
@@ -797,10 +872,7 @@ class EdgeController(Controller):
         in_force = self._latency_now(latency) if self.weights is not None \
             else np.ones(len(measured))
         estimate, uplift, rising = self._demand_estimate(measured, in_force)
-        # the ramp/variability factor of the estimate over the window's largest measurement: the
-        # predictions from each measurement's own latency carry it
-        raw = np.stack(list(self._demand_history)[-s.demand_window:]).max(axis=0)
-        self._scale = np.divide(estimate, raw, out=np.ones_like(estimate), where=raw > _EPS)
+        self._set_scale(estimate)
         capacity = np.asarray(obs.capacity, dtype=float)
         healthy = np.asarray(obs.healthy, dtype=bool)
         # hold-down: a returning origin is planned as absent, then with a ramping capacity;
@@ -820,8 +892,18 @@ class EdgeController(Controller):
             plan_healthy |= rescue
             usable_fraction = np.where(rescue, 1.0, usable_fraction)
         plan_capacity = capacity * np.where(plan_healthy, usable_fraction, 1.0)
+        estimate = self._drop_contradicted_steps(estimate, capacity, healthy)
         solution, planned = self._plan(estimate, plan_capacity, plan_latency, plan_healthy,
                                        s.headroom)
+        if solution.status == "shed" and self._stepped.any():
+            # a shortfall shares the excess in proportion to what each edge sends: a step's
+            # extrapolated level (a guess) would skew the shares, so it is planned on the level
+            # measured, as a shortfall is (no relief to expect either)
+            estimate = self._unstepped
+            self._stepped = np.zeros_like(self._stepped)
+            self._set_scale(estimate)
+            solution, planned = self._plan(estimate, plan_capacity, plan_latency, plan_healthy,
+                                           s.headroom)
         target = solution.weights
         if self.weights is None:  # first decision: nothing to damp against
             return Proposal.of(target, solution, estimate, f"initial assignment ({solution.status})")
@@ -847,7 +929,10 @@ class EdgeController(Controller):
         # and an origin slowed down by it hides part of its demand from the reading
         slowed = np.zeros_like(over) if self._service_now is None else \
             self._service_now > self._service_base * (1 + s.hot_margin) + 1e-9
-        hot = over & ((load > capacity * (1 + s.hot_margin) + 1e-9) | self._over_last | slowed)
+        # (a step's extrapolated load is no noisy reading: beyond the noise by construction)
+        stepping = ((current * self._stepped[:, None]) > s.deadband).any(axis=0)
+        hot = over & ((load > capacity * (1 + s.hot_margin) + 1e-9) | self._over_last | slowed
+                      | stepping)
         self._over_last = over
         if solution.status == "shed":
             # a shortfall: every origin is over capacity by design; an origin is hot only when

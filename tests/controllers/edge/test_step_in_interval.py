@@ -1,0 +1,88 @@
+"""A demand step seen in one interval's mean (issue 15): the measurement is the interval's mean, so
+the first tick after a step that came mid-interval reads part of it; the controller plans on the
+level the step implies, and only for a rise beyond the noise."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from opsloop.controllers.edge.controller import ControllerSettings, EdgeController, Observation
+
+CAP = [300.0, 1000.0]   # a near origin and a far one
+LAT = [[10.0, 60.0]]
+
+
+def _step(ctrl: EdgeController, demand: float, t: float):
+    return ctrl.step(Observation(now=t, demand=np.array([demand]), capacity=np.array(CAP),
+                                 latency=np.array(LAT), healthy=np.array([True, True])))
+
+
+def _steady(settings: ControllerSettings | None = None, level: float = 150.0, ticks: int = 8):
+    """A controller after ``ticks`` intervals of steady demand on the near origin."""
+    ctrl = EdgeController(1, 2, settings, initial=[[1.0, 0.0]])
+    for k in range(ticks):
+        _step(ctrl, level, 15.0 * k)
+    return ctrl
+
+
+def test_a_step_seen_in_part_is_shed_on_the_level_it_implies():
+    # 150 -> 210: a third of a step to 330 (above the near origin's 300), the rest came in the
+    # interval's last part; the origins carry all of it until the next tick
+    ctrl = _steady()
+    d = _step(ctrl, 210.0, 120.0)
+    assert d.demand_estimate[0] >= 150 + 3 * 60 - 1e-6
+    assert d.weights[0, 0] * 330 <= 300  # shed at once, jointly with its headroom
+    assert "shed" in d.reason
+    # without the extrapolation the reading (210, 70 % of the near origin) moves nothing
+    off = _steady(ControllerSettings(step_extrapolation=1.0))
+    assert _step(off, 210.0, 120.0).weights[0, 0] == 1.0
+
+
+def test_a_step_that_came_at_the_interval_start_lets_the_plan_relax_back():
+    ctrl = _steady()
+    shed = _step(ctrl, 210.0, 120.0).weights[0, 0]
+    d = _step(ctrl, 210.0, 135.0)  # no further rise: the step was all there
+    assert d.demand_estimate[0] < 215  # planned on what is measured, not extrapolated again
+    assert d.target[0, 0] == 1.0       # everything fits on the near origin again
+    assert d.weights[0, 0] > shed       # and the traffic moves back
+
+
+def test_a_rise_within_the_noise_is_no_step():
+    # +8 %: within 4 sd of one interval's change (σ at least 2 %): not extrapolated
+    ctrl = _steady()
+    d = _step(ctrl, 162.0, 120.0)
+    assert d.demand_estimate[0] <= 162 * 1.05
+    assert d.weights[0, 0] == 1.0
+
+
+def test_a_high_draw_of_noisy_demand_is_no_step():
+    # demand noise of ~10 % per interval: a +35 % draw is within its noise, not a step
+    rng = np.random.default_rng(7)
+    ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
+    for k in range(14):
+        _step(ctrl, 150.0 * (1 + 0.10 * rng.standard_normal()), 15.0 * k)
+    d = _step(ctrl, 150.0 * 1.35, 15.0 * 14)
+    assert not ctrl._stepped.any()
+    assert d.demand_estimate[0] < 150 + 3 * 0.35 * 150 - 1  # not the extrapolated level
+
+
+def test_a_step_down_is_not_extrapolated():
+    ctrl = _steady(level=250.0)
+    d = _step(ctrl, 180.0, 120.0)
+    # a fall is seen after the window (2 intervals): the estimate stays at the level before
+    assert 245.0 <= d.demand_estimate[0] <= 260.0
+    assert not ctrl._stepped.any()
+
+
+def test_a_step_into_a_shortfall_is_shared_on_the_level_measured():
+    # two edges at 250 each on 300 + 300: edge 0 reads 400 (a step), 650 in all: a shortfall.
+    # Its extrapolated 700 would give edge 0 a larger part of the excess than it sends; the
+    # excess is shared on what the edges send, as in any shortfall
+    cap, lat = np.array([300.0, 300.0]), np.array([[10.0, 30.0], [30.0, 10.0]])
+    ctrl = EdgeController(2, 2, initial=[[1.0, 0.0], [0.0, 1.0]])
+    for k in range(8):
+        ctrl.step(Observation(now=15.0 * k, demand=np.array([250.0, 250.0]), capacity=cap,
+                              latency=lat, healthy=np.array([True, True])))
+    d = ctrl.step(Observation(now=120.0, demand=np.array([400.0, 250.0]), capacity=cap,
+                              latency=lat, healthy=np.array([True, True])))
+    assert d.demand_estimate[0] < 450  # not 250 + 3 x 150 = 700
