@@ -55,8 +55,10 @@ _PREFIX_TOPIC: tuple[tuple[str, Topic], ...] = (
 
 # Tag that overrides routing (Telegraf: set it in [inputs.X.tags] and use it as outputs.kafka topic_tag).
 TOPIC_TAG = "opsloop_topic"
-# Tags that identify the series' source, in order of preference, for the record key.
-KEY_TAGS = ("host", "edge", "server", "hypervisor", "target_set", "instance")
+# Tags that identify the series' source, in order of preference, for the record key. A netperf target
+# set first: its state (baseline, open drop) is per set while any host may measure it, and keyed by the
+# host a set measured from another host came from another partition, its state living in two.
+KEY_TAGS = ("target_set", "host", "edge", "server", "hypervisor", "instance")
 
 
 def topic_for(name: str, tags: Mapping[str, str]) -> Topic:

@@ -79,6 +79,8 @@ def test_routing_and_keys() -> None:
     with pytest.raises(WireError, match="not a known topic"):
         topic_for("custom", {"opsloop_topic": "nope"})
     assert series_key("x", {"edge": "ams", "instance": "i"}) == "ams"
+    # a netperf set's records share one partition whichever host measured it (its detector state is per set)
+    assert {series_key("netperf_throughput", {"host": h, "target_set": "six-vms"}) for h in ("b1", "b2")} == {"six-vms"}
     groups = group_by_route([metric("haproxy", {"a": 1}, {"host": h}, TS) for h in "abab"])
     assert {k: len(v) for k, v in groups.items()} == {(Topic.LB, "a"): 2, (Topic.LB, "b"): 2}
 

@@ -63,7 +63,7 @@ def test_parallel_streams_summed_and_repeated(netservers: list[Server]) -> None:
     rnd = c.collect()
     assert rnd.errors == []
     [s] = only(rnd, SET_METRIC)
-    assert list(s.tags)[0] == "host" and s.key == "bench-01" and s.topic == Topic.NETPERF
+    assert list(s.tags)[0] == "host" and s.key == "lo" and s.topic == Topic.NETPERF   # keyed by its set (opsloop.topics.KEY_TAGS)
     assert s.tags == {"host": "bench-01", "target_set": "lo", "driver": "netperf", "test": "TCP_STREAM",
                       "queues": "8", "kernel": "6.1"}
     f = s.fields

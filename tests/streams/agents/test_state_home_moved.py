@@ -1,7 +1,9 @@
 """A detector key whose records move to another partition: its state moves with them, in one copy.
 
-The netperf detector's state key is the target set, while its records are keyed by the measuring host
-(opsloop.topics.series_key): a set measured from another host comes from another partition. The agent
+The netperf detector's state key is the target set, while its records were keyed by the measuring host
+(opsloop.topics.series_key; now by the set, so this takes a key whose records really change partition,
+as a partition count change or an older worker's records do): a set measured from another host came
+from another partition. The agent
 wrote the state to the new partition and left the old copy in the old one for good, so a restart that
 recovered the old partition last brought back the state from before the move (a cleared drop open again,
 re-published after refresh_s, and the old baseline).
