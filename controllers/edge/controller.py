@@ -685,6 +685,10 @@ class EdgeController(Controller):
                 & (mean_change > 2.5 * math.sqrt(2.0) * np.maximum(sigma, s.ramp_noise_floor) / 3.0) \
                 & steady3
             mean_rise, last_rise = (hist[-1] - hist[-4]) / 3, hist[-1] - hist[-2]
+            # the clients' own rise: raw rises over intervals of our sheds (traffic moved
+            # farther, elastic clients slowing) understate the ramp
+            own = np.diff(raw_logs + self._elasticity_seen() * log_latency, axis=0)[-3:].mean(axis=0)
+            mean_rise = np.maximum(mean_rise, hist[-1] * np.expm1(own))
             slope = np.where(last3[-1] >= mean_change / 3, mean_rise,
                              np.minimum(mean_rise, last_rise))
             # a fast ramp is over before it rose three times: two steady rises, each well above
