@@ -86,3 +86,25 @@ def test_a_step_into_a_shortfall_is_shared_on_the_level_measured():
     d = ctrl.step(Observation(now=120.0, demand=np.array([400.0, 250.0]), capacity=cap,
                               latency=lat, healthy=np.array([True, True])))
     assert d.demand_estimate[0] < 450  # not 250 + 3 x 150 = 700
+
+
+def test_a_step_the_origins_response_time_contradicts_is_noise():
+    # near was seen slowing down when overloaded; later a reading that alone puts it over
+    # capacity while it answered at its unloaded speed all interval is its measurement noise:
+    # no step extrapolated from it (nor anything shed)
+    cap, lat = np.array([400.0, 1000.0]), np.array([[10.0, 60.0]])
+    ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
+
+    def tick(demand: float, t: float, near_ms: float):
+        return ctrl.step(Observation(now=t, demand=np.array([demand]), capacity=cap, latency=lat,
+                                     healthy=np.array([True, True]),
+                                     origin_latency_ms=np.array([near_ms, 5.0])))
+    for k in range(4):
+        tick(300.0, 15.0 * k, 5.0)
+    assert "shed" in tick(450.0, 60.0, 15.0).reason
+    for k in range(5, 25):
+        settled = tick(300.0, 15.0 * k, 5.0)
+    assert settled.weights[0, 0] == 1.0
+    d = tick(404.0, 15.0 * 25, 5.0)
+    assert d.demand_estimate[0] < 420  # not 300 + 3 x 104
+    np.testing.assert_array_equal(d.weights, settled.weights)
