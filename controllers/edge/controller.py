@@ -19,7 +19,13 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    (its noise ~1/√E of one edge's; one edge surging leaves it flat) make a ramp common to them:
    every edge not clearly falling gets that rise, though its own may hide in its noise; so do
    three positive median rises, none a step, whose mean clears the threshold and 3 sd of its
-   noise (σ at least ``ramp_noise_floor``, 2 %: a few early draws read it low). The *variability* of the clients' own demand (measurements
+   noise (σ at least ``ramp_noise_floor``, 2 %: a few early draws read it low). The ramp's rise
+   is the larger of the raw one and the clients' own (corrected by the elasticity seen: our
+   sheds slow elastic clients and hide part of it). A *step* seen in part in one interval's
+   mean (a rise beyond 4 sd of the noise over a calm level) is planned for one tick on
+   level + ``step_extrapolation`` (3) × the rise, an origin over capacity on it hot at once
+   (:meth:`EdgeController._step_level`; not in a shortfall, nor when the origin's response time
+   contradicts the reading). The *variability* of the clients' own demand (measurements
    corrected for the latency our weights gave them, so our own moves are not read as noise) is
    the median absolute deviation of second differences of log-demand (a step or a ramp leaves it
    alone), held at its peak and decaying slowly; the plan covers the ``demand_quantile`` (95 %)
