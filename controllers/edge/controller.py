@@ -692,9 +692,13 @@ class EdgeController(Controller):
                 & steady3
             mean_rise, last_rise = (hist[-1] - hist[-4]) / 3, hist[-1] - hist[-2]
             # the clients' own rise: raw rises over intervals of our sheds (traffic moved
-            # farther, elastic clients slowing) understate the ramp
-            own = np.diff(raw_logs + self._elasticity_seen() * log_latency, axis=0)[-3:].mean(axis=0)
-            mean_rise = np.maximum(mean_rise, hist[-1] * np.expm1(own))
+            # farther, elastic clients slowing) understate the ramp; only once σ is known and for
+            # demand the headroom's noise allowance covers (on noisy demand our moves follow
+            # draws, and the correction amplifies them)
+            if len(changes) >= 5:
+                own = np.diff(raw_logs + self._elasticity_seen() * log_latency, axis=0)[-3:].mean(axis=0)
+                quiet = self._uplift <= s.noisy_uplift
+                mean_rise = np.where(quiet, np.maximum(mean_rise, hist[-1] * np.expm1(own)), mean_rise)
             slope = np.where(last3[-1] >= mean_change / 3, mean_rise,
                              np.minimum(mean_rise, last_rise))
             # a fast ramp is over before it rose three times: two steady rises, each well above
