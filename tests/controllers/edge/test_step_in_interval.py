@@ -1,4 +1,4 @@
-"""A demand step seen in one interval's mean (issue 15): the measurement is the interval's mean, so
+"""A demand step seen in one interval's mean: the measurement is the interval's mean, so
 the first tick after a step that came mid-interval reads part of it; the controller plans on the
 level the step implies, and only for a rise beyond the noise."""
 
