@@ -1,9 +1,10 @@
-"""Held-out-like scenarios for the edge controller: random but realistic scenarios of the eight kinds
-the control law is judged on (the US/EU experiment of "Building A Smarter AWS Global Accelerator",
-origin failure and recovery, a mesh at peak, demand above all capacity, a surge at one edge, demand
-noise near capacity, a flapping origin, capacity halved), drawn from a seed, built and validated through the simulator's own scenario schema, run with ``ours`` and the
-fixed-step baselines (as is and with our headroom) and judged by the simulator's verdict. None of these
-scenarios was tuned on: a check of generality beside the shipped scenarios and robustness variants.
+"""Held-out-like scenarios for the edge controller: random but realistic scenarios of the eight kinds the
+control law is judged on (the US/EU experiment of "Building A Smarter AWS Global Accelerator", origin
+failure and recovery, a mesh at peak, demand above all capacity, a surge at one edge, demand noise near
+capacity, a flapping origin, capacity halved), drawn from a seed, built and validated through the
+simulator's own scenario schema, run with ``ours`` and the fixed-step baselines (as is and with our
+headroom) and judged by the simulator's verdict. None of these scenarios was tuned on: a check of
+generality beside the shipped scenarios and robustness variants.
 
 Prints one line per run (kind, index, ok/MISS, judged overload-seconds of ours and of both baselines,
 mean latency against each baseline, the verdict's reasons), then a table per kind: ours meeting every
