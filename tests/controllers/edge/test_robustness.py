@@ -43,6 +43,11 @@ KNOWN_MISSES: dict[str, set[str]] = {
     # at the peak, relax steps of ~3 points of one edge's weights toward a target that moves
     # with the 2 % measurement noise swing a small origin (180 req/s) by 7.1 % of its capacity
     "mesh_three_by_five_ramp": {"load oscillates"},
+    # the shipped shortfall with closed-loop clients: after "demand back" relax steps move e2
+    # back onto b while its clients speed up; the plan's noisy-demand level mixes draws taken
+    # before those moves (far weights, slower clients), so the worst-case prediction runs low:
+    # b 1.00-1.04, shed, relax again (weights 6.7 points, load 14.5 %, 69 s over capacity)
+    "shortfall_closed_loop": {"weights oscillate", "load oscillates", "overload-seconds"},
     # nearly open-loop clients, 110 req/s beyond the US cap: moved 70-95 ms away within 2
     # intervals (no overload; the baselines 585 s over capacity): latency 1.22x / 1.18x
     "useu_low_elasticity": {"mean latency"},
