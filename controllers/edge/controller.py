@@ -22,7 +22,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    noise (σ at least ``ramp_noise_floor``, 2 %: a few early draws read it low). The *variability* of the clients' own demand (measurements
    corrected for the latency our weights gave them, so our own moves are not read as noise) is
    the median absolute deviation of second differences of log-demand (a step or a ramp leaves it
-   alone), held at its peak and decaying slowly; the plan covers the ``demand_quantile`` (95 %)
+   alone; a step beyond 25 % and 4σ and the clients' lag that carries it into the next interval
+   are left out, as with few draws between our moves they set it), held at its peak and decaying slowly; the plan covers the ``demand_quantile`` (95 %)
    of it: demand × (1 + max(0, z·σ − headroom)), that uplift moving by at most
    ``uplift_rate`` (2 points) per interval, as σ read off a few draws jumps. When that uplift is clear (``noisy_uplift``),
    the window's mean level replaces the max of the last draws (unless a draw is beyond 3σ), so
@@ -628,8 +629,21 @@ class EdgeController(Controller):
         # σ: the per-interval noise of log-demand, from the median absolute deviation of second
         # differences (var = 6σ² for white noise; a step or a steady ramp leaves it alone)
         sigma = np.zeros(len(measured))
+        # a demand step (a change beyond 25 % and 4σ, the next interval moving the same way by
+        # less than half: the clients' lag carrying it on) is no noise, nor is that lag: with
+        # few draws between our moves, the pair (-0.47, -0.12 after a step back to base demand)
+        # read as σ 5 %, and the plan went on the noisy window's level (a mix of draws from
+        # before our relax steps) and overfilled an origin. A noisy draw is taken back; and
+        # before σ was first read (a few draws) no change is told from noise
+        c = np.nan_to_num(changes)
+        bar = np.where(self._sigma > 0, np.maximum(0.25, 4.0 * self._sigma), np.inf)
+        steps = np.zeros(changes.shape, dtype=bool)
+        steps[:-1] = (np.abs(c[:-1]) > bar[None, :]) & (
+            np.sign(c[1:]) == np.sign(c[:-1])) & (np.abs(c[1:]) < 0.5 * np.abs(c[:-1]))
+        steps[1:] |= steps[:-1].copy()
+        for_sigma = np.where(steps, np.nan, changes)
         if len(changes) >= 5:
-            second = np.diff(changes, axis=0)
+            second = np.diff(for_sigma, axis=0)
             valid = (~np.isnan(second)).sum(axis=0) >= 4
             if valid.any():
                 part = second[:, valid]
