@@ -814,7 +814,8 @@ class EdgeController(Controller):
         window = self.settings.demand_window
         samples = np.stack(list(self._demand_history)[-window:])
         seen = np.stack(list(self._latency_history)[-window:])
-        growth = seen / np.maximum(new, _EPS)[None, :]
+        # a round trip is at least 1 ms (0 ms paths answered in 0 ms made the ratio unbounded)
+        growth = np.maximum(seen, 1.0) / np.maximum(new, 1.0)[None, :]
         if self._service_now is not None:
             slowed = self._service_now > self._service_base * (1 + self.settings.hot_margin) + 1e-9
             on_slowed = (((weights > _EPS) | (self.weights > _EPS)) & slowed[None, :]).any(axis=1)
