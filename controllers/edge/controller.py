@@ -28,7 +28,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    contradicts the reading). The *variability* of the clients' own demand (measurements
    corrected for the latency our weights gave them, so our own moves are not read as noise) is
    the median absolute deviation of second differences of log-demand (a step or a ramp leaves it
-   alone), held at its peak and decaying slowly; the plan covers the ``demand_quantile`` (95 %)
+   alone; a step beyond 25 % and 4σ and the clients' lag that carries it into the next interval
+   are left out, as with few draws between our moves they set it), held at its peak and decaying slowly; the plan covers the ``demand_quantile`` (95 %)
    of it: demand × (1 + max(0, z·σ − headroom)), that uplift moving by at most
    ``uplift_rate`` (2 points) per interval, as σ read off a few draws jumps. When that uplift is clear (``noisy_uplift``),
    the window's mean level replaces the max of the last draws (unless a draw is beyond 3σ), so
@@ -43,8 +44,12 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    the demand the clients will send once no origin is overloaded (*rebound*): when the telemetry
    gives origins' response times (``Observation.origin_latency_ms``), each measurement is grown
    from the latency its clients saw to the latency of the same weights at unloaded speed, with
-   the elasticity seen across our own moves (−Δln rate/Δln latency over a move of > 10 %; the
-   worst case ``elasticity`` until one was seen). In a shortfall: on what clients send now.
+   the elasticity seen across our own moves (−Δln rate/Δln latency over a move of > 10 %, not
+   one made while a demand step was still settling; the worst case ``elasticity`` until one was
+   seen). In a shortfall: on what the clients will send at the plan's weights, the origins
+   answering as they do now (damped rounds, as the plan moves the demand; an edge on a slowed
+   origin never planned to send less), so an edge moved far is not put all back on its near
+   origin on the demand it sent from afar.
 4. *Shed jointly and at once.* An origin is *hot* when its offered load at the current weights
    (worst-case prediction) exceeds capacity by ``hot_margin`` (3 %), or exceeds capacity for a
    second interval running, or while its response time is more than that margin above its
@@ -92,7 +97,9 @@ Why it is stable
   plan (95 %) and hot (103 %) is a dead band, moves below ``deadband`` are skipped, and a
   flapping origin earns nothing back until it has stayed healthy.
 * In a shortfall (demand above all healthy capacity) the LP shares the excess proportionally, so
-  every origin carries the same overload factor; no rebound is expected there.
+  every origin carries the same overload factor; no rebound is expected there. It is planned
+  on the demand at its own weights, so the plan does not chase itself (an edge moved far sends
+  less, moved back it sends more).
 """
 
 from __future__ import annotations
@@ -565,8 +572,18 @@ class EdgeController(Controller):
             return
         ours = moves[-1] - moves[-2]
         d_lat = log_latency[-1] - log_latency[-2]
-        d_rate = np.log(np.maximum(hist[-1], 1e-9)) - np.log(np.maximum(hist[-2], 1e-9))
-        for e in np.flatnonzero((np.abs(ours) > 0.1) & (np.sign(ours) == np.sign(d_lat))):
+        log_rate = np.log(np.maximum(hist, 1e-9))
+        d_rate = log_rate[-1] - log_rate[-2]
+        # a demand step still settling when we moved (the interval before rose or fell by more
+        # than 10 % and 3σ with no move of ours) carries on into the move's interval: a step
+        # up read as clients barely slowed by a shed (0.44 for closed-loop ones, and the
+        # shortfall plan then put that edge back on its near origin, overloading it by 68 %)
+        settling = np.zeros(len(hist[-1]), dtype=bool)
+        if len(hist) >= 3:
+            settling = (np.abs(log_latency[-2] - log_latency[-3]) <= 0.1) & (
+                np.abs(log_rate[-2] - log_rate[-3]) > np.maximum(0.1, 3.0 * self._sigma))
+        for e in np.flatnonzero((np.abs(ours) > 0.1) & (np.sign(ours) == np.sign(d_lat))
+                                & ~settling):
             seen = -d_rate[e] / d_lat[e]
             if seen >= 0:
                 self._elasticity_obs[e].append(float(min(seen, self.settings.elasticity)))
@@ -651,8 +668,21 @@ class EdgeController(Controller):
         # σ: the per-interval noise of log-demand, from the median absolute deviation of second
         # differences (var = 6σ² for white noise; a step or a steady ramp leaves it alone)
         sigma = np.zeros(len(measured))
+        # a demand step (a change beyond 25 % and 4σ, the next interval moving the same way by
+        # less than half: the clients' lag carrying it on) is no noise, nor is that lag: with
+        # few draws between our moves, the pair (-0.47, -0.12 after a step back to base demand)
+        # read as σ 5 %, and the plan went on the noisy window's level (a mix of draws from
+        # before our relax steps) and overfilled an origin. A noisy draw is taken back; and
+        # before σ was first read (a few draws) no change is told from noise
+        c = np.nan_to_num(changes)
+        bar = np.where(self._sigma > 0, np.maximum(0.25, 4.0 * self._sigma), np.inf)
+        steps = np.zeros(changes.shape, dtype=bool)
+        steps[:-1] = (np.abs(c[:-1]) > bar[None, :]) & (
+            np.sign(c[1:]) == np.sign(c[:-1])) & (np.abs(c[1:]) < 0.5 * np.abs(c[:-1]))
+        steps[1:] |= steps[:-1].copy()
+        for_sigma = np.where(steps, np.nan, changes)
         if len(changes) >= 5:
-            second = np.diff(changes, axis=0)
+            second = np.diff(for_sigma, axis=0)
             valid = (~np.isnan(second)).sum(axis=0) >= 4
             if valid.any():
                 part = second[:, valid]
@@ -833,11 +863,51 @@ class EdgeController(Controller):
             return sol
 
         sol = plan_on(relieved)
-        if sol.status == "optimal" or np.allclose(relieved, estimate):
+        if sol.status == "optimal":
             return sol, relieved
         # a shortfall: the origins stay loaded, no relief to expect; the excess is shared on
-        # what the clients send now
-        return plan_on(estimate), estimate
+        # what the clients will send at the plan's weights. Elastic clients moved back onto
+        # their near origin speed up, moved off it slow down: planned on what an edge sent
+        # at other weights, the plan put a far-moved edge (sending half as much) all back on
+        # its near origin (overloaded by 68 %, shed again: a different origin every interval)
+        # or kept one moved in by a shed off its near origin (it fell 16 % below the others).
+        # Each recent measurement is taken from the latency its clients saw to the plan's,
+        # the origins answering as they do now; a few damped rounds (the plan moves the demand)
+        demand = estimate
+        sol = sol if np.allclose(relieved, estimate) else plan_on(estimate)
+        if self.weights is None:
+            return sol, demand
+        for _ in range(5):
+            at_plan = self._loaded_demand_at(sol.weights, latency)
+            if np.allclose(at_plan, demand, rtol=0.01, atol=0.0):
+                break
+            demand = np.sqrt(demand * at_plan)
+            sol = plan_on(demand)
+        return sol, demand
+
+    def _loaded_demand_at(self, weights: np.ndarray, latency: np.ndarray) -> np.ndarray:
+        """Demand at ``weights`` with the origins answering as they do now (a shortfall keeps
+        them loaded): each of the last ``demand_window`` measurements taken from the latency its
+        clients saw to the latency at ``weights`` (a rise with the elasticity seen across our own
+        moves, a fall only with one seen); the largest, times the estimate's ramp/variability
+        factor. An edge on an origin slowed
+        by its overload (now or at ``weights``) is never assumed to send less: relieved, that
+        origin answers faster, which the loaded response times do not show."""
+        new = self._mean_latency(weights, latency, self._service_now)
+        window = self.settings.demand_window
+        samples = np.stack(list(self._demand_history)[-window:])
+        seen = np.stack(list(self._latency_history)[-window:])
+        # a round trip is at least 1 ms (0 ms paths answered in 0 ms made the ratio unbounded)
+        growth = np.maximum(seen, 1.0) / np.maximum(new, 1.0)[None, :]
+        if self._service_now is not None:
+            slowed = self._service_now > self._service_base * (1 + self.settings.hot_margin) + 1e-9
+            on_slowed = (((weights > _EPS) | (self.weights > _EPS)) & slowed[None, :]).any(axis=1)
+            growth = np.where(on_slowed[None, :], np.maximum(1.0, growth), growth)
+        # a rise with the elasticity seen (the worst case until one was); a fall only as far as
+        # one was seen (none until then: the worst case for a shortfall is demand that stays)
+        seen_fall = np.array([max(o) if o else 0.0 for o in self._elasticity_obs])
+        eps = np.where(growth >= 1.0, self._elasticity_seen()[None, :], seen_fall[None, :])
+        return self._scale * (samples * growth ** eps).max(axis=0)
 
     def _relieved_demand(self) -> np.ndarray:
         """Per edge: the demand at the weights of each recent measurement were every origin

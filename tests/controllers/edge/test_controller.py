@@ -603,3 +603,54 @@ def test_fuzz_seed116_a_row_with_no_usable_origin_leaves_one_it_has_no_path_to()
     np.testing.assert_allclose(out, [[0.0, 0.0, 1.0]])
     out = enforce_safety([[0.0, 1.0, 0.0]], [[0.0, 1.0, 0.0]], latency, [False, True, False], 0.5)
     np.testing.assert_allclose(out, [[1.0, 0.0, 0.0]])   # nothing reachable held: the nearest
+
+
+def _shortfall_loop(ctl: EdgeController, base, net, capacity, ticks: int, service=10.0):
+    """Closed-loop clients (elasticity 1) of several edges against ``ctl``, origins unloaded:
+    rate = base · (nearest round trip / mean round trip). Returns each tick's load/capacity."""
+    base, net, capacity = (np.asarray(x, float) for x in (base, net, capacity))
+    ref = net.min(axis=1) + service
+    ratios = []
+    for k in range(ticks):
+        w = ctl.weights
+        rate = base * ref / (w * (net + service)).sum(axis=1)
+        ratios.append((w * rate[:, None]).sum(axis=0) / capacity)
+        ctl.step(Observation(now=15.0 * (k + 1), demand=rate, capacity=capacity, latency=net,
+                             healthy=np.ones(len(capacity), bool),
+                             origin_latency_ms=np.full(len(capacity), service)))
+    return ratios
+
+
+def test_a_shortfall_is_planned_on_what_elastic_clients_send_at_the_plans_weights():
+    """Demand above all capacity, an edge half on a far origin sends half its demand: planned on
+    that, its share all went back to its near origin, which its clients then overloaded 2.3x
+    while the other origin ran at 1.0x (then 0.9x / 1.4x and back, for good). Planned on what
+    they send at the plan's weights, both origins carry the common overload factor at once."""
+    ctl = EdgeController(2, 2, initial=[[0.5, 0.5], [0.0, 1.0]])
+    ratios = _shortfall_loop(ctl, base=[200.0, 400.0], net=[[10.0, 60.0], [60.0, 10.0]],
+                             capacity=[100.0, 300.0], ticks=8)
+    for r in ratios[1:]:
+        assert abs(r[0] / r[1] - 1.0) < 0.05, ratios
+
+
+def test_a_demand_step_still_settling_when_we_move_is_not_read_as_the_clients_elasticity():
+    """Demand steps up mid-interval: the first measurement shows part of it, the shed that follows
+    (a move of ours) comes with the rest of the rise. Closed-loop clients read 0.3 from that
+    (−Δln rate / Δln latency); the shortfall plan then put their edge back on its near origin."""
+    ctl = EdgeController(1, 2, initial=[[1.0, 0.0]])
+    lat = np.array([[10.0, 60.0]])
+
+    def tick(k: int, rate: float):
+        return ctl.step(Observation(now=15.0 * k, demand=np.array([rate]),
+                                    capacity=np.array([200.0, 1000.0]), latency=lat,
+                                    healthy=np.array([True, True]),
+                                    origin_latency_ms=np.array([10.0, 10.0])))
+    for k in range(1, 4):
+        tick(k, 150.0)
+    d = tick(4, 230.0)          # part of a step to 300 req/s: shed at once
+    w = d.weights[0, 0]
+    assert w < 0.95
+    mean = w * 20.0 + (1 - w) * 70.0
+    tick(5, 300.0 * 20.0 / mean)  # the rest of the step, at the latency of the shed
+    assert not ctl._elasticity_obs[0]
+    assert ctl._elasticity_seen()[0] == 1.0

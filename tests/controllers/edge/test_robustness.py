@@ -49,6 +49,9 @@ KNOWN_MISSES: dict[str, set[str]] = {
     # at the peak, relax steps of ~3 points of one edge's weights toward a target that moves
     # with the 2 % measurement noise swing a small origin (180 req/s) by 7.1 % of its capacity
     "mesh_three_by_five_ramp": {"load oscillates"},
+    # the shipped shortfall with closed-loop clients: at the start one high draw (+5 %, σ read
+    # 1.5 % for a 2 % noise) moves e2 4 points off b and back: weights 3.1 points (limit 3)
+    "shortfall_closed_loop": {"weights oscillate"},
     # nearly open-loop clients, 110 req/s beyond the US cap: moved 70-95 ms away within 2
     # intervals (no overload; the baselines 585 s over capacity): latency 1.22x / 1.18x
     "useu_low_elasticity": {"mean latency"},
@@ -73,3 +76,17 @@ def test_variant_meets_the_targets_against_both_baselines(name):
         assert any(kind in v for v in ours["violations"]), f"{name}: {kind!r} no longer missed"
     # the safety side holds everywhere, named misses or not
     assert ours["churn"] <= 0.05 and ours["excess_p95"] <= 0.10
+
+
+@pytest.mark.parametrize("seed", [17, 47, 83])
+def test_closed_loop_shortfall_relaxes_back_without_a_limit_cycle(seed):
+    """After "demand back", relax steps move e2 back onto b while its closed-loop clients speed
+    up. The step back (-0.47, then -0.12 as the clients settle) read as demand noise (σ ~5 %),
+    the plan went on the noisy window's level, a mix of draws taken before those moves, and the
+    worst-case prediction ran ~10 % low: b 1.00-1.04, shed, relax again (weights 6.7-10 points,
+    load 15-34 % peak to peak)."""
+    scn = load_scenario(SUITE / "shortfall_closed_loop.yaml").model_copy(update={"seed": seed})
+    summaries, _ = run_scenario(scn, ["ours", "fixed-step", "fixed-step-headroom"])
+    ours = summaries["ours"]
+    assert not [v for v in ours["violations"] if "demand back" in v or "overload" in v], \
+        ours["violations"]
