@@ -55,16 +55,32 @@ def sniff_delimiter(header_line: str) -> str:
     return best if counts[best] else ","
 
 
+def read_header(first: str, columns: Sequence[str] = ()) -> tuple[str, list[str], int, list[tuple[int, str]]]:
+    """(delimiter, header, timestamp column, value columns) of a file's first line."""
+    if not first.strip():
+        raise ReplayError("line 1: empty file, expected a 'timestamp,value[,label]' header")
+    delim = sniff_delimiter(first)
+    header = next(csv.reader([first], delimiter=delim))
+    ti, value_cols = value_columns(header, columns)
+    return delim, header, ti, value_cols
+
+
+def row_values(row: Sequence[str], value_cols: Sequence[tuple[int, str]], named: bool = True) -> list[float | None]:
+    """The values of a row's value columns; a bad one a ValueError naming its column (``named``)."""
+    vals = []
+    for ci, name in value_cols:
+        try:
+            vals.append(parse_value(row[ci]))
+        except ValueError as e:
+            raise ValueError(f"column {name!r}: {e}" if named else e) from None
+    return vals
+
+
 def _read(path: Path, columns: Sequence[str]) -> LabelledFile:
     with path.open(newline="", encoding="utf-8") as f:
-        first = f.readline()
-        if not first.strip():
-            raise ReplayError("line 1: empty file, expected a 'timestamp,value[,label]' header")
-        delim = sniff_delimiter(first)
-        header = next(csv.reader([first], delimiter=delim))
+        delim, header, ti, value_cols = read_header(f.readline(), columns)
         names = [h.strip().lower() for h in header]
         li = next((names.index(n) for n in LABEL_COLUMNS if n in names), None)
-        ti, value_cols = value_columns(header, columns)
         ts: list[float] = []
         chans: list[list[float]] = [[] for _ in value_cols]
         labels: list[int] = []
@@ -76,12 +92,7 @@ def _read(path: Path, columns: Sequence[str]) -> LabelledFile:
                 if len(row) < len(header):
                     raise ValueError(f"expected {len(header)} columns, got {len(row)}")
                 t = parse_timestamp(row[ti])
-                vals = []
-                for k, (ci, name) in enumerate(value_cols):
-                    try:
-                        vals.append(parse_value(row[ci]))
-                    except ValueError as e:
-                        raise ValueError(f"column {name!r}: {e}") from None
+                vals = row_values(row, value_cols)
                 lab = 0
                 if li is not None:
                     text = row[li].strip()

@@ -24,7 +24,7 @@ import sys
 from typing import Iterator, Sequence, TextIO
 
 from .anomaly.model import StreamingDetector
-from .labelled_csv import sniff_delimiter, value_columns
+from .labelled_csv import read_header, row_values
 from .series_text import ReplayError, parse_timestamp, parse_value
 
 __all__ = ["ReplayError", "parse_timestamp", "parse_value", "replay", "main"]
@@ -44,12 +44,7 @@ input:  timestamp,value          output: timestamp,value,score
 
 def replay(src: TextIO, dst: TextIO, skip_bad: bool = False, columns: Sequence[str] = ()) -> tuple[int, int]:
     """Score every row of `src` into `dst`. Returns (rows, skipped)."""
-    first = src.readline()
-    if not first.strip():
-        raise ReplayError("line 1: empty input, expected a 'timestamp,value' header")
-    delim = sniff_delimiter(first)
-    header = next(csv.reader([first], delimiter=delim))
-    ti, cols = value_columns(header, columns)
+    delim, header, ti, cols = read_header(src.readline(), columns)
     need = max([ti, *(i for i, _ in cols)])
     updates = [StreamingDetector().update for _ in cols]
     out = csv.writer(dst, lineterminator="\n")
@@ -65,12 +60,7 @@ def replay(src: TextIO, dst: TextIO, skip_bad: bool = False, columns: Sequence[s
             if len(row) <= need:
                 raise ValueError(f"expected at least {need + 1} columns, got {len(row)}: {delim.join(row)!r}")
             ts = parse_timestamp(row[ti])
-            values = []
-            for i, name in cols:
-                try:
-                    values.append(parse_value(row[i]))
-                except ValueError as e:
-                    raise ValueError(e if single else f"column {name!r}: {e}") from None
+            values = row_values(row, cols, named=not single)
         except ValueError as e:
             if not skip_bad:
                 raise ReplayError(f"line {line_no}: {e}") from None
