@@ -223,16 +223,24 @@ def _edges_and_loads(rng: np.random.Generator, doc: dict[str, Any], n_edges: int
     return _plant(doc, 0.0).loads
 
 
+def _busiest_out(rng: np.random.Generator, doc: dict[str, Any], loads: np.ndarray, n_origins: int,
+                 cap_lo: float, cap_hi: float) -> int:
+    """The busiest origin (the one to fail or flap); capacities set so the others hold 1.15-1.5 x the
+    demand without it."""
+    busiest = int(np.argmax(loads))
+    others = _but(n_origins, busiest)
+    _set_caps(doc, _room(_caps_from_loads(rng, loads, cap_lo, cap_hi), _demand(doc) * rng.uniform(1.15, 1.5),
+                         others, others))
+    return busiest
+
+
 def gen_failure(rng: np.random.Generator, doc: dict[str, Any]) -> str:
     """The busiest origin fails and recovers; the others hold the demand, but not all at the next-nearest:
     moving its traffic there overloads one."""
     n_origins = int(rng.choice([3, 3, 4, 4, 5]))   # with two, the other holds it all: nothing overflows
     n_edges = int(rng.integers(2, 5))
     loads = _edges_and_loads(rng, doc, n_edges, n_origins, int(n_origins >= 4), 0.35, 100.0, 350.0)
-    failed = int(np.argmax(loads))
-    others = _but(n_origins, failed)
-    caps = _room(_caps_from_loads(rng, loads, 0.55, 0.9), _demand(doc) * rng.uniform(1.15, 1.5), others, others)
-    _set_caps(doc, caps)
+    failed = _busiest_out(rng, doc, loads, n_origins, 0.55, 0.9)
     iv = doc["interval_s"]
     k_fail = int(rng.integers(6, 12))
     k_back = k_fail + int(rng.integers(8, 16))
@@ -375,10 +383,7 @@ def gen_flapping(rng: np.random.Generator, doc: dict[str, Any]) -> str:
     few seconds late; the others hold the demand without it."""
     n_edges, n_origins = int(rng.integers(2, 4)), (3 if rng.random() < 0.6 else int(rng.integers(2, 5)))
     loads = _edges_and_loads(rng, doc, n_edges, n_origins, int(n_origins >= 3), 0.15, 100.0, 300.0)
-    flapper = int(np.argmax(loads))
-    others = _but(n_origins, flapper)
-    caps = _room(_caps_from_loads(rng, loads, 0.5, 0.85), _demand(doc) * rng.uniform(1.15, 1.5), others, others)
-    _set_caps(doc, caps)
+    flapper = _busiest_out(rng, doc, loads, n_origins, 0.5, 0.85)
     iv = doc["interval_s"]
     start = _at(rng, iv, int(rng.integers(6, 12)))
     flips = 2 * int(rng.integers(4, 13))   # ends healthy
