@@ -46,7 +46,10 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    from the latency its clients saw to the latency of the same weights at unloaded speed, with
    the elasticity seen across our own moves (−Δln rate/Δln latency over a move of > 10 %, not
    one made while a demand step was still settling; the worst case ``elasticity`` until one was
-   seen). In a shortfall: on what the clients will send at the plan's weights, the origins
+   seen), then on what they will send at the plan's own weights (origins unloaded; a rise with
+   the elasticity seen, a fall only as far as a fit over all our moves, less two standard
+   errors, shows it: noisy open-loop demand shows none), the point where plan and demand agree
+   bracketed and halved a few rounds. In a shortfall: on what the clients will send at the plan's weights, the origins
    answering as they do now (damped rounds, as the plan moves the demand; an edge on a slowed
    origin never planned to send less), so an edge moved far is not put all back on its near
    origin on the demand it sent from afar.
@@ -513,6 +516,9 @@ class EdgeController(Controller):
         self._unstepped = np.zeros(n_edges)
         # the clients' elasticity as seen across our own big moves, per edge (latest few)
         self._elasticity_obs: list[deque[float]] = [deque(maxlen=5) for _ in range(n_edges)]
+        # the same moves as (Δln latency, Δln rate) pairs, for what a plan may count on clients
+        # moved farther to drop (:meth:`_fall_elasticity`)
+        self._fall_obs: list[deque[tuple[float, float]]] = [deque(maxlen=8) for _ in range(n_edges)]
         self._z = NormalDist().inv_cdf(s.demand_quantile)
         self.hold_down = HoldDown(n_origins, s)
         self._over_last = np.zeros(n_origins, dtype=bool)
@@ -578,6 +584,10 @@ class EdgeController(Controller):
         # than 10 % and 3σ with no move of ours) carries on into the move's interval: a step
         # up read as clients barely slowed by a shed (0.44 for closed-loop ones, and the
         # shortfall plan then put that edge back on its near origin, overloading it by 68 %)
+        # for the fall's fit: the rate against the level of the three intervals before, not
+        # the last one alone: we shed on a high reading, and noise's next draw falling back
+        # from it read as clients slowing down (0.6 on open-loop demand)
+        level_change = log_rate[-1] - log_rate[-4:-1].mean(axis=0)
         settling = np.zeros(len(hist[-1]), dtype=bool)
         if len(hist) >= 3:
             settling = (np.abs(log_latency[-2] - log_latency[-3]) <= 0.1) & (
@@ -587,6 +597,27 @@ class EdgeController(Controller):
             seen = -d_rate[e] / d_lat[e]
             if seen >= 0:
                 self._elasticity_obs[e].append(float(min(seen, self.settings.elasticity)))
+            if len(hist) >= 4:
+                self._fall_obs[e].append((float(d_lat[e]), float(level_change[e])))
+
+    def _fall_elasticity(self) -> np.ndarray:
+        """Per edge: how far a plan may count on clients moved to slower origins sending less.
+        The elasticity fitted over all our moves (−ΣΔlnL·Δlnr / ΣΔlnL², Δlnr against the level of
+        the three intervals before the move) less two standard errors (that change carries
+        √(4/3) σ of demand noise, σ at least 2 %), at least 0. On noisy
+        open-loop demand single readings scatter around 0, and the largest (0.6) had a shed
+        plan leave the origin over capacity; closed-loop clients with little noise read ~1."""
+        out = np.zeros(len(self._fall_obs))
+        for e, pairs in enumerate(self._fall_obs):
+            if not pairs:
+                continue
+            d_lat = np.array([p[0] for p in pairs])
+            d_rate = np.array([p[1] for p in pairs])
+            spread = float((d_lat ** 2).sum())
+            fitted = -float((d_lat * d_rate).sum()) / spread
+            se = math.sqrt(4.0 / 3.0) * max(float(self._sigma[e]), 0.02) / math.sqrt(spread)
+            out[e] = float(np.clip(fitted - 2.0 * se, 0.0, self.settings.elasticity))
+        return out
 
     def _observe_service(self, obs: Observation) -> None:
         if obs.origin_latency_ms is None:
@@ -864,7 +895,39 @@ class EdgeController(Controller):
 
         sol = plan_on(relieved)
         if sol.status == "optimal":
-            return sol, relieved
+            if self.weights is None or not any(self._fall_obs):
+                return sol, relieved
+            # clients moved to a farther origin slow down by the elasticity seen across our own
+            # moves: planned on what they sent nearer, a shed moved 12 % of a closed-loop
+            # edge's traffic (20 vs 150 ms) where 3 % relieved the origin, its load fell to
+            # 41 % of capacity and the relax steps back took six intervals. The plan is made
+            # on the demand at its own weights (origins unloaded; a fall only as far as one
+            # was seen). The plan moves the demand the other way (more demand, more moved
+            # away, less sent), so the point where they agree is bracketed per edge and halved
+            # a few rounds; the plan kept is one whose demand covers what the clients send at it
+            at_plan = self._demand_at(sol.weights, latency, self._service_base)
+            covered = at_plan <= relieved * (1 + 1e-9)
+            best = (sol, relieved) if covered.all() else None
+            lo, hi = np.minimum(relieved, at_plan), np.maximum(relieved, at_plan)
+            for _ in range(6):
+                if np.allclose(lo, hi, rtol=0.01, atol=0.0):
+                    break
+                trial_demand = np.sqrt(lo * hi)
+                trial = plan_on(trial_demand)
+                if trial.status != "optimal":
+                    hi = trial_demand
+                    continue
+                covered = self._demand_at(trial.weights, latency, self._service_base) \
+                    <= trial_demand * (1 + 1e-9)
+                hi = np.where(covered, trial_demand, hi)
+                lo = np.where(covered, lo, trial_demand)
+                if covered.all():
+                    best = (trial, trial_demand)
+            if best is None:  # the upper end of the bracket: as near as the rounds came
+                trial = plan_on(hi)
+                best = (trial, hi) if trial.status == "optimal" else (sol, relieved)
+            sol, demand = best
+            return sol, demand
         # a shortfall: the origins stay loaded, no relief to expect; the excess is shared on
         # what the clients will send at the plan's weights. Elastic clients moved back onto
         # their near origin speed up, moved off it slow down: planned on what an edge sent
@@ -893,19 +956,29 @@ class EdgeController(Controller):
         factor. An edge on an origin slowed
         by its overload (now or at ``weights``) is never assumed to send less: relieved, that
         origin answers faster, which the loaded response times do not show."""
-        new = self._mean_latency(weights, latency, self._service_now)
+        return self._demand_at(weights, latency, self._service_now, loaded=True)
+
+    def _demand_at(self, weights: np.ndarray, latency: np.ndarray, service: np.ndarray | None,
+                   loaded: bool = False) -> np.ndarray:
+        """Demand at ``weights`` with the origins answering in ``service`` [O] (see
+        :meth:`_loaded_demand_at`; ``loaded``: a shortfall, where an edge on a slowed origin is
+        never assumed to send less)."""
+        new = self._mean_latency(weights, latency, service)
         window = self.settings.demand_window
         samples = np.stack(list(self._demand_history)[-window:])
         seen = np.stack(list(self._latency_history)[-window:])
         # a round trip is at least 1 ms (0 ms paths answered in 0 ms made the ratio unbounded)
         growth = np.maximum(seen, 1.0) / np.maximum(new, 1.0)[None, :]
-        if self._service_now is not None:
+        if loaded and self._service_now is not None:
             slowed = self._service_now > self._service_base * (1 + self.settings.hot_margin) + 1e-9
             on_slowed = (((weights > _EPS) | (self.weights > _EPS)) & slowed[None, :]).any(axis=1)
             growth = np.where(on_slowed[None, :], np.maximum(1.0, growth), growth)
         # a rise with the elasticity seen (the worst case until one was); a fall only as far as
         # one was seen (none until then: the worst case for a shortfall is demand that stays)
-        seen_fall = np.array([max(o) if o else 0.0 for o in self._elasticity_obs])
+        if loaded:
+            seen_fall = np.array([max(o) if o else 0.0 for o in self._elasticity_obs])
+        else:
+            seen_fall = self._fall_elasticity()
         eps = np.where(growth >= 1.0, self._elasticity_seen()[None, :], seen_fall[None, :])
         return self._scale * (samples * growth ** eps).max(axis=0)
 

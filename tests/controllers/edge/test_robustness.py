@@ -49,9 +49,6 @@ KNOWN_MISSES: dict[str, set[str]] = {
     # at the peak, relax steps of ~3 points of one edge's weights toward a target that moves
     # with the 2 % measurement noise swing a small origin (180 req/s) by 7.1 % of its capacity
     "mesh_three_by_five_ramp": {"load oscillates"},
-    # the shipped shortfall with closed-loop clients: at the start one high draw (+5 %, σ read
-    # 1.5 % for a 2 % noise) moves e2 4 points off b and back: weights 3.1 points (limit 3)
-    "shortfall_closed_loop": {"weights oscillate"},
     # nearly open-loop clients, 110 req/s beyond the US cap: moved 70-95 ms away within 2
     # intervals (no overload; the baselines 585 s over capacity): latency 1.22x / 1.18x
     "useu_low_elasticity": {"mean latency"},

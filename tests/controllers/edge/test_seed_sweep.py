@@ -32,9 +32,6 @@ SEED_MISSES: dict[tuple[str, int], set[str]] = {
                                   "weights oscillate"},
     # x3 at one of three edges: 14 s over capacity against the headroom baseline's 123 s (11 %)
     ("surge_one_edge", 47): {"overload-seconds"},
-    # closed-loop clients, far origin 5x the near one's latency: one share point moves the US
-    # origin's load by ~4 % of its capacity; relax steps of ~2 points swing it by 6.9 % (limit 5)
-    ("us_eu_experiment", 47): {"load oscillates"},
 }
 
 
