@@ -17,6 +17,12 @@ def test_quick_bench_rows():
         assert r["ok"] in (True, False, None)
     objective = [r for r in rows if r["metric"] == "latency-weighted traffic"]
     assert len(objective) == 3 and all(r["ok"] and r["ratio"] <= 1 + 1e-9 for r in objective)
+    # the controller's decision time on a fleet-sized instance, beside one LP solve of it (timed,
+    # so only its shape is asserted here)
+    decision = [r for r in rows if r["benchmark"] == "controller 200x20"]
+    assert [r["metric"] for r in decision] == ["decision time, median interval",
+                                               "decision time, worst interval"]
+    assert all(r["value"] > 0 and r["baseline"] == "one LP solve" for r in decision)
     sim = {r["metric"]: r for r in rows if r["benchmark"] == "sim us_eu_experiment"}
     # simulated seconds, not wall clock: ours reaches capacity faster than the fixed-step baseline
     assert sim["time to capacity+5% (simulated)"]["ratio"] < 1
