@@ -145,7 +145,24 @@ def phase_metrics(scn: Scenario, run: Run, t0: float, t1: float) -> dict[str, An
             "settle_s": settle, "oscillation_weight": osc_w, "oscillation_load": osc_l,
             "churn": float(moved.mean()) if len(moved) else 0.0,
             "overload_s": {o.name: float(v) for o, v in zip(scn.origins, overload)},
-            "feasible": feasible}
+            "feasible": feasible,
+            # request-weighted latency sums, so a comparison can take the same phases of two runs
+            "request_ms": float((run.latency[in_phase] * run.rates[in_phase]).sum() * scn.dt_s),
+            "requests": float(run.rates[in_phase].sum() * scn.dt_s)}
+
+
+def common_feasible_latency(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float]:
+    """Mean latency of two runs' summaries over the phases both ran outside a shortfall. Each
+    run's own feasible phases differ where one relieved the origins (clients moved to a far origin
+    slow down, and the shortfall is gone) and the other kept them overloaded: ours was then judged
+    on the far-moved clients against the baseline's pre-surge start alone (1.90x)."""
+    both = [(p["metrics"], q["metrics"]) for p, q in zip(a["phases"], b["phases"])
+            if p["metrics"]["feasible"] and q["metrics"]["feasible"]]
+
+    def mean(ms: list[dict[str, Any]]) -> float:
+        return sum(m["request_ms"] for m in ms) / max(sum(m["requests"] for m in ms), 1e-9) \
+            if ms else 0.0
+    return mean([p for p, _ in both]), mean([q for _, q in both])
 
 
 def long_enough(scn: Scenario, ph: dict[str, Any]) -> bool:

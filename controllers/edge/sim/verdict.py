@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from opsloop.controllers.edge.sim.metrics import long_enough, phase_bounds, phase_metrics, run_metrics
+from opsloop.controllers.edge.sim.metrics import (common_feasible_latency, long_enough, phase_bounds,
+                                                  phase_metrics, run_metrics)
 from opsloop.controllers.edge.sim.plant import Run, simulate
 from opsloop.controllers.edge.sim.scenario import BASELINES, Scenario, canonical_kind
 
@@ -66,17 +67,18 @@ def compare_with_baselines(scn: Scenario, summary: dict[str, Any],
     summary["baselines"] = {}
     for kind, base in baselines.items():
         base_overload = base["judged_overload_s"]
-        base_ms = base["mean_latency_feasible_ms"]
+        # latency on the phases outside a shortfall in both runs (see common_feasible_latency)
+        ours_ms, base_ms = common_feasible_latency(summary, base)
         allowed = tg.overload_ratio * base_overload + tg.overload_slack_s
         summary["baselines"][kind] = {"overload_s": base_overload,
                                       "mean_latency_ms": base["mean_latency_ms"],
-                                      "mean_latency_feasible_ms": base_ms,
+                                      "mean_latency_feasible_ms": base["mean_latency_feasible_ms"],
+                                      "mean_latency_compared_ms": {"ours": ours_ms, kind: base_ms},
                                       "failed_requests": base["failed_requests"]}
         if ours_overload > allowed + 1e-9:
             summary["violations"].append(
                 f"overload-seconds (judged) {ours_overload:g} > {tg.overload_ratio:g} × {kind}'s "
                 f"{base_overload:g} + {tg.overload_slack_s:g}s")
-        ours_ms, base_ms = summary["mean_latency_feasible_ms"], base["mean_latency_feasible_ms"]
         if ours_ms > tg.latency_ratio * base_ms + 1e-9:
             summary["violations"].append(
                 f"mean latency outside shortfalls {ours_ms:.1f} ms > {tg.latency_ratio:g} × "
