@@ -52,11 +52,11 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                              f"≤ 10 % of baseline{f' + {slack:g}s' if slack else ''}",
                              ours["judged_overload_s"] <= 0.10 * base["judged_overload_s"] + slack
                              + 1e-9))
+            # the verdict's figures: the phases both runs spent outside a shortfall
+            compared = ours["baselines"][kind]["mean_latency_compared_ms"]
             rows.append(_row(bench, f"mean latency (outside shortfalls) vs {kind}",
-                             ours["mean_latency_feasible_ms"], kind,
-                             base["mean_latency_feasible_ms"], "ms", "ratio ≤ 1.10",
-                             ours["mean_latency_feasible_ms"]
-                             <= 1.10 * base["mean_latency_feasible_ms"] + 1e-9))
+                             compared["ours"], kind, compared[kind], "ms", "ratio ≤ 1.10",
+                             compared["ours"] <= 1.10 * compared[kind] + 1e-9))
         fixed = summaries["fixed-step"]
         rows.append(_row(bench, "p95 excess over capacity outside transients",
                          ours["excess_p95"], "fixed-step", fixed["excess_p95"], "fraction",
