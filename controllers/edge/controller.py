@@ -22,7 +22,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    noise (σ at least ``ramp_noise_floor``, 2 %: a few early draws read it low). The ramp's rise
    is the larger of the raw one and the clients' own (corrected by the elasticity seen: our
    sheds slow elastic clients and hide part of it). A *step* seen in part in one interval's
-   mean (a rise beyond 4 sd of the noise over a calm level) is planned for one tick on
+   mean (a rise beyond 4 sd of the noise over a calm level; or on every edge, their mean rise
+   beyond 4 sd of the mean's noise: a listener-wide flash crowd) is planned for one tick on
    level + ``step_extrapolation`` (3) × the rise, an origin over capacity on it hot at once
    (:meth:`EdgeController._step_level`; not in a shortfall, nor when the origin's response time
    contradicts the reading). The *variability* of the clients' own demand (measurements
@@ -854,8 +855,24 @@ class EdgeController(Controller):
                 # judged against a calm level: the two intervals before moved within 2 sd
                 # (not a ramp under way, a flap's dip and recovery, or a big move of ours)
                 calm = (np.abs(changes[-3:-1]) <= 2.0 * math.sqrt(2.0) * floor).all(axis=0)
-                stepped = ~np.isnan(changes[-1]) & calm \
-                    & (rise > s.step_sigmas * math.sqrt(2.0) * floor) & ~rising & ~self._stepped
+                fresh = ~np.isnan(changes[-1]) & calm & ~self._stepped
+                stepped = fresh & (rise > s.step_sigmas * math.sqrt(2.0) * floor) & ~rising
+                # a step common to every edge (a listener-wide flash crowd): their mean rise
+                # carries 1/√E of one edge's noise, so a step landing late in the interval
+                # (a third of it seen) shows there before it clears one edge's bar; the slow
+                # common ramp that rise also reads as would only make room for a few per cent
+                # (and the two intervals before it calm in their mean too, within 2 sd of it and
+                # under a quarter of the last rise: a ramp common to the edges rises as far above
+                # the level by its second or third interval, and read as a step it had the plan
+                # relax back while the ramp went on)
+                n = len(rise)
+                common_sd = math.sqrt(2.0) * float(np.median(floor)) / math.sqrt(n)
+                before = changes[-3:-1].mean(axis=1)
+                if n >= 2 and fresh.all() and (rise > math.sqrt(2.0) * floor).all() \
+                        and (np.abs(before) <= 2.0 * common_sd).all() \
+                        and (before <= 0.25 * changes[-1].mean()).all() \
+                        and rise.mean() > s.step_sigmas * common_sd:
+                    stepped = fresh
             prev = hist[-4:-1].mean(axis=0)
             stepped &= hist[-1] > prev
             level = prev + s.step_extrapolation * (hist[-1] - prev)

@@ -108,3 +108,49 @@ def test_a_step_the_origins_response_time_contradicts_is_noise():
     d = tick(404.0, 15.0 * 25, 5.0)
     assert d.demand_estimate[0] < 420  # not 300 + 3 x 104
     np.testing.assert_array_equal(d.weights, settled.weights)
+
+
+MESH_CAP = np.array([300.0, 300.0, 250.0, 200.0])
+MESH_LAT = np.array([[5.0, 20.0, 50.0, 25.0], [20.0, 6.0, 70.0, 40.0], [50.0, 65.0, 8.0, 35.0]])
+MESH_BASE = np.array([240.0, 260.0, 170.0])
+
+
+def _mesh(rises: list[np.ndarray]):
+    """Three edges each on its own origin (80-87 % full), eight steady intervals, then
+    ``rises`` (one factor per edge per interval); the decision at each of those ticks."""
+    ctrl = EdgeController(3, 4, initial=np.eye(3, 4))
+    healthy = np.ones(4, dtype=bool)
+    for k in range(8):
+        ctrl.step(Observation(now=15.0 * k, demand=MESH_BASE.copy(), capacity=MESH_CAP,
+                              latency=MESH_LAT, healthy=healthy))
+    return ctrl, [ctrl.step(Observation(now=15.0 * (8 + i), demand=MESH_BASE * f,
+                                        capacity=MESH_CAP, latency=MESH_LAT, healthy=healthy))
+                  for i, f in enumerate(rises)]
+
+
+def test_a_step_common_to_every_edge_is_seen_before_it_clears_one_edges_bar():
+    # a listener-wide x1.3 step 6 s before the tick: the interval's mean reads +8 % on every
+    # edge, under one edge's step bar (4 sd of its change, 11 %), far above their mean's noise.
+    # Planned on the level it implies (+24 %), the shed keeps ord and iad within capacity at
+    # x1.3; read as noise (or a slow ramp) nothing moved and both ran at 104-113 % an interval
+    ctrl, (d,) = _mesh([np.full(3, 1.08)])
+    assert ctrl._stepped.all()
+    assert (d.demand_estimate >= MESH_BASE * (1 + 3 * 0.08) - 1e-6).all()
+    load = (d.weights * (MESH_BASE * 1.3)[:, None]).sum(axis=0)
+    assert (load <= MESH_CAP * 1.01).all(), load
+
+
+def test_one_edge_rising_as_much_is_no_common_step():
+    ctrl, (d,) = _mesh([np.array([1.08, 1.0, 1.0])])
+    assert not ctrl._stepped.any()
+    assert (d.demand_estimate <= MESH_BASE * np.array([1.08, 1.0, 1.0]) * 1.05).all()
+
+
+def test_a_common_ramp_is_no_step():
+    # +4 % an interval on every edge: from its second interval on, the reading stands as far
+    # above the level of the three before as a common step does, but the intervals before it
+    # rose too: a ramp, planned a little ahead, not extrapolated threefold (that plan relaxed
+    # back while the ramp went on, and the origins ran over capacity)
+    ctrl, ds = _mesh([np.full(3, 1.04 ** k) for k in (1, 2, 3)])
+    for k, d in enumerate(ds, start=1):
+        assert (d.demand_estimate < MESH_BASE * 1.04 ** k * 1.08).all(), (k, d.demand_estimate)
