@@ -843,32 +843,30 @@ class EdgeController(Controller):
         weights gave; not over a big move of ours) beyond ``step_sigmas`` sd of one interval's
         change (σ√2, σ at least ``ramp_noise_floor``; the level's own noise is less), after two
         calm intervals (each within 2 sd), not on a ramp, and only once σ is known (a few early
-        noisy draws read as steps). The next tick
+        noisy draws read as steps). A step common to every edge (a listener-wide flash crowd) is
+        judged on their mean rise, whose noise is 1/√E of one edge's: a step landing late in the
+        interval shows there before it clears one edge's bar (every edge above 1 sd, the mean
+        above ``step_sigmas`` sd of the mean's noise), after two intervals calm in their mean as
+        well (within 2 sd of it and under a quarter of the last rise: by its second or third
+        interval a common ramp stands as far above the level, and read as a step it had the plan
+        relax back while the ramp went on). The next tick
         measures the full level: a step that came at the interval's start shows no further rise,
         and the plan relaxes back."""
         s = self.settings
         stepped = np.zeros(len(estimate), dtype=bool)
         if s.step_extrapolation > 1.0 and len(changes) >= 5:
-            floor = np.maximum(sigma, s.ramp_noise_floor)
+            change_sd = math.sqrt(2.0) * np.maximum(sigma, s.ramp_noise_floor)  # one interval's
             rise = logs[-1] - logs[-4:-1].mean(axis=0)
             with np.errstate(invalid="ignore"):  # NaN: an interval of a big move of ours
                 # judged against a calm level: the two intervals before moved within 2 sd
                 # (not a ramp under way, a flap's dip and recovery, or a big move of ours)
-                calm = (np.abs(changes[-3:-1]) <= 2.0 * math.sqrt(2.0) * floor).all(axis=0)
+                calm = (np.abs(changes[-3:-1]) <= 2.0 * change_sd).all(axis=0)
                 fresh = ~np.isnan(changes[-1]) & calm & ~self._stepped
-                stepped = fresh & (rise > s.step_sigmas * math.sqrt(2.0) * floor) & ~rising
-                # a step common to every edge (a listener-wide flash crowd): their mean rise
-                # carries 1/√E of one edge's noise, so a step landing late in the interval
-                # (a third of it seen) shows there before it clears one edge's bar; the slow
-                # common ramp that rise also reads as would only make room for a few per cent
-                # (and the two intervals before it calm in their mean too, within 2 sd of it and
-                # under a quarter of the last rise: a ramp common to the edges rises as far above
-                # the level by its second or third interval, and read as a step it had the plan
-                # relax back while the ramp went on)
-                n = len(rise)
-                common_sd = math.sqrt(2.0) * float(np.median(floor)) / math.sqrt(n)
+                stepped = fresh & (rise > s.step_sigmas * change_sd) & ~rising
+                # the common step (docstring)
+                common_sd = float(np.median(change_sd)) / math.sqrt(len(rise))
                 before = changes[-3:-1].mean(axis=1)
-                if n >= 2 and fresh.all() and (rise > math.sqrt(2.0) * floor).all() \
+                if len(rise) >= 2 and fresh.all() and (rise > change_sd).all() \
                         and (np.abs(before) <= 2.0 * common_sd).all() \
                         and (before <= 0.25 * changes[-1].mean()).all() \
                         and rise.mean() > s.step_sigmas * common_sd:
