@@ -19,7 +19,10 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    (its noise ~1/√E of one edge's; one edge surging leaves it flat) make a ramp common to them:
    every edge not clearly falling gets that rise, though its own may hide in its noise; so do
    three positive median rises, none a step, whose mean clears the threshold and 3 sd of its
-   noise (σ at least ``ramp_noise_floor``, 2 %: a few early draws read it low). The ramp's rise
+   noise (σ at least ``ramp_noise_floor``, 2 %: a few early draws read it low); so does a slower
+   one, the least-squares slope of the edges' mean level over ``slow_ramp_readings`` (8) beyond
+   ``slow_ramp_t`` (4) standard errors of the fit, unless a level shift fits the window twice as
+   well (a step). The ramp's rise
    is the larger of the raw one and the clients' own (corrected by the elasticity seen: our
    sheds slow elastic clients and hide part of it). A *step* seen in part in one interval's
    mean (a rise beyond 4 sd of the noise over a calm level; or on every edge, their mean rise
@@ -150,6 +153,10 @@ class ControllerSettings(BaseModel):
     noisy_uplift: float = Field(default=0.03, ge=0.0, le=1.0)
     anticipate_ramp: bool = True
     ramp_threshold: float = Field(default=0.015, ge=0.0, le=1.0)  # relative rise per interval
+    # a slow ramp common to three edges or more: the slope of their mean level over this many
+    # readings, beyond slow_ramp_t standard errors of the fit
+    slow_ramp_readings: int = Field(default=8, ge=4, le=100)
+    slow_ramp_t: float = Field(default=4.0, ge=1.0, le=20.0)
     # the per-interval noise of one edge's measured demand at least (a ramp must clear it)
     ramp_noise_floor: float = Field(default=0.02, ge=0.0, le=1.0)
     # a step of demand seen in one interval's mean: the level planned is prev + this × the rise
@@ -502,7 +509,7 @@ class EdgeController(Controller):
                          initial, origin_names)
         s = self.settings
         self._demand_history: deque[np.ndarray] = deque(
-            maxlen=max(s.demand_window, s.variability_window + 2, 4))
+            maxlen=max(s.demand_window, s.variability_window + 2, s.slow_ramp_readings, 4))
         self._latency_history: deque[np.ndarray] = deque(maxlen=self._demand_history.maxlen)
         # log network latency (+ unloaded response) at the weights in force: our own moves
         self._move_history: deque[np.ndarray] = deque(maxlen=self._demand_history.maxlen)
@@ -799,6 +806,10 @@ class EdgeController(Controller):
                         lifted = ~rising & (last3[-1] > -3.0 * sigma)
                         slope = np.where(lifted, np.expm1(mean3) * hist[-1], slope)
                         rising |= lifted
+                    elif (slow := self._slow_common_ramp(changes, seen)) > 0:
+                        lifted = ~rising & (last3[-1] > -3.0 * sigma)
+                        slope = np.where(lifted, np.expm1(slow) * hist[-1], slope)
+                        rising |= lifted
             # a ramp still rising stays one (hysteresis): a relax step must not undo the room
             # made for it because one rise fell under the bar
             going_on = self._rising & ~rising & (last3[-1] > 0)
@@ -831,6 +842,35 @@ class EdgeController(Controller):
             plain = np.where(noisy & ~step & ~rising, calm_estimate, plain)
         self._unstepped = plain * (1.0 + uplift)
         return estimate * (1.0 + uplift), uplift, rising
+
+    def _slow_common_ramp(self, changes: np.ndarray, seen: np.ndarray) -> float:
+        """The rise per interval (log) of a ramp common to the edges too slow for the three-interval
+        tests, else 0: the least-squares slope of the edges' mean level over the last
+        ``slow_ramp_readings`` readings (the edge rising most left out: one edge surging must not
+        carry the others), above ``ramp_threshold`` and ``slow_ramp_t`` standard errors of the
+        fit's own residuals — not σ, which is held at its peak: a daily peak rising 2 % an
+        interval under 2-4 % measurement noise cleared neither the 3-interval bar nor one built on
+        σ, and the origins ran into capacity before anything moved. A step fits the window as a
+        level shift: when one explains it twice as well as the line, it is a step, not a ramp."""
+        s = self.settings
+        n = s.slow_ramp_readings - 1  # changes in the window
+        if changes.shape[1] < 3 or len(changes) < n:
+            return 0.0
+        # intervals of a big move of ours count with the smaller of the raw and corrected rise
+        window = np.where(np.isnan(changes[-n:]), seen[-n:], changes[-n:])
+        levels = np.vstack([np.zeros(window.shape[1]), np.cumsum(window, axis=0)])
+        level = levels[:, np.argsort(levels[-1])[:-1]].mean(axis=1)
+        x = np.arange(len(level), dtype=float) - (len(level) - 1) / 2.0
+        slope = float((x * level).sum() / (x * x).sum())
+        rss_line = float(((level - level.mean() - slope * x) ** 2).sum())
+        se = math.sqrt(rss_line / (len(x) - 2) / float((x * x).sum()))
+        rss_step = min(float(((level[:k] - level[:k].mean()) ** 2).sum()
+                             + ((level[k:] - level[k:].mean()) ** 2).sum())
+                       for k in range(1, len(level)))
+        if slope > s.ramp_threshold and slope > s.slow_ramp_t * max(se, 1e-4) \
+                and rss_line < 2.0 * rss_step:
+            return slope
+        return 0.0
 
     def _step_level(self, hist: np.ndarray, logs: np.ndarray, changes: np.ndarray,
                     sigma: np.ndarray, estimate: np.ndarray, rising: np.ndarray
