@@ -786,16 +786,14 @@ class EdgeController(Controller):
                 common_sigma = 1.2533 * float(np.median(sigma)) / math.sqrt(last3.shape[1])
                 if (common.min() > 2.0 * s.ramp_threshold and common.min() > 3.0 * common_sigma
                         and common[-1] >= common[0] / 2):
-                    lifted = ~rising & (last3[-1] > -3.0 * sigma)
-                    slope = np.where(lifted, np.expm1(float(common.mean())) * hist[-1], slope)
-                    rising |= lifted
+                    common_rise = float(common.mean())  # per interval (log); 0: no common ramp
                 else:
                     # a slower common ramp: the edges' mean rises over the last three intervals,
                     # the largest left out (one edge surging must not carry the others), their
                     # median above the threshold and 3 sd of its noise, σ at least the
                     # measurement-noise floor (σ read off a few early draws runs low, and noise
                     # then reads as a ramp); the median rise of each interval positive and none
-                    # a step (> 3x their median)
+                    # a step (> 3x their median); slower still: the trend over more readings
                     med = np.median(last3, axis=1)
                     rest = np.sort(last3.mean(axis=0))[:-1]
                     mean3 = float(np.median(rest))
@@ -803,13 +801,13 @@ class EdgeController(Controller):
                         float(np.median(sigma)), s.ramp_noise_floor) / math.sqrt(len(rest))
                     if (mean3 > s.ramp_threshold and mean3 > 3.0 * noise3 and (med > 0).all()
                             and med.max() < 3.0 * float(np.median(med))):
-                        lifted = ~rising & (last3[-1] > -3.0 * sigma)
-                        slope = np.where(lifted, np.expm1(mean3) * hist[-1], slope)
-                        rising |= lifted
-                    elif (slow := self._slow_common_ramp(changes, seen)) > 0:
-                        lifted = ~rising & (last3[-1] > -3.0 * sigma)
-                        slope = np.where(lifted, np.expm1(slow) * hist[-1], slope)
-                        rising |= lifted
+                        common_rise = mean3
+                    else:
+                        common_rise = self._slow_common_ramp(changes, seen)
+                if common_rise > 0:
+                    lifted = ~rising & (last3[-1] > -3.0 * sigma)
+                    slope = np.where(lifted, np.expm1(common_rise) * hist[-1], slope)
+                    rising |= lifted
             # a ramp still rising stays one (hysteresis): a relax step must not undo the room
             # made for it because one rise fell under the bar
             going_on = self._rising & ~rising & (last3[-1] > 0)
@@ -860,6 +858,8 @@ class EdgeController(Controller):
         window = np.where(np.isnan(changes[-n:]), seen[-n:], changes[-n:])
         levels = np.vstack([np.zeros(window.shape[1]), np.cumsum(window, axis=0)])
         level = levels[:, np.argsort(levels[-1])[:-1]].mean(axis=1)
+        # the straight-line fit by hand: np.polyfit(cov=True) scales its covariance by N − 1
+        # for a line (N − 3 in older numpy), not the N − 2 of the slope's standard error
         x = np.arange(len(level), dtype=float) - (len(level) - 1) / 2.0
         slope = float((x * level).sum() / (x * x).sum())
         rss_line = float(((level - level.mean() - slope * x) ** 2).sum())
