@@ -15,7 +15,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    ones; one still rising
    stays a ramp; an interval of a big latency change counts with its smaller reading, raw or
    corrected by the elasticity seen, unless it holds a step) one more interval of it is added; a step (a big rise, then the clients'
-   transient) is not carried on. With three edges or more, two rises of the median across edges
+   transient) is not carried on, nor read as a ramp when the two calm intervals before it
+   happened to rise. With three edges or more, two rises of the median across edges
    (its noise ~1/√E of one edge's; one edge surging leaves it flat) make a ramp common to them:
    every edge not clearly falling gets that rise, though its own may hide in its noise; so do
    three positive median rises, none a step, whose mean clears the threshold and 3 sd of its
@@ -754,11 +755,16 @@ class EdgeController(Controller):
             steady2 = ~(filled[1:][last3[-2:].argmax(axis=0), cols]
                         & (last3[-2:].max(axis=0) > 3.0 * last3[-2:].min(axis=0)))
             mean_change = last3.mean(axis=0)
+            # a step in the last interval after two calm ones (within 2 sd of one interval's
+            # change) is no ramp whatever the signs of the calm two: the step rule takes it
+            change_sd = math.sqrt(2.0) * np.maximum(sigma, s.ramp_noise_floor)
+            step_shape = (np.abs(last3[:2]) <= 2.0 * change_sd).all(axis=0) \
+                & (last3[-1] > s.step_sigmas * change_sd)
             # (σ at least the measurement-noise floor: read off a few draws it runs low, and
             # three noisy draws on one edge then made a ramp that moved its weights)
             rising = (last3 > 0).all(axis=0) & (mean_change > s.ramp_threshold) \
                 & (mean_change > 2.5 * math.sqrt(2.0) * np.maximum(sigma, s.ramp_noise_floor) / 3.0) \
-                & steady3
+                & steady3 & ~step_shape
             mean_rise, last_rise = (hist[-1] - hist[-4]) / 3, hist[-1] - hist[-2]
             # the clients' own rise: raw rises over intervals of our sheds (traffic moved
             # farther, elastic clients slowing) understate the ramp; only once σ is known and for
