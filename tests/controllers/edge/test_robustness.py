@@ -22,14 +22,12 @@ KNOWN_MISSES: dict[str, set[str]] = {
     # origin flapping every 20 s: held down (no failed requests to it: 326 vs 471), 23.8 ms vs
     # the baselines' 21.4 ms mean latency (1.11x; limit 1.10)
     "flap_odd_period": {"mean latency"},
-    # independent draws every interval: 95th-percentile plan; overload 35 s = 32 % of 108 s;
-    # the uplift, rate-limited to 2 points per interval, still moves the weights 3.6 points
-    "noise_closed_loop": {"overload-seconds", "weights oscillate"},
-    # open-loop clients at 95 %: no overload at all, latency 1.11x / 1.11x
-    "noise_three_edges_open_loop": {"mean latency"},
-    # draws held 30 s (two intervals): the plan chases them; weights swing 13.8 points,
-    # overload 99 s = 30 % / 47 % of 325 s / 210 s, latency 1.11x / 1.09x
-    "noise_two_edges": {"weights oscillate", "overload-seconds", "mean latency"},
+    # independent draws every interval: 95th-percentile plan (held to the 8 % latency budget);
+    # overload 26 s = 24 % of 108 s
+    "noise_closed_loop": {"overload-seconds"},
+    # draws held 30 s (two intervals): the plan chases them; weights swing 13.2 points,
+    # overload 114 s = 35 % / 54 % of 325 s / 210 s (latency 1.07x since the budget)
+    "noise_two_edges": {"weights oscillate", "overload-seconds"},
     # draws held 45 s: the plan stays on the window's mean level, the headroom baseline follows
     # each held draw for its 2nd and 3rd interval: overload 24 s vs 84 s / 13 s
     "noise_held_three_intervals": {"overload-seconds"},
