@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import requests
@@ -169,8 +170,27 @@ def test_service_token_without_service_role_is_a_403_on_s3tokens(keystone_lab, t
     assert errs[0].tags["status"] == "403" and errs[0].fields["count"] == 2
 
 
+def wait_for_log_to_settle(path, quiet_s: float = 1.0) -> None:
+    """Until ``path`` has not grown for ``quiet_s`` and ends on a complete line. uWSGI writes a
+    request's log line after the response has gone out, so the previous test's last request can
+    land in the log after the next test has started reading it (a stray POST /v3/s3tokens, the
+    403 of the test before, counted in this one's first round on a loaded machine)."""
+    seen = {"size": -1, "since": 0.0}
+
+    def quiet() -> bool:
+        size = path.stat().st_size
+        if size != seen["size"]:
+            seen.update(size=size, since=time.monotonic())
+            return False
+        whole = size == 0 or path.read_bytes().endswith(b"\n")
+        return whole and time.monotonic() - seen["since"] >= quiet_s
+
+    wait_until(quiet, timeout=30, interval=0.2, what=f"{path.name} to settle")
+
+
 def test_access_log_copytruncate_rotation_on_the_real_uwsgi(keystone_lab):
     ks = keystone_lab.keystone
+    wait_for_log_to_settle(ks.access_log)  # no earlier test's request lands in our first round
     cfg = live_config(keystone_lab, probes={"enabled": False}, uwsgi_stats=None, frontend={"access_logs": []})
     collector = build(cfg)
     start = ks.access_log.stat().st_size
@@ -191,7 +211,8 @@ def test_access_log_copytruncate_rotation_on_the_real_uwsgi(keystone_lab):
     assert rotated.read_text().count("uri=/v3 ") >= 3
     for _ in range(4):
         assert session.get(f"{ks.url}/v3/auth/tokens", timeout=30).status_code == 401
-    wait_until(lambda: ks.access_log.read_text().count("uri=/v3/auth/tokens ") >= 4, timeout=30,
+    wait_until(lambda: ks.access_log.read_text().count("uri=/v3/auth/tokens ") >= 4
+               and ks.access_log.read_text().endswith("\n"), timeout=30,
                what="uWSGI to log the new requests")
     r = collector.collect()
     logfile = by_name(r.metrics, "keystone_logfile")[0]
