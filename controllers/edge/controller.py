@@ -762,13 +762,13 @@ class EdgeController(Controller):
             mean_change = last3.mean(axis=0)
             # a step in the last interval after two calm ones (within 2 sd of one interval's
             # change) is no ramp whatever the signs of the calm two: the step rule takes it
-            change_sd = math.sqrt(2.0) * np.maximum(sigma, s.ramp_noise_floor)
+            change_sd = self._change_sd(sigma)
             step_shape = (np.abs(last3[:2]) <= 2.0 * change_sd).all(axis=0) \
                 & (last3[-1] > s.step_sigmas * change_sd)
             # (σ at least the measurement-noise floor: read off a few draws it runs low, and
             # three noisy draws on one edge then made a ramp that moved its weights)
             rising = (last3 > 0).all(axis=0) & (mean_change > s.ramp_threshold) \
-                & (mean_change > 2.5 * math.sqrt(2.0) * np.maximum(sigma, s.ramp_noise_floor) / 3.0) \
+                & (mean_change > 2.5 * change_sd / 3.0) \
                 & steady3 & ~step_shape
             mean_rise, last_rise = (hist[-1] - hist[-4]) / 3, hist[-1] - hist[-2]
             # the clients' own rise: raw rises over intervals of our sheds (traffic moved
@@ -852,6 +852,11 @@ class EdgeController(Controller):
         self._unstepped = plain * (1.0 + uplift)
         return estimate * (1.0 + uplift), uplift, rising
 
+    def _change_sd(self, sigma: np.ndarray) -> np.ndarray:
+        """The sd of one interval's change of an edge's log-demand: σ√2, σ at least
+        ``ramp_noise_floor`` (σ read off a few draws runs low)."""
+        return math.sqrt(2.0) * np.maximum(sigma, self.settings.ramp_noise_floor)
+
     def _slow_common_ramp(self, changes: np.ndarray, seen: np.ndarray) -> float:
         """The rise per interval (log) of a ramp common to the edges too slow for the three-interval
         tests, else 0: the least-squares slope of the edges' mean level over the last
@@ -906,7 +911,7 @@ class EdgeController(Controller):
         s = self.settings
         stepped = np.zeros(len(estimate), dtype=bool)
         if s.step_extrapolation > 1.0 and len(changes) >= 5:
-            change_sd = math.sqrt(2.0) * np.maximum(sigma, s.ramp_noise_floor)  # one interval's
+            change_sd = self._change_sd(sigma)
             rise = logs[-1] - logs[-4:-1].mean(axis=0)
             with np.errstate(invalid="ignore"):  # NaN: an interval of a big move of ours
                 # judged against a calm level: the two intervals before moved within 2 sd
@@ -1088,23 +1093,27 @@ class EdgeController(Controller):
 
     def _within_latency_budget(self, estimate: np.ndarray, uplift: np.ndarray,
                                capacity: np.ndarray, latency: np.ndarray, healthy: np.ndarray
-                               ) -> tuple[np.ndarray, np.ndarray]:
-        """(estimate, uplift) with the variability uplift scaled down, every edge alike, until the
-        plan's mean latency is within ``noise_latency_budget`` of the plan without it. Covering
-        a noisy demand's upper quantile moves traffic to farther origins for as long as the noise
-        lasts; with a far alternative (100 ms against an 8 ms origin) a few points of it cost
+                               ) -> tuple[np.ndarray, np.ndarray,
+                                          tuple[Solution, np.ndarray] | None]:
+        """(estimate, uplift, plan) with the variability uplift scaled down, every edge alike,
+        until the plan's mean latency is within ``noise_latency_budget`` of the plan without it.
+        Covering a noisy demand's upper quantile moves traffic to farther origins for as long as
+        the noise lasts; with a far alternative (100 ms against an 8 ms origin) a few points of it cost
         20 % more latency, for draws the near origin mostly absorbs. The budget keeps that cost
         inside the 10 % the control criteria allow over the fixed-step baseline; what the scaled
         plan does not cover is left to the hot and warm rules on the measured load. Judged on
-        the plan itself (rebound included): a handful of plans, only on noisy demand."""
+        the plan itself (rebound included): a handful of plans, only on noisy demand; the one
+        for the uplift kept is returned (``_plan``'s result; ``None``: not planned here)."""
         s = self.settings
         if s.noise_latency_budget <= 0 or self.weights is None or not (uplift > 0).any():
-            return estimate, uplift
+            return estimate, uplift, None
         bare = estimate / (1.0 + uplift)
+        plans: dict[float, tuple[Solution, np.ndarray]] = {}
 
         def mean_latency(k: float) -> float | None:
             self._set_scale(bare * (1.0 + k * uplift))  # the rebound's demand carries it too
-            sol, _ = self._plan(bare * (1.0 + k * uplift), capacity, latency, healthy, s.headroom)
+            plans[k] = self._plan(bare * (1.0 + k * uplift), capacity, latency, healthy, s.headroom)
+            sol = plans[k][0]
             if sol.status != "optimal":
                 return None  # a shortfall: its shares are not a latency choice
             per_edge = self._mean_latency(sol.weights, latency, self._service_base)
@@ -1122,7 +1131,7 @@ class EdgeController(Controller):
                     1 + s.noise_latency_budget) else (lo, mid)
             k = lo
         self._set_scale(bare * (1.0 + k * uplift))
-        return bare * (1.0 + k * uplift), k * uplift
+        return bare * (1.0 + k * uplift), k * uplift, plans.get(k)
 
     def _propose(self, obs: Observation) -> Proposal:
         s = self.settings
@@ -1154,10 +1163,10 @@ class EdgeController(Controller):
             usable_fraction = np.where(rescue, 1.0, usable_fraction)
         plan_capacity = capacity * np.where(plan_healthy, usable_fraction, 1.0)
         estimate = self._drop_contradicted_steps(estimate, capacity, healthy)
-        estimate, planned_uplift = self._within_latency_budget(
+        estimate, planned_uplift, budget_plan = self._within_latency_budget(
             estimate, uplift, plan_capacity, plan_latency, plan_healthy)
-        solution, planned = self._plan(estimate, plan_capacity, plan_latency, plan_healthy,
-                                       s.headroom)
+        solution, planned = budget_plan or self._plan(estimate, plan_capacity, plan_latency,
+                                                      plan_healthy, s.headroom)
         if solution.status == "shed" and self._stepped.any():
             # a shortfall shares the excess in proportion to what each edge sends: a step's
             # extrapolated level (a guess) would skew the shares, so it is planned on the level
