@@ -176,7 +176,7 @@ class ControllerSettings(BaseModel):
     # in over slowstart_intervals; its flap count is forgotten after it stayed up that long
     hold_down_intervals: float = Field(default=2.0, ge=0.0, le=1000.0)
     hold_down_backoff: float = Field(default=2.0, ge=1.0, le=10.0)
-    hold_down_max_intervals: float = Field(default=8.0, ge=0.0, le=10000.0)
+    hold_down_max_intervals: float = Field(default=6.0, ge=0.0, le=10000.0)
     # an origin back after an outage longer than hold_down_max_intervals is back from a repair,
     # not flapping: held down this long (its first healthy check), then ramped in as usual
     outage_hold_down_intervals: float = Field(default=1.0, ge=0.0, le=1000.0)

@@ -19,9 +19,6 @@ KINDS = ("useu", "failure", "mesh", "shortfall", "surge", "noise", "flap", "capa
 
 # scenario -> the violation kinds it still shows (prefix of the verdict's message), with figures
 KNOWN_MISSES: dict[str, set[str]] = {
-    # origin flapping every 20 s: held down (no failed requests to it: 326 vs 471), 23.8 ms vs
-    # the baselines' 21.4 ms mean latency (1.11x; limit 1.10)
-    "flap_odd_period": {"mean latency"},
     # independent draws every interval: 95th-percentile plan (held to the 8 % latency budget);
     # overload 26 s = 24 % of 108 s
     "noise_closed_loop": {"overload-seconds"},
