@@ -171,6 +171,8 @@ class ControllerSettings(BaseModel):
     step_extrapolation: float = Field(default=3.0, ge=1.0, le=10.0)
     # a step: a rise beyond this many sd of one interval's change of an edge's demand (its noise)
     step_sigmas: float = Field(default=4.0, ge=1.0, le=20.0)
+    # a step common to every edge (a flash crowd): their mean rise beyond this many sd of its noise
+    common_step_sigmas: float = Field(default=3.5, ge=1.0, le=20.0)
     # a returning origin (HAProxy slowstart, Envoy outlier-ejection back-off): held down for
     # hold_down_intervals × backoff^(flaps-1) (≤ hold_down_max_intervals), then its capacity ramps
     # in over slowstart_intervals; its flap count is forgotten after it stayed up that long
@@ -829,9 +831,10 @@ class EdgeController(Controller):
             # the measurement is the last interval's mean (its middle); the plan must hold to
             # the end of the next interval: 1.5 intervals of the ramp ahead
             estimate = estimate + np.where(rising, slope, 0.0)
-        self._rising = rising
+        was_rising, self._rising = self._rising, rising
         plain = estimate
-        estimate, stepped = self._step_level(hist, logs, changes, sigma, estimate, rising)
+        estimate, stepped = self._step_level(hist, logs, changes, sigma, estimate, rising,
+                                             was_rising)
         if len(changes) >= 5:
             uplift = np.clip(self._z * sigma - s.headroom, 0.0, s.max_uplift)
             # σ read off a few draws jumps (0.008 early, 0.15 late for a true 0.10): the uplift
@@ -889,8 +892,8 @@ class EdgeController(Controller):
         return 0.0
 
     def _step_level(self, hist: np.ndarray, logs: np.ndarray, changes: np.ndarray,
-                    sigma: np.ndarray, estimate: np.ndarray, rising: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray]:
+                    sigma: np.ndarray, estimate: np.ndarray, rising: np.ndarray,
+                    was_rising: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(estimate, stepped): an edge whose demand rose as a *step* in the last interval is
         planned on ``prev + step_extrapolation × rise``. The measurement is the interval's mean:
         a step that came mid-interval shows about half its rise there (less, as the clients take
@@ -901,11 +904,12 @@ class EdgeController(Controller):
         calm intervals (each within 2 sd), not on a ramp, and only once σ is known (a few early
         noisy draws read as steps). A step common to every edge (a listener-wide flash crowd) is
         judged on their mean rise, whose noise is 1/√E of one edge's: a step landing late in the
-        interval shows there before it clears one edge's bar (every edge above 1 sd, the mean
-        above ``step_sigmas`` sd of the mean's noise), after two intervals calm in their mean as
-        well (within 2 sd of it and under a quarter of the last rise: by its second or third
-        interval a common ramp stands as far above the level, and read as a step it had the plan
-        relax back while the ramp went on). The next tick
+        interval shows there before it clears one edge's bar (their median above 1 sd and none
+        below -1 sd, the mean above ``common_step_sigmas`` sd of its own noise, σ√(4/3)/√E),
+        after two intervals calm in their mean as well (within 2 sd of it and under a quarter of
+        the last rise: by its second or third interval a common ramp stands as far above the
+        level) and with no ramp seen at the last tick (read as a step, a ramp had the plan relax
+        back the tick after while it went on). The next tick
         measures the full level: a step that came at the interval's start shows no further rise,
         and the plan relaxes back."""
         s = self.settings
@@ -922,10 +926,16 @@ class EdgeController(Controller):
                 # the common step (docstring)
                 common_sd = float(np.median(change_sd)) / math.sqrt(len(rise))
                 before = changes[-3:-1].mean(axis=1)
-                if len(rise) >= 2 and fresh.all() and (rise > change_sd).all() \
+                # its mean rise over the level: noise sd σ√(1 + 1/3) per edge (one reading
+                # against the mean of three), 1/√E of that for the mean of E edges
+                rise_sd = math.sqrt(4.0 / 3.0) * float(
+                    np.median(np.maximum(sigma, s.ramp_noise_floor))) / math.sqrt(len(rise))
+                listener_wide = float(np.median(rise)) > float(np.median(change_sd)) \
+                    and bool((rise > -change_sd).all())
+                if len(rise) >= 2 and fresh.all() and listener_wide and not was_rising.any() \
                         and (np.abs(before) <= 2.0 * common_sd).all() \
                         and (before <= 0.25 * changes[-1].mean()).all() \
-                        and rise.mean() > s.step_sigmas * common_sd:
+                        and rise.mean() > s.common_step_sigmas * rise_sd:
                     stepped = fresh
             prev = hist[-4:-1].mean(axis=0)
             stepped &= hist[-1] > prev

@@ -140,6 +140,29 @@ def test_a_step_common_to_every_edge_is_seen_before_it_clears_one_edges_bar():
     assert (load <= MESH_CAP * 1.01).all(), load
 
 
+def test_a_common_step_one_edge_reads_little_of_is_still_a_step():
+    # +7 % on two edges, +1 % on the third (its clients reached late, or its reading low): the
+    # mean (+4.8 %) is beyond 3.5 sd of its noise, the median beyond one edge's sd, no edge
+    # falling. Asked of every edge, a step on four edges where one read +0.6 % was missed and
+    # the origins ran over capacity an interval (mesh_four_by_five_fast_ramp)
+    ctrl, (d,) = _mesh([np.array([1.07, 1.07, 1.01])])
+    assert ctrl._stepped.all()
+    assert (d.demand_estimate[:2] >= MESH_BASE[:2] * (1 + 3 * 0.07) - 1e-6).all()
+    load = (d.weights * (MESH_BASE * np.array([1.25, 1.25, 1.03]))[:, None]).sum(axis=0)
+    assert (load <= MESH_CAP * 1.01).all(), load
+
+
+def test_a_common_step_is_not_read_on_a_ramp_under_way():
+    # a ramp seen at the last tick (+3.1 % twice, each within 2 sd of the mean's noise) that
+    # then rises +8 %: a ramp going on, not a step landing on a calm level (read as a step,
+    # the plan relaxed back the tick after while the ramp went on, and the origins ran over
+    # capacity: mesh_slow_noisy_ramp)
+    ctrl, ds = _mesh([np.full(3, 1.031), np.full(3, 1.031 ** 2), np.full(3, 1.031 ** 2 * 1.08)])
+    assert ctrl._rising.all()
+    assert not ctrl._stepped.any()
+    assert (ds[-1].demand_estimate < MESH_BASE * 1.031 ** 2 * 1.08 * 1.15).all()
+
+
 def test_one_edge_rising_as_much_is_no_common_step():
     ctrl, (d,) = _mesh([np.array([1.08, 1.0, 1.0])])
     assert not ctrl._stepped.any()
