@@ -924,14 +924,13 @@ class EdgeController(Controller):
                 fresh = ~np.isnan(changes[-1]) & calm & ~self._stepped
                 stepped = fresh & (rise > s.step_sigmas * change_sd) & ~rising
                 # the common step (docstring)
-                common_sd = float(np.median(change_sd)) / math.sqrt(len(rise))
+                edge_sd = float(np.median(change_sd))
+                common_sd = edge_sd / math.sqrt(len(rise))
                 before = changes[-3:-1].mean(axis=1)
-                # its mean rise over the level: noise sd σ√(1 + 1/3) per edge (one reading
-                # against the mean of three), 1/√E of that for the mean of E edges
-                rise_sd = math.sqrt(4.0 / 3.0) * float(
-                    np.median(np.maximum(sigma, s.ramp_noise_floor))) / math.sqrt(len(rise))
-                listener_wide = float(np.median(rise)) > float(np.median(change_sd)) \
-                    and bool((rise > -change_sd).all())
+                # their mean rise over the level: noise sd σ√(1 + 1/3) per edge (one reading
+                # against the mean of three), not one interval's change σ√2; 1/√E for E edges
+                rise_sd = common_sd * math.sqrt(2.0 / 3.0)
+                listener_wide = float(np.median(rise)) > edge_sd and bool((rise > -change_sd).all())
                 if len(rise) >= 2 and fresh.all() and listener_wide and not was_rising.any() \
                         and (np.abs(before) <= 2.0 * common_sd).all() \
                         and (before <= 0.25 * changes[-1].mean()).all() \
