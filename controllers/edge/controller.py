@@ -27,11 +27,13 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    is the larger of the raw one and the clients' own (corrected by the elasticity seen: our
    sheds slow elastic clients and hide part of it). A *step* seen in part in one interval's
    mean (a rise beyond 4 sd of the noise over a calm level; or on every edge, their mean rise
-   beyond 4 sd of the mean's noise: a listener-wide flash crowd) is planned for one tick on
-   level + ``step_extrapolation`` (3) × the rise, an origin over capacity on it hot at once
-   (:meth:`EdgeController._step_level`; not in a shortfall, nor when the origin's response time
-   contradicts the reading). The *variability* of the clients' own demand (measurements
-   corrected for the latency our weights gave them, so our own moves are not read as noise) is
+   beyond ``common_step_sigmas`` (3.5) sd of its own noise: a listener-wide flash crowd) is
+   planned for one tick on level + ``step_extrapolation`` (3) × the rise, an origin over
+   capacity on it hot at once (:meth:`EdgeController._step_level`; not when the origin's
+   response time contradicts the reading; into a shortfall on the levels measured, a step
+   common to every edge on the measured shares at the total it implies). The *variability* of
+   the clients' own demand (measurements corrected for the latency our weights gave them, so
+   our own moves are not read as noise) is
    the median absolute deviation of second differences of log-demand (a step or a ramp leaves it
    alone; a step beyond 25 % and 4σ and the clients' lag that carries it into the next interval
    are left out, as with few draws between our moves they set it), held at its peak and decaying slowly; the plan covers the ``demand_quantile`` (95 %)
@@ -1176,11 +1178,15 @@ class EdgeController(Controller):
             estimate, uplift, plan_capacity, plan_latency, plan_healthy)
         solution, planned = budget_plan or self._plan(estimate, plan_capacity, plan_latency,
                                                       plan_healthy, s.headroom)
+        step_scale = 1.0
         if solution.status == "shed" and self._stepped.any():
             # a shortfall shares the excess in proportion to what each edge sends: a step's
             # extrapolated level (a guess) would skew the shares, so it is planned on the level
-            # measured, as a shortfall is (no relief to expect either)
-            estimate = self._unstepped
+            # measured, as a shortfall is (no relief to expect either); a step common to every
+            # edge on the measured shares at the total it implies
+            if self._stepped.all():
+                step_scale = float(estimate.sum() / max(float(self._unstepped.sum()), _EPS))
+            estimate = self._unstepped * step_scale
             self._stepped = np.zeros_like(self._stepped)
             self._set_scale(estimate)
             solution, planned = self._plan(estimate, plan_capacity, plan_latency, plan_healthy,
@@ -1227,8 +1233,10 @@ class EdgeController(Controller):
                 factor = carried[healthy].sum() / max(float(capacity[healthy].sum()), _EPS)
                 return healthy & (carried > capacity * max(factor, 1.0) * (1 + margin) + 1e-9)
             # on the estimate and on the last measurement alike: the estimate's per-edge max of
-            # noisy draws alone can put one origin above the others when none is
-            over = hot = above_common(offered, s.hot_margin) & above_common(measured, margin)
+            # noisy draws alone can put one origin above the others when none is (a common
+            # step's measurement at the total it implies: the reading holds part of the step)
+            over = hot = above_common(offered, s.hot_margin) & above_common(
+                measured * step_scale, margin)
         # a ramp that will carry an origin past its plan: make room now, jointly, not after
         ramping_up = healthy & (load > cap_plan + 1e-9) & \
             ((current * rising[:, None]) > s.deadband).any(axis=0)

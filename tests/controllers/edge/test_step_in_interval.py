@@ -88,6 +88,28 @@ def test_a_step_into_a_shortfall_is_shared_on_the_level_measured():
     assert d.demand_estimate[0] < 450  # not 250 + 3 x 150 = 700
 
 
+def test_a_step_common_to_every_edge_into_a_shortfall_is_shared_at_once():
+    # three edges, each on its own origin (78 %, 57 %, 57 %), every one reads +20 %: a x1.6 step
+    # in the interval's last part, 920 req/s for 900. Planned on the levels measured (no
+    # shortfall there, every origin within its plan) nothing moved and origin 0 ran at 125 %
+    # against the others' 91 % until the next tick; on the measured shares at the total the
+    # step implies, every origin carries the common overload factor once the step is all there
+    cap = np.array([300.0, 300.0, 300.0])
+    lat = np.array([[5.0, 20.0, 50.0], [20.0, 6.0, 70.0], [50.0, 65.0, 8.0]])
+    base = np.array([235.0, 170.0, 170.0])
+    healthy = np.ones(3, dtype=bool)
+    ctrl = EdgeController(3, 3, initial=np.eye(3))
+    for k in range(8):
+        ctrl.step(Observation(now=15.0 * k, demand=base.copy(), capacity=cap, latency=lat,
+                              healthy=healthy))
+    d = ctrl.step(Observation(now=120.0, demand=base * 1.2, capacity=cap, latency=lat,
+                              healthy=healthy))
+    full = base * 1.6
+    load = (d.weights * full[:, None]).sum(axis=0)
+    assert (load <= cap * full.sum() / cap.sum() * 1.05).all(), load / cap
+    assert "shortfall" in d.reason
+
+
 def test_a_step_the_origins_response_time_contradicts_is_noise():
     # near was seen slowing down when overloaded; later a reading that alone puts it over
     # capacity while it answered at its unloaded speed all interval is its measurement noise:
