@@ -80,7 +80,11 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    nothing is shed, eased or relieved for it. In a
    shortfall an origin is hot only
    above the common overload factor by the margin on the estimate and, on the last
-   measurement, by 2σ of the demand noise (3–5 %) as well (else the shares stay put).
+   measurement, by 2σ of the demand noise (3–5 %) as well; above it on the estimate and by one σ
+   of its own reading (≥ 1.5 %) on the measurement, it is warm (else the shares stay put).
+   Demand within the normal headroom but not the shed's: the shed is planned at the normal
+   headroom (the deeper plan is a shortfall's, which keeps the shares), an edge moved nearer
+   only as far as keeps the origins it gains within capacity for worst-case elastic clients.
 5. *Relax slowly and safely.* The rest of ``T − W`` is applied as ``β·(T − W)``, β ≤ ``relax_gain``
    (0.5), ``β·|T − W|∞ ≤ relax_step`` (0.2), β the largest for which every origin that gains
    traffic keeps a *predicted* load ≤ capacity·(1−h), assuming worst-case elastic clients
@@ -119,6 +123,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
@@ -277,6 +282,18 @@ class Proposal:
         return cls(weights=weights, target=solution.weights if target is None else target,
                    demand_estimate=estimate, mode=_mode_of(solution.status), reason=reason,
                    shed_rps=solution.shed, held_edges=list(solution.held_edges))
+
+
+def largest_fraction(fits: Callable[[float], bool], rounds: int = 20) -> float:
+    """The largest b in [0, 1] with ``fits(b)`` (1 if it fits whole, else bisected ``rounds``
+    times from 0, which is taken to fit)."""
+    if fits(1.0):
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(rounds):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def usable_mask(latency: np.ndarray, healthy: np.ndarray) -> np.ndarray:
@@ -1078,11 +1095,13 @@ class EdgeController(Controller):
 
     def _bounded_shed(self, current: np.ndarray, estimate: np.ndarray, capacity: np.ndarray,
                       latency: np.ndarray, healthy: np.ndarray, plan_healthy: np.ndarray,
-                      headroom: float | None = None) -> np.ndarray:
+                      headroom: float | None = None) -> tuple[np.ndarray, bool]:
         """The joint shed plan (deeper headroom), made to fit the per-interval step bound: what
         an edge cannot move off an origin this interval (its share beyond ``max_step``) stays
         there in the plan, and the LP places everything else around it, so the origin is
-        relieved by the edges that can move (not by lowering its capacity until it empties)."""
+        relieved by the edges that can move (not by lowering its capacity until it empties).
+        Also whether the demand is within the normal headroom only (*tight*): the plan is then
+        made at that headroom, as the deeper one's is a shortfall's (it keeps the shares)."""
         s = self.settings
         headroom = max(s.shed_headroom, s.headroom) if headroom is None else headroom
         # from the weights in force: a share on an unusable origin moves freely (to where the
@@ -1091,10 +1110,18 @@ class EdgeController(Controller):
         usable = usable_mask(latency, plan_healthy)
         fixed = np.where(usable, np.clip(base - s.max_step, 0.0, None), 0.0)
         sol, _ = self._plan(estimate, capacity, latency, plan_healthy, headroom)
+        tight = False
+        if sol.status != "optimal" and headroom > s.headroom:
+            # the deeper plan is a shortfall's, which keeps the shares: two origins at 103 %
+            # stayed there for 240 s while the normal headroom's plan had room for them
+            normal, _ = self._plan(estimate, capacity, latency, plan_healthy, s.headroom)
+            if normal.status == "optimal":
+                sol, headroom, tight = normal, s.headroom, True
         if sol.status != "optimal" or not fixed.any():
-            return sol.weights  # a shortfall: the common overload factor needs every edge's share
+            # a shortfall: the common overload factor needs every edge's share
+            return sol.weights, tight
         pinned, _ = self._plan(estimate, capacity, latency, plan_healthy, headroom, fixed)
-        return pinned.weights if pinned.status == "optimal" else sol.weights
+        return (pinned.weights if pinned.status == "optimal" else sol.weights), tight
 
     def _set_scale(self, estimate: np.ndarray) -> None:
         """The ramp/step/variability factor of ``estimate`` over the window's largest
@@ -1228,22 +1255,31 @@ class EdgeController(Controller):
             # origins are compared with each other here: two edges' noise apart (≤ 5 %)
             margin = min(0.05, max(s.hot_margin, 2.0 * float(self._sigma.max(initial=0.0))))
 
-            def above_common(rows: np.ndarray, margin: float) -> np.ndarray:
+            def above_common(rows: np.ndarray, margin: float | np.ndarray) -> np.ndarray:
                 carried = (current * rows[:, None]).sum(axis=0)
                 factor = carried[healthy].sum() / max(float(capacity[healthy].sum()), _EPS)
                 return healthy & (carried > capacity * max(factor, 1.0) * (1 + margin) + 1e-9)
             # on the estimate and on the last measurement alike: the estimate's per-edge max of
             # noisy draws alone can put one origin above the others when none is (a common
             # step's measurement at the total it implies: the reading holds part of the step)
-            over = hot = above_common(offered, s.hot_margin) & above_common(
+            hot = above_common(offered, s.hot_margin) & above_common(
                 measured * step_scale, margin)
+            # within the margin but above the common factor on the estimate and, on the last
+            # measurement, by one σ of the origin's reading (≥ 1.5 %): warm, a relax_gain fraction
+            # of the move as over capacity below (read 4.4 % above it with the margin at 5 %, an
+            # origin was left 5.5 % above it, where the simulator's verdict allows 5 %)
+            scaled = current * (measured * step_scale)[:, None]
+            ratio_sd = np.sqrt(((scaled * self._sigma[:, None]) ** 2).sum(axis=0)) / np.maximum(
+                scaled.sum(axis=0), _EPS)
+            near = np.minimum(margin, np.maximum(0.015, ratio_sd))
+            over = hot | (above_common(offered, 0.0) & above_common(measured * step_scale, near))
         # a ramp that will carry an origin past its plan: make room now, jointly, not after
         ramping_up = healthy & (load > cap_plan + 1e-9) & \
             ((current * rising[:, None]) > s.deadband).any(axis=0)
         joint = False
         if ramping_up.any() and not hot.any():
-            target = self._bounded_shed(current, estimate, plan_capacity, plan_latency, healthy,
-                                        plan_healthy, s.headroom)
+            target, _ = self._bounded_shed(current, estimate, plan_capacity, plan_latency,
+                                           healthy, plan_healthy, s.headroom)
             # making room is no shed: an origin already above its plan gains nothing from it
             # (the plan's rebound estimate may route an edge back onto it mid-ramp); the rest of
             # each edge's move is scaled so the shares it frees and takes still match
@@ -1266,20 +1302,25 @@ class EdgeController(Controller):
                 return bool((pred[gaining & healthy] <= cap_plan[gaining & healthy] * (1 + 1e-9)
                              + 1e-9).all())
 
-            scale = 1.0
-            if not room(1.0):
-                lo, hi = 0.0, 1.0
-                for _ in range(20):
-                    mid = (lo + hi) / 2
-                    lo, hi = (mid, hi) if room(mid) else (lo, mid)
-                scale = lo
-            target = current + scale * move
+            target = current + largest_fraction(room) * move
             joint = True
         if hot.any():
             # shed deeper than the plan, and move every edge at once toward the joint plan: the
             # edge that makes room on an origin moves in the same step as the one shed onto it
-            target = self._bounded_shed(current, estimate, plan_capacity, plan_latency, healthy,
-                                        plan_healthy)
+            target, tight = self._bounded_shed(current, estimate, plan_capacity, plan_latency,
+                                               healthy, plan_healthy)
+            if tight:
+                # demand near all capacity: an edge the shed moves nearer speeds up (elastic
+                # clients moved off a 94 ms origin onto their 8.5 ms one sent 70 % more, that
+                # origin at 165 %); the move goes as far as keeps every origin it gains within
+                # capacity for worst-case elastic clients
+                move = target - current
+                gaining = healthy & ((move * estimate[:, None]).sum(axis=0) > 1e-9)
+
+                def gains_fit(b: float) -> bool:
+                    pred = self._predicted_load(current + b * move, latency)
+                    return bool((pred[gaining] <= capacity[gaining] * (1 + 1e-9) + 1e-9).all())
+                target = current + largest_fraction(gains_fit) * move
             joint = True
         delta = target - current
 
@@ -1381,7 +1422,8 @@ class EdgeController(Controller):
 
         parts = []
         if warm.any():
-            parts.append(f"easing off origin(s) above capacity {self._names(warm, loads)}")
+            above = "the common overload factor" if shortfall else "capacity"
+            parts.append(f"easing off origin(s) above {above} {self._names(warm, loads)}")
         if hot.any() and shortfall:
             parts.append(f"shed off origin(s) {self._names(hot, loads)} above the common overload "
                          f"factor, every edge moved jointly")
