@@ -284,16 +284,23 @@ class Proposal:
                    shed_rps=solution.shed, held_edges=list(solution.held_edges))
 
 
-def largest_fraction(fits: Callable[[float], bool], rounds: int = 20) -> float:
-    """The largest b in [0, 1] with ``fits(b)`` (1 if it fits whole, else bisected ``rounds``
-    times from 0, which is taken to fit)."""
-    if fits(1.0):
-        return 1.0
-    lo, hi = 0.0, 1.0
+def largest_fraction(fits: Callable[[float], bool], upper: float = 1.0,
+                     rounds: int = 20) -> float:
+    """The largest b in [0, ``upper``] with ``fits(b)`` (``upper`` if it fits, else bisected
+    ``rounds`` times from 0, which is taken to fit)."""
+    if fits(upper):
+        return upper
+    lo, hi = 0.0, upper
     for _ in range(rounds):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
+
+
+def origin_sigma(carried: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """[O] σ of each origin's load in req/s: the edges' relative noise ``sigma`` [E], independent,
+    weighted by what each sends there (``carried`` [E, O] req/s)."""
+    return np.sqrt(((carried * sigma[:, None]) ** 2).sum(axis=0))
 
 
 def usable_mask(latency: np.ndarray, healthy: np.ndarray) -> np.ndarray:
@@ -1262,17 +1269,17 @@ class EdgeController(Controller):
             # on the estimate and on the last measurement alike: the estimate's per-edge max of
             # noisy draws alone can put one origin above the others when none is (a common
             # step's measurement at the total it implies: the reading holds part of the step)
-            hot = above_common(offered, s.hot_margin) & above_common(
-                measured * step_scale, margin)
+            reading = measured * step_scale
+            hot = above_common(offered, s.hot_margin) & above_common(reading, margin)
             # within the margin but above the common factor on the estimate and, on the last
             # measurement, by one σ of the origin's reading (≥ 1.5 %): warm, a relax_gain fraction
             # of the move as over capacity below (read 4.4 % above it with the margin at 5 %, an
             # origin was left 5.5 % above it, where the simulator's verdict allows 5 %)
-            scaled = current * (measured * step_scale)[:, None]
-            ratio_sd = np.sqrt(((scaled * self._sigma[:, None]) ** 2).sum(axis=0)) / np.maximum(
-                scaled.sum(axis=0), _EPS)
+            read_carried = current * reading[:, None]
+            ratio_sd = origin_sigma(read_carried, self._sigma) / np.maximum(
+                read_carried.sum(axis=0), _EPS)
             near = np.minimum(margin, np.maximum(0.015, ratio_sd))
-            over = hot | (above_common(offered, 0.0) & above_common(measured * step_scale, near))
+            over = hot | (above_common(offered, 0.0) & above_common(reading, near))
         # a ramp that will carry an origin past its plan: make room now, jointly, not after
         ramping_up = healthy & (load > cap_plan + 1e-9) & \
             ((current * rising[:, None]) > s.deadband).any(axis=0)
@@ -1328,7 +1335,7 @@ class EdgeController(Controller):
         # each sends there (where the headroom covers it; see the relax step below)
         carried = current * offered[:, None]
         quiet_sigma = np.where(uplift > s.noisy_uplift, 0.0, self._sigma)
-        load_sigma = np.sqrt(((carried * quiet_sigma[:, None]) ** 2).sum(axis=0))
+        load_sigma = origin_sigma(carried, quiet_sigma)
         # an origin above capacity but within the margin (warm): a relax_gain fraction of the
         # decrease, the freed share spread over the increases; not on a reading within one σ of
         # capacity (the next reading over capacity makes it hot all the same)
@@ -1382,15 +1389,9 @@ class EdgeController(Controller):
             beta_full = min(1.0, s.relax_step / biggest)
             if biggest * (1.0 - beta_max) < s.deadband and fits(beta_full):
                 beta = beta_full  # close in: finish the move instead of leaving slivers behind
-            elif fits(beta_max):
-                beta = beta_max
-            else:  # bisection for the largest step that keeps the prediction under the ceiling
-                limited = True
-                lo, hi = 0.0, beta_max
-                for _ in range(30):
-                    mid = (lo + hi) / 2
-                    lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-                beta = lo
+            else:  # the largest step that keeps the prediction under the ceiling
+                beta = largest_fraction(fits, beta_max, rounds=30)
+                limited = beta < beta_max
             if beta * biggest < s.deadband:
                 beta = 0.0
         proposal = after_shed + beta * relax
