@@ -71,10 +71,11 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    shed onto it — and what ``max_step`` keeps an edge from moving off an origin stays there in
    the plan while the LP places the rest around it (:meth:`EdgeController._bounded_shed`). A
    ramp that will carry an origin past its plan gets the same joint move with the normal
-   headroom, before the origin is over; it only takes traffic off origins above their plan and
-   gives an origin no more than keeps it within its plan for worst-case elastic clients. Above
-   capacity but within the margin (*warm*), by more than one σ of the load's measurement
-   noise: a ``relax_gain`` fraction of the decrease per interval. A reading over capacity that
+   headroom, before the origin is over (:meth:`EdgeController._make_room`): it takes no traffic
+   onto an origin above its plan unless the plan's chain of moves leaves the most loaded origin
+   lower, and gives an origin no more than keeps it within its plan for worst-case elastic
+   clients. Above capacity but within the margin (*warm*), by more than one σ of the load's
+   measurement noise: a ``relax_gain`` fraction of the decrease per interval. A reading over capacity that
    the origin's own response time contradicts (an origin seen to slow down when overloaded
    that answered at its unloaded speed all through the interval) is measurement noise:
    nothing is shed, eased or relieved for it. In a
@@ -1136,6 +1137,44 @@ class EdgeController(Controller):
         raw = np.stack(list(self._demand_history)[-self.settings.demand_window:]).max(axis=0)
         self._scale = np.divide(estimate, raw, out=np.ones_like(estimate), where=raw > _EPS)
 
+    def _make_room(self, current: np.ndarray, target: np.ndarray, estimate: np.ndarray,
+                   latency: np.ndarray, healthy: np.ndarray, load: np.ndarray,
+                   cap_plan: np.ndarray) -> np.ndarray:
+        """The step toward the joint plan ``target`` that makes room ahead of a ramp.
+
+        Two candidates, the one that leaves the most loaded origin lowest (against its plan,
+        worst-case elastic clients) is taken: the plan's move as it is, and the move with no
+        gain on an origin already above its plan (the plan's rebound estimate may route an
+        edge back onto it mid-ramp; but with every near origin above its plan, that one cannot
+        move an edge off its origin onto another that an edge of its own leaves for a far one:
+        a mesh's origin ran 1 % over while the plan's chain of moves stood still). Each goes as
+        far as keeps every origin it sends traffic to within its plan (worst-case elastic clients)."""
+        above = healthy & (load > cap_plan + 1e-9)
+        candidates = []
+        for clip in (True, False):
+            move = target - current
+            if clip:
+                move[:, above] = np.minimum(move[:, above], 0.0)
+                # the rest of each edge's move is scaled so the shares it frees and takes match
+                gain, give = np.clip(move, 0.0, None), np.clip(-move, 0.0, None)
+                both = np.minimum(gain.sum(axis=1), give.sum(axis=1))
+                gain *= np.divide(both, gain.sum(axis=1), out=np.zeros_like(both),
+                                  where=gain.sum(axis=1) > _EPS)[:, None]
+                give *= np.divide(both, give.sum(axis=1), out=np.zeros_like(both),
+                                  where=give.sum(axis=1) > _EPS)[:, None]
+                move = gain - give
+            gaining = healthy & ((move * estimate[:, None]).sum(axis=0) > 1e-9)
+
+            def room(b: float, move=move, gaining=gaining) -> bool:
+                pred = self._predicted_load(current + b * move, latency)
+                return bool((pred[gaining] <= cap_plan[gaining] * (1 + 1e-9) + 1e-9).all())
+
+            step = current + largest_fraction(room) * move
+            worst = float((self._predicted_load(step, latency)[healthy]
+                           / np.maximum(cap_plan[healthy], _EPS)).max(initial=0.0))
+            candidates.append((worst, not clip, step))
+        return min(candidates, key=lambda c: (c[0], c[1]))[2]
+
     def _within_latency_budget(self, estimate: np.ndarray, uplift: np.ndarray,
                                capacity: np.ndarray, latency: np.ndarray, healthy: np.ndarray
                                ) -> tuple[np.ndarray, np.ndarray,
@@ -1287,29 +1326,7 @@ class EdgeController(Controller):
         if ramping_up.any() and not hot.any():
             target, _ = self._bounded_shed(current, estimate, plan_capacity, plan_latency,
                                            healthy, plan_healthy, s.headroom)
-            # making room is no shed: an origin already above its plan gains nothing from it
-            # (the plan's rebound estimate may route an edge back onto it mid-ramp); the rest of
-            # each edge's move is scaled so the shares it frees and takes still match
-            move = target - current
-            move[:, healthy & (load > cap_plan + 1e-9)] = np.minimum(
-                move[:, healthy & (load > cap_plan + 1e-9)], 0.0)
-            gain, give = np.clip(move, 0.0, None), np.clip(-move, 0.0, None)
-            both = np.minimum(gain.sum(axis=1), give.sum(axis=1))
-            gain *= np.divide(both, gain.sum(axis=1), out=np.zeros_like(both),
-                              where=gain.sum(axis=1) > _EPS)[:, None]
-            give *= np.divide(both, give.sum(axis=1), out=np.zeros_like(both),
-                              where=give.sum(axis=1) > _EPS)[:, None]
-            move = gain - give
-            # and an origin the move sends traffic to must stay within its plan for worst-case
-            # elastic clients, as in a relax step: the largest fraction of the move that does
-            gaining = (move * estimate[:, None]).sum(axis=0) > 1e-9
-
-            def room(b: float) -> bool:
-                pred = self._predicted_load(current + b * move, latency)
-                return bool((pred[gaining & healthy] <= cap_plan[gaining & healthy] * (1 + 1e-9)
-                             + 1e-9).all())
-
-            target = current + largest_fraction(room) * move
+            target = self._make_room(current, target, estimate, latency, healthy, load, cap_plan)
             joint = True
         if hot.any():
             # shed deeper than the plan, and move every edge at once toward the joint plan: the
