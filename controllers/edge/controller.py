@@ -23,7 +23,9 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    noise (σ at least ``ramp_noise_floor``, 2 %: a few early draws read it low); so does a slower
    one, the least-squares slope of the edges' mean level over ``slow_ramp_readings`` (8) beyond
    ``slow_ramp_t`` (4) standard errors of the fit, unless a level shift fits the window twice as
-   well (a step). The ramp's rise
+   well (a step). With one or two edges there is no common level: each edge's own slope over
+   the same window, by the same test, makes its ramp (not across a change beyond the step bar:
+   a surge is the step's). The ramp's rise
    is the larger of the raw one and the clients' own (corrected by the elasticity seen: our
    sheds slow elastic clients and hide part of it). A *step* seen in part in one interval's
    mean (a rise beyond 4 sd of the noise over a calm level; or on every edge, their mean rise
@@ -167,8 +169,8 @@ class ControllerSettings(BaseModel):
     noise_latency_budget: float = Field(default=0.08, ge=0.0, le=1.0)
     anticipate_ramp: bool = True
     ramp_threshold: float = Field(default=0.015, ge=0.0, le=1.0)  # relative rise per interval
-    # a slow ramp common to three edges or more: the slope of their mean level over this many
-    # readings, beyond slow_ramp_t standard errors of the fit
+    # a slow ramp: the slope of the mean level of three edges or more (of each edge's own with
+    # fewer) over this many readings, beyond slow_ramp_t standard errors of the fit
     slow_ramp_readings: int = Field(default=8, ge=4, le=100)
     slow_ramp_t: float = Field(default=4.0, ge=1.0, le=20.0)
     # the per-interval noise of one edge's measured demand at least (a ramp must clear it)
@@ -848,6 +850,12 @@ class EdgeController(Controller):
                     lifted = ~rising & (last3[-1] > -3.0 * sigma)
                     slope = np.where(lifted, np.expm1(common_rise) * hist[-1], slope)
                     rising |= lifted
+            else:
+                # one or two edges: no common ramp to read across them, each edge's own trend
+                own_rise = self._slow_own_ramps(changes, seen, sigma)
+                lifted = ~rising & (own_rise > 0) & (last3[-1] > -3.0 * sigma)
+                slope = np.where(lifted, np.expm1(own_rise) * hist[-1], slope)
+                rising |= lifted
             # a ramp still rising stays one (hysteresis): a relax step must not undo the room
             # made for it because one rise fell under the bar
             going_on = self._rising & ~rising & (last3[-1] > 0)
@@ -896,14 +904,41 @@ class EdgeController(Controller):
         interval under 2-4 % measurement noise cleared neither the 3-interval bar nor one built on
         σ, and the origins ran into capacity before anything moved. A step fits the window as a
         level shift: when one explains it twice as well as the line, it is a step, not a ramp."""
-        s = self.settings
-        n = s.slow_ramp_readings - 1  # changes in the window
-        if changes.shape[1] < 3 or len(changes) < n:
+        levels = self._ramp_levels(changes, seen)
+        if changes.shape[1] < 3 or levels is None:
             return 0.0
-        # intervals of a big move of ours count with the smaller of the raw and corrected rise
+        return self._trend(levels[:, np.argsort(levels[-1])[:-1]].mean(axis=1))
+
+    def _slow_own_ramps(self, changes: np.ndarray, seen: np.ndarray,
+                        sigma: np.ndarray) -> np.ndarray:
+        """Per edge: the rise per interval (log) of its own slow ramp, as :meth:`_slow_common_ramp`
+        on its own level (0: none, or too few readings). With one or two edges there is no
+        common level to read: two edges' peak rising 3 % an interval under 2.5 % measurement
+        noise ran an origin over capacity for 34 s before the 3-interval tests saw it. An edge
+        with a change in the window beyond ``step_sigmas`` sd of one interval's change is on a
+        surge, the step's business: a slow slope read across it held the surge's plan low."""
+        levels = self._ramp_levels(changes, seen)
+        if levels is None:
+            return np.zeros(changes.shape[1])
+        bar = self.settings.step_sigmas * self._change_sd(sigma)
+        calm = (np.diff(levels, axis=0) <= bar).all(axis=0)
+        return np.array([self._trend(levels[:, e]) if calm[e] else 0.0
+                         for e in range(levels.shape[1])])
+
+    def _ramp_levels(self, changes: np.ndarray, seen: np.ndarray) -> np.ndarray | None:
+        """Each edge's log-demand level over the last ``slow_ramp_readings`` readings (0 at the
+        first), None with fewer. Intervals of a big move of ours count with the smaller of the
+        raw and corrected rise (``seen``)."""
+        n = self.settings.slow_ramp_readings - 1  # changes in the window
+        if len(changes) < n:
+            return None
         window = np.where(np.isnan(changes[-n:]), seen[-n:], changes[-n:])
-        levels = np.vstack([np.zeros(window.shape[1]), np.cumsum(window, axis=0)])
-        level = levels[:, np.argsort(levels[-1])[:-1]].mean(axis=1)
+        return np.vstack([np.zeros(window.shape[1]), np.cumsum(window, axis=0)])
+
+    def _trend(self, level: np.ndarray) -> float:
+        """The least-squares slope of ``level`` when it clears ``ramp_threshold`` and
+        ``slow_ramp_t`` standard errors and a level shift does not fit twice as well, else 0."""
+        s = self.settings
         # the straight-line fit by hand: np.polyfit(cov=True) scales its covariance by N − 1
         # for a line (N − 3 in older numpy), not the N − 2 of the slope's standard error
         x = np.arange(len(level), dtype=float) - (len(level) - 1) / 2.0

@@ -18,15 +18,16 @@ from tests.helpers import REPO
 SCENARIOS = REPO / "controllers" / "edge" / "scenarios"
 SHIPPED = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
 # Named misses of the control targets on our own scenarios (also in controllers/edge/README.md):
-# on noise_near_capacity (demand redrawn every interval, sd 10 %, at 95 % of the near origin) the
-# overload-seconds after the first tick are 15 s, 13 % / 26 % of the two baselines' 113 s / 58 s
-# (target 10 %): with independent draws the plan covers the 95th percentile (5 % of intervals
-# still overload); covering the 99th, which the 10 % needs, costs ~20 % mean latency, over the
-# 1.10 budget. Both cannot hold at once there. (The weights hold within 3 points since the
-# uplift is rate-limited.)
-OVERLOAD_SLACK = {"noise_near_capacity": 0.26}
+# none. noise_near_capacity (demand redrawn every interval, sd 10 %, at 95 % of the near origin)
+# is met on its own seed by chance: one window of upward draws at 165 s reads as a 3 %-an-interval
+# ramp of the edge's own level and lifts the plan for an interval; the shares after it differ, and
+# the draw at 300 s that ran 15 s over capacity before now lands within it. Other seeds of it
+# still miss (test_seed_sweep.py): with independent draws the
+# plan covers the 95th percentile, and the 99th, which a tenth of the baselines' overload needs,
+# costs ~20 % mean latency, over the 1.10 budget.
+OVERLOAD_SLACK: dict[str, float] = {}
 WEIGHT_SWING_SLACK: dict[str, float] = {}
-NAMED = {"noise_near_capacity": ("overload-seconds",)}
+NAMED: dict[str, tuple[str, ...]] = {}
 
 
 @pytest.fixture(scope="module")
