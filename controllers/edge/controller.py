@@ -846,16 +846,14 @@ class EdgeController(Controller):
                         common_rise = mean3
                     else:
                         common_rise = self._slow_common_ramp(changes, seen)
-                if common_rise > 0:
-                    lifted = ~rising & (last3[-1] > -3.0 * sigma)
-                    slope = np.where(lifted, np.expm1(common_rise) * hist[-1], slope)
-                    rising |= lifted
+                ramp_rise = np.full(last3.shape[1], common_rise)  # 0: no common ramp
             else:
                 # one or two edges: no common ramp to read across them, each edge's own trend
-                own_rise = self._slow_own_ramps(changes, seen, sigma)
-                lifted = ~rising & (own_rise > 0) & (last3[-1] > -3.0 * sigma)
-                slope = np.where(lifted, np.expm1(own_rise) * hist[-1], slope)
-                rising |= lifted
+                ramp_rise = self._slow_own_ramps(changes, seen, change_sd)
+            # the ramp read, common or the edge's own, lifts every edge not clearly falling
+            lifted = ~rising & (ramp_rise > 0) & (last3[-1] > -3.0 * sigma)
+            slope = np.where(lifted, np.expm1(ramp_rise) * hist[-1], slope)
+            rising |= lifted
             # a ramp still rising stays one (hysteresis): a relax step must not undo the room
             # made for it because one rise fell under the bar
             going_on = self._rising & ~rising & (last3[-1] > 0)
@@ -904,24 +902,24 @@ class EdgeController(Controller):
         interval under 2-4 % measurement noise cleared neither the 3-interval bar nor one built on
         σ, and the origins ran into capacity before anything moved. A step fits the window as a
         level shift: when one explains it twice as well as the line, it is a step, not a ramp."""
-        levels = self._ramp_levels(changes, seen)
-        if changes.shape[1] < 3 or levels is None:
+        levels = self._ramp_levels(changes, seen)  # called with three edges or more
+        if levels is None:
             return 0.0
         return self._trend(levels[:, np.argsort(levels[-1])[:-1]].mean(axis=1))
 
     def _slow_own_ramps(self, changes: np.ndarray, seen: np.ndarray,
-                        sigma: np.ndarray) -> np.ndarray:
+                        change_sd: np.ndarray) -> np.ndarray:
         """Per edge: the rise per interval (log) of its own slow ramp, as :meth:`_slow_common_ramp`
         on its own level (0: none, or too few readings). With one or two edges there is no
         common level to read: two edges' peak rising 3 % an interval under 2.5 % measurement
         noise ran an origin over capacity for 34 s before the 3-interval tests saw it. An edge
-        with a change in the window beyond ``step_sigmas`` sd of one interval's change is on a
-        surge, the step's business: a slow slope read across it held the surge's plan low."""
+        with a change in the window beyond ``step_sigmas`` × ``change_sd`` (one interval's change,
+        :meth:`_change_sd`) is on a surge, the step's business: a slow slope read across it held
+        the surge's plan low."""
         levels = self._ramp_levels(changes, seen)
         if levels is None:
             return np.zeros(changes.shape[1])
-        bar = self.settings.step_sigmas * self._change_sd(sigma)
-        calm = (np.diff(levels, axis=0) <= bar).all(axis=0)
+        calm = (np.diff(levels, axis=0) <= self.settings.step_sigmas * change_sd).all(axis=0)
         return np.array([self._trend(levels[:, e]) if calm[e] else 0.0
                          for e in range(levels.shape[1])])
 

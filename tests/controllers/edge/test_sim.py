@@ -22,9 +22,9 @@ SHIPPED = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
 # is met on its own seed by chance: one window of upward draws at 165 s reads as a 3 %-an-interval
 # ramp of the edge's own level and lifts the plan for an interval; the shares after it differ, and
 # the draw at 300 s that ran 15 s over capacity before now lands within it. Other seeds of it
-# still miss (test_seed_sweep.py): with independent draws the
-# plan covers the 95th percentile, and the 99th, which a tenth of the baselines' overload needs,
-# costs ~20 % mean latency, over the 1.10 budget.
+# still miss (test_seed_sweep.py): with independent draws the plan covers the 95th percentile,
+# and the 99th, which a tenth of the baselines' overload needs, costs ~20 % mean latency, over
+# the 1.10 budget.
 OVERLOAD_SLACK: dict[str, float] = {}
 WEIGHT_SWING_SLACK: dict[str, float] = {}
 NAMED: dict[str, tuple[str, ...]] = {}
