@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's virtualenv with pinned dependencies; re-installs only when pyproject.toml changed.
-# Safe to interrupt anywhere: a venv without a working pip is rebuilt, the stamp is written last (whole),
-# and the up-to-date check also runs the interpreter, pip and an import of the project.
+# Safe to interrupt anywhere: a venv without a working pip or with an interrupted install is rebuilt,
+# the stamp is written last (whole), and the up-to-date check also runs the interpreter, pip and an
+# import of the project.
 set -euo pipefail
 source "$(dirname "$0")/lib/steps.bash"
 ROOT="$(step_root)"
@@ -27,5 +28,6 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # A package half-installed by an earlier interrupted run shows up here as a broken requirement.
 "$VENV/bin/python" -m pip check >/dev/null || { "$VENV/bin/python" -m pip check >&2; exit 1; }
 "$VENV/bin/python" -c "import $IMPORT_CHECK"
+venv_install_done "$VENV"
 write_atomic "$stamp" "$want"
 echo "python: venv installed"

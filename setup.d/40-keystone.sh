@@ -2,7 +2,8 @@
 # A real OpenStack Keystone (PyPI keystone 30.x) + uWSGI in its own venv, .cache/keystone-venv, so that
 # Keystone's many pinned dependencies never conflict with the project's venv. Used by the Keystone
 # collector's tests, through the lab's Keystone server (lab/keystone_server).
-# Safe to interrupt anywhere: a venv without a working pip is rebuilt, the stamp is written last.
+# Safe to interrupt anywhere: a venv without a working pip or with an interrupted install is rebuilt,
+# the stamp is written last.
 set -euo pipefail
 source "$(dirname "$0")/lib/steps.bash"
 # nginx is the S3 front end whose access log the collector parses in tests (nginx-light has map/proxy).
@@ -40,5 +41,6 @@ import keystone.server.wsgi  # noqa: F401  (keystone.wsgi.api needs a config dir
 EOF
 plugins=$("$VENV/bin/uwsgi" --plugins-list 2>&1 || true)  # it exits non-zero after listing
 grep -qx http <<<"$plugins" || { echo "keystone: uwsgi in $VENV has no http router plugin" >&2; exit 1; }
+venv_install_done "$VENV"
 write_atomic "$stamp" "$PINS"
 echo "keystone: installed $PINS into $VENV"

@@ -12,16 +12,24 @@ write_atomic() { printf '%s\n' "$2" > "$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"; }
 # without pip, and every later install then failed with ".venv/bin/pip: No such file or directory").
 venv_usable() { "$1/bin/python" -c 'import sys' >/dev/null 2>&1 && "$1/bin/python" -m pip --version >/dev/null 2>&1; }
 
-# ensure_venv LABEL VENV PYTHON: a usable virtualenv at VENV, rebuilt from scratch when it is not.
+# ensure_venv LABEL VENV PYTHON: a usable virtualenv at VENV, rebuilt from scratch when it is not, marked
+# as being installed into until venv_install_done. A venv whose install was interrupted is rebuilt too:
+# pip killed while replacing itself leaves its old version stashed as '~ip-…' beside a half-written new
+# one that still answers --version and counts as installed, and only `pip check` then fails on it.
 ensure_venv() {
   local label=$1 venv=$2 py=$3
-  if [ -e "$venv" ] && ! venv_usable "$venv"; then
+  if [ -e "$venv" ] && { [ -e "$venv/.opsloop-installing" ] || ! venv_usable "$venv"; }; then
     echo "$label: $venv is incomplete (an interrupted set-up?); rebuilding it"
     rm -rf "$venv"
   fi
   [ -e "$venv" ] || "$py" -m venv "$venv"
   venv_usable "$venv" || { echo "setup: $label: '$py -m venv $venv' left no working pip" >&2; return 1; }
+  : > "$venv/.opsloop-installing"
 }
+
+# venv_install_done VENV: the installs into VENV finished (before its stamp is written: a kill between
+# the two only repeats the installs, which then find everything in place).
+venv_install_done() { rm -f "$1/.opsloop-installing"; }
 
 # apt_ensure LABEL PKG...: the Debian packages installed. "install ok installed" is dpkg's own result
 # check; a dpkg run killed part-way (half-installed/unpacked packages) is finished first with
