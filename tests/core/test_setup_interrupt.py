@@ -88,6 +88,28 @@ def test_venv_without_pip_is_rebuilt(tmp_path: Path) -> None:
     assert again.returncode == 0 and "venv up to date" in again.stdout
 
 
+def test_venv_with_pip_torn_while_replacing_itself_is_rebuilt(tmp_path: Path) -> None:
+    """The state a CI run met: pip killed while replacing itself left the old pip's stash
+    ('~ip-23.2.1.dist-info') and a pip 26.3 whose WHEEL file was torn before its Tag lines, which
+    counts as installed (the upgrade did nothing) and fails `pip check` ("pip 26.3 is not supported
+    on this platform"). Torn here by hand, as the kill leaves it: the step's own marker still there."""
+    root = scratch_root(tmp_path)
+    env = tiny_project(root)
+    assert run_step(root, "20-python.sh", env).returncode == 0
+    venv = root / ".venv"
+    site = venv / "lib" / "python3.11" / "site-packages"
+    (venv / ".opsloop-installed").unlink()
+    (venv / ".opsloop-installing").touch()
+    wheel = site / "pip-26.3.dist-info" / "WHEEL"
+    wheel.write_text(wheel.read_text().splitlines()[0] + "\n")  # "Wheel-Version: 1.0", no Tag yet
+    (site / "~ip-23.2.1.dist-info").mkdir()
+    r = run_step(root, "20-python.sh", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "incomplete" in r.stdout and "venv installed" in r.stdout
+    assert "Tag: " in wheel.read_text() and not any(site.glob("~*"))
+    assert venv_works(venv)
+
+
 @pytest.mark.parametrize("point", ["venv-created", "pip-upgraded", "project-installing"])
 def test_venv_step_killed_part_way_recovers(tmp_path: Path, point: str) -> None:
     root = scratch_root(tmp_path)
