@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 from collections.abc import Iterator
@@ -264,6 +265,24 @@ def test_slow_bmcs_start_first_in_the_next_round(fleet: BMCFleet, tmp_path: Path
     second = [m.tags["host"] for m in collector.collect().metrics if m.name == "ipmi_bmc"]
     assert first[-1] == "dead"
     assert second[0] == "dead"
+
+
+def test_a_live_bmcs_slow_read_does_not_outrank_a_dead_one(fleet: BMCFleet, tmp_path: Path) -> None:
+    # The CI failure of the test above, made certain: stor-g1's first read is slowed by 4 s (a
+    # stand-in that waits, then runs the real ipmitool: a loaded machine), longer than the dead
+    # BMC's 2 s (-N 1 -R 1). It still answers, so the dead BMC starts first next round all the same.
+    real = shutil.which("ipmitool")
+    assert real, "ipmitool is not installed (make setup)"
+    flag = tmp_path / "slowed-once"
+    tool = tmp_path / "ipmitool"
+    tool.write_text(f"#!/bin/bash\nif [[ \" $* \" == *\" -p {fleet['stor-g1'].port} \"* && ! -e {flag} ]]; then\n"
+                    f"  touch {flag}; sleep 4\nfi\nexec {real} \"$@\"\n")
+    tool.chmod(0o755)
+    collector = collector_for(fleet, tmp_path, ["stor-g1", "stor-g2", "dead"], concurrency=1, ipmitool=str(tool))
+    first = collector.collect()
+    assert flag.exists() and power(first)["stor-g1"]["fields"]["watts"] == 248.0
+    second = [m.tags["host"] for m in collector.collect().metrics if m.name == "ipmi_bmc"]
+    assert second[0] == "dead" and sorted(second) == ["dead", "stor-g1", "stor-g2"]
 
 
 def test_round_deadline_bounds_the_round(fleet: BMCFleet, tmp_path: Path) -> None:
