@@ -153,7 +153,8 @@ class ControllerSettings(BaseModel):
     elasticity: float = Field(default=1.0, ge=0.0, le=4.0)
     latency_floor_ms: float = Field(default=10.0, ge=0.0)
     stale_after_s: float = Field(default=30.0, gt=0.0)
-    stickiness_ms: float = Field(default=0.1, ge=0.0)
+    # between origins this close (ms) the current one keeps its share: a move for less is churn
+    stickiness_ms: float = Field(default=0.5, ge=0.0)
     deadband: float = Field(default=0.005, ge=0.0, lt=0.5)
     hot_margin: float = Field(default=0.03, ge=0.0, le=0.05)
     shed_headroom: float = Field(default=0.08, ge=0.0, lt=0.5)
