@@ -54,12 +54,12 @@ class IpmiCollector:
         self.hosts = hosts
         # Hosts whose BMC said "no DCMI": rounds left before DCMI is probed again.
         self._skip_dcmi: dict[str, int] = {}
-        # Last round's read time per host, and the hosts that did not answer: those start first next
-        # round, then the slowest, so their timeouts overlap with the quick reads instead of forming a
-        # tail at the end. Not answering ranks first on its own: a live BMC's one slow read (a
-        # retransmit on a loaded host) can take as long as a dead one's, and is quick again next time.
-        self._last_seconds: dict[str, float] = {}
-        self._unanswered: set[str] = set()
+        # Each host's place in the next round, (answered, -read seconds) of its last read: those that
+        # did not answer start first, then the slowest, so their timeouts overlap with the quick
+        # reads instead of forming a tail at the end. Not answering ranks first on its own: a live
+        # BMC's one slow read (a retransmit on a loaded host) can take as long as a dead one's, and
+        # is quick again next time.
+        self._start_rank: dict[str, tuple[bool, float]] = {}
         self._lock = threading.Lock()
 
     # --- round --------------------------------------------------------------------------------
@@ -77,8 +77,7 @@ class IpmiCollector:
             return rnd
         deadline = time.monotonic() + self.config.round_timeout_s
         workers = min(self.config.concurrency, len(self.hosts))
-        order = sorted(self.hosts, key=lambda h: (h.name not in self._unanswered,
-                                                  -self._last_seconds.get(h.name, 0.0)))
+        order = sorted(self.hosts, key=lambda h: self._start_rank.get(h.name, (True, 0.0)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ipmi") as pool:
             outcomes = list(pool.map(lambda h: self._read_host(h, tool, deadline), order))
         for o in outcomes:
@@ -108,11 +107,7 @@ class IpmiCollector:
             out.errors.append(CollectError(host.name, "tool", scrub(f"{type(e).__name__}: {e}", password)))
         seconds = time.monotonic() - started
         with self._lock:
-            self._last_seconds[host.name] = seconds
-            if any(e.kind in _UNANSWERED for e in out.errors):
-                self._unanswered.add(host.name)
-            else:
-                self._unanswered.discard(host.name)
+            self._start_rank[host.name] = (not any(e.kind in _UNANSWERED for e in out.errors), -seconds)
         out.metrics.append(self._status(out, seconds))
         return out
 
