@@ -25,9 +25,8 @@ rm -f "$stamp"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 "$VENV/bin/python" -m pip install -q --upgrade "pip==26.3" "setuptools==80.9.0" "wheel==0.45.1"
 "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
-# A package half-installed by an earlier interrupted run shows up here as a broken requirement.
+# A broken requirement among the pins fails here, not at the first import.
 "$VENV/bin/python" -m pip check >/dev/null || { "$VENV/bin/python" -m pip check >&2; exit 1; }
 "$VENV/bin/python" -c "import $IMPORT_CHECK"
-venv_install_done "$VENV"
-write_atomic "$stamp" "$want"
+venv_installed "$VENV" "$stamp" "$want"
 echo "python: venv installed"

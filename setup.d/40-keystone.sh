@@ -41,6 +41,5 @@ import keystone.server.wsgi  # noqa: F401  (keystone.wsgi.api needs a config dir
 EOF
 plugins=$("$VENV/bin/uwsgi" --plugins-list 2>&1 || true)  # it exits non-zero after listing
 grep -qx http <<<"$plugins" || { echo "keystone: uwsgi in $VENV has no http router plugin" >&2; exit 1; }
-venv_install_done "$VENV"
-write_atomic "$stamp" "$PINS"
+venv_installed "$VENV" "$stamp" "$PINS"
 echo "keystone: installed $PINS into $VENV"

@@ -13,7 +13,7 @@ write_atomic() { printf '%s\n' "$2" > "$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"; }
 venv_usable() { "$1/bin/python" -c 'import sys' >/dev/null 2>&1 && "$1/bin/python" -m pip --version >/dev/null 2>&1; }
 
 # ensure_venv LABEL VENV PYTHON: a usable virtualenv at VENV, rebuilt from scratch when it is not, marked
-# as being installed into until venv_install_done. A venv whose install was interrupted is rebuilt too:
+# as being installed into until venv_installed. A venv whose install was interrupted is rebuilt too:
 # pip killed while replacing itself leaves its old version stashed as '~ip-…' beside a half-written new
 # one that still answers --version and counts as installed, and only `pip check` then fails on it.
 ensure_venv() {
@@ -27,9 +27,9 @@ ensure_venv() {
   : > "$venv/.opsloop-installing"
 }
 
-# venv_install_done VENV: the installs into VENV finished (before its stamp is written: a kill between
-# the two only repeats the installs, which then find everything in place).
-venv_install_done() { rm -f "$1/.opsloop-installing"; }
+# venv_installed VENV STAMP TEXT: the installs into VENV finished: its marker goes, then STAMP holds TEXT
+# (in that order: a kill between the two only repeats the installs, which then find everything in place).
+venv_installed() { rm -f "$1/.opsloop-installing" && write_atomic "$2" "$3"; }
 
 # apt_ensure LABEL PKG...: the Debian packages installed. "install ok installed" is dpkg's own result
 # check; a dpkg run killed part-way (half-installed/unpacked packages) is finished first with
