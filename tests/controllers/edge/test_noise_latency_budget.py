@@ -61,8 +61,8 @@ def test_the_budget_caps_the_latency_the_uplift_adds_to_one_plan():
         demand = np.array([270.0 * (1.0 + 0.10 * rng.standard_normal())])
         estimate, uplift, _ = ctrl._demand_estimate(demand, ctrl._latency_now(latency))
         ctrl._set_scale(estimate)
-        kept_estimate, kept, _ = ctrl._within_latency_budget(estimate, uplift, CAP, latency,
-                                                             healthy)
+        kept_estimate, kept, _, _ = ctrl._within_latency_budget(
+            estimate, uplift, CAP, np.zeros(len(CAP)), latency, healthy)
 
         def plan_ms(k: np.ndarray) -> float:
             ctrl._set_scale(estimate / (1.0 + uplift) * (1.0 + k))

@@ -21,15 +21,14 @@ SEEDS = (11, 29, 47)
 # (scenario, seed) -> the violation kinds it shows (prefix or part of the verdict's message)
 SEED_MISSES: dict[tuple[str, int], set[str]] = {
     # true demand noise sd 10 % redrawn every interval at ~95 % of the near origin: the plan
-    # covers the 95th percentile of the draws; 49 s / 26 s over capacity (54 % / 25 % of the
-    # headroom baseline's)
+    # covers the 95th percentile of the draws; 36 s / 35 s over capacity (40 % / 33 % of the
+    # headroom baseline's; 49 s before the plan left room for hidden overload)
     ("noise_near_capacity", 11): {"overload-seconds"},
     ("noise_near_capacity", 29): {"overload-seconds"},
     # seed 47: its σ estimate grows with a run of large draws and the plan follows the window's
-    # level: weights swing 8.7 points, p95 excess 7.6 %, churn 4.1 %, 113 s over capacity (70 % /
-    # 78 % of the baselines')
-    ("noise_near_capacity", 47): {"overload-seconds", "churn", "95th-percentile",
-                                  "weights oscillate"},
+    # level: p95 excess 7.3 %, churn 3.3 %, 80 s over capacity (50 % / 55 % of the baselines');
+    # its weights swung 6.2 points at the start before the plan left room for hidden overload
+    ("noise_near_capacity", 47): {"overload-seconds", "churn", "95th-percentile"},
     # x3 at one of three edges: 14 s over capacity against the headroom baseline's 123 s (11 %)
     ("surge_one_edge", 47): {"overload-seconds"},
 }
