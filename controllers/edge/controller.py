@@ -744,8 +744,10 @@ class EdgeController(Controller):
         jitter = np.array([max(j, default=0.0) for j in self._service_jitter])
         on = self.weights > s.deadband
         noisy = (on & (self._sigma > 2.0 * s.ramp_noise_floor)[:, None]).any(axis=0)
-        hidden = healthy & (read <= 1.0) & (slower > np.maximum(1e-3, 1.5 * jitter)) & noisy \
-            & (self._calm_ticks >= 3)
+        # an origin whose fastest answer read 0 ms (response time within the network latency
+        # configured) has no unloaded speed to compare with
+        hidden = healthy & (self._service_base > 0) & (read <= 1.0) & noisy \
+            & (slower > np.maximum(1e-3, 1.5 * jitter)) & (self._calm_ticks >= 3)
         self._derate = np.where(hidden, np.minimum(self._derate + s.hidden_overload_derate,
                                                    s.max_derate), self._derate * s.derate_decay)
         return self._derate

@@ -97,3 +97,11 @@ def test_noise_overloading_the_near_origin_within_intervals_meets_the_verdict():
     summaries, _ = run_scenario(off, ["ours", "fixed-step", "fixed-step-headroom"])
     assert not summaries["ours"]["meets_targets"]
     assert summaries["ours"]["judged_overload_s"] > 0.1 * summaries["fixed-step"]["judged_overload_s"]
+
+
+def test_an_origin_without_a_known_unloaded_speed_is_not_cut():
+    # the live loop's response time is rtime less the configured network latency, 0 when the
+    # latency is configured too high: no unloaded speed to compare with, no cut however slow
+    ctrl = _noisy(near_ms=[0.0] * len(DRAWS))
+    _tick(ctrl, len(DRAWS), 250.0, near_ms=12.0)
+    assert not ctrl._derate.any()
