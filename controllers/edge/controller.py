@@ -728,11 +728,9 @@ class EdgeController(Controller):
         of bench.sim_kinds a share held constant on each edge's nearest origin met the verdict
         on 31, in bands 1–4 points wide, where following the plan met 11 (edge README)."""
         s = self.settings
-        plant = (capacity.copy(), healthy.copy())
-        changed = self._last_plant is not None and not (
-            np.array_equal(self._last_plant[0], capacity)
-            and np.array_equal(self._last_plant[1], healthy))
-        self._last_plant = plant
+        last, self._last_plant = self._last_plant, (capacity.copy(), healthy.copy())
+        changed = last is not None and not (np.array_equal(last[0], capacity)
+                                            and np.array_equal(last[1], healthy))
         self._calm_ticks = 0 if changed or self._stepped.any() or rising.any() \
             else self._calm_ticks + 1
         if self._service_now is None or self.weights is None or s.hidden_overload_derate <= 0:

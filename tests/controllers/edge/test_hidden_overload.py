@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from opsloop.controllers.edge.controller import ControllerSettings, EdgeController, Observation
-from opsloop.controllers.edge.sim import load_scenario, run_scenario
-from tests.controllers.edge.drawn_cases import TESTDATA, run_meeting_targets
+from tests.controllers.edge.drawn_cases import run_drawn, run_meeting_targets
 
 CAP = np.array([300.0, 2000.0])   # a near origin and a far one
 LAT = np.array([[5.0, 90.0]])
@@ -31,8 +30,8 @@ def _noisy(settings: ControllerSettings | None = None, near_ms: list[float] | No
     """A controller after the noisy draws, the near origin answering at ``near_ms`` (default:
     its unloaded 10 ms throughout)."""
     ctrl = EdgeController(1, 2, settings, initial=np.array([[1.0, 0.0]]), origin_names=["near", "far"])
-    for k, demand in enumerate(DRAWS):
-        _tick(ctrl, k, demand, (near_ms or [10.0] * len(DRAWS))[k])
+    for k, (demand, ms) in enumerate(zip(DRAWS, near_ms or [10.0] * len(DRAWS))):
+        _tick(ctrl, k, demand, ms)
     return ctrl
 
 
@@ -49,7 +48,7 @@ def test_a_slowed_origin_that_read_within_capacity_is_planned_below_it():
     assert d.target[0, 0] < d_off.target[0, 0]
     assert "planned at" not in d_off.reason
     # each interval that shows it cuts further, up to max_derate; calm intervals give it back
-    high = [d for d in DRAWS if d >= 250]   # read above 80 % of capacity (below: its jitter)
+    high = [x for x in DRAWS if x >= 250]   # read above 80 % of capacity (below: its jitter)
     for k, demand in enumerate(high):
         _tick(ctrl, len(DRAWS) + 1 + k, demand, near_ms=10.6)
     assert ctrl._derate[0] == 0.15
@@ -91,10 +90,7 @@ def test_an_origin_whose_answers_jitter_is_judged_beyond_its_jitter():
 
 def test_noise_overloading_the_near_origin_within_intervals_meets_the_verdict():
     run_meeting_targets("noise-41-3")
-    scn = load_scenario(TESTDATA / "noise-41-3.yaml")
-    off = scn.model_copy(update={"controller": scn.controller.model_copy(
-        update={"hidden_overload_derate": 0.0})})
-    summaries, _ = run_scenario(off, ["ours", "fixed-step", "fixed-step-headroom"])
+    summaries, _ = run_drawn("noise-41-3", hidden_overload_derate=0.0)
     assert not summaries["ours"]["meets_targets"]
     assert summaries["ours"]["judged_overload_s"] > 0.1 * summaries["fixed-step"]["judged_overload_s"]
 
