@@ -690,8 +690,19 @@ class EdgeController(Controller):
             return
         now = np.clip(np.nan_to_num(np.asarray(obs.origin_latency_ms, dtype=float)), 0.0, None)
         self._service_now = now
-        self._service_base = now.copy() if self._service_base is None \
-            else np.minimum(self._service_base, np.where(now > 0, now, self._service_base))
+        # the fastest answer seen, 0 until one is: a 0 ms reading (an HAProxy server that never
+        # answered reads rtime 0; so does one within the network latency configured) tells no
+        # unloaded speed, and kept as one every later answer read as slowed by overload
+        base = now if self._service_base is None else self._service_base
+        self._service_base = np.where(base > 0, np.minimum(base, np.where(now > 0, now, base)), now)
+
+    def _slowed(self, margin: float) -> np.ndarray:
+        """[O]: origins answering more than ``margin`` slower than their fastest answer seen
+        (none of them without response times, or before an origin answered at all)."""
+        if self._service_now is None:
+            return np.zeros(self.n_origins, dtype=bool)
+        base = self._service_base
+        return (base > 0) & (self._service_now > base * (1 + margin) + 1e-9)
 
     def _noise_only(self, over: np.ndarray) -> np.ndarray:
         """[O]: origins read over capacity whose own response time says they were not: an origin
@@ -707,10 +718,8 @@ class EdgeController(Controller):
     def _answered_unloaded(self) -> np.ndarray:
         """[O]: origins seen to slow down when overloaded that answered at their unloaded speed
         all through the last interval (so were within capacity all through it)."""
-        now, base = self._service_now, self._service_base
-        shows_overload = self._over_service > base * 1.01 + 1e-9
-        unloaded = now <= base * (1 + 1e-4) + 1e-9  # any overload in the interval slows it
-        return shows_overload & unloaded
+        shows_overload = (self._service_base > 0) & (self._over_service > self._service_base * 1.01 + 1e-9)
+        return shows_overload & ~self._slowed(1e-4)  # any overload in the interval slows it
 
     def _hidden_overload_derate(self, measured: np.ndarray, capacity: np.ndarray,
                                 healthy: np.ndarray, rising: np.ndarray) -> np.ndarray:
@@ -1168,7 +1177,7 @@ class EdgeController(Controller):
         # a round trip is at least 1 ms (0 ms paths answered in 0 ms made the ratio unbounded)
         growth = np.maximum(seen, 1.0) / np.maximum(new, 1.0)[None, :]
         if loaded and self._service_now is not None:
-            slowed = self._service_now > self._service_base * (1 + self.settings.hot_margin) + 1e-9
+            slowed = self._slowed(self.settings.hot_margin)
             on_slowed = (((weights > _EPS) | (self.weights > _EPS)) & slowed[None, :]).any(axis=1)
             growth = np.where(on_slowed[None, :], np.maximum(1.0, growth), growth)
         # a rise with the elasticity seen (the worst case until one was); a fall only as far as
@@ -1389,8 +1398,7 @@ class EdgeController(Controller):
         # hot: over capacity by more than the noise margin, or over it a second interval running,
         # or with its answers more than that margin slower than unloaded: the overload is real,
         # and an origin slowed down by it hides part of its demand from the reading
-        slowed = np.zeros_like(over) if self._service_now is None else \
-            self._service_now > self._service_base * (1 + s.hot_margin) + 1e-9
+        slowed = self._slowed(s.hot_margin)
         # (a step's extrapolated load is no noisy reading: beyond the noise by construction)
         stepping = ((current * self._stepped[:, None]) > s.deadband).any(axis=0)
         hot = over & ((load > capacity * (1 + s.hot_margin) + 1e-9) | self._over_last | slowed

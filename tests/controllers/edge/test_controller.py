@@ -278,7 +278,8 @@ def test_returning_origin_is_held_down_with_growing_back_off_then_ramped():
 def test_one_high_reading_is_shed_only_when_the_origins_response_time_confirms_it():
     latency, cap = [[20, 150]], [200, 1000]
 
-    def run(high_readings: int, near_ms: float, start_ms: float = 35.0) -> tuple[float, float, str]:
+    def run(high_readings: int, near_ms: float, start_ms: float = 35.0,
+            idle_first: bool = False) -> tuple[float, float, str]:
         """Near share before and after the high readings, and the last reason."""
         ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
         t = 0.0
@@ -291,6 +292,8 @@ def test_one_high_reading_is_shed_only_when_the_origins_response_time_confirms_i
                                          latency=np.asarray(latency, float), healthy=np.array([True, True]),
                                          origin_latency_ms=np.array([ms, 10.0])))
 
+        if idle_first:  # no request yet: HAProxy's rtime of a server that never answered, 0 ms
+            tick(0.0, 0.0)
         tick(300, start_ms)  # overloaded at the start: are its answers seen to slow down?
         for _ in range(6):
             tick(184, 20.0)  # 92 % of capacity, answering at its unloaded speed
@@ -310,6 +313,12 @@ def test_one_high_reading_is_shed_only_when_the_origins_response_time_confirms_i
     assert "shed" not in reason and after >= before - 0.005, (before, after, reason)
     # an origin whose answers were never seen to slow down under overload: the reading is believed
     before, after, reason = run(1, 20.0, start_ms=20.0)
+    assert "shed" in reason and after < before - 0.03, (before, after, reason)
+    # an idle first interval's 0 ms is no unloaded speed (kept as one, every later answer read
+    # as slowed by overload and each high reading was shed)
+    before, after, reason = run(1, 20.0, idle_first=True)
+    assert "shed" not in reason and after >= before - 0.005, (before, after, reason)
+    before, after, reason = run(1, 22.0, idle_first=True)
     assert "shed" in reason and after < before - 0.03, (before, after, reason)
 
 
