@@ -93,7 +93,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    of its own reading (≥ 1.5 %) on the measurement, it is warm (else the shares stay put).
    Demand within the normal headroom but not the shed's: the shed is planned at the normal
    headroom (the deeper plan is a shortfall's, which keeps the shares), an edge moved nearer
-   only as far as keeps the origins it gains within capacity for worst-case elastic clients.
+   only as far as keeps the origins it gains within capacity for worst-case elastic clients, or
+   beyond it below the overload then left on the hot origins by more than ``hot_margin``.
 5. *Relax slowly and safely.* The rest of ``T − W`` is applied as ``β·(T − W)``, β ≤ ``relax_gain``
    (0.5), ``β·|T − W|∞ ≤ relax_step`` (0.2), β the largest for which every origin that gains
    traffic keeps a *predicted* load ≤ capacity·(1−h), assuming worst-case elastic clients
@@ -1452,8 +1453,15 @@ class EdgeController(Controller):
                 gaining = healthy & ((move * estimate[:, None]).sum(axis=0) > 1e-9)
 
                 def gains_fit(b: float) -> bool:
+                    # ... or, beyond capacity, below the overload the hot origins it relieves
+                    # are left with by more than the margin: worst-case clients moved onto a
+                    # 1 ms path are predicted at 100x their rate, and on constant feasible
+                    # demand an origin of capacity 0 kept its load for 26 intervals
                     pred = self._predicted_load(current + b * move, latency)
-                    return bool((pred[gaining] <= capacity[gaining] * (1 + 1e-9) + 1e-9).all())
+                    ratio = np.divide(pred, capacity, out=np.full_like(pred, np.inf),
+                                      where=capacity > _EPS)
+                    allowed = max(1.0, float(ratio[hot].max(initial=1.0)) / (1 + s.hot_margin))
+                    return bool((ratio[gaining] <= allowed * (1 + 1e-9) + 1e-9).all())
                 target = current + largest_fraction(gains_fit) * move
             joint = True
         delta = target - current

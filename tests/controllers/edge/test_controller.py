@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -99,8 +99,21 @@ def test_controller_sequences_keep_the_safety_rules(problem, demand_factors):
             last = decision.weights
 
 
+# found by the search below (each needed 8 intervals and more): an origin of capacity 0, and an
+# edge whose move is onto a 0 ms path (worst-case clients predicted at 100x their rate)
+_ZERO_CAPACITY = (np.array([107.0, 0.0, 0.0, 696.0]), np.array([0.0, 190.0, 682.0]),
+                  np.array([[51.0, 27.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 7.0, 0.0]]),
+                  np.array([True, True, True]),
+                  np.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))
+_ONTO_ZERO_MS = (np.array([215.6, 821.4]), np.array([301.8, 819.1]),
+                 np.array([[0.5, 0.2], [107.0, 0.0]]), np.array([True, True]),
+                 np.array([[0.7, 0.3], [1.0, 0.0]]))
+
+
 @settings(max_examples=60, deadline=None)
 @given(problems(max_edges=4, max_origins=4, allow_unreachable=False, allow_unhealthy=False))
+@example(_ZERO_CAPACITY)
+@example(_ONTO_ZERO_MS)
 def test_capacity_respected_when_feasible(problem):
     """Constant, feasible demand: after a few intervals no origin is above capacity (+hot margin)."""
     demand, capacity, latency, healthy, previous = problem
@@ -112,6 +125,20 @@ def test_capacity_respected_when_feasible(problem):
         decision = ctrl.step(_obs(demand, capacity, latency, healthy, now=15.0 * k))
     load = (decision.weights * demand[:, None]).sum(axis=0)
     assert (load <= capacity * (1 + settings_.hot_margin) + 1e-6).all()
+
+
+@pytest.mark.parametrize("problem", [_ZERO_CAPACITY, _ONTO_ZERO_MS], ids=["capacity-0", "onto-0-ms"])
+def test_a_certain_overload_is_not_kept_to_spare_a_predicted_one(problem):
+    """Demand within 5 % of all capacity, the hot origin's relief onto an origin whose worst-case
+    clients (moved onto a 0 ms path) are predicted far beyond it: the move goes as far as leaves
+    that origin no more overloaded than the hot one, and as the demand stays put (the clients are
+    not elastic), the hot origin is relieved within four decisions (eight and ten before)."""
+    demand, capacity, latency, healthy, previous = problem
+    ctrl = EdgeController(*latency.shape, initial=previous)
+    for k in range(4):
+        decision = ctrl.step(_obs(demand, capacity, latency, healthy, now=15.0 * k))
+    load = (decision.weights * demand[:, None]).sum(axis=0)
+    assert (load <= capacity * (1 + ctrl.settings.hot_margin) + 1e-6).all(), (load, capacity)
 
 
 def test_stale_inputs_hold_the_last_good_weights():
