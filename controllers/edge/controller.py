@@ -93,8 +93,9 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    of its own reading (≥ 1.5 %) on the measurement, it is warm (else the shares stay put).
    Demand within the normal headroom but not the shed's: the shed is planned at the normal
    headroom (the deeper plan is a shortfall's, which keeps the shares), an edge moved nearer
-   only as far as keeps the origins it gains within capacity for worst-case elastic clients, or
-   beyond it below the overload then left on the hot origins by more than ``hot_margin``.
+   only as far as keeps the origins it gains within capacity for clients as elastic as seen
+   across our moves (the worst case until seen), or beyond it below the overload then left on
+   the hot origins by more than ``hot_margin``.
 5. *Relax slowly and safely.* The rest of ``T − W`` is applied as ``β·(T − W)``, β ≤ ``relax_gain``
    (0.5), ``β·|T − W|∞ ≤ relax_step`` (0.2), β the largest for which every origin that gains
    traffic keeps a *predicted* load ≤ capacity·(1−h), assuming worst-case elastic clients
@@ -623,14 +624,17 @@ class EdgeController(Controller):
         eps = self.settings.elasticity if elasticity is None else elasticity
         return self._scale * (samples * growth ** eps).max(axis=0)
 
-    def _predicted_load(self, weights: np.ndarray, latency: np.ndarray) -> np.ndarray:
-        predicted = self._predicted_demand_at(weights, latency)
+    def _predicted_load(self, weights: np.ndarray, latency: np.ndarray,
+                        elasticity: np.ndarray | float | None = None) -> np.ndarray:
+        predicted = self._predicted_demand_at(weights, latency, elasticity)
         return (weights * predicted[:, None]).sum(axis=0)
 
     def _elasticity_seen(self) -> np.ndarray:
-        """Per edge: the median elasticity seen across our own big moves, the worst case assumed
-        (``settings.elasticity``) until one was seen. Used to plan targets only: the relax step
-        and the overload check keep the worst case, so a low reading costs speed, not safety."""
+        """Per edge: the largest elasticity seen across our own big moves, the worst case assumed
+        (``settings.elasticity``) until one was seen. Used to plan targets and for how far a
+        shed at the normal headroom moves an edge nearer (the overload it relieves is certain):
+        the relax step and the overload check keep the worst case, so a low reading costs
+        speed, not safety."""
         worst = self.settings.elasticity
         return np.array([max(o) if o else worst for o in self._elasticity_obs])
 
@@ -1451,13 +1455,17 @@ class EdgeController(Controller):
                 # capacity for worst-case elastic clients
                 move = target - current
                 gaining = healthy & ((move * estimate[:, None]).sum(axis=0) > 1e-9)
+                # clients as elastic as seen across our moves (the worst case until seen): with
+                # the worst case kept, each interval's move only halved an edge's latency (a
+                # rate doubling predicted), and the hot origin waited out the halvings
+                seen_eps = self._elasticity_seen()[None, :]
 
                 def gains_fit(b: float) -> bool:
                     # ... or, beyond capacity, below the overload the hot origins it relieves
                     # are left with by more than the margin: worst-case clients moved onto a
                     # 1 ms path are predicted at 100x their rate, and on constant feasible
                     # demand an origin of capacity 0 kept its load for 26 intervals
-                    pred = self._predicted_load(current + b * move, latency)
+                    pred = self._predicted_load(current + b * move, latency, seen_eps)
                     ratio = np.divide(pred, capacity, out=np.full_like(pred, np.inf),
                                       where=capacity > _EPS)
                     allowed = max(1.0, float(ratio[hot].max(initial=1.0)) / (1 + s.hot_margin))
