@@ -723,7 +723,8 @@ class EdgeController(Controller):
     def _answered_unloaded(self) -> np.ndarray:
         """[O]: origins seen to slow down when overloaded that answered at their unloaded speed
         all through the last interval (so were within capacity all through it)."""
-        shows_overload = (self._service_base > 0) & (self._over_service > self._service_base * 1.01 + 1e-9)
+        base = self._service_base
+        shows_overload = (base > 0) & (self._over_service > base * 1.01 + 1e-9)
         return shows_overload & ~self._slowed(1e-4)  # any overload in the interval slows it
 
     def _hidden_overload_derate(self, measured: np.ndarray, capacity: np.ndarray,
@@ -1452,7 +1453,7 @@ class EdgeController(Controller):
                 # demand near all capacity: an edge the shed moves nearer speeds up (elastic
                 # clients moved off a 94 ms origin onto their 8.5 ms one sent 70 % more, that
                 # origin at 165 %); the move goes as far as keeps every origin it gains within
-                # capacity for worst-case elastic clients
+                # capacity for clients as elastic as seen across our moves
                 move = target - current
                 gaining = healthy & ((move * estimate[:, None]).sum(axis=0) > 1e-9)
                 # clients as elastic as seen across our moves (the worst case until seen): with
