@@ -701,13 +701,15 @@ class EdgeController(Controller):
         base = now if self._service_base is None else self._service_base
         self._service_base = np.where(base > 0, np.minimum(base, np.where(now > 0, now, base)), now)
 
-    def _slowed(self, margin: float) -> np.ndarray:
-        """[O]: origins answering more than ``margin`` slower than their fastest answer seen
-        (none of them without response times, or before an origin answered at all)."""
+    def _slowed(self, margin: float | np.ndarray, answers: np.ndarray | None = None) -> np.ndarray:
+        """[O]: origins whose ``answers`` (default: the last interval's response times) were
+        more than ``margin`` slower than their fastest answer seen (none of them without
+        response times, or before an origin answered at all: no unloaded speed to compare)."""
         if self._service_now is None:
             return np.zeros(self.n_origins, dtype=bool)
         base = self._service_base
-        return (base > 0) & (self._service_now > base * (1 + margin) + 1e-9)
+        answers = self._service_now if answers is None else answers
+        return (base > 0) & (answers > base * (1 + margin) + 1e-9)
 
     def _noise_only(self, over: np.ndarray) -> np.ndarray:
         """[O]: origins read over capacity whose own response time says they were not: an origin
@@ -723,8 +725,7 @@ class EdgeController(Controller):
     def _answered_unloaded(self) -> np.ndarray:
         """[O]: origins seen to slow down when overloaded that answered at their unloaded speed
         all through the last interval (so were within capacity all through it)."""
-        base = self._service_base
-        shows_overload = (base > 0) & (self._over_service > base * 1.01 + 1e-9)
+        shows_overload = self._slowed(0.01, self._over_service)
         return shows_overload & ~self._slowed(1e-4)  # any overload in the interval slows it
 
     def _hidden_overload_derate(self, measured: np.ndarray, capacity: np.ndarray,
@@ -757,10 +758,8 @@ class EdgeController(Controller):
         jitter = np.array([max(j, default=0.0) for j in self._service_jitter])
         on = self.weights > s.deadband
         noisy = (on & (self._sigma > 2.0 * s.ramp_noise_floor)[:, None]).any(axis=0)
-        # an origin whose fastest answer read 0 ms (response time within the network latency
-        # configured) has no unloaded speed to compare with
-        hidden = healthy & (self._service_base > 0) & (read <= 1.0) & noisy \
-            & (slower > np.maximum(1e-3, 1.5 * jitter)) & (self._calm_ticks >= 3)
+        hidden = healthy & (read <= 1.0) & noisy & self._slowed(np.maximum(1e-3, 1.5 * jitter)) \
+            & (self._calm_ticks >= 3)
         self._derate = np.where(hidden, np.minimum(self._derate + s.hidden_overload_derate,
                                                    s.max_derate), self._derate * s.derate_decay)
         return self._derate
