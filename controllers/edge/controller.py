@@ -1038,12 +1038,12 @@ class EdgeController(Controller):
         judged on their mean rise, whose noise is 1/√E of one edge's: a step landing late in the
         interval shows there before it clears one edge's bar (their median above 1 sd and none
         below -1 sd, the mean above ``common_step_sigmas`` sd of its own noise, σ√(4/3)/√E),
-        after two intervals calm in their mean as well (within 2 sd of it and under a quarter of
-        the last rise: by its second or third interval a common ramp stands as far above the
-        level) and with no ramp seen at the last tick (read as a step, a ramp had the plan relax
-        back the tick after while it went on). The next tick
-        measures the full level: a step that came at the interval's start shows no further rise,
-        and the plan relaxes back."""
+        after two intervals calm on each edge (within 3 sd) and in their mean (within 2 sd of it
+        and under a quarter of the last rise: by its second or third interval a common ramp
+        stands as far above the level) and with no ramp seen at the last tick (read as a step, a
+        ramp had the plan relax back the tick after while it went on). The next tick measures
+        the full level: a step that came at the interval's start shows no further rise, and the
+        plan relaxes back."""
         s = self.settings
         stepped = np.zeros(len(estimate), dtype=bool)
         if s.step_extrapolation > 1.0 and len(changes) >= 5:
@@ -1063,11 +1063,15 @@ class EdgeController(Controller):
                 # against the mean of three), not one interval's change σ√2; 1/√E for E edges
                 rise_sd = common_sd * math.sqrt(2.0 / 3.0)
                 listener_wide = float(np.median(rise)) > edge_sd and bool((rise > -change_sd).all())
-                if len(rise) >= 2 and fresh.all() and listener_wide and not was_rising.any() \
+                # each edge calm within 3 sd (2 sd each of four edges over two intervals failed
+                # a third of calm draws), the mean within 2 sd of its own noise below
+                settled = ~np.isnan(changes[-1]) & ~self._stepped & (
+                    np.abs(changes[-3:-1]) <= 3.0 * change_sd).all(axis=0)
+                if len(rise) >= 2 and settled.all() and listener_wide and not was_rising.any() \
                         and (np.abs(before) <= 2.0 * common_sd).all() \
                         and (before <= 0.25 * changes[-1].mean()).all() \
                         and rise.mean() > s.common_step_sigmas * rise_sd:
-                    stepped = fresh
+                    stepped = settled
             prev = hist[-4:-1].mean(axis=0)
             stepped &= hist[-1] > prev
             level = prev + s.step_extrapolation * (hist[-1] - prev)
