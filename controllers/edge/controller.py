@@ -44,8 +44,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    until the plan's mean latency is within ``noise_latency_budget`` (8 %) of the plan without
    it (a far alternative makes the headroom cost more than the draws it covers:
    :meth:`EdgeController._within_latency_budget`). When that uplift is clear (``noisy_uplift``),
-   the window's mean level replaces the max of the last draws (unless a draw is beyond 3σ), so
-   the weights do not chase noise. Demand drawn afresh within an interval overloads the near
+   the window's mean level (since the edge's latency last moved by more than 10 %) replaces
+   the max of the last draws (unless a draw is beyond 3σ), so the weights do not chase noise. Demand drawn afresh within an interval overloads the near
    origin for part of it while the interval's mean reads within capacity: an origin that
    answered slower than unloaded then (beyond its own jitter), on noisy demand and away from
    steps, ramps and plant changes, has its planned capacity cut by ``hidden_overload_derate``
@@ -951,7 +951,7 @@ class EdgeController(Controller):
             # mean level, so the weights do not chase every draw; a rise beyond 3σ of that level
             # is a step, not noise, and the max of the last measurements stays in charge
             noisy = uplift > s.noisy_uplift
-            level = hist[-s.variability_window:].mean(axis=0)
+            level = self._level_since_a_big_move(hist, log_latency)
             step = hist[-1] > level * (1.0 + 3.0 * sigma)
             calm_estimate = np.maximum(level, estimate - hist[-s.demand_window:].max(axis=0)
                                        + level)  # keeps the ramp's slope
@@ -959,6 +959,23 @@ class EdgeController(Controller):
             plain = np.where(noisy & ~step & ~rising, calm_estimate, plain)
         self._unstepped = plain * (1.0 + uplift)
         return estimate * (1.0 + uplift), uplift, rising
+
+    def _level_since_a_big_move(self, hist: np.ndarray, log_latency: np.ndarray) -> np.ndarray:
+        """Per edge: the mean of the last ``variability_window`` measurements, only of those
+        taken since the latency its clients saw last changed by more than 10 % (a big move of
+        ours, as for σ; or an origin slowed down by overload); the last one alone when that was
+        the last interval. Elastic clients send another rate at another latency: an edge moved
+        off a failed 6 ms origin onto 60-75 ms ones sent a quarter of its rate, and the window's
+        mean over both planned it at twice what it sent (its nearest origin read 126 % full
+        while at 91 %: a shed, relax steps back, 8 points of weight swinging every few
+        intervals)."""
+        n = min(self.settings.variability_window, len(hist))
+        window, lat = hist[-n:], log_latency[-n:]
+        moved = np.abs(np.diff(lat, axis=0)) > 0.1
+        # the first reading after the last such change in the window (0: none in it)
+        first = np.where(moved.any(axis=0), n - 1 - np.argmax(moved[::-1], axis=0), 0)
+        keep = np.arange(n)[:, None] >= first[None, :]
+        return (window * keep).sum(axis=0) / keep.sum(axis=0)
 
     def _change_sd(self, sigma: np.ndarray) -> np.ndarray:
         """The sd of one interval's change of an edge's log-demand: σ√2, σ at least
