@@ -45,10 +45,11 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    it (a far alternative makes the headroom cost more than the draws it covers:
    :meth:`EdgeController._within_latency_budget`). When that uplift is clear (``noisy_uplift``),
    the window's mean level (since the edge's latency last moved by more than 10 %) replaces
-   the max of the last draws (unless a draw is beyond 3σ), so the weights do not chase noise. Demand drawn afresh within an interval overloads the near
-   origin for part of it while the interval's mean reads within capacity: an origin that
-   answered slower than unloaded then (beyond its own jitter), on noisy demand and away from
-   steps, ramps and plant changes, has its planned capacity cut by ``hidden_overload_derate``
+   the max of the last draws (unless a draw is beyond 3σ), so the weights do not chase noise.
+   Demand drawn afresh within an interval overloads the near origin for part of it while the
+   interval's mean reads within capacity: an origin that answered slower than unloaded then
+   (beyond its own jitter), on noisy demand and away from steps, ramps and plant changes, has
+   its planned capacity cut by ``hidden_overload_derate``
    (3 %) each time, at most ``max_derate`` (15 %), regained at ``derate_decay`` (0.97) per
    interval (:meth:`EdgeController._hidden_overload_derate`); the cut and the uplift share the
    latency budget. Every measurement is kept with the latency its clients saw.
@@ -1080,8 +1081,8 @@ class EdgeController(Controller):
                 # against the mean of three), not one interval's change σ√2; 1/√E for E edges
                 rise_sd = common_sd * math.sqrt(2.0 / 3.0)
                 listener_wide = float(np.median(rise)) > edge_sd and bool((rise > -change_sd).all())
-                # each edge calm within 3 sd (2 sd each of four edges over two intervals failed
-                # a third of calm draws), the mean within 2 sd of its own noise below
+                # each edge calm within 3 sd (asked within 2 sd, four edges' two intervals
+                # each failed a third of calm readings), their mean within 2 sd below
                 settled = ~np.isnan(changes[-1]) & ~self._stepped & (
                     np.abs(changes[-3:-1]) <= 3.0 * change_sd).all(axis=0)
                 if len(rise) >= 2 and settled.all() and listener_wide and not was_rising.any() \
