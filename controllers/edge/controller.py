@@ -146,6 +146,15 @@ from opsloop.records import EdgeWeights, Mode
 from opsloop.controllers.edge.scheduler import Solution, solve
 
 _EPS = 1e-12
+# a big move: the latency an edge's clients see changes by more than 10 % (log) in an interval
+_BIG_MOVE = 0.1
+
+
+def big_moves(log_latency: np.ndarray) -> np.ndarray:
+    """[T-1, E] from log latency [T, E]: the intervals in which an edge's latency moved by more
+    than ``_BIG_MOVE`` — rates read across them say more about the clients' elasticity than
+    about their demand."""
+    return np.abs(np.diff(log_latency, axis=0)) > _BIG_MOVE
 
 
 class ControllerSettings(BaseModel):
@@ -661,9 +670,9 @@ class EdgeController(Controller):
         level_change = log_rate[-1] - log_rate[-4:-1].mean(axis=0)
         settling = np.zeros(len(hist[-1]), dtype=bool)
         if len(hist) >= 3:
-            settling = (np.abs(log_latency[-2] - log_latency[-3]) <= 0.1) & (
+            settling = (np.abs(log_latency[-2] - log_latency[-3]) <= _BIG_MOVE) & (
                 np.abs(log_rate[-2] - log_rate[-3]) > np.maximum(0.1, 3.0 * self._sigma))
-        for e in np.flatnonzero((np.abs(ours) > 0.1) & (np.sign(ours) == np.sign(d_lat))
+        for e in np.flatnonzero((np.abs(ours) > _BIG_MOVE) & (np.sign(ours) == np.sign(d_lat))
                                 & ~settling):
             seen = -d_rate[e] / d_lat[e]
             if seen >= 0:
@@ -813,7 +822,8 @@ class EdgeController(Controller):
         changes = np.diff(logs, axis=0)
         # a big move (> 10 % latency) says more about the clients' elasticity than about their
         # demand: such intervals are left out
-        changes[np.abs(np.diff(log_latency, axis=0)) > 0.1] = np.nan
+        big_move = big_moves(log_latency)
+        changes[big_move] = np.nan
         # σ: the per-interval noise of log-demand, from the median absolute deviation of second
         # differences (var = 6σ² for white noise; a step or a steady ramp leaves it alone)
         sigma = np.zeros(len(measured))
@@ -952,7 +962,7 @@ class EdgeController(Controller):
             # mean level, so the weights do not chase every draw; a rise beyond 3σ of that level
             # is a step, not noise, and the max of the last measurements stays in charge
             noisy = uplift > s.noisy_uplift
-            level = self._level_since_a_big_move(hist, log_latency)
+            level = self._level_since_a_big_move(hist, big_move)
             step = hist[-1] > level * (1.0 + 3.0 * sigma)
             calm_estimate = np.maximum(level, estimate - hist[-s.demand_window:].max(axis=0)
                                        + level)  # keeps the ramp's slope
@@ -961,18 +971,17 @@ class EdgeController(Controller):
         self._unstepped = plain * (1.0 + uplift)
         return estimate * (1.0 + uplift), uplift, rising
 
-    def _level_since_a_big_move(self, hist: np.ndarray, log_latency: np.ndarray) -> np.ndarray:
+    def _level_since_a_big_move(self, hist: np.ndarray, big_move: np.ndarray) -> np.ndarray:
         """Per edge: the mean of the last ``variability_window`` measurements, only of those
-        taken since the latency its clients saw last changed by more than 10 % (a big move of
-        ours, as for σ; or an origin slowed down by overload); the last one alone when that was
-        the last interval. Elastic clients send another rate at another latency: an edge moved
-        off a failed 6 ms origin onto 60-75 ms ones sent a quarter of its rate, and the window's
-        mean over both planned it at twice what it sent (its nearest origin read 126 % full
-        while at 91 %: a shed, relax steps back, 8 points of weight swinging every few
-        intervals)."""
+        taken since the latency its clients saw last changed by more than 10 % (``big_move``,
+        :func:`big_moves`: the intervals σ leaves out, a big move of ours or an origin slowed
+        down by overload); the last one alone when that was the last interval. Elastic clients
+        send another rate at another latency: an edge moved off a failed 6 ms origin onto 60-75
+        ms ones sent a quarter of its rate, and the window's mean over both planned it at twice
+        what it sent (its nearest origin read 126 % full while at 91 %: a shed, relax steps
+        back, 8 points of weight swinging every few intervals)."""
         n = min(self.settings.variability_window, len(hist))
-        window, lat = hist[-n:], log_latency[-n:]
-        moved = np.abs(np.diff(lat, axis=0)) > 0.1
+        window, moved = hist[-n:], big_move[len(big_move) - (n - 1):]  # the moves between them
         # the first reading after the last such change in the window (0: none in it)
         first = np.where(moved.any(axis=0), n - 1 - np.argmax(moved[::-1], axis=0), 0)
         keep = np.arange(n)[:, None] >= first[None, :]
@@ -1070,8 +1079,10 @@ class EdgeController(Controller):
             with np.errstate(invalid="ignore"):  # NaN: an interval of a big move of ours
                 # judged against a calm level: the two intervals before moved within 2 sd
                 # (not a ramp under way, a flap's dip and recovery, or a big move of ours)
-                calm = (np.abs(changes[-3:-1]) <= 2.0 * change_sd).all(axis=0)
-                fresh = ~np.isnan(changes[-1]) & calm & ~self._stepped
+                def calm_within(sds: float) -> np.ndarray:
+                    return (np.abs(changes[-3:-1]) <= sds * change_sd).all(axis=0)
+                unread = ~np.isnan(changes[-1]) & ~self._stepped
+                fresh = unread & calm_within(2.0)
                 stepped = fresh & (rise > s.step_sigmas * change_sd) & ~rising
                 # the common step (docstring)
                 edge_sd = float(np.median(change_sd))
@@ -1083,8 +1094,7 @@ class EdgeController(Controller):
                 listener_wide = float(np.median(rise)) > edge_sd and bool((rise > -change_sd).all())
                 # each edge calm within 3 sd (asked within 2 sd, four edges' two intervals
                 # each failed a third of calm readings), their mean within 2 sd below
-                settled = ~np.isnan(changes[-1]) & ~self._stepped & (
-                    np.abs(changes[-3:-1]) <= 3.0 * change_sd).all(axis=0)
+                settled = unread & calm_within(3.0)
                 if len(rise) >= 2 and settled.all() and listener_wide and not was_rising.any() \
                         and (np.abs(before) <= 2.0 * common_sd).all() \
                         and (before <= 0.25 * changes[-1].mean()).all() \
