@@ -4,6 +4,10 @@ SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# Test files run on this many parallel workers (pytest-xdist; a file and its fixtures stay on one worker;
+# most tests wait on real components, so two workers on two cores nearly halve the suite). 0: one process.
+PYTEST_JOBS ?= 2
+PYTEST_PAR  := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadfile)
 
 .PHONY: setup setup-python run stop test test-unit bench clean help
 
@@ -29,10 +33,10 @@ stop:
 	$(VENV)/bin/opsloop run --stop
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_PAR) $(PYTEST_ARGS)
 
 test-unit: setup-python
-	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration" $(PYTEST_PAR) $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) -m bench $(BENCH_ARGS)

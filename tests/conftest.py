@@ -5,6 +5,7 @@ Started once per test session by the same manager `opsloop stack up` uses, stopp
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -12,9 +13,35 @@ import pytest
 
 from opsloop.config import StackSettings
 from opsloop.stack import Stack, free_port
+from opsloop.stack.process import PORT_RANGE_ENV
 
 # fixtures shared across folders: Alertmanager + webhook + findings producer; one Elasticsearch per session
 pytest_plugins = ["tests.alerting", "tests.es_fixture"]
+
+# `make test` runs the files on parallel workers (pytest-xdist, --dist loadfile: a file's tests and its
+# module fixtures stay on one worker; each worker has its own session stack). Each worker picks free
+# ports from its own slice of 10000-28000, inherited by the processes it starts: two workers never pick
+# the port the other is about to bind.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and PORT_RANGE_ENV not in os.environ:
+    _n = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    _k, _width = int(_WORKER[2:]), 18000 // _n
+    os.environ[PORT_RANGE_ENV] = f"{10000 + _k * _width}-{10000 + (_k + 1) * _width}"
+
+# The longest files (measured, 30-140 s each) are handed out first, so that the parallel workers do not
+# end on one of them while the other is idle; the order within a file is kept.
+LONGEST_FIRST = [
+    "tests/faults/test_soak.py", "tests/core/test_setup_interrupt.py", "tests/controllers/edge/test_fuzz_scenarios.py",
+    "tests/dashboards/test_dashboards.py", "tests/faults/test_broker_absent_at_start.py",
+    "tests/core/test_cli_bad_config.py", "tests/core/test_kafka_security.py", "tests/faults/test_paging_actuator_kill.py",
+    "tests/e2e/test_secure_pipeline.py", "tests/e2e/test_edge_loop.py", "tests/controllers/actuators/test_cli.py",
+    "tests/deploy/test_wheel.py", "tests/faults/test_broker_outage.py", "tests/e2e/test_edge_holddown.py",
+]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest as collected
 
 
 @pytest.fixture(scope="session")

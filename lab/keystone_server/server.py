@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import requests
 
 from opsloop.collectors.keystone.uwsgi_log import LOGFORMAT
 from opsloop.config import REPO_ROOT
+from opsloop.stack import free_port  # below the ephemeral range: see its docstring
 
 DEFAULT_VENV = REPO_ROOT / ".cache" / "keystone-venv"
 TEMPLATE = Path(__file__).with_name("keystone.conf.tmpl")
@@ -38,12 +38,6 @@ MANAGE_TIMEOUT_S = 180
 
 class KeystoneServerError(RuntimeError):
     """The test Keystone could not be set up or started; the message says which step and why."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -54,6 +54,30 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+# Where free_port picks ("LO-HI", HI excluded): runs sharing a machine (the test suite's parallel
+# workers) each take their own slice, so neither picks a port the other is about to bind.
+PORT_RANGE_ENV = "OPSLOOP_FREE_PORT_RANGE"
+
+
+def _port_candidates(lo_ephemeral: int) -> list[int]:
+    """Ports free_port may pick: below the ephemeral range, outside `make run`'s defaults, and
+    within ``$OPSLOOP_FREE_PORT_RANGE`` when that is set."""
+    lo, hi = 10000, lo_ephemeral
+    spec = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if spec:
+        try:
+            lo, hi = (int(x) for x in spec.split("-", 1))
+        except ValueError:
+            raise StackError(f"${PORT_RANGE_ENV}={spec!r}: expected LO-HI, e.g. 10000-19000") from None
+        if not 1024 <= lo < hi <= 65536:
+            raise StackError(f"${PORT_RANGE_ENV}={spec!r}: need 1024 <= LO < HI <= 65536")
+    ports = [p for p in range(lo, hi) if p not in _DEFAULT_PORTS and p < lo_ephemeral]
+    if spec and not ports:
+        raise StackError(f"${PORT_RANGE_ENV}={spec!r}: no port below the ephemeral range "
+                         f"({lo_ephemeral}) outside {_DEFAULT_PORTS.start}-{_DEFAULT_PORTS.stop - 1}")
+    return ports
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on, for a server about to be started on it.
 
@@ -61,10 +85,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     that range, so a port picked there (what ``bind(0)`` gives) can be taken by any client socket
     between this pick and the server's own bind, and the server then fails with "address in use"
     (seen as a Kafka broker that would not start while other tests were connecting). Random, checked
-    by binding, and never the same port twice in one process.
+    by binding, never the same port twice in one process, and within ``$OPSLOOP_FREE_PORT_RANGE``.
     """
     lo = _ephemeral_range()[0]
-    candidates = [p for p in (*range(10000, _DEFAULT_PORTS.start), *range(_DEFAULT_PORTS.stop, lo))]
+    candidates = _port_candidates(lo)
     rng = random.SystemRandom()
     for _ in range(200):
         port = rng.choice(candidates) if candidates else 0
@@ -78,7 +102,8 @@ def free_port(host: str = "127.0.0.1") -> int:
             port = int(s.getsockname()[1])
         _handed_out.add(port)
         return port
-    raise OSError(f"no free port found on {host} below the ephemeral range ({lo})")
+    raise OSError(f"no free port found on {host} below the ephemeral range ({lo})"
+                  + (f" in ${PORT_RANGE_ENV}" if os.environ.get(PORT_RANGE_ENV) else ""))
 
 
 def _proc_stat(pid: int) -> list[str] | None:

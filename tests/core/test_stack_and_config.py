@@ -28,6 +28,18 @@ def test_taken_port_is_one_clear_error(tmp_path: Path) -> None:
     assert not proc.running()
 
 
+def test_free_ports_stay_in_the_range_the_environment_gives(monkeypatch) -> None:
+    # the test suite's parallel workers each pick from their own slice (tests/conftest.py)
+    monkeypatch.setenv("OPSLOOP_FREE_PORT_RANGE", "20000-20050")
+    ports = {free_port() for _ in range(20)}
+    assert len(ports) == 20 and all(20000 <= p < 20050 for p in ports)
+    for bad, why in [("20000", "expected LO-HI"), ("x-y", "expected LO-HI"), ("30000-20000", "LO < HI"),
+                     ("28000-30000", "no port below the ephemeral range")]:
+        monkeypatch.setenv("OPSLOOP_FREE_PORT_RANGE", bad)
+        with pytest.raises(StackError, match=rf"OPSLOOP_FREE_PORT_RANGE={bad!r}: .*{why}"):
+            free_port()
+
+
 def test_missing_binary_names_it_and_what_to_do() -> None:
     with pytest.raises(StackError, match="no-such-binary-xyz: binary not found on PATH; run `make setup`"):
         require_binary("no-such-binary-xyz")

@@ -7,21 +7,16 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opsloop.stack import free_port  # noqa: F401 (the tests take it from here; below the ephemeral range)
+
 # TCP goodput over Ethernet with MTU 1500 and TCP timestamps: 1448 payload bytes per 1514-byte frame
 # (tbf counts the frame from the MAC header on).
 GOODPUT_FACTOR = 1448 / 1514
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _in_netns(netns: str | None, argv: list[str]) -> list[str]:

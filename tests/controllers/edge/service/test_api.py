@@ -47,7 +47,8 @@ def call(method: str, url: str, token: str | None = TOKEN, **kw) -> requests.Res
     return requests.request(method, url, headers=headers, timeout=5, **kw)
 
 
-@pytest.mark.parametrize("token", [None, "", "wrong", TOKEN[:-1], TOKEN + "x"])
+@pytest.mark.parametrize("token", [None, "", "wrong", TOKEN[:-1], TOKEN + "x"],
+                         ids=["none", "empty", "wrong", "truncated", "extended"])  # not the secret in test ids
 def test_every_v1_route_needs_the_token(served, token) -> None:
     _, base, rec = served
     for method, path in [("GET", "/v1/status"), ("GET", "/v1/topology"),
