@@ -5,9 +5,10 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # Test files run on this many parallel workers (pytest-xdist; a file and its fixtures stay on one worker;
-# most tests wait on real components, so two workers on two cores nearly halve the suite). 0: one process.
+# most tests wait on real components, so two workers on two cores nearly halve the suite; files in
+# collection order, the longest first: tests/conftest.py). 0: one process.
 PYTEST_JOBS ?= 2
-PYTEST_PAR  := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadfile)
+PYTEST_PAR  := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadfile --no-loadscope-reorder)
 
 .PHONY: setup setup-python run stop test test-unit bench clean help
 

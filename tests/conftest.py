@@ -36,6 +36,8 @@ LONGEST_FIRST = [
     "tests/core/test_cli_bad_config.py", "tests/core/test_kafka_security.py", "tests/faults/test_paging_actuator_kill.py",
     "tests/e2e/test_secure_pipeline.py", "tests/e2e/test_edge_loop.py", "tests/controllers/actuators/test_cli.py",
     "tests/deploy/test_wheel.py", "tests/faults/test_broker_outage.py", "tests/e2e/test_edge_holddown.py",
+    "tests/e2e/test_anomaly_page.py", "tests/scale/test_scale_out.py", "tests/e2e/test_paging_paths.py",
+    "tests/lab/test_run_supervision.py",
 ]
 
 

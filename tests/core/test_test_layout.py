@@ -36,3 +36,10 @@ def test_the_mapping_refuses_a_folder_without_a_source() -> None:
     assert source_folder(REPO / "tests" / "controllers" / "edge" / "service") == \
         REPO / "controllers" / "edge" / "service"
     assert not source_folder(REPO / "tests" / "observability").is_dir()
+
+
+def test_the_files_handed_out_first_exist() -> None:
+    # a renamed file would silently fall back to collection order and end a parallel run on it
+    from tests.conftest import LONGEST_FIRST
+
+    assert LONGEST_FIRST and [p for p in LONGEST_FIRST if not (REPO / p).is_file()] == []
