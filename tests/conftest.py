@@ -28,7 +28,7 @@ if _WORKER.startswith("gw") and PORT_RANGE_ENV not in os.environ:
     _k, _width = int(_WORKER[2:]), 18000 // _n
     os.environ[PORT_RANGE_ENV] = f"{10000 + _k * _width}-{10000 + (_k + 1) * _width}"
 
-# The longest files (measured, 30-140 s each) are handed out first, so that the parallel workers do not
+# The longest files (measured, 25-140 s each) are handed out first, so that the parallel workers do not
 # end on one of them while the other is idle; the order within a file is kept.
 LONGEST_FIRST = [
     "tests/faults/test_soak.py", "tests/core/test_setup_interrupt.py", "tests/controllers/edge/test_fuzz_scenarios.py",
