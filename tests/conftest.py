@@ -13,20 +13,19 @@ import pytest
 
 from opsloop.config import StackSettings
 from opsloop.stack import Stack, free_port
-from opsloop.stack.process import PORT_RANGE_ENV
+from opsloop.stack.process import PORT_RANGE_ENV, port_range_slice
 
 # fixtures shared across folders: Alertmanager + webhook + findings producer; one Elasticsearch per session
 pytest_plugins = ["tests.alerting", "tests.es_fixture"]
 
 # `make test` runs the files on parallel workers (pytest-xdist, --dist loadfile: a file's tests and its
 # module fixtures stay on one worker; each worker has its own session stack). Each worker picks free
-# ports from its own slice of 10000-28000, inherited by the processes it starts: two workers never pick
-# the port the other is about to bind.
+# ports from its own slice, inherited by the processes it starts: two workers never pick the port the
+# other is about to bind.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw") and PORT_RANGE_ENV not in os.environ:
-    _n = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    _k, _width = int(_WORKER[2:]), 18000 // _n
-    os.environ[PORT_RANGE_ENV] = f"{10000 + _k * _width}-{10000 + (_k + 1) * _width}"
+    os.environ[PORT_RANGE_ENV] = port_range_slice(int(_WORKER[2:]),
+                                                  int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 # The longest files (measured, 25-140 s each) are handed out first, so that the parallel workers do not
 # end on one of them while the other is idle; the order within a file is kept.

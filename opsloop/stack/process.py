@@ -59,10 +59,21 @@ def _ephemeral_range() -> tuple[int, int]:
 PORT_RANGE_ENV = "OPSLOOP_FREE_PORT_RANGE"
 
 
+# free_port picks from here up to the ephemeral range (or `make run`'s defaults, for a slice)
+_LOWEST_PORT = 10000
+
+
+def port_range_slice(index: int, count: int) -> str:
+    """``$OPSLOOP_FREE_PORT_RANGE`` for run ``index`` of ``count`` sharing a machine: its own part
+    of the ports below `make run`'s defaults."""
+    width = (_DEFAULT_PORTS.start - _LOWEST_PORT) // max(1, count)
+    return f"{_LOWEST_PORT + index * width}-{_LOWEST_PORT + (index + 1) * width}"
+
+
 def _port_candidates(lo_ephemeral: int) -> list[int]:
     """Ports free_port may pick: below the ephemeral range, outside `make run`'s defaults, and
     within ``$OPSLOOP_FREE_PORT_RANGE`` when that is set."""
-    lo, hi = 10000, lo_ephemeral
+    lo, hi = _LOWEST_PORT, lo_ephemeral
     spec = os.environ.get(PORT_RANGE_ENV, "").strip()
     if spec:
         try:

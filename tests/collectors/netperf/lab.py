@@ -12,8 +12,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opsloop.stack import free_port  # noqa: F401 (the tests take it from here; below the ephemeral range)
-
 # TCP goodput over Ethernet with MTU 1500 and TCP timestamps: 1448 payload bytes per 1514-byte frame
 # (tbf counts the frame from the MAC header on).
 GOODPUT_FACTOR = 1448 / 1514

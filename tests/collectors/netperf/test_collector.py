@@ -15,7 +15,8 @@ from opsloop.topics import Topic
 from opsloop.collectors.netperf import Config, build
 from opsloop.collectors.netperf.cli import main
 from opsloop.collectors.netperf.collector import SET_METRIC, TARGET_METRIC
-from tests.collectors.netperf.lab import Server, free_port, iperf3_server, netserver, processes_with, wait_for
+from opsloop.stack import free_port
+from tests.collectors.netperf.lab import Server, iperf3_server, netserver, processes_with, wait_for
 
 pytestmark = pytest.mark.integration
 
