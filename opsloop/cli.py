@@ -2,8 +2,10 @@
 
 Each subcommand is ``module:function`` taking ``argv`` and returning an exit code; modules are
 imported only when their subcommand runs, so `opsloop --help` stays fast and a broken optional
-dependency of one stage cannot break the others. Each of those modules also has ``build_parser()``,
-its argparse parser (sub-commands included), so tools and tests can walk every command's help.
+dependency of one stage cannot break the others (only the config reader is imported up front: a
+``--config`` file that cannot be read is refused before the command's module is imported). Each of
+those modules also has ``build_parser()``, its argparse parser (sub-commands included), so tools and
+tests can walk every command's help.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from opsloop import __version__
+from opsloop.config import ConfigError, read_document
 from opsloop.paths import take_state_dir_option
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,6 +34,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("opsloop.audit.logs_cli:main", "service logs from the journal: `opsloop logs search --unit opsloop-edge`"),
     "config": ("opsloop.config_cli:main", "validate a config file and print the effective settings"),
 }
+
+# the commands with a ``--config`` option (the opsloop YAML file); tests walk the parsers to keep it true
+TAKE_CONFIG = frozenset({"stack", "run", "collect", "stream", "edge", "weights", "page", "audit", "logs"})
 
 EPILOG = """examples:
   opsloop stack up                      # Kafka, Prometheus, Alertmanager on loopback (ports in the config)
@@ -80,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"opsloop: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    bad_config = _unreadable_config(name, rest)
+    if bad_config:
+        print(bad_config, file=sys.stderr)
+        return 2
     module, func = COMMANDS[name][0].split(":")
     fn = getattr(importlib.import_module(module), func)
     try:
@@ -94,6 +105,33 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:   # `opsloop sim --json | head -c 100`: was a traceback
         return _reader_gone()
+
+
+def _unreadable_config(name: str, rest: list[str]) -> str | None:
+    """The one-line error for a ``--config`` file that cannot be read as YAML settings (missing, not
+    UTF-8, not YAML, not a mapping), before the command's module is imported: that import (SciPy,
+    the Elasticsearch and Kafka clients) took up to 3 s before a typo in the path was reported.
+    Validation stays with the command, which merges its own options and the environment first."""
+    if name not in TAKE_CONFIG or "-h" in rest or "--help" in rest:
+        return None
+    given: str | None = None
+    for i, arg in enumerate(rest):
+        if arg == "--":
+            break
+        if arg == "--config" and i + 1 < len(rest):
+            given = rest[i + 1]
+        elif arg.startswith("--config="):
+            given = arg.partition("=")[2]
+    # a pipe (`--config <(...)`, /dev/stdin) can be read once: the command's read is that one
+    if given is None or (Path(given).exists() and not Path(given).is_file()):
+        return None
+    try:
+        read_document(Path(given))
+    except ConfigError as e:
+        words = [name, *(a for a in rest[:next((i for i, a in enumerate(rest) if a.startswith("-")),
+                                                len(rest))])]
+        return f"opsloop {' '.join(words)}: {e}"
+    return None
 
 
 def _reader_gone() -> int:

@@ -5,12 +5,14 @@ stray quote was printed whole: PyYAML's message quotes the offending line under 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from opsloop.cli import COMMANDS, build_parser
-from tests.helpers import run_cli
+from opsloop.cli import COMMANDS, TAKE_CONFIG, build_parser
+from tests.helpers import REPO, run_cli
 
 SECRET = "s3cr3t-in-the-file"
 BAD_FILES: dict[str, str | bytes | None] = {
@@ -52,6 +54,10 @@ def test_the_walk_finds_the_services() -> None:
     assert {"stream worker", "page run", "weights run", "edge run"} <= found, found
 
 
+def test_the_commands_checked_up_front_are_those_with_a_config_option() -> None:
+    assert TAKE_CONFIG == {argv[0] for argv in COMMANDS_WITH_CONFIG}
+
+
 @pytest.mark.parametrize("case", BAD_FILES)
 @pytest.mark.parametrize("argv", COMMANDS_WITH_CONFIG, ids=" ".join)
 def test_a_bad_config_file_is_one_line_and_exit_2(argv: list[str], case: str, tmp_path: Path) -> None:
@@ -90,3 +96,26 @@ collectors:
         assert f"  {path}: " in r.stderr, (path, r.stderr)
     assert digits not in r.stderr and SECRET not in r.stderr, r.stderr
     assert "value not shown" in r.stderr
+
+
+def test_an_unreadable_file_is_refused_before_the_command_is_imported(tmp_path: Path) -> None:
+    # the edge service's import (SciPy, the Elasticsearch and Kafka clients) took seconds before a
+    # typo in the path was reported; the file is read first, the module only after
+    probe = ("import sys; from opsloop.cli import main; rc = main(sys.argv[1:]); "
+             "print(rc, 'opsloop.controllers.edge.service.app' in sys.modules, 'scipy' in sys.modules)")
+    missing = str(tmp_path / "typo.yaml")
+    r = subprocess.run([sys.executable, "-c", probe, "edge", "run", "--config", missing],
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.stdout.split() == ["2", "False", "False"], r.stdout + r.stderr
+    assert r.stderr.strip() == f"opsloop edge run: config file {missing}: cannot read (No such file or directory)"
+    # a readable file: the command is imported and validates it (its own message)
+    cfg = tmp_path / "opsloop.yaml"
+    cfg.write_text("controllers:\n  edge: {interval_s: -1}\n")
+    r = subprocess.run([sys.executable, "-c", probe, "edge", "run", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.stdout.split()[:2] == ["2", "True"], r.stdout + r.stderr
+    assert "interval_s" in r.stderr, r.stderr
+    # a pipe is read once, by the command (the check read it empty for the command when it read it first)
+    r = subprocess.run([sys.executable, "-c", probe, "edge", "run", "--config", "/dev/stdin"], input=cfg.read_text(),
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.stdout.split()[:2] == ["2", "True"] and "interval_s" in r.stderr, r.stdout + r.stderr
