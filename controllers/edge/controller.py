@@ -945,7 +945,8 @@ class EdgeController(Controller):
             # a rise too small to matter is no ramp (it must not trigger an early joint move)
             rising &= slope > 0.5 * s.ramp_threshold * np.maximum(hist[-1], _EPS)
             # the measurement is the last interval's mean (its middle); the plan must hold to
-            # the end of the next interval: 1.5 intervals of the ramp ahead
+            # the end of the next interval, 1.5 intervals of the ramp ahead: one is added, the
+            # rest left to the headroom (all 1.5 only moved the overload between draws)
             estimate = estimate + np.where(rising, slope, 0.0)
         was_rising, self._rising = self._rising, rising
         plain = estimate
