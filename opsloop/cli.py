@@ -2,10 +2,9 @@
 
 Each subcommand is ``module:function`` taking ``argv`` and returning an exit code; modules are
 imported only when their subcommand runs, so `opsloop --help` stays fast and a broken optional
-dependency of one stage cannot break the others (only the config reader is imported up front: a
-``--config`` file that cannot be read is refused before the command's module is imported). Each of
-those modules also has ``build_parser()``, its argparse parser (sub-commands included), so tools and
-tests can walk every command's help.
+dependency of one stage cannot break the others (a ``--config`` file that cannot be read is refused
+before the command's module is imported). Each of those modules also has ``build_parser()``, its
+argparse parser (sub-commands included), so tools and tests can walk every command's help.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import sys
 from pathlib import Path
 
 from opsloop import __version__
-from opsloop.config import ConfigError, read_document
 from opsloop.paths import take_state_dir_option
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -125,9 +123,12 @@ def _unreadable_config(name: str, rest: list[str]) -> str | None:
     # a pipe (`--config <(...)`, /dev/stdin) can be read once: the command's read is that one
     if given is None or (Path(given).exists() and not Path(given).is_file()):
         return None
+    # imported here, not at the top: opsloop.config computes its state-directory defaults when it is
+    # imported, which must come after `opsloop --state-dir DIR` has set them (and --help stays fast)
+    config = importlib.import_module("opsloop.config")
     try:
-        read_document(Path(given))
-    except ConfigError as e:
+        config.read_document(Path(given))
+    except config.ConfigError as e:
         words = [name, *(a for a in rest[:next((i for i, a in enumerate(rest) if a.startswith("-")),
                                                 len(rest))])]
         return f"opsloop {' '.join(words)}: {e}"

@@ -119,3 +119,14 @@ def test_an_unreadable_file_is_refused_before_the_command_is_imported(tmp_path: 
     r = subprocess.run([sys.executable, "-c", probe, "edge", "run", "--config", "/dev/stdin"], input=cfg.read_text(),
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.stdout.split()[:2] == ["2", "True"] and "interval_s" in r.stderr, r.stdout + r.stderr
+
+
+def test_state_dir_still_applies_after_the_check(tmp_path: Path) -> None:
+    # opsloop.config computes its state-directory defaults when imported: importing it with the
+    # dispatcher (for the check) fixed them before `--state-dir` was read, and the option did nothing
+    r = run_cli("--state-dir", str(tmp_path), "config", "defaults")
+    assert r.returncode == 0, r.stderr
+    assert f"data_dir: {tmp_path / 'streams'}" in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-c", "import sys, opsloop.cli; print('opsloop.config' in sys.modules)"],
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.stdout.strip() == "False", r.stdout + r.stderr
