@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -105,6 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         return _reader_gone()
 
 
+# only the option: the rest of the command line is the command's (argparse's own reading of
+# `--config X`, `--config=X` and `--`, as the command's parser reads them)
+_CONFIG_OPTION = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+_CONFIG_OPTION.add_argument("--config")
+
+
 def _unreadable_config(name: str, rest: list[str]) -> str | None:
     """The one-line error for a ``--config`` file that cannot be read as YAML settings (missing, not
     UTF-8, not YAML, not a mapping), before the command's module is imported: that import (SciPy,
@@ -112,14 +119,10 @@ def _unreadable_config(name: str, rest: list[str]) -> str | None:
     Validation stays with the command, which merges its own options and the environment first."""
     if name not in TAKE_CONFIG or "-h" in rest or "--help" in rest:
         return None
-    given: str | None = None
-    for i, arg in enumerate(rest):
-        if arg == "--":
-            break
-        if arg == "--config" and i + 1 < len(rest):
-            given = rest[i + 1]
-        elif arg.startswith("--config="):
-            given = arg.partition("=")[2]
+    try:
+        given = _CONFIG_OPTION.parse_known_args(rest)[0].config
+    except argparse.ArgumentError:   # `--config` without a file: the command's parser says so
+        return None
     # a pipe (`--config <(...)`, /dev/stdin) can be read once: the command's read is that one
     if given is None or (Path(given).exists() and not Path(given).is_file()):
         return None
@@ -129,9 +132,8 @@ def _unreadable_config(name: str, rest: list[str]) -> str | None:
     try:
         config.read_document(Path(given))
     except config.ConfigError as e:
-        words = [name, *(a for a in rest[:next((i for i, a in enumerate(rest) if a.startswith("-")),
-                                                len(rest))])]
-        return f"opsloop {' '.join(words)}: {e}"
+        words = itertools.takewhile(lambda arg: not arg.startswith("-"), rest)   # `weights show`
+        return f"opsloop {' '.join([name, *words])}: {e}"
     return None
 
 

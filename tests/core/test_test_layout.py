@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.conftest import LONGEST_FIRST
 from tests.helpers import REPO
 
 SUITES_OF_A_KIND = ("e2e", "faults", "scale")
@@ -40,6 +41,4 @@ def test_the_mapping_refuses_a_folder_without_a_source() -> None:
 
 def test_the_files_handed_out_first_exist() -> None:
     # a renamed file would silently fall back to collection order and end a parallel run on it
-    from tests.conftest import LONGEST_FIRST
-
     assert LONGEST_FIRST and [p for p in LONGEST_FIRST if not (REPO / p).is_file()] == []
