@@ -103,7 +103,11 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    (each measurement grown by (L_seen/L(W))^ε, ε = ``elasticity`` = 1, never assumed to fall:
    worst cases of successive moves do not compound). Hysteresis: when nothing is hot or warm, a
    relax move is made only if it lowers latency-weighted traffic on the planned demand; an
-   origin between its plan and its capacity is left alone.
+   origin between its plan and its capacity is left alone. A long way home (more than two relax
+   steps: a surge or a peak over) onto origins that stay ``clear_relax_margin`` (10 %) below
+   their plan for those clients goes at up to ``max_step`` instead, unless it relieves an origin,
+   one is hot or warm, or an origin it fills came back from a failure within twice the longest
+   hold-down and ramp-in (the hold-down governs that one).
 6. *Final guard* (:func:`enforce_safety`, applied to every controller): shares off an unhealthy or
    unreachable origin move at once; other changes ≤ ``max_step`` (0.5) per origin per interval;
    rows sum to 1, are never all-zero, and put nothing on an unhealthy origin while a healthy one is
@@ -167,6 +171,10 @@ class ControllerSettings(BaseModel):
     max_step: float = Field(default=0.5, gt=0.0, le=1.0)
     relax_gain: float = Field(default=0.5, gt=0.0, le=1.0)
     relax_step: float = Field(default=0.2, gt=0.0, le=1.0)
+    # a relax move of more than two relax steps whose gaining origins all stay this far below
+    # their plan (predicted for worst-case elastic clients) goes at up to max_step: the traffic
+    # a surge or a peak pushed away comes home in one or two intervals, not five (1 = off)
+    clear_relax_margin: float = Field(default=0.10, ge=0.0, le=1.0)
     demand_window: int = Field(default=2, ge=1, le=100)
     elasticity: float = Field(default=1.0, ge=0.0, le=4.0)
     latency_floor_ms: float = Field(default=10.0, ge=0.0)
@@ -556,6 +564,12 @@ class HoldDown:
 
     def held(self, now: float) -> np.ndarray:
         return now < self.until - 1e-9
+
+    def settled(self, now: float) -> np.ndarray:
+        """Origins whose health has not changed for twice the longest hold-down and ramp-in: a
+        returning origin earns traffic at the relax step, never in a fast relax."""
+        quiet = 2.0 * (self.s.hold_down_max_intervals + self.s.slowstart_intervals) * self.s.interval_s
+        return now - self.changed_at > quiet
 
 
 class EdgeController(Controller):
@@ -1530,7 +1544,7 @@ class EdgeController(Controller):
         relax = delta - shed_move
 
         beta = 0.0
-        limited = False
+        limited = fast = False
         biggest = float(np.abs(relax).max()) if relax.size else 0.0
         finite_latency = np.where(np.isfinite(latency), latency, 0.0)
         # judged on the demand the target was planned on (the LP's own objective): on today's
@@ -1562,9 +1576,27 @@ class EdgeController(Controller):
                 pred = self._predicted_load(trial, latency)
                 return bool((pred[healthy] <= ceiling[healthy] * (1 + 1e-9) + 1e-9).all())
 
+            def clear(b: float) -> bool:
+                # the origins it fills stay clear_relax_margin below their plan, worst case
+                pred = self._predicted_load(after_shed + b * relax, latency)
+                limit = np.where(gaining, cap_plan * (1.0 - s.clear_relax_margin), ceiling)
+                return bool((pred[healthy] <= limit[healthy] * (1 + 1e-9) + 1e-9).all())
+
             beta_full = min(1.0, s.relax_step / biggest)
+            beta_clear = min(1.0, s.max_step / biggest)
+            # a long way home on origins with room to spare (a surge or a peak over): faster than
+            # the relax step, but not for a move that relieves an origin (noise chasing), not
+            # while an origin is hot or warm, and not onto an origin back from a failure lately
+            # (its hold-down and ramp-in govern it: a flapping origin's churn)
+            clear_way = s.clear_relax_margin < 1.0 and biggest > 2.0 * s.relax_step \
+                and not (relieves or hot.any() or warm.any()) \
+                and bool((~gaining | ((usable_fraction >= 1.0)
+                                      & self.hold_down.settled(float(obs.now))))[healthy].all())
             if biggest * (1.0 - beta_max) < s.deadband and fits(beta_full):
                 beta = beta_full  # close in: finish the move instead of leaving slivers behind
+            elif clear_way and clear(beta_clear):
+                beta = beta_clear
+                fast = True
             else:  # the largest step that keeps the prediction under the ceiling
                 beta = largest_fraction(fits, beta_max, rounds=30)
                 limited = beta < beta_max
@@ -1578,7 +1610,7 @@ class EdgeController(Controller):
             hot=hot, warm=warm, joint=joint, ramping_up=ramping_up, read_over=read_over,
             noise_only=noise_only, uplift=uplift, planned_uplift=planned_uplift, derate=derate,
             beta=beta,
-            biggest=biggest, limited=limited,
+            biggest=biggest, limited=limited, fast=fast,
             wants_move=latency_gain < 0 or relieves)
         return Proposal.of(proposal, solution, estimate, reason, target=target)
 
@@ -1588,7 +1620,7 @@ class EdgeController(Controller):
                 hot: np.ndarray, warm: np.ndarray, joint: bool, ramping_up: np.ndarray,
                 read_over: np.ndarray, noise_only: np.ndarray, uplift: np.ndarray,
                 planned_uplift: np.ndarray, derate: np.ndarray, beta: float,
-                biggest: float, limited: bool, wants_move: bool) -> str:
+                biggest: float, limited: bool, wants_move: bool, fast: bool) -> str:
         """What this step does and why, true of the weights pushed (after the final guard)."""
         s = self.settings
         # the weights step() will push: the guard is deterministic, so the text can name them
@@ -1646,7 +1678,9 @@ class EdgeController(Controller):
             parts.append("origin(s) " + self._names(cut, lambda o: f"planned at {1 - derate[o]:.0%}")
                          + " of capacity: overloaded within intervals read within it")
         if beta > 0:
-            parts.append(f"relax toward target, step {beta:.2f} of the gap")
+            parts.append(f"relax toward target, step {beta:.2f} of the gap" + (
+                f" (the origins it fills stay {s.clear_relax_margin:.0%} below their plan: up to "
+                f"{s.max_step:.0%} of an edge's traffic)" if fast else ""))
         elif not (warm.any() or joint):
             # nothing moved by the law this interval: say why
             if not healthy.any():

@@ -194,7 +194,7 @@ def test_stale_without_history_falls_back_to_nearest_healthy():
 
 
 def test_overload_is_shed_in_one_interval_and_relaxing_is_bounded():
-    s = ControllerSettings(headroom=0.05, relax_step=0.1, elasticity=0.0)
+    s = ControllerSettings(headroom=0.05, relax_step=0.1, elasticity=0.0, clear_relax_margin=1.0)
     ctrl = EdgeController(1, 2, s, initial=[[1.0, 0.0]])
     d1 = ctrl.step(_obs([300], [200, 1000], [[20, 150]], [True, True]))
     # straight to capacity·(1 - shed_headroom) in one step
@@ -208,6 +208,43 @@ def test_overload_is_shed_in_one_interval_and_relaxing_is_bounded():
     steps = np.diff(shares)
     assert (steps >= -1e-12).all() and steps.max() <= 0.1 + 1e-9
     assert shares[-1] == pytest.approx(1.0)
+
+
+def _home_after_a_shed(demand_after: float) -> tuple[list[float], list[str]]:
+    """Shed 300 req/s off a 200 req/s near origin, then demand falls to ``demand_after``: the
+    near origin's share, tick by tick, and the reasons."""
+    ctrl = EdgeController(1, 2, ControllerSettings(headroom=0.05, relax_step=0.1, elasticity=0.0),
+                          initial=[[1.0, 0.0]])
+    shares = [ctrl.step(_obs([300], [200, 1000], [[20, 150]], [True, True])).weights[0, 0]]
+    reasons = []
+    for k in range(2, 14):
+        d = ctrl.step(_obs([demand_after], [200, 1000], [[20, 150]], [True, True], now=15 * k))
+        shares.append(d.weights[0, 0])
+        reasons.append(d.reason)
+    return shares, reasons
+
+
+def test_a_long_way_home_with_room_to_spare_goes_at_up_to_max_step():
+    """The near origin at 150 of 200 req/s (its plan 190, 10 % below it 171): the shed traffic
+    comes back in one step of up to max_step (0.5), not at the relax step (0.1) over four."""
+    shares, reasons = _home_after_a_shed(150)
+    steps = np.diff(shares)
+    assert (steps >= -1e-12).all() and steps.max() <= 0.5 + 1e-9
+    assert steps.max() > 0.1 + 1e-9
+    assert shares[-1] == pytest.approx(1.0)
+    assert sum(steps > 1e-9) <= 2
+    assert any("below their plan: up to 50% of an edge's traffic" in r for r in reasons)
+
+
+def test_the_way_home_near_the_plan_stays_at_the_relax_step():
+    """At 175 req/s the near origin would end within its plan (190) but not 10 % below it: the
+    share comes back at the relax step (0.1), and never past the plan."""
+    shares, reasons = _home_after_a_shed(175)
+    steps = np.diff(shares)
+    assert (steps >= -1e-12).all() and steps.max() <= 0.1 + 1e-9
+    assert shares[-1] * 175 <= 190 + 1e-6
+    assert shares[-1] * 175 > 171
+    assert not any("below their plan: up to" in r for r in reasons)
 
 
 def test_relax_never_overloads_elastic_clients():
