@@ -1571,16 +1571,15 @@ class EdgeController(Controller):
             ceiling = np.where(gaining, cap_plan, np.maximum(
                 cap_plan, self._predicted_load(after_shed, latency)))
 
-            def fits(b: float) -> bool:
-                trial = after_shed + b * relax
-                pred = self._predicted_load(trial, latency)
-                return bool((pred[healthy] <= ceiling[healthy] * (1 + 1e-9) + 1e-9).all())
+            def under(limit: np.ndarray) -> Callable[[float], bool]:
+                def check(b: float) -> bool:
+                    pred = self._predicted_load(after_shed + b * relax, latency)
+                    return bool((pred[healthy] <= limit[healthy] * (1 + 1e-9) + 1e-9).all())
+                return check
 
-            def clear(b: float) -> bool:
-                # the origins it fills stay clear_relax_margin below their plan, worst case
-                pred = self._predicted_load(after_shed + b * relax, latency)
-                limit = np.where(gaining, cap_plan * (1.0 - s.clear_relax_margin), ceiling)
-                return bool((pred[healthy] <= limit[healthy] * (1 + 1e-9) + 1e-9).all())
+            fits = under(ceiling)
+            # … and the origins it fills clear_relax_margin below their plan, worst case
+            clear = under(np.where(gaining, cap_plan * (1.0 - s.clear_relax_margin), ceiling))
 
             beta_full = min(1.0, s.relax_step / biggest)
             beta_clear = min(1.0, s.max_step / biggest)
