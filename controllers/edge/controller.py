@@ -1586,11 +1586,11 @@ class EdgeController(Controller):
             # a long way home on origins with room to spare (a surge or a peak over): faster than
             # the relax step, but not for a move that relieves an origin (noise chasing), not
             # while an origin is hot or warm, and not onto an origin back from a failure lately
-            # (its hold-down and ramp-in govern it: a flapping origin's churn)
+            # (its hold-down and ramp-in govern it: a flapping origin's churn; settled implies
+            # both are over)
             clear_way = s.clear_relax_margin < 1.0 and biggest > 2.0 * s.relax_step \
                 and not (relieves or hot.any() or warm.any()) \
-                and bool((~gaining | ((usable_fraction >= 1.0)
-                                      & self.hold_down.settled(float(obs.now))))[healthy].all())
+                and bool((~gaining | self.hold_down.settled(float(obs.now)))[healthy].all())
             if biggest * (1.0 - beta_max) < s.deadband and fits(beta_full):
                 beta = beta_full  # close in: finish the move instead of leaving slivers behind
             elif clear_way and clear(beta_clear):
