@@ -22,7 +22,7 @@ import math
 import time
 from typing import Callable
 
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from opsloop.records import AuditMode
 from opsloop.log import get_logger
 

@@ -22,7 +22,8 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from opsloop.audit import AuditLog, AuditSettings
+from opsloop.audit.settings import AuditSettings
+from opsloop.audit.trail import AuditLog
 from opsloop.argtypes import INT64_MAX, integer
 from opsloop.audit.kafka import KafkaAuditPublisher
 from opsloop.config import ConfigError, load_settings

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
 from opsloop.kafka_clients import client_options, connect_with_retry, kafka_settings, preflight_or_exit

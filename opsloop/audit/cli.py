@@ -10,7 +10,7 @@ import orjson
 from opsloop.records import AuditError
 from opsloop.audit.search import INDEX_PATTERN, parse_duration, parse_time, render, why_query, why_weights_changed
 from opsloop.audit.templates import AUDIT_TEMPLATE, LOGS_TEMPLATE, install_template
-from opsloop.audit.trail import AuditSettings
+from opsloop.audit.settings import AuditSettings
 from opsloop.config import ConfigError, load_settings
 from opsloop.es_client import ElasticsearchSettings, check_url
 

@@ -32,13 +32,12 @@ from elasticsearch import ApiError, Elasticsearch, helpers
 from prometheus_client import Counter, Gauge
 
 from opsloop.records import AuditRecord
-from opsloop.audit.templates import AUDIT_TEMPLATE, install_template
+from opsloop.audit.templates import AUDIT_TEMPLATE, DEFAULT_STREAM, install_template
 from opsloop.es_client import ElasticsearchSettings
 from opsloop.log import get_logger
 
 log = get_logger("audit.indexer")
 
-DEFAULT_STREAM = "opsloop-audit"
 RETRYABLE_STATUS = (429, 502, 503, 504)
 
 RECORDS = Counter("opsloop_audit_records_total", "Audit records handled by the Elasticsearch indexer, by outcome "

@@ -18,6 +18,8 @@ import orjson
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 AUDIT_TEMPLATE = "opsloop-audit"
+# the audit data stream by default; any name the audit template's index pattern matches will do
+DEFAULT_STREAM = "opsloop-audit"
 LOGS_TEMPLATE = "opsloop-logs"
 _FILES = {AUDIT_TEMPLATE: "audit.json", LOGS_TEMPLATE: "logs.json"}
 

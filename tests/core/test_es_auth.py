@@ -22,9 +22,9 @@ import pytest
 import requests
 from elasticsearch import Elasticsearch
 
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from opsloop.audit.indexer import ElasticsearchIndexer, client_for
-from opsloop.audit.trail import AuditSettings
+from opsloop.audit.settings import AuditSettings
 from opsloop.config import ConfigError, load_settings
 from opsloop.es_client import ElasticsearchSettings
 from opsloop.kafka_security import KafkaSecurityError

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
+import subprocess
+import sys
 
 import pytest
 
@@ -36,3 +39,20 @@ def test_every_module_imports_in_one_process() -> None:
 @pytest.mark.parametrize("pkg", PACKAGES)
 def test_packages_have_modules(pkg: str) -> None:
     assert any(m.startswith(f"{pkg}.") for m in all_modules())
+
+
+# What validating a config file must not load: the solver and the clients (half a second or more each,
+# paid by every `opsloop config check` and every command's `--help` that reads a settings model).
+HEAVY = ("scipy", "elasticsearch", "kafka", "faust")
+
+
+def test_config_models_load_without_the_solver_or_the_clients() -> None:
+    # `opsloop config defaults` validates every section and every collector's model, as `config check` does
+    code = ("import contextlib, io, json, sys\n"
+            "from opsloop.config_cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert main(['defaults']) == 0\n"
+            "import opsloop.controllers.actuators.config, opsloop.audit.settings, opsloop.audit.cli\n"
+            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [], out.stdout

@@ -84,7 +84,7 @@ FIELDS = float_fields()
 
 def test_the_walk_finds_the_models_of_every_part() -> None:
     modules = {m.__module__ for m, _, _ in FIELDS}
-    assert {"opsloop.config", "opsloop.audit.trail", "opsloop.es_client", "opsloop.controllers.paging.config",
+    assert {"opsloop.config", "opsloop.audit.settings", "opsloop.es_client", "opsloop.controllers.paging.config",
             "opsloop.controllers.actuators.config", "opsloop.streams.agents.settings",
             "opsloop.streams.detectors.power.settings", "opsloop.collectors.netperf.config",
             "opsloop.collectors.ipmi.config", "opsloop.collectors.haproxy"} <= modules, modules

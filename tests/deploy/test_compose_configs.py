@@ -106,7 +106,7 @@ def test_prometheus_config_is_valid_for_promtool(tmp_path: Path) -> None:
 def test_opsloop_config_of_the_stack_loads() -> None:
     settings = load_settings(COMPOSE_DIR / "opsloop.yaml")
     assert settings.kafka.bootstrap_servers == "kafka:9092"
-    from opsloop.audit import AuditSettings
+    from opsloop.audit.settings import AuditSettings
 
     audit = AuditSettings.from_settings(settings)
     assert audit.elasticsearch_url == "http://elasticsearch:9200" and audit.kafka

@@ -33,7 +33,7 @@ from opsloop.controllers.edge.service.kafka_io import DecisionPublisher, recover
 from opsloop.controllers.edge.service.loop import ControlLoop
 from opsloop.controllers.edge.service.overrides import OverridesError, load_overrides
 from opsloop.controllers.edge.service.store import TopologyStore
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from opsloop.config import ConfigError, Settings, load_settings
 from opsloop.kafka_clients import connect_with_retry, preflight_or_exit
 from opsloop.log import get_logger, setup_logging

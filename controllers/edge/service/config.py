@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from opsloop.controllers.edge.controller import ControllerSettings
+from opsloop.controllers.edge.settings import ControllerSettings
 from opsloop.controllers.edge.model import Edge, Listener, Origin, Topology
 from opsloop.controllers.edge.service.api_token import check_private
 from opsloop.config import DEFAULT_RUN_DIR, CollectorRuntimeSettings, ConfigError, Settings

@@ -52,7 +52,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from opsloop.controllers.edge.controller import ControllerSettings, Decision, EdgeController, Observation
+from opsloop.controllers.edge.settings import ControllerSettings
+from opsloop.controllers.edge.controller import Decision, EdgeController, Observation
 from opsloop.controllers.edge.findings import decision_findings
 from opsloop.records import EdgeWeights, Mode
 from opsloop.controllers.edge.service import metrics as M

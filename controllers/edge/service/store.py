@@ -3,7 +3,7 @@
 Thread-safe (the API server thread writes, the control loop reads a consistent snapshot per tick).
 Every change is validated by the same functions as the topology file and the overrides file
 (:func:`opsloop.controllers.edge.model.check_capacity`, :func:`~opsloop.controllers.edge.model.check_latency`: finite,
-≥ 0, bounded; names must exist) and audited (``opsloop.audit.AuditLog``) with before/after and the actor.
+≥ 0, bounded; names must exist) and audited (``opsloop.audit.trail.AuditLog``) with before/after and the actor.
 Health has an *override*: ``None`` follows the load balancers' checks (and the file's ``healthy``),
 ``False`` pins it down (an operator draining an origin), ``True`` pins it up over the file's
 ``healthy`` but not over a load balancer reporting the server DOWN -- unless ``force`` is set too
@@ -25,7 +25,7 @@ from prometheus_client import Counter
 from opsloop.controllers.edge.model import check_capacity, check_latency
 from opsloop.controllers.edge.service.config import ListenerSpec, TopologySpec
 from opsloop.controllers.edge.service.overrides import Overrides, load_overrides, save_overrides
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from opsloop.log import get_logger
 
 log = get_logger("controller.edge.store")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from opsloop.controllers.edge.controller import ControllerSettings, FixedStepSettings
+from opsloop.controllers.edge.settings import ControllerSettings, FixedStepSettings
 from opsloop.controllers.edge.model import MAX_CAPACITY_RPS, MAX_LATENCY_MS
 from opsloop.validation import YamlFileError, error_lines, read_yaml
 

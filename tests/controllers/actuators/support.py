@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from opsloop.records import AuditRecord
 
 from opsloop.controllers.actuators.applier import EdgeActuator

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
 
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from opsloop.records import Finding
 
 from opsloop.controllers.actuators import metrics

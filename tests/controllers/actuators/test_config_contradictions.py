@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from opsloop.config import ConfigError, Settings, load_settings, validation_errors
 from opsloop.controllers.actuators.applier import EdgeActuator
 from opsloop.controllers.actuators.config import ActuatorConfigError, HaproxyTargetConfig, actuator_config

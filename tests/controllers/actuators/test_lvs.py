@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from opsloop.config import Settings
 
 from opsloop.lb.ipvs import LvsParseError, parse_proc_ip_vs

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from opsloop.controllers.actuators.applier import EdgeActuator
 from opsloop.controllers.actuators.store import WeightStore
 from opsloop.records import EdgeWeights

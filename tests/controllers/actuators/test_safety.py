@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from opsloop.records import Finding
 
 from opsloop.controllers.actuators import metrics

@@ -10,7 +10,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from opsloop.controllers.edge.controller import (ControllerSettings, EdgeController, Observation,
+from opsloop.controllers.edge.settings import ControllerSettings
+from opsloop.controllers.edge.controller import (EdgeController, Observation,
                                          FixedStepController, UndampedController, enforce_safety,
                                          usable_mask)
 from opsloop.records import Mode
@@ -522,7 +523,7 @@ def test_live_loop_gets_hold_down_and_headroom_from_the_service_settings():
     from opsloop.controllers.edge.service.inputs import DemandBook
     from opsloop.controllers.edge.service.loop import ControlLoop
     from opsloop.controllers.edge.service.store import TopologyStore
-    from opsloop.audit import AuditLog
+    from opsloop.audit.trail import AuditLog
     from opsloop.records import EdgeDemand, OriginState
 
     cfg = EdgeServiceSettings.model_validate({

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from opsloop.controllers.edge.controller import ControllerSettings, EdgeController, Observation
+from opsloop.controllers.edge.settings import ControllerSettings
+from opsloop.controllers.edge.controller import EdgeController, Observation
 from tests.controllers.edge.drawn_cases import run_drawn, run_meeting_targets
 
 CAP = np.array([300.0, 2000.0])   # a near origin and a far one

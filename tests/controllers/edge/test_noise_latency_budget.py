@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from opsloop.controllers.edge.controller import ControllerSettings, EdgeController, Observation
+from opsloop.controllers.edge.settings import ControllerSettings
+from opsloop.controllers.edge.controller import EdgeController, Observation
 
 CAP = np.array([300.0, 1000.0])
 FLOOR_MS = ControllerSettings().latency_floor_ms  # no origin response times: the allowance

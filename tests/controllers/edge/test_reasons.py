@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from opsloop.controllers.edge.controller import ControllerSettings, EdgeController, Observation
+from opsloop.controllers.edge.settings import ControllerSettings
+from opsloop.controllers.edge.controller import EdgeController, Observation
 from opsloop.records import Mode
 
 NAMES = ["near", "far"]

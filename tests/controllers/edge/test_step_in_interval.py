@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from opsloop.controllers.edge.controller import ControllerSettings, EdgeController, Observation
+from opsloop.controllers.edge.settings import ControllerSettings
+from opsloop.controllers.edge.controller import EdgeController, Observation
 
 CAP = [300.0, 1000.0]   # a near origin and a far one
 LAT = [[10.0, 60.0]]

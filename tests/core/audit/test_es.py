@@ -21,7 +21,7 @@ import pytest
 from elasticsearch import Elasticsearch
 from prometheus_client import REGISTRY
 
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from opsloop.audit.indexer import ElasticsearchIndexer, client_for
 from opsloop.audit.kafka import KafkaAuditPublisher
 from opsloop.audit.search import parse_time, render, why_weights_changed

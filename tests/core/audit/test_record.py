@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsloop.audit import AuditLog, AuditSettings
+from opsloop.audit.settings import AuditSettings
+from opsloop.audit.trail import AuditLog
 from opsloop.records import AuditError, AuditMode, AuditRecord
 from opsloop.audit.cli import main as audit_main
 from opsloop.audit.indexer import ElasticsearchIndexer

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from opsloop.controllers.edge.service.api import EdgeApi, openapi_spec
 from opsloop.controllers.edge.service.config import TopologySpec
 from opsloop.controllers.edge.service.store import TopologyStore
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 
 TOKEN = secrets.token_hex(20)
 

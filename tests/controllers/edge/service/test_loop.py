@@ -7,13 +7,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from prometheus_client import REGISTRY
 
-from opsloop.controllers.edge.controller import ControllerSettings, Decision
+from opsloop.controllers.edge.settings import ControllerSettings
+from opsloop.controllers.edge.controller import Decision
 from opsloop.records import EdgeWeights, Mode
 from opsloop.controllers.edge.service.config import TopologySpec
 from opsloop.controllers.edge.service.inputs import DemandBook
 from opsloop.controllers.edge.service.loop import ControlLoop
 from opsloop.controllers.edge.service.store import TopologyStore
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from opsloop.records import EdgeDemand, OriginState
 
 T0 = 1_795_000_000.0

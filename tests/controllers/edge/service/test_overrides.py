@@ -10,7 +10,7 @@ import pytest
 from opsloop.controllers.edge.service.config import TopologySpec
 from opsloop.controllers.edge.service.overrides import OverridesError, load_overrides
 from opsloop.controllers.edge.service.store import TopologyStore
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 
 
 class Recorder:

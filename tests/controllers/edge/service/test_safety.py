@@ -23,7 +23,7 @@ from opsloop.controllers.edge.service.api_token import create_token_file
 from opsloop.controllers.edge.service.config import ApiSettings, ConfigError, TopologySpec, read_token
 from opsloop.controllers.edge.service.overrides import OverridesError
 from opsloop.controllers.edge.service.store import TopologyStore
-from opsloop.audit import AuditLog
+from opsloop.audit.trail import AuditLog
 from tests.controllers.edge.service.test_loop import T0, Harness
 from tests.helpers import wait_until
 
