@@ -31,8 +31,10 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    mean (a rise beyond 4 sd of the noise over a calm level; or on every edge, their mean rise
    beyond ``common_step_sigmas`` (3.5) sd of its own noise: a listener-wide flash crowd) is
    planned for one tick on level + ``step_extrapolation`` (3) × the rise, an origin over
-   capacity on it hot at once (:meth:`EdgeController._step_level`; not when the origin's
-   response time contradicts the reading; into a shortfall on the levels measured, a step
+   capacity on it hot at once (:meth:`EdgeController._step_level`; read across a latency
+   change the step made itself, its origins slowing down, but not across one of our weights;
+   the rebound of the clients it slowed is not compounded on the extrapolation; not when the
+   origin's response time contradicts the reading; into a shortfall on the levels measured, a step
    common to every edge on the measured shares at the total it implies). The *variability* of
    the clients' own demand (measurements corrected for the latency our weights gave them, so
    our own moves are not read as noise) is
@@ -985,7 +987,9 @@ class EdgeController(Controller):
         a step that came mid-interval shows about half its rise there (less, as the clients take
         a while to reach it), and the origins carry the whole of it until the next tick. A step:
         a rise over the level of the 3 intervals before (log-demand corrected for the latency our
-        weights gave; not over a big move of ours) beyond ``step_sigmas`` sd of one interval's
+        weights gave; not over a big move of ours, but over one the step made itself: an origin
+        it overloaded slowed down, and a surge landing late in an interval was otherwise read
+        in part and shed twice) beyond ``step_sigmas`` sd of one interval's
         change (σ√2, σ at least ``ramp_noise_floor``; the level's own noise is less), after two
         calm intervals (each within 2 sd), not on a ramp, and only once σ is known (a few early
         noisy draws read as steps). A step common to every edge (a listener-wide flash crowd) is
@@ -1008,7 +1012,13 @@ class EdgeController(Controller):
                 # (not a ramp under way, a flap's dip and recovery, or a big move of ours)
                 def calm_within(sds: float) -> np.ndarray:
                     return (np.abs(changes[-3:-1]) <= sds * change_sd).all(axis=0)
-                unread = ~np.isnan(changes[-1]) & ~self._stepped
+                # a big latency change our weights did not make (the step overloaded its
+                # origins, which slowed down) leaves the step readable
+                moves = np.stack(list(self._move_history)[-2:])
+                with np.errstate(invalid="ignore"):
+                    not_ours = (np.abs(moves[-1] - moves[-2]) <= _BIG_MOVE) if len(moves) == 2 \
+                        else np.zeros(len(rise), dtype=bool)
+                unread = (~np.isnan(changes[-1]) | not_ours) & ~self._stepped
                 fresh = unread & calm_within(2.0)
                 stepped = fresh & (rise > s.step_sigmas * change_sd) & ~rising
                 # the common step (docstring)
@@ -1163,7 +1173,13 @@ class EdgeController(Controller):
         unloaded = np.exp(np.stack(list(self._move_history)[-window:]))
         growth = np.where(np.isfinite(unloaded), np.maximum(1.0, seen / np.maximum(
             np.nan_to_num(unloaded, nan=1.0), _EPS)), 1.0)
-        return self._scale * (samples * growth ** self._elasticity_seen()[None, :]).max(axis=0)
+        # a step's extrapolation is already the worst case of the part of the interval it was
+        # seen in: the rebound of the clients it slowed is not compounded on it (the plan takes
+        # the larger of the two, _plan's max)
+        raw = samples.max(axis=0)
+        scale = np.where(self._stepped, np.divide(self._unstepped, raw, out=np.ones_like(raw),
+                                                  where=raw > _EPS), self._scale)
+        return scale * (samples * growth ** self._elasticity_seen()[None, :]).max(axis=0)
 
     def _bounded_shed(self, current: np.ndarray, estimate: np.ndarray, capacity: np.ndarray,
                       latency: np.ndarray, healthy: np.ndarray, plan_healthy: np.ndarray,

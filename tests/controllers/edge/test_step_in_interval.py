@@ -241,3 +241,41 @@ def test_a_step_after_two_small_rises_is_a_step_not_a_ramp():
     for k, level in enumerate((160.0, 170.0, 181.0)):
         _step(ramp, level, 120.0 + 15.0 * k)
     assert ramp._rising[0] and not ramp._stepped[0]
+
+
+def _seen(ctrl: EdgeController, demand: float, t: float, near_ms: float,
+          latency: list[list[float]] | None = None):
+    """A tick whose telemetry has the origins' answer times (near one ``near_ms``, far 5 ms)."""
+    return ctrl.step(Observation(now=t, demand=np.array([demand]), capacity=np.array(CAP),
+                                 latency=np.array(latency or LAT), healthy=np.array([True, True]),
+                                 origin_latency_ms=np.array([near_ms, 5.0])))
+
+
+def test_a_step_that_slowed_its_origin_is_still_read_as_a_step():
+    # the step to 330 overloaded the near origin for the interval's last part: its answers took
+    # 12 ms instead of 5, so the clients saw 22 ms instead of 15 (+38 %, a "big move"). The big
+    # move is the step's own, not one of our weights: the reading (210) is still a third of a
+    # step, and the plan holds the level it implies (a repeated surge was shed twice without it)
+    ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
+    for k in range(8):
+        _seen(ctrl, 150.0, 15.0 * k, 5.0)
+    d = _seen(ctrl, 210.0, 120.0, 12.0)
+    assert ctrl._stepped[0]
+    assert d.demand_estimate[0] >= 150 + 3 * 60 - 1e-6
+    assert d.weights[0, 0] * 330 <= 300 and "shed" in d.reason
+    # the extrapolation is the worst case of the part of the interval the step was seen in: the
+    # rebound of the clients the overload slowed is not compounded on it (330 x 22/15 = 484
+    # would have sent 43 % of the traffic to the far origin instead of 16 %)
+    assert d.weights[0, 0] * 330 >= 0.95 * 300 * (1 - ControllerSettings().shed_headroom)
+
+
+def test_a_rise_across_a_big_change_of_the_latency_at_our_weights_is_no_step():
+    # the same reading after the latency the weights give moved by more than 10 % (here the
+    # path to the near origin, 10 -> 20 ms; a move of ours does the same): the rate read across
+    # it says more about the clients' elasticity than about their demand, and is not extrapolated
+    ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
+    for k in range(8):
+        _seen(ctrl, 150.0, 15.0 * k, 5.0)
+    _seen(ctrl, 150.0, 120.0, 5.0, latency=[[20.0, 60.0]])
+    _seen(ctrl, 210.0, 135.0, 5.0, latency=[[20.0, 60.0]])
+    assert not ctrl._stepped[0]
