@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ControllerSettings(BaseModel):
-    """Tunables of :class:`EdgeController` (seconds, shares in [0, 1])."""
+    """Tunables of :class:`~opsloop.controllers.edge.controller.EdgeController` (seconds, shares
+    in [0, 1])."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -88,7 +89,8 @@ class ControllerSettings(BaseModel):
 
 
 class FixedStepSettings(BaseModel):
-    """Tunables of :class:`FixedStepController` (2 % per 15 s interval, no headroom)."""
+    """Tunables of :class:`~opsloop.controllers.edge.controller.FixedStepController` (2 % per 15 s
+    interval, no headroom)."""
 
     model_config = ConfigDict(extra="forbid")
 
