@@ -1014,10 +1014,8 @@ class EdgeController(Controller):
                     return (np.abs(changes[-3:-1]) <= sds * change_sd).all(axis=0)
                 # a big latency change our weights did not make (the step overloaded its
                 # origins, which slowed down) leaves the step readable
-                moves = np.stack(list(self._move_history)[-2:])
-                with np.errstate(invalid="ignore"):
-                    not_ours = (np.abs(moves[-1] - moves[-2]) <= _BIG_MOVE) if len(moves) == 2 \
-                        else np.zeros(len(rise), dtype=bool)
+                moves = np.stack(list(self._move_history)[-2:])   # NaN: no weights yet
+                not_ours = np.isfinite(moves).all(axis=0) & ~big_moves(moves)[-1]
                 unread = (~np.isnan(changes[-1]) | not_ours) & ~self._stepped
                 fresh = unread & calm_within(2.0)
                 stepped = fresh & (rise > s.step_sigmas * change_sd) & ~rising
@@ -1176,9 +1174,7 @@ class EdgeController(Controller):
         # a step's extrapolation is already the worst case of the part of the interval it was
         # seen in: the rebound of the clients it slowed is not compounded on it (the plan takes
         # the larger of the two, _plan's max)
-        raw = samples.max(axis=0)
-        scale = np.where(self._stepped, np.divide(self._unstepped, raw, out=np.ones_like(raw),
-                                                  where=raw > _EPS), self._scale)
+        scale = np.where(self._stepped, self._factor_over_window(self._unstepped), self._scale)
         return scale * (samples * growth ** self._elasticity_seen()[None, :]).max(axis=0)
 
     def _bounded_shed(self, current: np.ndarray, estimate: np.ndarray, capacity: np.ndarray,
@@ -1214,8 +1210,12 @@ class EdgeController(Controller):
     def _set_scale(self, estimate: np.ndarray) -> None:
         """The ramp/step/variability factor of ``estimate`` over the window's largest
         measurement: the predictions from each measurement's own latency carry it."""
+        self._scale = self._factor_over_window(estimate)
+
+    def _factor_over_window(self, level: np.ndarray) -> np.ndarray:
+        """Per edge: ``level`` over the largest measurement of the window (1 where none)."""
         raw = np.stack(list(self._demand_history)[-self.settings.demand_window:]).max(axis=0)
-        self._scale = np.divide(estimate, raw, out=np.ones_like(estimate), where=raw > _EPS)
+        return np.divide(level, raw, out=np.ones_like(level), where=raw > _EPS)
 
     def _make_room(self, current: np.ndarray, target: np.ndarray, estimate: np.ndarray,
                    latency: np.ndarray, healthy: np.ndarray, load: np.ndarray,

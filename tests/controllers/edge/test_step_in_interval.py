@@ -13,9 +13,14 @@ CAP = [300.0, 1000.0]   # a near origin and a far one
 LAT = [[10.0, 60.0]]
 
 
-def _step(ctrl: EdgeController, demand: float, t: float):
+def _step(ctrl: EdgeController, demand: float, t: float, near_ms: float | None = None,
+          latency: list[list[float]] = LAT):
+    """One tick; with ``near_ms`` the telemetry has the origins' answer times (near one
+    ``near_ms``, far 5 ms)."""
+    answers = None if near_ms is None else np.array([near_ms, 5.0])
     return ctrl.step(Observation(now=t, demand=np.array([demand]), capacity=np.array(CAP),
-                                 latency=np.array(LAT), healthy=np.array([True, True])))
+                                 latency=np.array(latency), healthy=np.array([True, True]),
+                                 origin_latency_ms=answers))
 
 
 def _steady(settings: ControllerSettings | None = None, level: float = 150.0, ticks: int = 8):
@@ -243,14 +248,6 @@ def test_a_step_after_two_small_rises_is_a_step_not_a_ramp():
     assert ramp._rising[0] and not ramp._stepped[0]
 
 
-def _seen(ctrl: EdgeController, demand: float, t: float, near_ms: float,
-          latency: list[list[float]] | None = None):
-    """A tick whose telemetry has the origins' answer times (near one ``near_ms``, far 5 ms)."""
-    return ctrl.step(Observation(now=t, demand=np.array([demand]), capacity=np.array(CAP),
-                                 latency=np.array(latency or LAT), healthy=np.array([True, True]),
-                                 origin_latency_ms=np.array([near_ms, 5.0])))
-
-
 def test_a_step_that_slowed_its_origin_is_still_read_as_a_step():
     # the step to 330 overloaded the near origin for the interval's last part: its answers took
     # 12 ms instead of 5, so the clients saw 22 ms instead of 15 (+38 %, a "big move"). The big
@@ -258,8 +255,8 @@ def test_a_step_that_slowed_its_origin_is_still_read_as_a_step():
     # step, and the plan holds the level it implies (a repeated surge was shed twice without it)
     ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
     for k in range(8):
-        _seen(ctrl, 150.0, 15.0 * k, 5.0)
-    d = _seen(ctrl, 210.0, 120.0, 12.0)
+        _step(ctrl, 150.0, 15.0 * k, 5.0)
+    d = _step(ctrl, 210.0, 120.0, 12.0)
     assert ctrl._stepped[0]
     assert d.demand_estimate[0] >= 150 + 3 * 60 - 1e-6
     assert d.weights[0, 0] * 330 <= 300 and "shed" in d.reason
@@ -275,7 +272,7 @@ def test_a_rise_across_a_big_change_of_the_latency_at_our_weights_is_no_step():
     # it says more about the clients' elasticity than about their demand, and is not extrapolated
     ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
     for k in range(8):
-        _seen(ctrl, 150.0, 15.0 * k, 5.0)
-    _seen(ctrl, 150.0, 120.0, 5.0, latency=[[20.0, 60.0]])
-    _seen(ctrl, 210.0, 135.0, 5.0, latency=[[20.0, 60.0]])
+        _step(ctrl, 150.0, 15.0 * k, 5.0)
+    _step(ctrl, 150.0, 120.0, 5.0, latency=[[20.0, 60.0]])
+    _step(ctrl, 210.0, 135.0, 5.0, latency=[[20.0, 60.0]])
     assert not ctrl._stepped[0]
