@@ -71,9 +71,9 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    the elasticity seen, a fall only as far as a fit over all our moves, less two standard
    errors, shows it: noisy open-loop demand shows none), the point where plan and demand agree
    bracketed and halved a few rounds. In a shortfall: on what the clients will send at the
-   plan's weights, the origins answering as they do now (bracketed alike; an edge on a slowed
-   origin never planned to send less), so an edge moved far is not put all back on its near
-   origin on the demand it sent from afar.
+   plan's weights, the origins answering as they do now (bracketed alike; a fall only as far
+   as one was seen), so an edge moved far is not put all back on its near origin on the demand
+   it sent from afar.
 4. *Shed jointly and at once.* An origin is *hot* when its offered load at the current weights
    (worst-case prediction) exceeds capacity by ``hot_margin`` (3 %), or exceeds capacity for a
    second interval running, or while its response time is more than that margin above its
@@ -1145,26 +1145,24 @@ class EdgeController(Controller):
         them loaded): each of the last ``demand_window`` measurements taken from the latency its
         clients saw to the latency at ``weights`` (a rise with the elasticity seen across our own
         moves, a fall only with one seen); the largest, times the estimate's ramp/variability
-        factor. An edge on an origin slowed
-        by its overload (now or at ``weights``) is never assumed to send less: relieved, that
-        origin answers faster, which the loaded response times do not show."""
+        factor. An edge on a slowed origin may be planned to send less too: every origin stays
+        overloaded at the common factor, none is relieved to its unloaded speed (held at its
+        rate, an edge moved off a slowed origin onto a far one was planned at the demand it no
+        longer sent, and the far origin was filled a little more each interval: 0.70, 0.77,
+        0.88 of the common factor)."""
         return self._demand_at(weights, latency, self._service_now, loaded=True)
 
     def _demand_at(self, weights: np.ndarray, latency: np.ndarray, service: np.ndarray | None,
                    loaded: bool = False) -> np.ndarray:
         """Demand at ``weights`` with the origins answering in ``service`` [O] (see
-        :meth:`_loaded_demand_at`; ``loaded``: a shortfall, where an edge on a slowed origin is
-        never assumed to send less)."""
+        :meth:`_loaded_demand_at`; ``loaded``: a shortfall, a fall only as far as one was
+        seen)."""
         new = self._mean_latency(weights, latency, service)
         window = self.settings.demand_window
         samples = np.stack(list(self._demand_history)[-window:])
         seen = np.stack(list(self._latency_history)[-window:])
         # a round trip is at least 1 ms (0 ms paths answered in 0 ms made the ratio unbounded)
         growth = np.maximum(seen, 1.0) / np.maximum(new, 1.0)[None, :]
-        if loaded and self._service_now is not None:
-            slowed = self._slowed(self.settings.hot_margin)
-            on_slowed = (((weights > _EPS) | (self.weights > _EPS)) & slowed[None, :]).any(axis=1)
-            growth = np.where(on_slowed[None, :], np.maximum(1.0, growth), growth)
         # a rise with the elasticity seen (the worst case until one was); a fall only as far as
         # one was seen (none until then: the worst case for a shortfall is demand that stays)
         if loaded:
