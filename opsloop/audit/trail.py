@@ -9,8 +9,8 @@
 
 Each record goes to the structured log (event ``audit``), to Elasticsearch through the buffered
 :class:`~opsloop.audit.indexer.ElasticsearchIndexer`, and to the Kafka ``audit`` topic when enabled.
-``record`` never raises because a sink is down; it raises :class:`AuditError` only for a record that
-is itself invalid (a programming error in the actuator, better caught in its tests).
+``record`` never raises because a sink is down; it raises :class:`~opsloop.records.AuditError` only for
+a record that is itself invalid (a programming error in the actuator, better caught in its tests).
 
 Its configuration (the ``audit`` section): :mod:`opsloop.audit.settings`.
 """
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from opsloop.audit.indexer import ElasticsearchIndexer, client_for
 from opsloop.audit.kafka import KafkaAuditPublisher
 from opsloop.audit.settings import AuditSettings
-from opsloop.records import AuditError, AuditRecord
+from opsloop.records import AuditRecord
 from opsloop.config import Settings
 from opsloop.log import get_logger
 
