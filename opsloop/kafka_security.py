@@ -191,6 +191,25 @@ class _Recorder(logging.Handler):
             self.decided.set()
 
 
+# Preflights whose clients still run (a verdict returns before its client gives up): the kafka
+# logger stays quiet until the last one ends, and then gets back what it had before the first.
+_QUIET_LOCK = threading.Lock()
+_quiet: dict[str, Any] = {"clients": 0, "propagate": True}
+
+
+def _quiet_kafka(kafka_log: logging.Logger, on: bool) -> None:
+    with _QUIET_LOCK:
+        if on:
+            if _quiet["clients"] == 0:
+                _quiet["propagate"] = kafka_log.propagate
+            _quiet["clients"] += 1
+            kafka_log.propagate = False
+        else:
+            _quiet["clients"] -= 1
+            if _quiet["clients"] == 0:
+                kafka_log.propagate = _quiet["propagate"]
+
+
 def preflight(bootstrap: str, sec: KafkaSecurity, timeout_s: float = 10.0) -> None:
     """Connect once and say plainly why it fails: raises :class:`KafkaSecurityError` naming the cause.
 
@@ -211,6 +230,20 @@ def preflight(bootstrap: str, sec: KafkaSecurity, timeout_s: float = 10.0) -> No
     recorder = _Recorder(sec, {f"{client_id}-connect", f"kafka-io-{client_id}"})
     kafka_log = logging.getLogger("kafka")
     outcome: list[BaseException | None] = []
+    # The client's own retry chatter would bury the one line that matters: keep it out of the logs
+    # while the preflight's client runs (the recorder still sees it). A verdict returns before that
+    # client gives up, and its last lines ("Connection lost: … SaslAuthenticationFailedError", at
+    # error level) then reached the service's log beside its one clear line: the wiring is put back
+    # by whichever ends last, the preflight or its client's threads.
+    unwire_lock = threading.Lock()
+    ended: list[str] = []
+
+    def unwire(who: str) -> None:
+        with unwire_lock:
+            ended.append(who)
+            if len(ended) == 2:
+                kafka_log.removeHandler(recorder)
+                _quiet_kafka(kafka_log, False)
 
     def connect() -> None:
         try:
@@ -223,19 +256,20 @@ def preflight(bootstrap: str, sec: KafkaSecurity, timeout_s: float = 10.0) -> No
             outcome.append(e)
         finally:
             recorder.decided.set()
+            # its IO thread logs the bootstrap's end ("Bootstrap failed") as the constructor gives up
+            for t in threading.enumerate():
+                if t.name == f"kafka-io-{client_id}":
+                    t.join(2.0)
+            unwire("client")
 
-    # The client's own retry chatter would bury the one line that matters: keep it out of the logs
-    # while the preflight runs (the recorder still sees it).
-    propagate = kafka_log.propagate
     kafka_log.addHandler(recorder)
-    kafka_log.propagate = False
+    _quiet_kafka(kafka_log, True)
     try:
         thread = threading.Thread(target=connect, name=f"{client_id}-connect", daemon=True)
         thread.start()
         recorder.decided.wait(timeout_s + 5)
     finally:
-        kafka_log.removeHandler(recorder)
-        kafka_log.propagate = propagate
+        unwire("preflight")
     if outcome and outcome[0] is None:
         return
     error = outcome[0] if outcome else None

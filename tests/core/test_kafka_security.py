@@ -7,7 +7,9 @@ says authentication failed (not a hang, not a generic time-out); an untrusted CA
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -92,6 +94,60 @@ def test_an_untrusted_ca_fails_the_handshake(broker: SecureBroker, tmp_path: Pat
         preflight(broker.bootstrap, sec, timeout_s=8)
     assert not isinstance(e.value, KafkaUnreachable)
     assert "TLS handshake" in str(e.value) and f"not trusted by ssl_cafile {other_ca}" in str(e.value), str(e.value)
+
+
+def test_the_preflight_clients_last_lines_after_a_verdict_stay_out_of_the_log(monkeypatch) -> None:
+    """The verdict comes from the client's first SASL failure line; the client goes on until it gives
+    up, and its "Connection lost" error line reached the service's log after the preflight had put
+    the logger back (CI: a second error line beside ``kafka_preflight_failed``). A stand-in admin
+    client logs the failure, waits until the preflight has returned, then logs once more."""
+    import kafka
+
+    returned, done = threading.Event(), threading.Event()
+    client: list[str] = []
+
+    class Admin:
+        def __init__(self, client_id: str, **_: object) -> None:
+            client.append(client_id)
+            conn = logging.getLogger("kafka.net.connection")
+            try:
+                conn.error("<KafkaConnection node_id=bootstrap-0>: Authentication failed "
+                           "(SaslAuthenticationFailedError)")
+                returned.wait(10)
+                conn.error("<KafkaConnection node_id=bootstrap-0 (disconnected)>: Connection lost: "
+                           "SaslAuthenticationFailedError")
+                raise KafkaError("Unable to bootstrap from the cluster")
+            finally:
+                done.set()
+
+    class Capture(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.DEBUG)
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(f"{record.threadName} {record.name}: {record.getMessage()}")
+
+    monkeypatch.setattr(kafka, "KafkaAdminClient", Admin)
+    capture, root, kafka_log = Capture(), logging.getLogger(), logging.getLogger("kafka")
+    root.addHandler(capture)
+    try:
+        sec = KafkaSecurity(protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", username="u", password="pw")
+        with pytest.raises(KafkaSecurityError, match="rejected the login"):
+            preflight("127.0.0.1:9", sec, timeout_s=5)
+        returned.set()
+        assert done.wait(10)
+        for t in threading.enumerate():   # the stand-in's thread puts the logger back as it ends
+            if t.name.startswith("opsloop-preflight-"):
+                t.join(10)
+    finally:
+        root.removeHandler(capture)
+    # (an earlier test's preflight client may still be giving up in this process: only this one's)
+    assert [line for line in capture.lines if client[0] in line.split(" ")[0]] == []
+    assert not [h for h in kafka_log.handlers if any(client[0] in t for t in getattr(h, "threads", ()))]
+    preflights = ("opsloop-preflight-", "kafka-io-opsloop-preflight-")
+    if not any(t.name.startswith(preflights) for t in threading.enumerate()):
+        assert kafka_log.propagate   # no preflight client left in this process: the log is back
 
 
 def test_no_broker_at_all_is_unreachable_not_a_settings_error(broker: SecureBroker) -> None:
