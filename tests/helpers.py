@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import requests
 import yaml
 from kafka import KafkaConsumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from opsloop.stack import ManagedProcess, free_port
 
@@ -89,18 +90,17 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def scrape_samples(port: int, name: str, labels: dict[str, str] | None = None) -> list[tuple[dict[str, str], float]]:
+    """Every sample ``name`` of a /metrics endpoint matching ``labels``: (its labels, its value)."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    return [(s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in (labels or {}).items())]
+
+
 def scrape_metric(port: int, name: str, labels: dict[str, str] | None = None) -> float | None:
     """Read one sample from a /metrics endpoint (sum over series matching ``labels``)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-    total, found = 0.0, False
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in (labels or {}).items()):
-                total += s.value
-                found = True
-    return total if found else None
+    samples = scrape_samples(port, name, labels)
+    return sum(v for _, v in samples) if samples else None
 
 
 def run_cli(*args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -109,7 +109,7 @@ def run_cli(*args: str, input: str | None = None, timeout: float = 120) -> subpr
 
 
 __all__ = ["free_port", "metrics_up", "opsloop_process", "prom_query", "read_topic", "run_cli", "scrape_metric",
-           "unique", "wait_until", "write_config"]
+           "scrape_samples", "unique", "wait_until", "write_config"]
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from opsloop.kafka_clients import faust_app_options
 from opsloop.log import get_logger
 from opsloop.topics import Topic
 from opsloop.streams.runtime import health
+from opsloop.streams.runtime.assignment import install_assignment_metrics
 from opsloop.streams.runtime.batch import DeadLetter, FanOut, Handler, process_batch
 from opsloop.streams.runtime.take import consumer_lag, take_batches
 from opsloop.streams.runtime.transport import kafka_transport
@@ -50,6 +51,7 @@ def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
     app.transport = kafka_transport(app, s.fetch_max_wait_ms)
     app.opsloop_topic_prefix = settings.kafka.topic_prefix   # read by raw_topic
     install_recovery_watchdog(app, s.recovery_stall_s)
+    install_assignment_metrics(app)
     return app
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, NamedTuple, TypeVar
 
 import pytest
 from kafka import KafkaProducer
@@ -34,7 +34,7 @@ from opsloop.stack import Stack
 from opsloop.stack.supervisor import Supervisor
 from opsloop.topics import Topic
 from tests.e2e.pipeline import pipeline_config, start_worker
-from tests.helpers import read_topic, scrape_metric, unique, wait_until, write_config
+from tests.helpers import read_topic, scrape_metric, scrape_samples, unique, wait_until, write_config
 from tests.scale.workload import (PARTITIONS, fw_round, group_assignment, lb_round, partition_of,
                                   second_worker_config)
 
@@ -57,6 +57,38 @@ def opened_per_hypervisor(bootstrap: str, hvs: list[str]) -> Counter[str]:
             if dict(r.headers or []).get("event") == b"opened":
                 out[f.where["hypervisor"]] += 1
     return out
+
+
+class Holdings(NamedTuple):
+    """What each worker's /metrics says it holds (streams/runtime/assignment.py), worker by worker."""
+
+    rebalances: tuple[float, ...]
+    lb_partitions: tuple[frozenset[int], ...]
+
+
+def holdings(ports: list[int]) -> Holdings:
+    counts, held = [], []
+    for port in ports:
+        counts.append(scrape_metric(port, "opsloop_stream_rebalances_total") or 0.0)
+        held.append(frozenset(int(labels["partition"]) for labels, v in
+                              scrape_samples(port, "opsloop_stream_partition_assigned", {"topic": Topic.LB.value})
+                              if v == 1))
+    return Holdings(tuple(counts), tuple(held))
+
+
+def sharing(h: Holdings) -> bool:
+    """Every worker holds some LB partitions, none holds one twice, together they hold them all."""
+    a, b = h.lb_partitions
+    return bool(a and b) and not a & b and a | b == set(range(PARTITIONS))
+
+
+def lb_partitions_of_members(group: dict[str, set[tuple[str, int]]]) -> list[list[int]]:
+    """The broker's view: each member's LB partitions, sorted (member ids do not say which process)."""
+    return sorted(sorted(p for t, p in parts if t == Topic.LB.value) for parts in group.values())
+
+
+def restarts(supervisors: list[Supervisor]) -> list[tuple[str, int | None]]:
+    return [(ev.name, ev.exit_code) for sup in supervisors for ev in sup.events]
 
 
 def test_second_worker_shares_partitions_without_losing_or_repeating(stack: Stack, tmp_path: Path) -> None:
@@ -134,24 +166,43 @@ def test_second_worker_shares_partitions_without_losing_or_repeating(stack: Stac
             assert want <= a | b, f"{topic.value}: partitions without a worker"
             assert (a & want) and (b & want), f"{topic.value}: one worker holds all partitions"
 
-        # --- the LBs' request rates double: each new rate must come from exactly one worker
+        # --- the LBs' request rates change: each new rate must come from exactly the worker holding its
+        # partition. Which one holds it, and whether a rebalance came in between, each worker says itself
+        # (streams/runtime/assignment.py): a member that missed heartbeats on a loaded machine, or was
+        # restarted by its supervisor, rejoins and the group rebalances again. Then the look is void (the old
+        # owner may have shown the new rate in between) and the rates change again, to values no worker
+        # has shown yet, until one look sees a group that stayed as it was.
         ports = [doc["stream"]["metrics_port"], doc2["stream"]["metrics_port"]]
-        per_s = {lb: 2 * v for lb, v in per_s.items()}
         first_new = send_round(hvs)
+        looks: list[Holdings] = []
 
-        def served() -> dict[str, list[int]] | None:
+        def served() -> tuple[dict[str, list[int]], Holdings, list[list[int]]] | None:
+            nonlocal per_s
+            before = holdings(ports)
             send_round(hvs)
+            if not sharing(before):
+                return None
+            if not looks or looks[-1] != before:   # the first look, or a rebalance since the last change
+                looks.append(before)
+                per_s = {lb: v * (len(looks) + 1) // len(looks) for lb, v in per_s.items()}
+                return None
             by_worker = [rates(p) for p in ports]
             owners = {lb: [k for k in (0, 1) if by_worker[k].get(lb) == pytest.approx(per_s[lb])] for lb in lbs}
-            return owners if all(owners.values()) else None
-        owners = wait_until(supervised(served), timeout=120, interval=1, what="the new rates from the owning workers")
-        assert all(len(o) == 1 for o in owners.values()), owners
-        w2_lb_partitions = {partition_of(lb) for lb, o in owners.items() if o == [1]}
-        assert w2_lb_partitions and len(w2_lb_partitions) < PARTITIONS
-        member_lb_partitions = [{p for t, p in parts if t == Topic.LB.value} for parts in members.values()]
-        assert any(w2_lb_partitions <= m and not (w2_lb_partitions & (other - m))
-                   for m, other in zip(member_lb_partitions, member_lb_partitions[::-1])), \
-            (w2_lb_partitions, member_lb_partitions)
+            # the workers' own view against the group's, read while neither changed
+            group = lb_partitions_of_members(group_assignment(bootstrap, app_id))
+            if not all(owners.values()) or holdings(ports) != before or not group:
+                return None
+            return owners, before, group
+        try:
+            owners, held, group = wait_until(supervised(served), timeout=120, interval=1,
+                                             what="the new rates from the owning workers")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; looks (rebalances, lb partitions per worker): {looks}; "
+                                 f"restarts {restarts(supervisors)}") from None
+        holder = {lb: [k for k in (0, 1) if partition_of(lb) in held.lb_partitions[k]] for lb in lbs}
+        assert owners == holder, (owners, held)
+        # each worker's LB partitions are exactly one member's, as the broker reports the group
+        assert group == sorted(sorted(p) for p in held.lb_partitions), (group, held)
 
         # --- every hypervisor's rounds after the rebalance processed by one of the workers
         def processed() -> bool:
@@ -194,9 +245,8 @@ def test_second_worker_shares_partitions_without_losing_or_repeating(stack: Stac
             # Seen once in CI, not reproduced: say which LBs (partitions) lag and what the worker logged.
             lagging = {lb: (partition_of(lb), last.get(lb), per_s[lb]) for lb in lbs
                        if last.get(lb) != pytest.approx(per_s[lb])}
-            restarts = [(ev.name, ev.exit_code) for sup in supervisors for ev in sup.events]
             raise AssertionError(f"{e}; lagging lb: (partition, rate, want) {lagging}; "
-                                 f"group {group_assignment(bootstrap, app_id)}; restarts {restarts}; "
+                                 f"group {group_assignment(bootstrap, app_id)}; restarts {restarts(supervisors)}; "
                                  f"worker log:\n{w1.tail(40)}") from None
         everyone = hvs + late
         opened = wait_until(supervised(lambda: (o := opened_per_hypervisor(bootstrap, everyone))
