@@ -518,6 +518,12 @@ def pipeline() -> Dashboard:
             Panel("Consumer lag", "Records between the worker's position and the high-water mark, per topic.",
                   [Query(f"sum by (topic) (opsloop_stream_consumer_lag{{{top}}})", "{{topic}}")], unit="short",
                   thresholds=[(10000.0, "orange")], e2e_lb=True),
+            Panel("Stream workers: partitions held and rebalances",
+                  "Partitions of the selected topics each stream worker holds now, and the rebalances it went "
+                  "through in the last 15 min (each one pauses every worker; more than 4 for 15 min alerts).",
+                  [Query(f"count by (instance) (opsloop_stream_partition_assigned{{{top}}})", "{{instance}} partitions"),
+                   Query("sum by (instance) (increase(opsloop_stream_rebalances_total[15m]))",
+                         "{{instance}} rebalances/15m")], unit="short", thresholds=[(4.0, "orange")]),
             Panel("Event age", "Now minus the newest sample's event time, per topic: how stale the data is.",
                   [Query(f"max by (topic) (opsloop_stream_sample_age_seconds{{{top}}})", "{{topic}}")], unit="s",
                   e2e_lb=True),
