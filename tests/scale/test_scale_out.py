@@ -4,8 +4,9 @@ One worker runs first (the single-worker result); a second one joins during the 
 * the consumer group (kafka-python admin ``describe_consumer_groups``) has two members whose assignments
   are disjoint and together cover every partition of the topics;
 * per-server request rates are the same as with one worker; after the LBs' rates change, each LB's new
-  rate shows in exactly one worker, and the LB partitions of the second worker (computed with the
-  producer's partitioner) are exactly one member's assignment;
+  rate shows in exactly the worker that holds its partition (the producer's partitioner; which worker
+  holds which partition: each worker's own /metrics, equal to the broker's member assignments), in a
+  look across which neither worker's assignment changed;
 * firewall findings: one ``opened`` per unprotected port over the whole run, none lost, none repeated,
   although partitions (and their detector state) moved to the new worker in between;
 * the second worker SIGKILLed mid-run: the first takes every partition back, serves every LB's (new)
