@@ -240,8 +240,9 @@ def trajectories(scn: Scenario, run: Run) -> dict[str, Any]:
         "tick_s": [0.0] + run.tick_times.tolist(),
         "weights": {e: {o: run.tick_weights[:, i, j].round(6).tolist() for j, o in enumerate(origins)}
                     for i, e in enumerate(edges)},
-        "modes": run.tick_modes,
-        "reasons": run.tick_reasons,
+        # one entry per tick_s, as the weights: entry 0 is the starting weights (no decision yet)
+        "modes": ["initial"] + run.tick_modes,
+        "reasons": ["starting weights, before the first tick"] + run.tick_reasons,
         "time_s": run.times.tolist(),
         "origin_load_rps": {o: run.loads[:, j].round(3).tolist() for j, o in enumerate(origins)},
         "origin_capacity_rps": {o: run.capacity[:, j].tolist() for j, o in enumerate(origins)},

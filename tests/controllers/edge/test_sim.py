@@ -186,6 +186,26 @@ def test_cli_table_json_and_plot(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("name", ["demand_surge", "capacity_drop"])
+def test_json_modes_and_reasons_line_up_with_the_ticks_weights(name, capsys):
+    """Entry k of ``modes`` and ``reasons`` is the decision that set ``weights`` entry k (at ``tick_s``
+    entry k; entry 0 the starting weights): "at target" leaves them as they were, "shed off" moves
+    them. One entry off (as before: no entry for the start), a shed read beside the tick before it."""
+    main(["--scenario", str(SCENARIOS / f"{name}.yaml"), "--json", "--controllers", "ours"])
+    traj = json.loads(capsys.readouterr().out)["controllers"]["ours"]["trajectories"]
+    weights, reasons = traj["weights"], traj["reasons"]
+    assert len(traj["tick_s"]) == len(reasons) == len(traj["modes"])
+    assert traj["modes"][0] == "initial"
+
+    def moved(k: int) -> bool:
+        return any(abs(w[k] - w[k - 1]) > 1e-6 for row in weights.values() for w in row.values())
+    held = [k for k in range(1, len(reasons)) if reasons[k].startswith("at target")]
+    shed = [k for k in range(1, len(reasons)) if reasons[k].startswith("shed off")]
+    assert held and shed
+    assert not any(moved(k) for k in held), [traj["tick_s"][k] for k in held if moved(k)]
+    assert all(moved(k) for k in shed), [traj["tick_s"][k] for k in shed if not moved(k)]
+
+
 def test_cli_help_has_examples(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])
