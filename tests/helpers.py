@@ -17,6 +17,7 @@ import requests
 import yaml
 from kafka import KafkaConsumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from opsloop.stack import ManagedProcess, free_port
 
@@ -90,17 +91,28 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def scrape_samples(port: int, name: str, labels: dict[str, str] | None = None) -> list[tuple[dict[str, str], float]]:
-    """Every sample ``name`` of a /metrics endpoint matching ``labels``: (its labels, its value)."""
+def metric_samples(port: int) -> list[Sample]:
+    """Every sample of a /metrics endpoint (one request; pick with :func:`samples_named`)."""
     text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-    return [(s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def samples_named(samples: list[Sample], name: str,
+                  labels: dict[str, str] | None = None) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of each sample ``name`` among ``samples`` matching ``labels``."""
+    return [(s.labels, s.value) for s in samples
             if s.name == name and all(s.labels.get(k) == v for k, v in (labels or {}).items())]
+
+
+def metric_value(samples: list[Sample], name: str, labels: dict[str, str] | None = None) -> float | None:
+    """The sum over the series ``name`` matching ``labels`` among ``samples`` (None: no such series)."""
+    found = samples_named(samples, name, labels)
+    return sum(v for _, v in found) if found else None
 
 
 def scrape_metric(port: int, name: str, labels: dict[str, str] | None = None) -> float | None:
     """Read one sample from a /metrics endpoint (sum over series matching ``labels``)."""
-    samples = scrape_samples(port, name, labels)
-    return sum(v for _, v in samples) if samples else None
+    return metric_value(metric_samples(port), name, labels)
 
 
 def run_cli(*args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -109,7 +121,7 @@ def run_cli(*args: str, input: str | None = None, timeout: float = 120) -> subpr
 
 
 __all__ = ["free_port", "metrics_up", "opsloop_process", "prom_query", "read_topic", "run_cli", "scrape_metric",
-           "scrape_samples", "unique", "wait_until", "write_config"]
+           "metric_samples", "metric_value", "samples_named", "unique", "wait_until", "write_config"]
 
 
 @contextmanager

@@ -30,40 +30,21 @@ REBALANCES = Counter("opsloop_stream_rebalances_total",
 log = get_logger("stream")
 
 
-class AssignmentMetrics:
-    """Keeps :data:`ASSIGNED` equal to the consumer's assignment; counts :data:`REBALANCES`."""
-
-    def __init__(self) -> None:
-        self.held: set[tuple[str, int]] = set()
-
-    def revoked(self, partitions: set[TP]) -> None:
-        for tp in partitions:
-            if (tp.topic, tp.partition) in self.held:
-                self.held.discard((tp.topic, tp.partition))
-                ASSIGNED.remove(tp.topic, str(tp.partition))
-
-    def assigned(self, partitions: set[TP]) -> None:
-        now = {(tp.topic, tp.partition) for tp in partitions}
-        for topic, partition in self.held - now:
-            ASSIGNED.remove(topic, str(partition))
-        for topic, partition in now - self.held:
-            ASSIGNED.labels(topic, str(partition)).set(1)
-        self.held = now
-        REBALANCES.inc()
-        log.info("partitions_assigned", partitions=len(now),
-                 topics=dict(sorted(Tally(topic for topic, _ in now).items())))
-
-
-def install_assignment_metrics(app: faust.App) -> AssignmentMetrics:
+def install_assignment_metrics(app: faust.App) -> None:
     """Follow ``app``'s assignment from its rebalance signals (every worker; before the app starts)."""
-    metrics = AssignmentMetrics()
-
-    async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
-        metrics.assigned(assigned)   # Faust sends the whole new assignment after each rebalance
 
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
-        metrics.revoked(revoked)
+        for tp in revoked:
+            ASSIGNED.remove(tp.topic, str(tp.partition))   # a no-op for a partition not shown
+
+    async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
+        # Faust sends the whole new assignment after each rebalance: the gauge is rebuilt from it
+        ASSIGNED.clear()
+        for tp in assigned:
+            ASSIGNED.labels(tp.topic, str(tp.partition)).set(1)
+        REBALANCES.inc()
+        log.info("partitions_assigned", partitions=len(assigned),
+                 topics=dict(sorted(Tally(tp.topic for tp in assigned).items())))
 
     app.on_partitions_assigned.connect(on_assigned, weak=False)
     app.on_partitions_revoked.connect(on_revoked, weak=False)
-    return metrics

@@ -35,7 +35,8 @@ from opsloop.stack import Stack
 from opsloop.stack.supervisor import Supervisor
 from opsloop.topics import Topic
 from tests.e2e.pipeline import pipeline_config, start_worker
-from tests.helpers import read_topic, scrape_metric, scrape_samples, unique, wait_until, write_config
+from tests.helpers import (metric_samples, metric_value, read_topic, samples_named, unique, wait_until,
+                           write_config)
 from tests.scale.workload import (PARTITIONS, fw_round, group_assignment, lb_round, partition_of,
                                   second_worker_config)
 
@@ -70,9 +71,10 @@ class Holdings(NamedTuple):
 def holdings(ports: list[int]) -> Holdings:
     counts, held = [], []
     for port in ports:
-        counts.append(scrape_metric(port, "opsloop_stream_rebalances_total") or 0.0)
+        page = metric_samples(port)
+        counts.append(metric_value(page, "opsloop_stream_rebalances_total") or 0.0)
         held.append(frozenset(int(labels["partition"]) for labels, v in
-                              scrape_samples(port, "opsloop_stream_partition_assigned", {"topic": Topic.LB.value})
+                              samples_named(page, "opsloop_stream_partition_assigned", {"topic": Topic.LB.value})
                               if v == 1))
     return Holdings(tuple(counts), tuple(held))
 
@@ -122,8 +124,9 @@ def test_second_worker_shares_partitions_without_losing_or_repeating(stack: Stac
         return n
 
     def rates(port: int) -> dict[str, float]:
+        page = metric_samples(port)   # one request for every LB
         return {lb: v for lb in lbs
-                if (v := scrape_metric(port, "opsloop_lb_server_requests_per_second", {"lb": lb, "server": "s1"})) is not None}
+                if (v := metric_value(page, "opsloop_lb_server_requests_per_second", {"lb": lb, "server": "s1"})) is not None}
 
     w1 = start_worker(tmp_path, config, doc, stack)
     supervisors = [Supervisor([w1], max_restarts=3, window_s=600, backoff_s=0.5, max_backoff_s=2.0)]
@@ -208,8 +211,9 @@ def test_second_worker_shares_partitions_without_losing_or_repeating(stack: Stac
         # --- every hypervisor's rounds after the rebalance processed by one of the workers
         def processed() -> bool:
             last = send_round(hvs)
-            ts = [max((scrape_metric(p, "opsloop_firewall_report_timestamp_seconds", {"hypervisor": hv}) or 0)
-                      for p in ports) for hv in hvs]
+            pages = [metric_samples(p) for p in ports]
+            ts = [max((metric_value(page, "opsloop_firewall_report_timestamp_seconds", {"hypervisor": hv}) or 0)
+                      for page in pages) for hv in hvs]
             return all(t >= t0 + first_new for t in ts) and last > first_new
         wait_until(supervised(processed), timeout=120, interval=1, what="every hypervisor's new rounds processed")
 
