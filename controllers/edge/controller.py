@@ -508,6 +508,7 @@ class EdgeController(Controller):
         self._sigma = np.zeros(n_edges)  # per-interval noise of log-demand (peak-held)
         self._uplift = np.zeros(n_edges)  # the plan's uplift at the last tick (rate-limited)
         self._rising = np.zeros(n_edges, dtype=bool)  # a ramp seen at the last tick
+        self._step_seen = np.zeros(n_edges, dtype=bool)  # a step read at the last tick
         # a step seen in the last interval's mean (its level extrapolated), and the estimate
         # without that extrapolation
         self._stepped = np.zeros(n_edges, dtype=bool)
@@ -809,9 +810,13 @@ class EdgeController(Controller):
                 & (last3[-1] > s.step_sigmas * change_sd)
             # (σ at least the measurement-noise floor: read off a few draws it runs low, and
             # three noisy draws on one edge then made a ramp that moved its weights)
+            # the rise after a step read at the last tick is that step's remainder (it came late
+            # in the interval, the clients took a while to reach it), not a third rise of a
+            # ramp: read as one, a shortfall step ran the plan 50 % above the demand that came
+            # and overfilled the far origins; a ramp that goes on rising is still a fast one
             rising = (last3 > 0).all(axis=0) & (mean_change > s.ramp_threshold) \
                 & (mean_change > 2.5 * change_sd / 3.0) \
-                & steady3 & ~step_shape
+                & steady3 & ~step_shape & ~self._step_seen
             mean_rise, last_rise = (hist[-1] - hist[-4]) / 3, hist[-1] - hist[-2]
             # the clients' own rise: raw rises over intervals of our sheds (traffic moved
             # farther, elastic clients slowing) understate the ramp; only once σ is known and for
@@ -1039,7 +1044,7 @@ class EdgeController(Controller):
             stepped &= hist[-1] > prev
             level = prev + s.step_extrapolation * (hist[-1] - prev)
             estimate = np.where(stepped, np.maximum(estimate, level), estimate)
-        self._stepped = stepped
+        self._stepped = self._step_seen = stepped
         return estimate, stepped
 
     def _plan(self, estimate: np.ndarray, capacity: np.ndarray, latency: np.ndarray,
