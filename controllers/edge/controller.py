@@ -808,12 +808,12 @@ class EdgeController(Controller):
             change_sd = self._change_sd(sigma)
             step_shape = (np.abs(last3[:2]) <= 2.0 * change_sd).all(axis=0) \
                 & (last3[-1] > s.step_sigmas * change_sd)
-            # (σ at least the measurement-noise floor: read off a few draws it runs low, and
-            # three noisy draws on one edge then made a ramp that moved its weights)
             # the rise after a step read at the last tick is that step's remainder (it came late
             # in the interval, the clients took a while to reach it), not a third rise of a
-            # ramp: read as one, a shortfall step ran the plan 50 % above the demand that came
-            # and overfilled the far origins; a ramp that goes on rising is still a fast one
+            # ramp: read as one, a shortfall step ran the plan 47 % above the demand that came
+            # and overfilled the far origins; a ramp that goes on rising is read a tick later
+            # (σ at least the measurement-noise floor: read off a few draws it runs low, and
+            # three noisy draws on one edge then made a ramp that moved its weights)
             rising = (last3 > 0).all(axis=0) & (mean_change > s.ramp_threshold) \
                 & (mean_change > 2.5 * change_sd / 3.0) \
                 & steady3 & ~step_shape & ~self._step_seen
