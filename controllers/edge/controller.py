@@ -523,6 +523,9 @@ class EdgeController(Controller):
         self._over_last = np.zeros(n_origins, dtype=bool)
         self._service_base: np.ndarray | None = None  # lowest origin response time seen (unloaded)
         self._service_now: np.ndarray | None = None
+        # [O] req/s each origin carried over the last interval (the weights in force, the demand
+        # read); None before the first weights
+        self._load_read: np.ndarray | None = None
         # per origin: the slowest response time seen in an interval measured over capacity (does
         # this origin's response time show its overload?)
         self._over_service = np.zeros(n_origins)
@@ -667,8 +670,8 @@ class EdgeController(Controller):
         shows_overload = self._slowed(0.01, self._over_service)
         return shows_overload & ~self._slowed(1e-4)  # any overload in the interval slows it
 
-    def _hidden_overload_derate(self, measured: np.ndarray, capacity: np.ndarray,
-                                healthy: np.ndarray, rising: np.ndarray) -> np.ndarray:
+    def _hidden_overload_derate(self, capacity: np.ndarray, healthy: np.ndarray,
+                                rising: np.ndarray) -> np.ndarray:
         """[O] the fraction of each origin's capacity the plan leaves unused for overload the
         interval means do not show. A reading is an interval's mean: demand drawn afresh several
         times an interval overloads the near origin for part of it while the mean reads within
@@ -690,7 +693,7 @@ class EdgeController(Controller):
             else self._calm_ticks + 1
         if self._service_now is None or self.weights is None or s.hidden_overload_derate <= 0:
             return self._derate
-        read = (self.weights * measured[:, None]).sum(axis=0) / np.maximum(capacity, _EPS)
+        read = self._load_read / np.maximum(capacity, _EPS)
         slower = self._service_now / np.maximum(self._service_base, _EPS) - 1.0
         for o in np.flatnonzero(healthy & (read <= 0.8)):
             self._service_jitter[o].append(float(slower[o]))
@@ -1177,12 +1180,12 @@ class EdgeController(Controller):
         41 #3). No slope is carried to an origin the plan loads further: read off another
         origin, such an extrapolation swung a small origin's share every interval (11 #4)."""
         now, base = self._service_now, self._service_base
-        if now is None or self.weights is None:
+        if now is None or self._load_read is None:
             return None
         cap = np.maximum(capacity, _EPS)
-        last = (self.weights * self._demand_history[-1][:, None]).sum(axis=0) / cap
+        last = self._load_read / cap
         rho = (weights * demand[:, None]).sum(axis=0) / cap
-        read = (last > 1.05) & (base > 0) & (now > base) & (rho < last)
+        read = (last > 1.05) & self._slowed(0.0) & (rho < last)
         if not read.any():
             return None
         part = np.clip((rho - 1.0) / np.maximum(last - 1.0, _EPS), 0.0, 1.0)
@@ -1352,6 +1355,8 @@ class EdgeController(Controller):
     def _propose(self, obs: Observation) -> Proposal:
         s = self.settings
         measured = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
+        self._load_read = None if self.weights is None \
+            else (self.weights * measured[:, None]).sum(axis=0)
         latency = np.asarray(obs.latency, dtype=float)
         self._observe_service(obs)
         self._last_latency = latency
@@ -1378,7 +1383,7 @@ class EdgeController(Controller):
             plan_healthy |= rescue
             usable_fraction = np.where(rescue, 1.0, usable_fraction)
         plan_capacity = capacity * np.where(plan_healthy, usable_fraction, 1.0)
-        derate = self._hidden_overload_derate(measured, capacity, healthy, rising)
+        derate = self._hidden_overload_derate(capacity, healthy, rising)
         # not into a shortfall: its shares are the common overload factor's, not a headroom
         if not estimate.sum() < (plan_capacity * (1.0 - derate))[plan_healthy].sum() * (
                 1.0 - s.headroom):

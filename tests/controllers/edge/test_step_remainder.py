@@ -2,7 +2,7 @@
 late in its interval and the clients took a while to reach it), not the third rise of a ramp.
 Read as a ramp (a small positive draw before the step made three rises in a row), the plan went
 one more interval of that "ramp" above the demand that came: in a ``bench.sim_kinds`` shortfall
-(seed 41, #3) 50 % above it, and the far origins were overfilled for an interval. A ramp that
+(seed 41, #3) 47 % above it, and the far origins were overfilled for an interval. A ramp that
 goes on rising after the step is still read, one interval later."""
 
 from __future__ import annotations
