@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from opsloop.controllers.edge.controller import EdgeController, Observation
+from opsloop.controllers.edge.base import Observation
+from opsloop.controllers.edge.controller import EdgeController
 from opsloop.controllers.edge.scheduler import greedy, solve
 from opsloop.controllers.edge.sim import load_scenario, run_scenario
 

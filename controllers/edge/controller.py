@@ -8,12 +8,12 @@ applying the target at once (:class:`UndampedController`) oscillates.
 
 Control law of :class:`EdgeController` (one step per interval, weights ``W`` per edge × origin)
 -----------------------------------------------------------------------------------------------
-1. *Demand estimate.* The max of the last ``demand_window`` (2) measurements — a rise is seen at
-   once, a fall after 2 intervals. On a *ramp* (three rises in a row, ``ramp_threshold`` per
-   interval on average and clearly above the measured noise — σ at least ``ramp_noise_floor``,
-   as σ read off a few draws runs low and three noisy draws then read as a ramp — or two large
-   ones; one still rising
-   stays a ramp; an interval of a big latency change counts with its smaller reading, raw or
+1. *Demand estimate* (:class:`~opsloop.controllers.edge.demand.DemandModel`). The max of the
+   last ``demand_window`` (2) measurements — a rise is seen at once, a fall after 2 intervals.
+   On a *ramp* (three rises in a row, ``ramp_threshold`` per interval on average and clearly
+   above the measured noise — σ at least ``ramp_noise_floor``, as σ read off a few draws runs
+   low and three noisy draws then read as a ramp — or two large ones; one still rising stays a
+   ramp; an interval of a big latency change counts with its smaller reading, raw or
    corrected by the elasticity seen, unless it holds a step) one more interval of it is added; a step (a big rise, then the clients'
    transient) is not carried on, nor read as a ramp when the two calm intervals before it
    happened to rise. With three edges or more, two rises of the median across edges
@@ -31,8 +31,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    mean (a rise beyond 4 sd of the noise over a calm level; or on every edge, their mean rise
    beyond ``common_step_sigmas`` (3.5) sd of its own noise: a listener-wide flash crowd) is
    planned for one tick on level + ``step_extrapolation`` (3) × the rise, an origin over
-   capacity on it hot at once (:meth:`EdgeController._step_level`; read across a latency
-   change the step made itself, its origins slowing down, but not across one of our weights;
+   capacity on it hot at once (:meth:`DemandModel._step_level`; read across a latency change
+   the step made itself, its origins slowing down, but not across one of our weights;
    the rebound of the clients it slowed is not compounded on the extrapolation; not when the
    origin's response time contradicts the reading; into a shortfall on the levels measured, a step
    common to every edge on the measured shares at the total it implies). The *variability* of
@@ -55,7 +55,7 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    (3 %) each time, at most ``max_derate`` (15 %), regained at ``derate_decay`` (0.97) per
    interval (:meth:`EdgeController._hidden_overload_derate`); the cut and the uplift share the
    latency budget. Every measurement is kept with the latency its clients saw.
-2. *Hold-down* (:class:`HoldDown`): an origin that comes back healthy is planned as absent for
+2. *Hold-down* (:class:`~opsloop.controllers.edge.holddown.HoldDown`): an origin that comes back healthy is planned as absent for
    ``hold_down_intervals`` × ``hold_down_backoff``^(flaps−1) (≤ ``hold_down_max_intervals``; the
    flap count is forgotten after that long without a change), then its capacity ramps in over
    ``slowstart_intervals`` — Envoy's outlier-ejection back-off and HAProxy's ``slowstart``. An
@@ -110,7 +110,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    their plan for those clients goes at up to ``max_step`` instead, unless it relieves an origin,
    one is hot or warm, or an origin it fills came back from a failure within twice the longest
    hold-down and ramp-in (the hold-down governs that one).
-6. *Final guard* (:func:`enforce_safety`, applied to every controller): shares off an unhealthy or
+6. *Final guard* (:func:`~opsloop.controllers.edge.safety.enforce_safety`, applied to every
+   controller by :meth:`~opsloop.controllers.edge.base.Controller.step`): shares off an unhealthy or
    unreachable origin move at once; other changes ≤ ``max_step`` (0.5) per origin per interval;
    rows sum to 1, are never all-zero, and put nothing on an unhealthy origin while a healthy one is
    reachable; a row with none holds its weights, but moves what is on an origin it has no path
@@ -142,96 +143,23 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from statistics import NormalDist
 
 import numpy as np
 
-from opsloop.records import EdgeWeights, Mode
+from opsloop.controllers.edge.base import Controller, Decision, Observation, Proposal
+from opsloop.controllers.edge.baselines import FixedStepController, UndampedController
+from opsloop.controllers.edge.demand import DemandModel, big_moves, mean_latency
+from opsloop.controllers.edge.holddown import HoldDown
+from opsloop.controllers.edge.safety import enforce_safety, strip_unusable, usable_mask
 from opsloop.controllers.edge.scheduler import Solution, solve
-from opsloop.controllers.edge.settings import ControllerSettings, FixedStepSettings
+from opsloop.controllers.edge.settings import ControllerSettings
+
+# the controllers' public names, importable from here as before the law was split into modules
+__all__ = ["Controller", "Decision", "EdgeController", "FixedStepController", "HoldDown",
+           "Observation", "Proposal", "UndampedController", "big_moves", "enforce_safety",
+           "strip_unusable", "usable_mask"]
 
 _EPS = 1e-12
-# a big move: the latency an edge's clients see changes by more than 10 % (log) in an interval
-_BIG_MOVE = 0.1
-
-
-def big_moves(log_latency: np.ndarray) -> np.ndarray:
-    """[T-1, E] from log latency [T, E]: the intervals in which an edge's latency moved by more
-    than ``_BIG_MOVE`` — rates read across them say more about the clients' elasticity than
-    about their demand."""
-    return np.abs(np.diff(log_latency, axis=0)) > _BIG_MOVE
-
-
-@dataclass
-class Observation:
-    """What the controller sees at one tick (arrays: edges × origins in a fixed order)."""
-
-    now: float
-    demand: np.ndarray          # [E] measured req/s over the last interval
-    capacity: np.ndarray        # [O] req/s
-    latency: np.ndarray         # [E, O] ms, inf = no path
-    healthy: np.ndarray         # [O] bool
-    inputs_age_s: float = 0.0   # age of the oldest input this decision relies on
-    # age of ``healthy`` when it is known apart from the rest (health checks that stay fresh while
-    # the demand measurement is stale); None: as old as the other inputs
-    health_age_s: float | None = None
-    # [O] mean time an origin took to answer over the interval (queue + service, no network), when
-    # the telemetry has it: lets the controller predict how much faster relieved clients come back
-    origin_latency_ms: np.ndarray | None = None
-
-
-@dataclass
-class Decision:
-    weights: np.ndarray          # [E, O] pushed shares
-    target: np.ndarray           # [E, O] the optimal assignment this step aimed at
-    mode: Mode
-    reason: str
-    version: int
-    changed: bool
-    demand_estimate: np.ndarray  # [E]
-    shed_rps: np.ndarray         # [E]
-    inputs_age_s: float = 0.0
-    held_edges: list[int] = field(default_factory=list)
-    now_s: float = 0.0
-    stale: bool = False          # fail static on stale inputs: nothing was planned
-
-    def records(self, listener: str, edges: list[str], origins: list[str]) -> list[EdgeWeights]:
-        """One :class:`EdgeWeights` per edge, ready for the ``edge.weights`` topic."""
-        out = []
-        for e, edge in enumerate(edges):
-            shed: dict[str, float] = {}
-            if self.shed_rps[e] > 0:
-                demand = float(self.demand_estimate[e])
-                shed = {"rps": float(self.shed_rps[e]),
-                        "fraction": float(self.shed_rps[e] / demand) if demand > 0 else 1.0}
-            row = self.weights[e] / self.weights[e].sum()
-            out.append(EdgeWeights(version=self.version, listener=listener, edge=edge,
-                                   weights={o: float(min(1.0, w)) for o, w in zip(origins, row)},
-                                   computed_at=max(0.0, self.now_s), mode=self.mode,
-                                   reason=self.reason, inputs_age_s=self.inputs_age_s, shed=shed))
-        return out
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """What a controller's law proposes at one tick, before the final guard (:func:`enforce_safety`)."""
-
-    weights: np.ndarray          # [E, O] proposed shares
-    target: np.ndarray           # [E, O] the optimal assignment the step aims at
-    demand_estimate: np.ndarray  # [E] the demand it was planned on
-    mode: Mode
-    reason: str
-    shed_rps: np.ndarray         # [E] demand beyond healthy capacity
-    held_edges: list[int] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, weights: np.ndarray, solution: Solution, estimate: np.ndarray,
-           reason: str, target: np.ndarray | None = None) -> "Proposal":
-        """A proposal toward ``solution``'s assignment (``target``: another one)."""
-        return cls(weights=weights, target=solution.weights if target is None else target,
-                   demand_estimate=estimate, mode=_mode_of(solution.status), reason=reason,
-                   shed_rps=solution.shed, held_edges=list(solution.held_edges))
 
 
 def largest_fraction(fits: Callable[[float], bool], upper: float = 1.0,
@@ -253,239 +181,6 @@ def origin_sigma(carried: np.ndarray, sigma: np.ndarray) -> np.ndarray:
     return np.sqrt(((carried * sigma[:, None]) ** 2).sum(axis=0))
 
 
-def usable_mask(latency: np.ndarray, healthy: np.ndarray) -> np.ndarray:
-    """[E, O]: origin healthy and reachable from the edge."""
-    return np.isfinite(latency) & np.asarray(healthy, dtype=bool)[None, :]
-
-
-def _nearest_rows(latency: np.ndarray, usable: np.ndarray) -> np.ndarray:
-    rows = np.zeros(latency.shape)
-    has = usable.any(axis=1)
-    idx = np.argmin(np.where(usable, latency, np.inf), axis=1)
-    rows[np.flatnonzero(has), idx[has]] = 1.0
-    return rows
-
-
-def strip_unusable(previous: np.ndarray, proposal: np.ndarray, usable: np.ndarray,
-                   latency: np.ndarray) -> np.ndarray:
-    """Move every share on an unusable origin at once to the usable ones: first where
-    ``proposal`` wants more than the row has, in proportion to that shortfall, the rest as
-    ``proposal`` splits the row (else to the nearest). Rows with no usable origin are left as they
-    are (fail static)."""
-    out = np.array(previous, dtype=float, copy=True)
-    has_usable = usable.any(axis=1)
-    bad = ~usable & (out > 0) & has_usable[:, None]
-    rows = np.flatnonzero(bad.any(axis=1))
-    if rows.size == 0:
-        return out
-    dest = np.where(usable, np.clip(proposal, 0.0, None), 0.0)
-    empty = dest.sum(axis=1) <= _EPS
-    dest[empty] = _nearest_rows(latency, usable)[empty]
-    dest /= np.where(dest.sum(axis=1, keepdims=True) > 0, dest.sum(axis=1, keepdims=True), 1.0)
-    mass = np.where(bad, out, 0.0).sum(axis=1)
-    out[bad] = 0.0
-    # fill the proposal's shortfalls first, so the evacuated share lands where it is wanted
-    shortfall = np.where(usable, np.clip(dest - out, 0.0, None), 0.0)
-    short_total = shortfall.sum(axis=1)
-    to_fill = np.minimum(mass, short_total)
-    scale = np.divide(to_fill, short_total, out=np.zeros_like(to_fill), where=short_total > _EPS)
-    out[rows] += shortfall[rows] * scale[rows, None]
-    out[rows] += (mass - to_fill)[rows, None] * dest[rows]
-    return out
-
-
-def enforce_safety(previous: np.ndarray, proposal: np.ndarray, latency: np.ndarray,
-                   healthy: np.ndarray, max_step: float) -> np.ndarray:
-    """The final guard, whatever the proposal: see rule 5 in the module docstring.
-
-    Returns rows that sum to 1, are never all-zero, have nothing on an unusable origin when a usable
-    one exists, and differ from ``previous`` by at most ``max_step`` per origin except for the share
-    moved off unusable origins.
-    """
-    prev = np.clip(np.nan_to_num(np.asarray(previous, dtype=float)), 0.0, None)
-    prop = np.clip(np.nan_to_num(np.asarray(proposal, dtype=float)), 0.0, None)
-    usable = usable_mask(latency, healthy)
-    has_usable = usable.any(axis=1)
-    nearest = _nearest_rows(latency, usable)
-    # a previous row that is all-zero is not a decision: start from the nearest usable origin
-    prev_empty = prev.sum(axis=1) <= _EPS
-    prev[prev_empty & has_usable] = nearest[prev_empty & has_usable]
-    prev[prev_empty & ~has_usable] = 1.0
-    prev /= prev.sum(axis=1, keepdims=True)
-
-    prop = np.where(usable, prop, 0.0)
-    base = strip_unusable(prev, prop, usable, latency)
-    # a row with no usable origin holds its weights (fail static on health), but not on an origin
-    # it has no path to: that share fails for certain, and moves to the reachable ones
-    reachable = np.isfinite(np.asarray(latency, dtype=float))
-    cut_off = ~has_usable & reachable.any(axis=1)
-    if cut_off.any():
-        base[cut_off] = strip_unusable(prev, prev, reachable, latency)[cut_off]
-    # an empty proposal, or a row with no usable origin, holds (the stripped) previous weights
-    prop_empty = (prop.sum(axis=1) <= _EPS) | ~has_usable
-    prop[prop_empty] = base[prop_empty]
-    prop /= prop.sum(axis=1, keepdims=True)
-    delta = prop - base
-    biggest = np.abs(delta).max(axis=1)
-    alpha = np.where(biggest > max_step, max_step / np.maximum(biggest, _EPS), 1.0)
-    out = base + alpha[:, None] * delta
-    out = np.clip(out, 0.0, None)
-    out[~usable & has_usable[:, None]] = 0.0
-    return out / out.sum(axis=1, keepdims=True)
-
-
-def _validate(obs: Observation, n_edges: int, n_origins: int) -> None:
-    if np.shape(obs.demand) != (n_edges,) or np.shape(obs.capacity) != (n_origins,) \
-            or np.shape(obs.latency) != (n_edges, n_origins) or np.shape(obs.healthy) != (n_origins,):
-        raise ValueError(f"observation: expected shapes demand ({n_edges},), capacity ({n_origins},), "
-                         f"latency ({n_edges}, {n_origins}), healthy ({n_origins},); got "
-                         f"{np.shape(obs.demand)}, {np.shape(obs.capacity)}, "
-                         f"{np.shape(obs.latency)}, {np.shape(obs.healthy)}")
-    if obs.origin_latency_ms is not None and np.shape(obs.origin_latency_ms) != (n_origins,):
-        raise ValueError(f"observation.origin_latency_ms: expected shape ({n_origins},), got "
-                         f"{np.shape(obs.origin_latency_ms)}")
-    if not np.isfinite(obs.inputs_age_s) or obs.inputs_age_s < 0:
-        raise ValueError(f"observation.inputs_age_s: expected a finite number >= 0, "
-                         f"got {obs.inputs_age_s!r}")
-
-
-class Controller:
-    """State and bookkeeping shared by the controllers: last weights, version, fail-static.
-    A controller's law is its :meth:`_propose`; :meth:`step` guards and publishes it."""
-
-    name = "base"
-
-    def __init__(self, n_edges: int, n_origins: int, stale_after_s: float, max_step: float,
-                 initial: np.ndarray | None = None, origin_names: list[str] | None = None) -> None:
-        self.n_edges = n_edges
-        self.n_origins = n_origins
-        if origin_names is not None and len(origin_names) != n_origins:
-            raise ValueError(f"origin_names: expected {n_origins} names, got {len(origin_names)}")
-        # what the reasons call the origins (an operator reads them): their names when given
-        self.origin_names = list(origin_names) if origin_names is not None else \
-            [f"#{o}" for o in range(n_origins)]
-        self.stale_after_s = stale_after_s
-        self.max_step = max_step
-        self.weights: np.ndarray | None = None
-        if initial is not None:
-            init = np.asarray(initial, dtype=float)
-            if init.shape != (n_edges, n_origins) or (init < 0).any() \
-                    or (init.sum(axis=1) <= 0).any():
-                raise ValueError(f"initial weights: expected non-negative ({n_edges}, {n_origins}) "
-                                 f"rows with a positive sum, got {init.tolist()!r}")
-            self.weights = init / init.sum(axis=1, keepdims=True)
-        self.version = 0
-
-    def _propose(self, obs: Observation) -> Proposal:
-        raise NotImplementedError
-
-    def _names(self, mask: np.ndarray, detail=None) -> str:
-        """The origins of ``mask`` by name, each with ``detail(o)`` when given."""
-        return ", ".join(self.origin_names[o] + (f" {detail(o)}" if detail else "")
-                         for o in np.flatnonzero(mask))
-
-    def _publish(self, obs: Observation, decided: Proposal, stale: bool = False) -> Decision:
-        weights = decided.weights
-        changed = self.weights is None or not np.allclose(weights, self.weights, atol=1e-9, rtol=0)
-        if changed:  # the version names the weights: re-applying it is a no-op for an actuator
-            self.version += 1
-        self.weights = weights
-        return Decision(weights=weights.copy(), target=decided.target, mode=decided.mode,
-                        reason=decided.reason, version=self.version, changed=changed,
-                        demand_estimate=decided.demand_estimate, shed_rps=decided.shed_rps,
-                        inputs_age_s=float(obs.inputs_age_s), held_edges=decided.held_edges,
-                        now_s=float(obs.now), stale=stale)
-
-    def step(self, obs: Observation) -> Decision:
-        _validate(obs, self.n_edges, self.n_origins)
-        zeros = np.zeros(self.n_edges)
-        if obs.inputs_age_s > self.stale_after_s:
-            why = f"stale inputs: age {obs.inputs_age_s:.0f}s > {self.stale_after_s:.0f}s"
-            if self.weights is not None:
-                weights, note = self.weights, f"holding version {self.version}"
-                # fail static on the stale demand, but never on traffic to an origin that fresh health
-                # checks call down while a healthy one is reachable (safety rule 1 holds whatever the inputs)
-                if obs.health_age_s is not None and obs.health_age_s <= self.stale_after_s:
-                    # where the evacuated share goes: where a plan on the last demand seen has room for it
-                    # (the rest of every row stays as it is)
-                    last = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
-                    plan = solve(last, obs.capacity, obs.latency, obs.healthy, previous=self.weights).weights
-                    moved_off = strip_unusable(self.weights, plan, usable_mask(obs.latency, obs.healthy), obs.latency)
-                    weights = enforce_safety(self.weights, moved_off, obs.latency, obs.healthy, self.max_step)
-                    moved = ((self.weights - weights) > _EPS).any(axis=0)
-                    if moved.any():
-                        note = (f"holding version {self.version} but moved off {self._names(moved)} "
-                                "(unhealthy by fresh health checks)")
-                held = Proposal(weights, weights, zeros, Mode.HOLD, f"{why}; {note}", zeros,
-                                list(range(self.n_edges)))
-                return self._publish(obs, held, stale=True)
-            # nothing to hold: nearest healthy origin per edge, from the last known topology
-            fallback = solve(zeros, obs.capacity, obs.latency, obs.healthy).weights
-            return self._publish(obs, Proposal(fallback, fallback, zeros, Mode.FALLBACK,
-                                               f"{why}; no last good weights, nearest healthy "
-                                               f"origin", zeros), stale=True)
-        proposed = self._propose(obs)
-        previous = self.weights if self.weights is not None else proposed.weights
-        weights = enforce_safety(previous, proposed.weights, obs.latency, obs.healthy, self.max_step)
-        return self._publish(obs, replace(proposed, weights=weights))
-
-
-def _mode_of(status: str) -> Mode:
-    return {"optimal": Mode.NORMAL, "shed": Mode.SHED, "hold": Mode.HOLD,
-            "fallback": Mode.FALLBACK}[status]
-
-
-class HoldDown:
-    """Per-origin flap tracking: a returning origin earns traffic back only after it stays healthy
-    (hold-down, doubling with every flap, like Envoy's outlier-ejection back-off) and then ramps
-    in (HAProxy ``slowstart``). :meth:`update` gives each origin's usable fraction of capacity."""
-
-    def __init__(self, n_origins: int, settings: ControllerSettings) -> None:
-        self.s = settings
-        self.up: np.ndarray | None = None
-        self.flaps = np.zeros(n_origins, dtype=int)
-        self.until = np.full(n_origins, -math.inf)      # hold-down ends
-        self.changed_at = np.full(n_origins, -math.inf)  # last health change seen
-
-    def update(self, now: float, healthy: np.ndarray) -> np.ndarray:
-        s, interval = self.s, self.s.interval_s
-        if self.up is None:  # the first view is the starting state, not a recovery
-            self.up = healthy.copy()
-            return np.ones(len(healthy))
-        back = healthy & ~self.up
-        gone = ~healthy & self.up
-        moved = back | gone
-        # an origin that stayed put for the longest hold-down has its flaps forgotten: one back
-        # after that long down (a repair), and one that served that long before it went down
-        # (Envoy lowers its ejection multiplier while a host stays healthy): its next return is
-        # a first flap, not the back-off of flaps long past
-        quiet = now - self.changed_at > s.hold_down_max_intervals * interval
-        self.flaps[(back | gone) & quiet] = 0
-        self.flaps[back] += 1
-        hold = np.minimum(s.hold_down_intervals * s.hold_down_backoff ** (self.flaps - 1),
-                          s.hold_down_max_intervals) * interval
-        # back after a long outage (a repair, not a flap): every interval it is held down moves
-        # its whole share back later, outside the return's own transient
-        hold = np.where(quiet, np.minimum(hold, s.outage_hold_down_intervals * interval), hold)
-        self.until[back] = now + hold[back]
-        self.changed_at[moved] = now
-        self.up = healthy.copy()
-        ramp_s = s.slowstart_intervals * interval
-        # the first tick after the hold-down already gets one interval's worth of the ramp
-        ramp = np.ones(len(healthy)) if ramp_s <= 0 else \
-            np.clip((now - self.until + interval) / ramp_s, 0.0, 1.0)
-        return np.where(now < self.until - 1e-9, 0.0, ramp)
-
-    def held(self, now: float) -> np.ndarray:
-        return now < self.until - 1e-9
-
-    def settled(self, now: float) -> np.ndarray:
-        """Origins whose health has not changed for twice the longest hold-down and ramp-in: a
-        returning origin earns traffic at the relax step, never in a fast relax."""
-        quiet = 2.0 * (self.s.hold_down_max_intervals + self.s.slowstart_intervals) * self.s.interval_s
-        return now - self.changed_at > quiet
-
-
 class EdgeController(Controller):
     """Our controller: shed jointly and at once, relax with a worst-case-elastic prediction, plan
     on an upper quantile of demand, hold down flapping origins (module docstring)."""
@@ -498,27 +193,9 @@ class EdgeController(Controller):
         super().__init__(n_edges, n_origins, self.settings.stale_after_s, self.settings.max_step,
                          initial, origin_names)
         s = self.settings
-        self._demand_history: deque[np.ndarray] = deque(
-            maxlen=max(s.demand_window, s.variability_window + 2, s.slow_ramp_readings, 4))
-        self._latency_history: deque[np.ndarray] = deque(maxlen=self._demand_history.maxlen)
-        # log network latency (+ unloaded response) at the weights in force: our own moves
-        self._move_history: deque[np.ndarray] = deque(maxlen=self._demand_history.maxlen)
-        self._scale = np.ones(n_edges)  # estimate / the window's largest measurement
+        # the clients' demand, its variability and elasticity (step 1 of the law)
+        self.demand = DemandModel(n_edges, s)
         self._last_latency: np.ndarray | None = None
-        self._sigma = np.zeros(n_edges)  # per-interval noise of log-demand (peak-held)
-        self._uplift = np.zeros(n_edges)  # the plan's uplift at the last tick (rate-limited)
-        self._rising = np.zeros(n_edges, dtype=bool)  # a ramp seen at the last tick
-        self._step_seen = np.zeros(n_edges, dtype=bool)  # a step read at the last tick
-        # a step seen in the last interval's mean (its level extrapolated), and the estimate
-        # without that extrapolation
-        self._stepped = np.zeros(n_edges, dtype=bool)
-        self._unstepped = np.zeros(n_edges)
-        # the clients' elasticity as seen across our own big moves, per edge (latest few)
-        self._elasticity_obs: list[deque[float]] = [deque(maxlen=5) for _ in range(n_edges)]
-        # the same moves as (Δln latency, Δln rate) pairs, for what a plan may count on clients
-        # moved farther to drop (:meth:`_fall_elasticity`)
-        self._fall_obs: list[deque[tuple[float, float]]] = [deque(maxlen=8) for _ in range(n_edges)]
-        self._z = NormalDist().inv_cdf(s.demand_quantile)
         self.hold_down = HoldDown(n_origins, s)
         self._over_last = np.zeros(n_origins, dtype=bool)
         self._service_base: np.ndarray | None = None  # lowest origin response time seen (unloaded)
@@ -537,99 +214,30 @@ class EdgeController(Controller):
         self._calm_ticks = 0
         self._last_plant: tuple[np.ndarray, np.ndarray] | None = None
 
-    # -- latency and demand models ------------------------------------------------------------
+    # -- latency, demand and the origins' response times -----------------------------------------
     def _mean_latency(self, weights: np.ndarray, latency: np.ndarray,
                       service: np.ndarray | None = None) -> np.ndarray:
-        """Mean latency an edge's clients see at ``weights``: network + the origins' response
-        time (``service`` [O] when observed, else the ``latency_floor_ms`` allowance)."""
-        finite = np.where(np.isfinite(latency), latency, 0.0)
-        if service is None:
-            return (weights * finite).sum(axis=1) + self.settings.latency_floor_ms
-        return (weights * (finite + service[None, :])).sum(axis=1)
+        """:func:`~opsloop.controllers.edge.demand.mean_latency` with this controller's
+        ``latency_floor_ms``."""
+        return mean_latency(weights, latency, service, self.settings.latency_floor_ms)
 
     def _latency_now(self, latency: np.ndarray) -> np.ndarray:
         return self._mean_latency(self.weights, latency, self._service_now)
 
-    def _predicted_demand_at(self, weights: np.ndarray, latency: np.ndarray,
-                             elasticity: np.ndarray | float | None = None) -> np.ndarray:
-        """Worst-case demand at ``weights``: each of the last ``demand_window`` measurements
-        grows from the latency its clients saw then to the latency at ``weights`` (relieved
-        origins answering at their unloaded speed), never assumed to fall; the largest, times
-        the estimate's ramp/variability factor. Each measurement is taken from its own latency,
-        so one move's worst case does not compound with the next one's. ``elasticity``: the
-        clients' (default: the worst case assumed, ``settings.elasticity``)."""
-        new = self._mean_latency(weights, latency, self._service_base)
-        window = self.settings.demand_window
-        samples = np.stack(list(self._demand_history)[-window:])
-        seen = np.stack(list(self._latency_history)[-window:])
-        growth = np.maximum(1.0, seen / np.maximum(new, _EPS)[None, :])
-        eps = self.settings.elasticity if elasticity is None else elasticity
-        return self._scale * (samples * growth ** eps).max(axis=0)
-
     def _predicted_load(self, weights: np.ndarray, latency: np.ndarray,
                         elasticity: np.ndarray | float | None = None) -> np.ndarray:
-        predicted = self._predicted_demand_at(weights, latency, elasticity)
+        """[O] worst-case load at ``weights`` (:meth:`DemandModel.predicted_demand_at`)."""
+        predicted = self.demand.predicted_demand_at(weights, latency, self._service_base, elasticity)
         return (weights * predicted[:, None]).sum(axis=0)
 
-    def _elasticity_seen(self) -> np.ndarray:
-        """Per edge: the largest elasticity seen across our own big moves, the worst case assumed
-        (``settings.elasticity``) until one was seen. Used to plan targets and for how far a
-        shed at the normal headroom moves an edge nearer (the overload it relieves is certain):
-        the relax step and the overload check keep the worst case, so a low reading costs
-        speed, not safety."""
-        worst = self.settings.elasticity
-        return np.array([max(o) if o else worst for o in self._elasticity_obs])
-
-    def _learn_elasticity(self, hist: np.ndarray, log_latency: np.ndarray) -> None:
-        """A move of ours that changed an edge's latency by more than 10 % between two intervals
-        shows how its clients' rate answers latency: −Δln(rate)/Δln(latency), up to the worst
-        case. Only our moves count (an overloaded origin slowing down comes with a demand rise),
-        and a rate that moved with the latency (a demand change at the same time) says nothing."""
-        moves = self._move_history
-        if len(hist) < 2 or len(moves) < 2 or np.isnan(moves[-2]).any():
-            return
-        ours = moves[-1] - moves[-2]
-        d_lat = log_latency[-1] - log_latency[-2]
-        log_rate = np.log(np.maximum(hist, 1e-9))
-        d_rate = log_rate[-1] - log_rate[-2]
-        # a demand step still settling when we moved (the interval before rose or fell by more
-        # than 10 % and 3σ with no move of ours) carries on into the move's interval: a step
-        # up read as clients barely slowed by a shed (0.44 for closed-loop ones, and the
-        # shortfall plan then put that edge back on its near origin, overloading it by 68 %)
-        # for the fall's fit: the rate against the level of the three intervals before, not
-        # the last one alone: we shed on a high reading, and noise's next draw falling back
-        # from it read as clients slowing down (0.6 on open-loop demand)
-        level_change = log_rate[-1] - log_rate[-4:-1].mean(axis=0)
-        settling = np.zeros(len(hist[-1]), dtype=bool)
-        if len(hist) >= 3:
-            settling = (np.abs(log_latency[-2] - log_latency[-3]) <= _BIG_MOVE) & (
-                np.abs(log_rate[-2] - log_rate[-3]) > np.maximum(0.1, 3.0 * self._sigma))
-        for e in np.flatnonzero((np.abs(ours) > _BIG_MOVE) & (np.sign(ours) == np.sign(d_lat))
-                                & ~settling):
-            seen = -d_rate[e] / d_lat[e]
-            if seen >= 0:
-                self._elasticity_obs[e].append(float(min(seen, self.settings.elasticity)))
-            if len(hist) >= 4:
-                self._fall_obs[e].append((float(d_lat[e]), float(level_change[e])))
-
-    def _fall_elasticity(self) -> np.ndarray:
-        """Per edge: how far a plan may count on clients moved to slower origins sending less.
-        The elasticity fitted over all our moves (−ΣΔlnL·Δlnr / ΣΔlnL², Δlnr against the level of
-        the three intervals before the move) less two standard errors (that change carries
-        √(4/3) σ of demand noise, σ at least 2 %), at least 0. On noisy
-        open-loop demand single readings scatter around 0, and the largest (0.6) had a shed
-        plan leave the origin over capacity; closed-loop clients with little noise read ~1."""
-        out = np.zeros(len(self._fall_obs))
-        for e, pairs in enumerate(self._fall_obs):
-            if not pairs:
-                continue
-            d_lat = np.array([p[0] for p in pairs])
-            d_rate = np.array([p[1] for p in pairs])
-            spread = float((d_lat ** 2).sum())
-            fitted = -float((d_lat * d_rate).sum()) / spread
-            se = math.sqrt(4.0 / 3.0) * max(float(self._sigma[e]), 0.02) / math.sqrt(spread)
-            out[e] = float(np.clip(fitted - 2.0 * se, 0.0, self.settings.elasticity))
-        return out
+    def _demand_estimate(self, measured: np.ndarray, row_latency: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(estimate, uplift, rising): :meth:`DemandModel.update` on this interval's ``measured``
+        rates read at ``row_latency``, our own move told by the latency of the weights in force
+        at unloaded speed."""
+        unloaded = None if self.weights is None or self._last_latency is None else \
+            self._mean_latency(self.weights, self._last_latency, self._service_base)
+        return self.demand.update(measured, row_latency, unloaded)
 
     def _observe_service(self, obs: Observation) -> None:
         if obs.origin_latency_ms is None:
@@ -689,7 +297,7 @@ class EdgeController(Controller):
         last, self._last_plant = self._last_plant, (capacity.copy(), healthy.copy())
         changed = last is not None and not (np.array_equal(last[0], capacity)
                                             and np.array_equal(last[1], healthy))
-        self._calm_ticks = 0 if changed or self._stepped.any() or rising.any() \
+        self._calm_ticks = 0 if changed or self.demand.stepped.any() or rising.any() \
             else self._calm_ticks + 1
         if self._service_now is None or self.weights is None or s.hidden_overload_derate <= 0:
             return self._derate
@@ -699,7 +307,7 @@ class EdgeController(Controller):
             self._service_jitter[o].append(float(slower[o]))
         jitter = np.array([max(j, default=0.0) for j in self._service_jitter])
         on = self.weights > s.deadband
-        noisy = (on & (self._sigma > 2.0 * s.ramp_noise_floor)[:, None]).any(axis=0)
+        noisy = (on & (self.demand.sigma > 2.0 * s.ramp_noise_floor)[:, None]).any(axis=0)
         hidden = healthy & (read <= 1.0) & noisy & self._slowed(np.maximum(1e-3, 1.5 * jitter)) \
             & (self._calm_ticks >= 3)
         self._derate = np.where(hidden, np.minimum(self._derate + s.hidden_overload_derate,
@@ -711,344 +319,15 @@ class EdgeController(Controller):
         """A step whose reading alone puts an origin over capacity while that origin answered
         at its unloaded speed all interval is the origin's measurement noise (see
         :meth:`_noise_only`), not a step: planned on the level measured."""
-        if not self._stepped.any() or self._service_now is None or self.weights is None:
+        if not self.demand.stepped.any() or self._service_now is None or self.weights is None:
             return estimate
-        read = (self.weights * self._unstepped[:, None]).sum(axis=0)
+        read = (self.weights * self.demand.unstepped[:, None]).sum(axis=0)
         contradicted = healthy & (read > capacity + 1e-9) & self._answered_unloaded()
-        drop = self._stepped & (self.weights[:, contradicted] > self.settings.deadband).any(axis=1)
+        on_it = (self.weights[:, contradicted] > self.settings.deadband).any(axis=1)
+        drop = self.demand.stepped & on_it
         if not drop.any():
             return estimate
-        self._stepped = self._stepped & ~drop
-        estimate = np.where(drop, self._unstepped, estimate)
-        self._set_scale(estimate)
-        return estimate
-
-    def _demand_estimate(self, measured: np.ndarray, row_latency: np.ndarray
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(estimate, uplift, rising) per edge.
-
-        The estimate is the max of the last ``demand_window`` measurements; on a ramp (three
-        rises in a row, ``ramp_threshold`` per interval on average) plus one more interval of it;
-        then times ``1 + uplift`` so that the plan covers the ``demand_quantile`` of the
-        interval-to-interval variability beyond what the headroom already covers. The
-        variability is read from second differences of log-demand, which a steady ramp and the
-        geometric approach of our own relax steps leave near zero, and the median absolute
-        deviation, which a single step (a surge, a shed) does not move."""
-        s = self.settings
-        self._demand_history.append(measured)
-        self._latency_history.append(row_latency)
-        self._move_history.append(
-            np.log(np.maximum(self._mean_latency(self.weights, self._last_latency,
-                                                 self._service_base), _EPS))
-            if self.weights is not None and self._last_latency is not None
-            else np.full(len(measured), np.nan))
-        hist = np.stack(self._demand_history)
-        estimate = hist[-s.demand_window:].max(axis=0)
-        uplift = np.zeros(len(measured))
-        rising = np.zeros(len(measured), dtype=bool)
-        # the clients' own demand: what they sent, corrected for the latency our weights gave
-        # them (elastic clients send less on a slower mix), so our moves do not read as noise
-        log_latency = np.log(np.maximum(np.stack(self._latency_history), _EPS))
-        self._learn_elasticity(hist, log_latency)
-        logs = np.log(np.maximum(hist, 1e-9)) + s.elasticity * log_latency
-        changes = np.diff(logs, axis=0)
-        # a big move (> 10 % latency) says more about the clients' elasticity than about their
-        # demand: such intervals are left out
-        big_move = big_moves(log_latency)
-        changes[big_move] = np.nan
-        # σ: the per-interval noise of log-demand, from the median absolute deviation of second
-        # differences (var = 6σ² for white noise; a step or a steady ramp leaves it alone)
-        sigma = np.zeros(len(measured))
-        # a demand step (a change beyond 25 % and 4σ, the next interval moving the same way by
-        # less than half: the clients' lag carrying it on) is no noise, nor is that lag: with
-        # few draws between our moves, the pair (-0.47, -0.12 after a step back to base demand)
-        # read as σ 5 %, and the plan went on the noisy window's level (a mix of draws from
-        # before our relax steps) and overfilled an origin. A noisy draw is taken back; and
-        # before σ was first read (a few draws) no change is told from noise
-        c = np.nan_to_num(changes)
-        bar = np.where(self._sigma > 0, np.maximum(0.25, 4.0 * self._sigma), np.inf)
-        steps = np.zeros(changes.shape, dtype=bool)
-        steps[:-1] = (np.abs(c[:-1]) > bar[None, :]) & (
-            np.sign(c[1:]) == np.sign(c[:-1])) & (np.abs(c[1:]) < 0.5 * np.abs(c[:-1]))
-        steps[1:] |= steps[:-1].copy()
-        for_sigma = np.where(steps, np.nan, changes)
-        if len(changes) >= 5:
-            second = np.diff(for_sigma, axis=0)
-            valid = (~np.isnan(second)).sum(axis=0) >= 4
-            if valid.any():
-                part = second[:, valid]
-                mad = np.nanmedian(np.abs(part - np.nanmedian(part, axis=0)), axis=0)
-                sigma[valid] = 1.4826 * mad / math.sqrt(6.0)
-            # variability is a lasting property of the demand, and a few calm draws (or moves
-            # of ours left out) must not drop the headroom at once: it rises at once, decays
-            # slowly (half-life ~13 intervals)
-            sigma = np.maximum(sigma, self._sigma * 0.95)
-            self._sigma = sigma
-        if s.anticipate_ramp and len(changes) >= 3:
-            # a ramp rises three times running, by more than the threshold and clearly more than
-            # the noise (the mean of three rises has sd √2·σ/3: 2.5 of those); one more interval
-            # of its mean rise is added, or of the latest when that is under a third of the
-            # mean: a step (a big rise, the clients' transient, then nothing) is no ramp
-            # an interval of a big move of ours still shows a ramp (an edge moved in a shed
-            # must not lose its ramp while the others keep theirs): the rise counted is the
-            # smaller of the raw one and the one corrected with the elasticity seen across our
-            # moves, so neither a shed's drop nor a relief's rebound reads as a ramp
-            raw_logs = np.log(np.maximum(hist, 1e-9))
-            seen = np.minimum(np.diff(raw_logs, axis=0), np.diff(
-                raw_logs + self._elasticity_seen() * log_latency, axis=0))
-            filled = np.isnan(changes[-3:])
-            last3 = np.where(filled, seen[-3:], changes[-3:])
-            # a filled interval may hold a step of demand (it slowed the origins): when it is
-            # the largest rise by more than 3x the others', it is a step, not a ramp
-            cols = np.arange(last3.shape[1])
-            steady3 = ~(filled[last3.argmax(axis=0), cols]
-                        & (last3.max(axis=0) > 3.0 * np.median(last3, axis=0)))
-            steady2 = ~(filled[1:][last3[-2:].argmax(axis=0), cols]
-                        & (last3[-2:].max(axis=0) > 3.0 * last3[-2:].min(axis=0)))
-            mean_change = last3.mean(axis=0)
-            # a step in the last interval after two calm ones (within 2 sd of one interval's
-            # change) is no ramp whatever the signs of the calm two: the step rule takes it
-            change_sd = self._change_sd(sigma)
-            step_shape = (np.abs(last3[:2]) <= 2.0 * change_sd).all(axis=0) \
-                & (last3[-1] > s.step_sigmas * change_sd)
-            # the rise after a step read at the last tick is that step's remainder (it came late
-            # in the interval, the clients took a while to reach it), not a third rise of a
-            # ramp: read as one, a shortfall step ran the plan 47 % above the demand that came
-            # and overfilled the far origins; a ramp that goes on rising is read a tick later
-            # (σ at least the measurement-noise floor: read off a few draws it runs low, and
-            # three noisy draws on one edge then made a ramp that moved its weights)
-            rising = (last3 > 0).all(axis=0) & (mean_change > s.ramp_threshold) \
-                & (mean_change > 2.5 * change_sd / 3.0) \
-                & steady3 & ~step_shape & ~self._step_seen
-            mean_rise, last_rise = (hist[-1] - hist[-4]) / 3, hist[-1] - hist[-2]
-            # the clients' own rise: raw rises over intervals of our sheds (traffic moved
-            # farther, elastic clients slowing) understate the ramp; only once σ is known and for
-            # demand the headroom's noise allowance covers (on noisy demand our moves follow
-            # draws, and the correction amplifies them)
-            if len(changes) >= 5:
-                own = np.diff(raw_logs + self._elasticity_seen() * log_latency, axis=0)[-3:].mean(axis=0)
-                quiet = self._uplift <= s.noisy_uplift
-                mean_rise = np.where(quiet, np.maximum(mean_rise, hist[-1] * np.expm1(own)), mean_rise)
-            slope = np.where(last3[-1] >= mean_change / 3, mean_rise,
-                             np.minimum(mean_rise, last_rise))
-            # a fast ramp is over before it rose three times: two steady rises, each well above
-            # the threshold and the noise, already make one
-            last2 = last3[-2:]
-            fast = (last2.min(axis=0) > 2.0 * s.ramp_threshold) \
-                & (last2.min(axis=0) > 3.0 * sigma) & (last2[-1] >= last2[0] / 2) & steady2 & ~rising
-            slope = np.where(fast, np.minimum((hist[-1] - hist[-3]) / 2, last_rise), slope)
-            rising |= fast
-            # a ramp common to the edges (a daily rise, a listener-wide surge): an edge's own
-            # rises may hide in its measurement noise, their median across edges does not
-            # (its noise is ~1/√E of an edge's), and one edge surging leaves the median flat.
-            # Two such rises lift every edge not clearly falling by the common rise
-            if last3.shape[1] >= 3:
-                common = np.median(last3[-2:], axis=1)
-                common_sigma = 1.2533 * float(np.median(sigma)) / math.sqrt(last3.shape[1])
-                if (common.min() > 2.0 * s.ramp_threshold and common.min() > 3.0 * common_sigma
-                        and common[-1] >= common[0] / 2):
-                    common_rise = float(common.mean())  # per interval (log); 0: no common ramp
-                else:
-                    # a slower common ramp: the edges' mean rises over the last three intervals,
-                    # the largest left out (one edge surging must not carry the others), their
-                    # median above the threshold and 3 sd of its noise, σ at least the
-                    # measurement-noise floor (σ read off a few early draws runs low, and noise
-                    # then reads as a ramp); the median rise of each interval positive and none
-                    # a step (> 3x their median); slower still: the trend over more readings
-                    med = np.median(last3, axis=1)
-                    rest = np.sort(last3.mean(axis=0))[:-1]
-                    mean3 = float(np.median(rest))
-                    noise3 = math.sqrt(2.0) / 3.0 * 1.2533 * max(
-                        float(np.median(sigma)), s.ramp_noise_floor) / math.sqrt(len(rest))
-                    if (mean3 > s.ramp_threshold and mean3 > 3.0 * noise3 and (med > 0).all()
-                            and med.max() < 3.0 * float(np.median(med))):
-                        common_rise = mean3
-                    else:
-                        common_rise = self._slow_common_ramp(changes, seen)
-                ramp_rise = np.full(last3.shape[1], common_rise)  # 0: no common ramp
-            else:
-                # one or two edges: no common ramp to read across them, each edge's own trend
-                ramp_rise = self._slow_own_ramps(changes, seen, change_sd)
-            # the ramp read, common or the edge's own, lifts every edge not clearly falling
-            lifted = ~rising & (ramp_rise > 0) & (last3[-1] > -3.0 * sigma)
-            slope = np.where(lifted, np.expm1(ramp_rise) * hist[-1], slope)
-            rising |= lifted
-            # a ramp still rising stays one (hysteresis): a relax step must not undo the room
-            # made for it because one rise fell under the bar
-            going_on = self._rising & ~rising & (last3[-1] > 0)
-            slope = np.where(going_on, np.clip(last_rise, 0.0, None), slope)
-            rising |= going_on
-            # a rise too small to matter is no ramp (it must not trigger an early joint move)
-            rising &= slope > 0.5 * s.ramp_threshold * np.maximum(hist[-1], _EPS)
-            # the measurement is the last interval's mean (its middle); the plan must hold to
-            # the end of the next interval, 1.5 intervals of the ramp ahead: one is added, the
-            # rest left to the headroom (all 1.5 only moved the overload between draws)
-            estimate = estimate + np.where(rising, slope, 0.0)
-        was_rising, self._rising = self._rising, rising
-        plain = estimate
-        estimate, stepped = self._step_level(hist, logs, changes, sigma, estimate, rising,
-                                             was_rising)
-        if len(changes) >= 5:
-            uplift = np.clip(self._z * sigma - s.headroom, 0.0, s.max_uplift)
-            # σ read off a few draws jumps (0.008 early, 0.15 late for a true 0.10): the uplift
-            # follows it by at most uplift_rate per interval, so one jump of the estimate does
-            # not swing the weights; a real overload is still shed on the measured load
-            uplift = np.clip(uplift, self._uplift - s.uplift_rate, self._uplift + s.uplift_rate)
-            self._uplift = uplift
-            # noisy demand (the quantile needs more than the headroom): plan on the window's
-            # mean level, so the weights do not chase every draw; a rise beyond 3σ of that level
-            # is a step, not noise, and the max of the last measurements stays in charge
-            noisy = uplift > s.noisy_uplift
-            level = self._level_since_a_big_move(hist, big_move)
-            step = hist[-1] > level * (1.0 + 3.0 * sigma)
-            calm_estimate = np.maximum(level, estimate - hist[-s.demand_window:].max(axis=0)
-                                       + level)  # keeps the ramp's slope
-            estimate = np.where(noisy & ~step & ~rising & ~stepped, calm_estimate, estimate)
-            plain = np.where(noisy & ~step & ~rising, calm_estimate, plain)
-        self._unstepped = plain * (1.0 + uplift)
-        return estimate * (1.0 + uplift), uplift, rising
-
-    def _level_since_a_big_move(self, hist: np.ndarray, big_move: np.ndarray) -> np.ndarray:
-        """Per edge: the mean of the last ``variability_window`` measurements, only of those
-        taken since the latency its clients saw last changed by more than 10 % (``big_move``,
-        :func:`big_moves`: the intervals σ leaves out, a big move of ours or an origin slowed
-        down by overload); the last one alone when that was the last interval. Elastic clients
-        send another rate at another latency: an edge moved off a failed 6 ms origin onto 60-75
-        ms ones sent a quarter of its rate, and the window's mean over both planned it at twice
-        what it sent (its nearest origin read 126 % full while at 91 %: a shed, relax steps
-        back, 8 points of weight swinging every few intervals)."""
-        n = min(self.settings.variability_window, len(hist))
-        window, moved = hist[-n:], big_move[len(big_move) - (n - 1):]  # the moves between them
-        # the first reading after the last such change in the window (0: none in it)
-        first = np.where(moved.any(axis=0), n - 1 - np.argmax(moved[::-1], axis=0), 0)
-        keep = np.arange(n)[:, None] >= first[None, :]
-        return (window * keep).sum(axis=0) / keep.sum(axis=0)
-
-    def _change_sd(self, sigma: np.ndarray) -> np.ndarray:
-        """The sd of one interval's change of an edge's log-demand: σ√2, σ at least
-        ``ramp_noise_floor`` (σ read off a few draws runs low)."""
-        return math.sqrt(2.0) * np.maximum(sigma, self.settings.ramp_noise_floor)
-
-    def _slow_common_ramp(self, changes: np.ndarray, seen: np.ndarray) -> float:
-        """The rise per interval (log) of a ramp common to the edges too slow for the three-interval
-        tests, else 0: the least-squares slope of the edges' mean level over the last
-        ``slow_ramp_readings`` readings (the edge rising most left out: one edge surging must not
-        carry the others), above ``ramp_threshold`` and ``slow_ramp_t`` standard errors of the
-        fit's own residuals — not σ, which is held at its peak: a daily peak rising 2 % an
-        interval under 2-4 % measurement noise cleared neither the 3-interval bar nor one built on
-        σ, and the origins ran into capacity before anything moved. A step fits the window as a
-        level shift: when one explains it twice as well as the line, it is a step, not a ramp."""
-        levels = self._ramp_levels(changes, seen)  # called with three edges or more
-        if levels is None:
-            return 0.0
-        return self._trend(levels[:, np.argsort(levels[-1])[:-1]].mean(axis=1))
-
-    def _slow_own_ramps(self, changes: np.ndarray, seen: np.ndarray,
-                        change_sd: np.ndarray) -> np.ndarray:
-        """Per edge: the rise per interval (log) of its own slow ramp, as :meth:`_slow_common_ramp`
-        on its own level (0: none, or too few readings). With one or two edges there is no
-        common level to read: two edges' peak rising 3 % an interval under 2.5 % measurement
-        noise ran an origin over capacity for 34 s before the 3-interval tests saw it. An edge
-        with a change in the window beyond ``step_sigmas`` × ``change_sd`` (one interval's change,
-        :meth:`_change_sd`) is on a surge, the step's business: a slow slope read across it held
-        the surge's plan low."""
-        levels = self._ramp_levels(changes, seen)
-        if levels is None:
-            return np.zeros(changes.shape[1])
-        calm = (np.diff(levels, axis=0) <= self.settings.step_sigmas * change_sd).all(axis=0)
-        return np.array([self._trend(levels[:, e]) if calm[e] else 0.0
-                         for e in range(levels.shape[1])])
-
-    def _ramp_levels(self, changes: np.ndarray, seen: np.ndarray) -> np.ndarray | None:
-        """Each edge's log-demand level over the last ``slow_ramp_readings`` readings (0 at the
-        first), None with fewer. Intervals of a big move of ours count with the smaller of the
-        raw and corrected rise (``seen``)."""
-        n = self.settings.slow_ramp_readings - 1  # changes in the window
-        if len(changes) < n:
-            return None
-        window = np.where(np.isnan(changes[-n:]), seen[-n:], changes[-n:])
-        return np.vstack([np.zeros(window.shape[1]), np.cumsum(window, axis=0)])
-
-    def _trend(self, level: np.ndarray) -> float:
-        """The least-squares slope of ``level`` when it clears ``ramp_threshold`` and
-        ``slow_ramp_t`` standard errors and a level shift does not fit twice as well, else 0."""
-        s = self.settings
-        # the straight-line fit by hand: np.polyfit(cov=True) scales its covariance by N − 1
-        # for a line (N − 3 in older numpy), not the N − 2 of the slope's standard error
-        x = np.arange(len(level), dtype=float) - (len(level) - 1) / 2.0
-        slope = float((x * level).sum() / (x * x).sum())
-        rss_line = float(((level - level.mean() - slope * x) ** 2).sum())
-        se = math.sqrt(rss_line / (len(x) - 2) / float((x * x).sum()))
-        rss_step = min(float(((level[:k] - level[:k].mean()) ** 2).sum()
-                             + ((level[k:] - level[k:].mean()) ** 2).sum())
-                       for k in range(1, len(level)))
-        if slope > s.ramp_threshold and slope > s.slow_ramp_t * max(se, 1e-4) \
-                and rss_line < 2.0 * rss_step:
-            return slope
-        return 0.0
-
-    def _step_level(self, hist: np.ndarray, logs: np.ndarray, changes: np.ndarray,
-                    sigma: np.ndarray, estimate: np.ndarray, rising: np.ndarray,
-                    was_rising: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(estimate, stepped): an edge whose demand rose as a *step* in the last interval is
-        planned on ``prev + step_extrapolation × rise``. The measurement is the interval's mean:
-        a step that came mid-interval shows about half its rise there (less, as the clients take
-        a while to reach it), and the origins carry the whole of it until the next tick. A step:
-        a rise over the level of the 3 intervals before (log-demand corrected for the latency our
-        weights gave; not over a big move of ours, but over one the step made itself: an origin
-        it overloaded slowed down, and a surge landing late in an interval was otherwise read
-        in part and shed twice) beyond ``step_sigmas`` sd of one interval's
-        change (σ√2, σ at least ``ramp_noise_floor``; the level's own noise is less), after two
-        calm intervals (each within 2 sd), not on a ramp, and only once σ is known (a few early
-        noisy draws read as steps). A step common to every edge (a listener-wide flash crowd) is
-        judged on their mean rise, whose noise is 1/√E of one edge's: a step landing late in the
-        interval shows there before it clears one edge's bar (their median above 1 sd and none
-        below -1 sd, the mean above ``common_step_sigmas`` sd of its own noise, σ√(4/3)/√E),
-        after two intervals calm on each edge (within 3 sd) and in their mean (within 2 sd of it
-        and under a quarter of the last rise: by its second or third interval a common ramp
-        stands as far above the level) and with no ramp seen at the last tick (read as a step, a
-        ramp had the plan relax back the tick after while it went on). The next tick measures
-        the full level: a step that came at the interval's start shows no further rise, and the
-        plan relaxes back."""
-        s = self.settings
-        stepped = np.zeros(len(estimate), dtype=bool)
-        if s.step_extrapolation > 1.0 and len(changes) >= 5:
-            change_sd = self._change_sd(sigma)
-            rise = logs[-1] - logs[-4:-1].mean(axis=0)
-            with np.errstate(invalid="ignore"):  # NaN: an interval of a big move of ours
-                # judged against a calm level: the two intervals before moved within 2 sd
-                # (not a ramp under way, a flap's dip and recovery, or a big move of ours)
-                def calm_within(sds: float) -> np.ndarray:
-                    return (np.abs(changes[-3:-1]) <= sds * change_sd).all(axis=0)
-                # a big latency change our weights did not make (the step overloaded its
-                # origins, which slowed down) leaves the step readable
-                moves = np.stack(list(self._move_history)[-2:])   # NaN: no weights yet
-                not_ours = np.isfinite(moves).all(axis=0) & ~big_moves(moves)[-1]
-                unread = (~np.isnan(changes[-1]) | not_ours) & ~self._stepped
-                fresh = unread & calm_within(2.0)
-                stepped = fresh & (rise > s.step_sigmas * change_sd) & ~rising
-                # the common step (docstring)
-                edge_sd = float(np.median(change_sd))
-                common_sd = edge_sd / math.sqrt(len(rise))
-                before = changes[-3:-1].mean(axis=1)
-                # their mean rise over the level: noise sd σ√(1 + 1/3) per edge (one reading
-                # against the mean of three), not one interval's change σ√2; 1/√E for E edges
-                rise_sd = common_sd * math.sqrt(2.0 / 3.0)
-                listener_wide = float(np.median(rise)) > edge_sd and bool((rise > -change_sd).all())
-                # each edge calm within 3 sd (asked within 2 sd, four edges' two intervals
-                # each failed a third of calm readings), their mean within 2 sd below
-                settled = unread & calm_within(3.0)
-                if len(rise) >= 2 and settled.all() and listener_wide and not was_rising.any() \
-                        and (np.abs(before) <= 2.0 * common_sd).all() \
-                        and (before <= 0.25 * changes[-1].mean()).all() \
-                        and rise.mean() > s.common_step_sigmas * rise_sd:
-                    stepped = settled
-            prev = hist[-4:-1].mean(axis=0)
-            stepped &= hist[-1] > prev
-            level = prev + s.step_extrapolation * (hist[-1] - prev)
-            estimate = np.where(stepped, np.maximum(estimate, level), estimate)
-        self._stepped = self._step_seen = stepped
-        return estimate, stepped
+        return self.demand.unstep(drop, estimate)
 
     def _plan(self, estimate: np.ndarray, capacity: np.ndarray, latency: np.ndarray,
               healthy: np.ndarray, headroom: float, fixed: np.ndarray | None = None):
@@ -1057,14 +336,14 @@ class EdgeController(Controller):
         Each of the last ``demand_window`` measurements is grown from the latency its clients
         saw to the latency of the same weights with every origin answering at its unloaded
         speed (the *rebound* of a relieved origin's clients), with the elasticity seen across
-        our own moves (:meth:`_elasticity_seen`). What a move toward nearer origins adds is the
+        our own moves (:meth:`DemandModel.elasticity_seen`). What a move toward nearer origins adds is the
         relax step's business (worst case, every step); planning it into the target would push
         traffic away on a demand that only arrives if the traffic stays near.
 
         ``fixed`` [E, O]: shares that stay where they are (what the step bound cannot move this
         interval); the LP plans the rest of each edge's demand on the capacity they leave."""
         s = self.settings
-        relieved = np.maximum(estimate, self._relieved_demand()) if self.weights is not None \
+        relieved = np.maximum(estimate, self.demand.relieved_demand()) if self.weights is not None \
             else estimate
 
         def plan_on(demand: np.ndarray):
@@ -1082,7 +361,7 @@ class EdgeController(Controller):
 
         sol = plan_on(relieved)
         if sol.status == "optimal":
-            if self.weights is None or not any(self._fall_obs):
+            if self.weights is None or not any(self.demand.fall_obs):
                 return sol, relieved
             # clients moved to a farther origin slow down by the elasticity seen across our own
             # moves: planned on what they sent nearer, a shed moved 12 % of a closed-loop
@@ -1091,7 +370,7 @@ class EdgeController(Controller):
             # on the demand at its own weights (origins unloaded; a fall only as far as one
             # was seen). The plan moves the demand the other way (more demand, more moved
             # away, less sent): the plan kept is one whose demand covers what they send at it
-            return self._agreeing_plan(plan_on, sol, relieved, lambda w: self._demand_at(
+            return self._agreeing_plan(plan_on, sol, relieved, lambda w: self.demand.demand_at(
                 w, latency, self._service_base), optimal_only=True)
         # a shortfall: the origins stay loaded, no relief to expect; the excess is shared on
         # what the clients will send at the plan's weights. Elastic clients moved back onto
@@ -1161,11 +440,11 @@ class EdgeController(Controller):
         longer sent, and the far origin was filled a little more each interval: 0.70, 0.77,
         0.88 of the common factor). An origin the plan relieves from a deeper overload answers
         faster than it does now, and its clients send more (:meth:`_relieved_service`)."""
-        demand = self._demand_at(weights, latency, self._service_now, loaded=True)
+        demand = self.demand.demand_at(weights, latency, self._service_now, loaded=True)
         service = self._relieved_service(weights, demand, capacity)
         if service is None:
             return demand
-        return self._demand_at(weights, latency, service, loaded=True)
+        return self.demand.demand_at(weights, latency, service, loaded=True)
 
     def _relieved_service(self, weights: np.ndarray, demand: np.ndarray, capacity: np.ndarray
                           ) -> np.ndarray | None:
@@ -1190,42 +469,6 @@ class EdgeController(Controller):
             return None
         part = np.clip((rho - 1.0) / np.maximum(last - 1.0, _EPS), 0.0, 1.0)
         return np.where(read, base + (now - base) * part, now)
-
-    def _demand_at(self, weights: np.ndarray, latency: np.ndarray, service: np.ndarray | None,
-                   loaded: bool = False) -> np.ndarray:
-        """Demand at ``weights`` with the origins answering in ``service`` [O] (see
-        :meth:`_loaded_demand_at`; ``loaded``: a shortfall, a fall only as far as one was
-        seen)."""
-        new = self._mean_latency(weights, latency, service)
-        window = self.settings.demand_window
-        samples = np.stack(list(self._demand_history)[-window:])
-        seen = np.stack(list(self._latency_history)[-window:])
-        # a round trip is at least 1 ms (0 ms paths answered in 0 ms made the ratio unbounded)
-        growth = np.maximum(seen, 1.0) / np.maximum(new, 1.0)[None, :]
-        # a rise with the elasticity seen (the worst case until one was); a fall only as far as
-        # one was seen (none until then: the worst case for a shortfall is demand that stays)
-        if loaded:
-            seen_fall = np.array([max(o) if o else 0.0 for o in self._elasticity_obs])
-        else:
-            seen_fall = self._fall_elasticity()
-        eps = np.where(growth >= 1.0, self._elasticity_seen()[None, :], seen_fall[None, :])
-        return self._scale * (samples * growth ** eps).max(axis=0)
-
-    def _relieved_demand(self) -> np.ndarray:
-        """Per edge: the demand at the weights of each recent measurement were every origin
-        answering at its unloaded speed (rebound after a shed), the largest, times the
-        estimate's ramp/variability factor. Without origin response times: the estimate."""
-        window = self.settings.demand_window
-        samples = np.stack(list(self._demand_history)[-window:])
-        seen = np.stack(list(self._latency_history)[-window:])
-        unloaded = np.exp(np.stack(list(self._move_history)[-window:]))
-        growth = np.where(np.isfinite(unloaded), np.maximum(1.0, seen / np.maximum(
-            np.nan_to_num(unloaded, nan=1.0), _EPS)), 1.0)
-        # a step's extrapolation is already the worst case of the part of the interval it was
-        # seen in: the rebound of the clients it slowed is not compounded on it (the plan takes
-        # the larger of the two, _plan's max)
-        scale = np.where(self._stepped, self._factor_over_window(self._unstepped), self._scale)
-        return scale * (samples * growth ** self._elasticity_seen()[None, :]).max(axis=0)
 
     def _bounded_shed(self, current: np.ndarray, estimate: np.ndarray, capacity: np.ndarray,
                       latency: np.ndarray, healthy: np.ndarray, plan_healthy: np.ndarray,
@@ -1256,16 +499,6 @@ class EdgeController(Controller):
             return sol.weights, tight
         pinned, _ = self._plan(estimate, capacity, latency, plan_healthy, headroom, fixed)
         return (pinned.weights if pinned.status == "optimal" else sol.weights), tight
-
-    def _set_scale(self, estimate: np.ndarray) -> None:
-        """The ramp/step/variability factor of ``estimate`` over the window's largest
-        measurement: the predictions from each measurement's own latency carry it."""
-        self._scale = self._factor_over_window(estimate)
-
-    def _factor_over_window(self, level: np.ndarray) -> np.ndarray:
-        """Per edge: ``level`` over the largest measurement of the window (1 where none)."""
-        raw = np.stack(list(self._demand_history)[-self.settings.demand_window:]).max(axis=0)
-        return np.divide(level, raw, out=np.ones_like(level), where=raw > _EPS)
 
     def _make_room(self, current: np.ndarray, target: np.ndarray, estimate: np.ndarray,
                    latency: np.ndarray, healthy: np.ndarray, load: np.ndarray,
@@ -1328,8 +561,8 @@ class EdgeController(Controller):
         bare = estimate / (1.0 + uplift)
         plans: dict[float, tuple[Solution, np.ndarray]] = {}
 
-        def mean_latency(k: float) -> float | None:
-            self._set_scale(bare * (1.0 + k * uplift))  # the rebound's demand carries it too
+        def plan_latency(k: float) -> float | None:
+            self.demand.set_scale(bare * (1.0 + k * uplift))  # the rebound's demand carries it too
             plans[k] = self._plan(bare * (1.0 + k * uplift), capacity * (1.0 - k * derate),
                                   latency, healthy, s.headroom)
             sol = plans[k][0]
@@ -1338,18 +571,18 @@ class EdgeController(Controller):
             per_edge = self._mean_latency(sol.weights, latency, self._service_base)
             return float((per_edge * bare).sum() / max(float(bare.sum()), _EPS))
 
-        without, full = mean_latency(0.0), mean_latency(1.0)
+        without, full = plan_latency(0.0), plan_latency(1.0)
         k = 1.0
         if without is not None and full is not None \
                 and full > without * (1 + s.noise_latency_budget):
             lo, hi = 0.0, 1.0
             for _ in range(6):
                 mid = (lo + hi) / 2
-                at = mean_latency(mid)
+                at = plan_latency(mid)
                 lo, hi = (mid, hi) if at is not None and at <= without * (
                     1 + s.noise_latency_budget) else (lo, mid)
             k = lo
-        self._set_scale(bare * (1.0 + k * uplift))
+        self.demand.set_scale(bare * (1.0 + k * uplift))
         return bare * (1.0 + k * uplift), k * uplift, k * derate, plans.get(k)
 
     def _propose(self, obs: Observation) -> Proposal:
@@ -1363,7 +596,7 @@ class EdgeController(Controller):
         in_force = self._latency_now(latency) if self.weights is not None \
             else np.ones(len(measured))
         estimate, uplift, rising = self._demand_estimate(measured, in_force)
-        self._set_scale(estimate)
+        self.demand.set_scale(estimate)
         capacity = np.asarray(obs.capacity, dtype=float)
         healthy = np.asarray(obs.healthy, dtype=bool)
         # hold-down: a returning origin is planned as absent, then with a ramping capacity;
@@ -1395,16 +628,14 @@ class EdgeController(Controller):
         solution, planned = budget_plan or self._plan(estimate, plan_capacity, plan_latency,
                                                       plan_healthy, s.headroom)
         step_scale = 1.0
-        if solution.status == "shed" and self._stepped.any():
+        if solution.status == "shed" and self.demand.stepped.any():
             # a shortfall shares the excess in proportion to what each edge sends: a step's
             # extrapolated level (a guess) would skew the shares, so it is planned on the level
             # measured, as a shortfall is (no relief to expect either); a step common to every
             # edge on the measured shares at the total it implies
-            if self._stepped.all():
-                step_scale = float(estimate.sum() / max(float(self._unstepped.sum()), _EPS))
-            estimate = self._unstepped * step_scale
-            self._stepped = np.zeros_like(self._stepped)
-            self._set_scale(estimate)
+            if self.demand.stepped.all():
+                step_scale = float(estimate.sum() / max(float(self.demand.unstepped.sum()), _EPS))
+            estimate = self.demand.unstep(np.ones(self.n_edges, dtype=bool), estimate, step_scale)
             solution, planned = self._plan(estimate, plan_capacity, plan_latency, plan_healthy,
                                            s.headroom)
         target = solution.weights
@@ -1416,8 +647,8 @@ class EdgeController(Controller):
         cap_plan = plan_capacity * (1.0 - s.headroom)
         # offered load: what the clients would send at these weights if no origin slowed them
         # down (an overloaded origin's slow answers hide part of the demand until it is relieved)
-        offered = estimate if solution.status != "optimal" else np.maximum(
-            estimate, self._predicted_demand_at(current, latency))  # a shortfall stays loaded
+        offered = estimate if solution.status != "optimal" else np.maximum(  # a shortfall stays loaded
+            estimate, self.demand.predicted_demand_at(current, latency, self._service_base))
         load = (current * offered[:, None]).sum(axis=0)
         over = healthy & (load > capacity + 1e-9)
         read_over = over.copy()  # for the reason: over capacity, acted on or not
@@ -1432,7 +663,7 @@ class EdgeController(Controller):
         # and an origin slowed down by it hides part of its demand from the reading
         slowed = self._slowed(s.hot_margin)
         # (a step's extrapolated load is no noisy reading: beyond the noise by construction)
-        stepping = ((current * self._stepped[:, None]) > s.deadband).any(axis=0)
+        stepping = ((current * self.demand.stepped[:, None]) > s.deadband).any(axis=0)
         hot = over & ((load > capacity * (1 + s.hot_margin) + 1e-9) | self._over_last | slowed
                       | stepping)
         self._over_last = over
@@ -1441,7 +672,7 @@ class EdgeController(Controller):
             # it carries more than the common overload factor by the margin, else the shares
             # stay (re-planning every interval on noisy demand only swings the load)
             # origins are compared with each other here: two edges' noise apart (≤ 5 %)
-            margin = min(0.05, max(s.hot_margin, 2.0 * float(self._sigma.max(initial=0.0))))
+            margin = min(0.05, max(s.hot_margin, 2.0 * float(self.demand.sigma.max(initial=0.0))))
 
             def above_common(rows: np.ndarray, margin: float | np.ndarray) -> np.ndarray:
                 carried = (current * rows[:, None]).sum(axis=0)
@@ -1457,7 +688,7 @@ class EdgeController(Controller):
             # of the move as over capacity below (read 4.4 % above it with the margin at 5 %, an
             # origin was left 5.5 % above it, where the simulator's verdict allows 5 %)
             read_carried = current * reading[:, None]
-            ratio_sd = origin_sigma(read_carried, self._sigma) / np.maximum(
+            ratio_sd = origin_sigma(read_carried, self.demand.sigma) / np.maximum(
                 read_carried.sum(axis=0), _EPS)
             near = np.minimum(margin, np.maximum(0.015, ratio_sd))
             over = hot | (above_common(offered, 0.0) & above_common(reading, near))
@@ -1485,7 +716,7 @@ class EdgeController(Controller):
                 # clients as elastic as seen across our moves (the worst case until seen): with
                 # the worst case kept, each interval's move only halved an edge's latency (a
                 # rate doubling predicted), and the hot origin waited out the halvings
-                seen_eps = self._elasticity_seen()[None, :]
+                seen_eps = self.demand.elasticity_seen()[None, :]
 
                 def gains_fit(b: float) -> bool:
                     # ... or, beyond capacity, below the overload the hot origins it relieves
@@ -1504,7 +735,7 @@ class EdgeController(Controller):
         # σ of each origin's load: the edges' measurement noise, independent, weighted by what
         # each sends there (where the headroom covers it; see the relax step below)
         carried = current * offered[:, None]
-        quiet_sigma = np.where(uplift > s.noisy_uplift, 0.0, self._sigma)
+        quiet_sigma = np.where(uplift > s.noisy_uplift, 0.0, self.demand.sigma)
         load_sigma = origin_sigma(carried, quiet_sigma)
         # an origin above capacity but within the margin (warm): a relax_gain fraction of the
         # decrease, the freed share spread over the increases; not on a reading within one σ of
@@ -1681,46 +912,3 @@ class EdgeController(Controller):
             parts.append(solution.message)
         return "; ".join(parts)
 
-
-class _LPTargetController(Controller):
-    """Baselines: the LP target on the measured demand, then their own way of pushing it."""
-
-    def __init__(self, n_edges: int, n_origins: int, settings: FixedStepSettings | None = None,
-                 initial: np.ndarray | None = None, origin_names: list[str] | None = None) -> None:
-        self.settings = settings or FixedStepSettings()
-        super().__init__(n_edges, n_origins, self.settings.stale_after_s, 1.0, initial, origin_names)
-
-    def _lp_target(self, obs: Observation) -> tuple[np.ndarray, Solution]:
-        estimate = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
-        return estimate, solve(estimate, obs.capacity, obs.latency, obs.healthy, previous=self.weights,
-                               headroom=self.settings.headroom)
-
-
-class FixedStepController(_LPTargetController):
-    """The fixed-step baseline: same LP target, each origin's share moved ≤ ``step`` per interval."""
-
-    name = "fixed-step"
-
-    def _propose(self, obs: Observation) -> Proposal:
-        estimate, solution = self._lp_target(obs)
-        target = solution.weights
-        if self.weights is None:
-            proposal = target
-        else:
-            current = strip_unusable(self.weights, target, usable_mask(obs.latency, obs.healthy),
-                                     obs.latency)
-            delta = target - current
-            biggest = np.abs(delta).max(axis=1, keepdims=True)
-            proposal = current + delta * np.minimum(1.0, self.settings.step / np.maximum(biggest, _EPS))
-        return Proposal.of(proposal, solution, estimate,
-                           f"damped {self.settings.step:.0%} per origin per interval")
-
-
-class UndampedController(_LPTargetController):
-    """Push the LP target every interval (oscillates with elastic demand)."""
-
-    name = "undamped"
-
-    def _propose(self, obs: Observation) -> Proposal:
-        estimate, solution = self._lp_target(obs)
-        return Proposal.of(solution.weights, solution, estimate, "target applied undamped")

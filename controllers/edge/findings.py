@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from opsloop.records import Finding, Severity
 
-from opsloop.controllers.edge.controller import Decision
+from opsloop.controllers.edge.base import Decision
 from opsloop.records import Mode
 
 SHED_DETECTOR = "edge.capacity_shortfall"

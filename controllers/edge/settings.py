@@ -89,7 +89,7 @@ class ControllerSettings(BaseModel):
 
 
 class FixedStepSettings(BaseModel):
-    """Tunables of :class:`~opsloop.controllers.edge.controller.FixedStepController` (2 % per 15 s
+    """Tunables of :class:`~opsloop.controllers.edge.baselines.FixedStepController` (2 % per 15 s
     interval, no headroom)."""
 
     model_config = ConfigDict(extra="forbid")

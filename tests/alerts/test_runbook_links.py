@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from opsloop.controllers.edge.controller import Decision
+from opsloop.controllers.edge.base import Decision
 from opsloop.controllers.edge.findings import decision_findings
 from opsloop.records import Mode
 from opsloop.controllers.paging.mapping import Links, annotations_for

@@ -1,7 +1,7 @@
 """One listener's control loop step, and the service-wide tick that runs every listener.
 
 Per tick and listener: a consistent snapshot of the topology (with API overrides) and the newest
-demand per edge → an :class:`~opsloop.controllers.edge.controller.Observation` → ``EdgeController.step`` →
+demand per edge → an :class:`~opsloop.controllers.edge.base.Observation` → ``EdgeController.step`` →
 ``Decision.records()`` to ``edge.weights`` (key ``listener|edge``; every tick, so actuators see
 fresh decisions and can fail static when they stop; the version only moves when the weights do) and
 findings to ``findings``; gauges updated.
@@ -53,7 +53,8 @@ from typing import Any, Callable
 import numpy as np
 
 from opsloop.controllers.edge.settings import ControllerSettings
-from opsloop.controllers.edge.controller import Decision, EdgeController, Observation
+from opsloop.controllers.edge.base import Decision, Observation
+from opsloop.controllers.edge.controller import EdgeController
 from opsloop.controllers.edge.findings import decision_findings
 from opsloop.records import EdgeWeights, Mode
 from opsloop.controllers.edge.service import metrics as M

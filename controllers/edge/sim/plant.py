@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from opsloop.controllers.edge.controller import (Controller, EdgeController, FixedStepController,
-                                                 Observation, UndampedController)
+from opsloop.controllers.edge.base import Controller, Observation
+from opsloop.controllers.edge.baselines import FixedStepController, UndampedController
+from opsloop.controllers.edge.controller import EdgeController
 from opsloop.controllers.edge.sim.scenario import (CONTROLLER_KINDS, Event, Scenario, ScenarioError,
                                                    canonical_kind)
 

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from opsloop.controllers.edge.settings import ControllerSettings
-from opsloop.controllers.edge.controller import (EdgeController, Observation,
-                                         FixedStepController, UndampedController, enforce_safety,
-                                         usable_mask)
+from opsloop.controllers.edge.base import Observation
+from opsloop.controllers.edge.baselines import FixedStepController, UndampedController
+from opsloop.controllers.edge.controller import EdgeController
+from opsloop.controllers.edge.safety import enforce_safety, usable_mask
 from opsloop.records import Mode
 from tests.controllers.edge.test_strategies import problems
 
@@ -425,7 +426,7 @@ def test_a_reading_within_the_noise_of_capacity_is_not_eased_off_until_it_repeat
 
     for _ in range(12):  # 2 % measurement noise around 92 % of capacity
         tick(184 * (1 + 0.02 * rng.standard_normal()))
-    assert ctrl._sigma[0] > 0.005
+    assert ctrl.demand.sigma[0] > 0.005
     once = tick(201)  # 0.5 % over capacity: within one σ of the load
     assert "easing off" not in once.reason and "shed" not in once.reason, once.reason
     again = tick(201)  # over capacity a second interval running: shed
@@ -583,7 +584,7 @@ def test_elasticity_seen_across_our_moves_sets_the_target_not_the_worst_case():
     worst case, so the approach never overloads it."""
     ctl = EdgeController(1, 2, initial=[[1.0, 0.0]])
     near = _closed_loop(ctl, base=260.0, eps=0.5, ticks=14)
-    assert ctl._elasticity_seen()[0] == pytest.approx(0.5, abs=0.05)
+    assert ctl.demand.elasticity_seen()[0] == pytest.approx(0.5, abs=0.05)
     # equilibrium for eps 0.5 at the plan (190 req/s near): rate·w = 190
     w = near[-1]
     rate = 260.0 * (20.0 / (w * 20.0 + (1 - w) * 70.0)) ** 0.5
@@ -752,5 +753,5 @@ def test_a_demand_step_still_settling_when_we_move_is_not_read_as_the_clients_el
     assert w < 0.95
     mean = w * 20.0 + (1 - w) * 70.0
     tick(5, 300.0 * 20.0 / mean)  # the rest of the step, at the latency of the shed
-    assert not ctl._elasticity_obs[0]
-    assert ctl._elasticity_seen()[0] == 1.0
+    assert not ctl.demand.elasticity_obs[0]
+    assert ctl.demand.elasticity_seen()[0] == 1.0

@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from opsloop.controllers.edge import sim_cli
-from opsloop.controllers.edge.controller import Controller, Observation, usable_mask
+from opsloop.controllers.edge.base import Controller, Observation
+from opsloop.controllers.edge.safety import usable_mask
 from opsloop.controllers.edge.sim import load_scenario, plant
 from opsloop.records import Mode
 

@@ -38,7 +38,7 @@ def _noisy(settings: ControllerSettings | None = None, near_ms: list[float] | No
 
 def test_a_slowed_origin_that_read_within_capacity_is_planned_below_it():
     ctrl = _noisy()
-    assert ctrl._sigma[0] > 0.04 and not ctrl._derate.any()
+    assert ctrl.demand.sigma[0] > 0.04 and not ctrl._derate.any()
     # an interval read at 250/300 req/s in which the near origin answered 6 % slower
     d = _tick(ctrl, len(DRAWS), 250.0, near_ms=10.6)
     assert ctrl._derate[0] == 0.03 and ctrl._derate[1] == 0.0

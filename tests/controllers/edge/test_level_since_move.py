@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from opsloop.controllers.edge.controller import EdgeController, Observation, big_moves
+from opsloop.controllers.edge.controller import EdgeController, Observation
+from opsloop.controllers.edge.demand import big_moves
 from tests.controllers.edge.drawn_cases import run_meeting_targets
 
 # a near origin, a small one 57 ms away and a large one 64 ms away (failure-51-5's e1, in short)
@@ -27,7 +28,7 @@ def test_the_level_of_noisy_demand_starts_again_after_a_move_of_ours() -> None:
     ctrl = EdgeController(1, 3, initial=np.array([[1.0, 0.0, 0.0]]))
     for k, f in enumerate(NOISE):
         _tick(ctrl, k, 200.0 * f)
-    assert ctrl._uplift[0] > ctrl.settings.noisy_uplift   # planned on the level, not the draws
+    assert ctrl.demand.uplift[0] > ctrl.settings.noisy_uplift   # planned on the level, not the draws
     # the near origin fails: the edge moves 6 -> 57-64 ms and its clients send a quarter
     d = _tick(ctrl, len(NOISE), 200.0, near_up=False)
     assert d.weights[0, 0] == 0.0
@@ -52,9 +53,9 @@ def test_only_a_change_of_more_than_ten_per_cent_in_latency_restarts_the_level()
     hist = np.array([[200.0, 200.0]] * 4 + [[50.0, 150.0]] * 3)
     # edge 0: 16 -> 76 ms (a failed near origin); edge 1: 20 -> 21.5 ms (a small move of ours)
     lat = np.log(np.array([[16.0, 20.0]] * 4 + [[76.0, 21.5]] * 3))
-    level = ctrl._level_since_a_big_move(hist, big_moves(lat))
+    level = ctrl.demand._level_since_a_big_move(hist, big_moves(lat))
     assert level[0] == 50.0                       # the readings since the move
     assert level[1] == (4 * 200.0 + 3 * 150.0) / 7  # the whole window
     # a move in the last interval: its one reading
-    level = ctrl._level_since_a_big_move(hist[:5], big_moves(lat[:5]))
+    level = ctrl.demand._level_since_a_big_move(hist[:5], big_moves(lat[:5]))
     assert level[0] == 50.0 and level[1] == (4 * 200.0 + 150.0) / 5

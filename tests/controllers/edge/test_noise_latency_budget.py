@@ -39,7 +39,7 @@ def _plan_latency(target: np.ndarray, far_ms: float) -> float:
 
 def test_a_far_alternative_holds_the_uplift_to_the_latency_budget():
     ctrl, ds = _noisy_run(far_ms=100.0)
-    assert ctrl._uplift.max() > 0.05  # the noise was read: the quantile wants a real uplift
+    assert ctrl.demand.uplift.max() > 0.05  # the noise was read: the quantile wants a real uplift
     late = ds[15:]
     assert any("latency budget" in d.reason for d in late)
     # without the budget the same draws plan more of the traffic 100 ms away, every interval
@@ -61,12 +61,12 @@ def test_the_budget_caps_the_latency_the_uplift_adds_to_one_plan():
     for _ in range(5):
         demand = np.array([270.0 * (1.0 + 0.10 * rng.standard_normal())])
         estimate, uplift, _ = ctrl._demand_estimate(demand, ctrl._latency_now(latency))
-        ctrl._set_scale(estimate)
+        ctrl.demand.set_scale(estimate)
         kept_estimate, kept, _, _ = ctrl._within_latency_budget(
             estimate, uplift, CAP, np.zeros(len(CAP)), latency, healthy)
 
         def plan_ms(k: np.ndarray) -> float:
-            ctrl._set_scale(estimate / (1.0 + uplift) * (1.0 + k))
+            ctrl.demand.set_scale(estimate / (1.0 + uplift) * (1.0 + k))
             sol, _ = ctrl._plan(estimate / (1.0 + uplift) * (1.0 + k), CAP, latency, healthy, 0.05)
             return float(ctrl._mean_latency(sol.weights, latency)[0])
         bare = plan_ms(np.zeros(1))

@@ -54,5 +54,5 @@ def test_noisy_open_loop_demand_is_not_planned_to_fall_when_moved_away():
     ctrl = EdgeController(1, 2, initial=[[1.0, 0.0]])
     for k in range(60):
         d = _step(ctrl, 38.0 * (1.0 + 0.1 * rng.standard_normal()), 15.0 * k)
-    assert (ctrl._fall_elasticity() == 0.0).all()
+    assert (ctrl.demand.fall_elasticity() == 0.0).all()
     assert d.weights[0, 0] * d.demand_estimate[0] <= 40.0

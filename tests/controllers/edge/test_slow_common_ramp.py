@@ -32,7 +32,7 @@ def _run(factors: list[np.ndarray], noise: float = 0.025, seed: int = 3):
     decisions, rising = [], []
     for i, f in enumerate(factors):
         decisions.append(tick(8 + i, f))
-        rising.append(ctrl._rising.copy())
+        rising.append(ctrl.demand.rising.copy())
     return ctrl, decisions, rising
 
 
@@ -69,11 +69,11 @@ def test_noise_alone_is_no_slow_ramp():
     for _ in range(300):
         logs = np.log(BASE * (1.0 + 0.025 * rng.standard_normal((8, 3))))
         changes = np.diff(logs, axis=0)
-        flagged += ctrl._slow_common_ramp(changes, changes) > 0
+        flagged += ctrl.demand._slow_common_ramp(changes, changes) > 0
     assert flagged == 0
     # and the same windows with a +2 % an interval ramp in them are
     ramp = np.log(1.02) * np.arange(8)[:, None]
-    found = sum(ctrl._slow_common_ramp(c, c) > 0 for c in (
+    found = sum(ctrl.demand._slow_common_ramp(c, c) > 0 for c in (
         np.diff(np.log(BASE * (1.0 + 0.025 * rng.standard_normal((8, 3)))) + ramp, axis=0)
         for _ in range(300)))
     assert found >= 150, found

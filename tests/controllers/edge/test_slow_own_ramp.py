@@ -28,7 +28,7 @@ def _rising(factors: list[np.ndarray], noise: float = 0.025, seed: int = 3) -> l
         demand = BASE * f * (1.0 + noise * rng.standard_normal(2))
         ctrl.step(Observation(now=15.0 * k, demand=demand, capacity=CAP, latency=LAT,
                               healthy=healthy))
-        out.append(ctrl._rising.copy())
+        out.append(ctrl.demand.rising.copy())
     return out[8:]
 
 
@@ -51,10 +51,10 @@ def test_one_edge_rising_slowly_is_read_as_a_ramp():
 def test_a_surge_is_left_to_the_step_logic():
     # a change beyond the step bar in the window: no slow own ramp, whatever the line's fit
     ctrl = EdgeController(2, 3)
-    change_sd = ctrl._change_sd(np.full(2, 0.02))
+    change_sd = ctrl.demand._change_sd(np.full(2, 0.02))
     levels = np.array([0.0, 0.02, 0.04, 0.22, 0.4, 0.55, 0.6, 0.62])  # x1.86 over 4 intervals
     changes = np.diff(np.column_stack([levels, 0.03 * np.arange(8)]), axis=0)
-    own = ctrl._slow_own_ramps(changes, changes, change_sd)
+    own = ctrl.demand._slow_own_ramps(changes, changes, change_sd)
     assert own[0] == 0.0 and own[1] > 0.0, own
 
 
@@ -63,9 +63,9 @@ def test_noise_alone_is_no_slow_own_ramp():
     # a handful read as a ramp (the 4-standard-error bar, 6 degrees of freedom: ~0.4 % each)
     ctrl = EdgeController(2, 3)
     rng = np.random.default_rng(11)
-    change_sd = ctrl._change_sd(np.full(2, 0.025))
+    change_sd = ctrl.demand._change_sd(np.full(2, 0.025))
     flagged = 0
     for _ in range(300):
         changes = np.diff(np.log(BASE * (1.0 + 0.025 * rng.standard_normal((8, 2)))), axis=0)
-        flagged += int((ctrl._slow_own_ramps(changes, changes, change_sd) > 0).sum())
+        flagged += int((ctrl.demand._slow_own_ramps(changes, changes, change_sd) > 0).sum())
     assert flagged <= 6, flagged

@@ -68,7 +68,7 @@ def test_a_high_draw_of_noisy_demand_is_no_step():
     for k in range(14):
         _step(ctrl, 150.0 * (1 + 0.10 * rng.standard_normal()), 15.0 * k)
     d = _step(ctrl, 150.0 * 1.35, 15.0 * 14)
-    assert not ctrl._stepped.any()
+    assert not ctrl.demand.stepped.any()
     assert d.demand_estimate[0] < 150 + 3 * 0.35 * 150 - 1  # not the extrapolated level
 
 
@@ -77,7 +77,7 @@ def test_a_step_down_is_not_extrapolated():
     d = _step(ctrl, 180.0, 120.0)
     # a fall is seen after the window (2 intervals): the estimate stays at the level before
     assert 245.0 <= d.demand_estimate[0] <= 260.0
-    assert not ctrl._stepped.any()
+    assert not ctrl.demand.stepped.any()
 
 
 def test_a_step_into_a_shortfall_is_shared_on_the_level_measured():
@@ -162,7 +162,7 @@ def test_a_step_common_to_every_edge_is_seen_before_it_clears_one_edges_bar():
     # Planned on the level it implies (+24 %), the shed keeps ord and iad within capacity at
     # x1.3; read as noise (or a slow ramp) nothing moved and both ran at 104-113 % an interval
     ctrl, (d,) = _mesh([np.full(3, 1.08)])
-    assert ctrl._stepped.all()
+    assert ctrl.demand.stepped.all()
     assert (d.demand_estimate >= MESH_BASE * (1 + 3 * 0.08) - 1e-6).all()
     load = (d.weights * (MESH_BASE * 1.3)[:, None]).sum(axis=0)
     assert (load <= MESH_CAP * 1.01).all(), load
@@ -174,7 +174,7 @@ def test_a_common_step_one_edge_reads_little_of_is_still_a_step():
     # falling. Asked of every edge, a step on four edges where one read +0.6 % was missed and
     # the origins ran over capacity an interval (mesh_four_by_five_fast_ramp)
     ctrl, (d,) = _mesh([np.array([1.07, 1.07, 1.01])])
-    assert ctrl._stepped.all()
+    assert ctrl.demand.stepped.all()
     assert (d.demand_estimate[:2] >= MESH_BASE[:2] * (1 + 3 * 0.07) - 1e-6).all()
     load = (d.weights * (MESH_BASE * np.array([1.25, 1.25, 1.03]))[:, None]).sum(axis=0)
     assert (load <= MESH_CAP * 1.01).all(), load
@@ -188,7 +188,7 @@ def test_a_common_step_after_one_edge_wobbled_is_still_a_step():
     wobble = np.array([1.06, 1.0, 1.0])
     ctrl, ds = _mesh([wobble, np.ones(3), np.full(3, 1.10)])
     assert not ds[0].changed and not ds[1].changed  # the wobble moved nothing
-    assert ctrl._stepped.all()
+    assert ctrl.demand.stepped.all()
     assert (ds[-1].demand_estimate >= MESH_BASE * 1.25).all()
     load = (ds[-1].weights * (MESH_BASE * 1.3)[:, None]).sum(axis=0)
     assert (load <= MESH_CAP * 1.01).all(), load
@@ -199,7 +199,7 @@ def test_a_wobble_beyond_three_sd_is_no_calm_level_for_a_common_step():
     # still calm) and a +14 % step: that edge has no calm level to read its rise against; the
     # other two clear one edge's bar on their own
     ctrl, _ = _mesh([np.array([1.095, 1.0, 1.0]), np.ones(3), np.full(3, 1.14)])
-    assert ctrl._stepped.tolist() == [False, True, True]
+    assert ctrl.demand.stepped.tolist() == [False, True, True]
 
 
 def test_a_common_step_is_not_read_on_a_ramp_under_way():
@@ -208,14 +208,14 @@ def test_a_common_step_is_not_read_on_a_ramp_under_way():
     # the plan relaxed back the tick after while the ramp went on, and the origins ran over
     # capacity: mesh_slow_noisy_ramp)
     ctrl, ds = _mesh([np.full(3, 1.031), np.full(3, 1.031 ** 2), np.full(3, 1.031 ** 2 * 1.08)])
-    assert ctrl._rising.all()
-    assert not ctrl._stepped.any()
+    assert ctrl.demand.rising.all()
+    assert not ctrl.demand.stepped.any()
     assert (ds[-1].demand_estimate < MESH_BASE * 1.031 ** 2 * 1.08 * 1.15).all()
 
 
 def test_one_edge_rising_as_much_is_no_common_step():
     ctrl, (d,) = _mesh([np.array([1.08, 1.0, 1.0])])
-    assert not ctrl._stepped.any()
+    assert not ctrl.demand.stepped.any()
     assert (d.demand_estimate <= MESH_BASE * np.array([1.08, 1.0, 1.0]) * 1.05).all()
 
 
@@ -238,14 +238,14 @@ def test_a_step_after_two_small_rises_is_a_step_not_a_ramp():
     _step(ctrl, 151.5, 120.0)
     _step(ctrl, 153.0, 135.0)
     d = _step(ctrl, 210.0, 150.0)
-    assert not ctrl._rising[0]
-    assert ctrl._stepped[0]
+    assert not ctrl.demand.rising[0]
+    assert ctrl.demand.stepped[0]
     assert d.demand_estimate[0] >= 153 + 2.9 * (210 - 153)
     # a ramp's three comparable rises still are one
     ramp = _steady()
     for k, level in enumerate((160.0, 170.0, 181.0)):
         _step(ramp, level, 120.0 + 15.0 * k)
-    assert ramp._rising[0] and not ramp._stepped[0]
+    assert ramp.demand.rising[0] and not ramp.demand.stepped[0]
 
 
 def test_a_step_that_slowed_its_origin_is_still_read_as_a_step():
@@ -257,7 +257,7 @@ def test_a_step_that_slowed_its_origin_is_still_read_as_a_step():
     for k in range(8):
         _step(ctrl, 150.0, 15.0 * k, 5.0)
     d = _step(ctrl, 210.0, 120.0, 12.0)
-    assert ctrl._stepped[0]
+    assert ctrl.demand.stepped[0]
     assert d.demand_estimate[0] >= 150 + 3 * 60 - 1e-6
     assert d.weights[0, 0] * 330 <= 300 and "shed" in d.reason
     # the extrapolation is the worst case of the part of the interval the step was seen in: the
@@ -275,4 +275,4 @@ def test_a_rise_across_a_big_change_of_the_latency_at_our_weights_is_no_step():
         _step(ctrl, 150.0, 15.0 * k, 5.0)
     _step(ctrl, 150.0, 120.0, 5.0, latency=[[20.0, 60.0]])
     _step(ctrl, 210.0, 135.0, 5.0, latency=[[20.0, 60.0]])
-    assert not ctrl._stepped[0]
+    assert not ctrl.demand.stepped[0]

@@ -28,8 +28,8 @@ def _run(capacity: np.ndarray, factors: list[np.ndarray]
     for k, f in enumerate(factors):
         ctrl.step(Observation(now=15.0 * k, demand=BASE * f, capacity=capacity, latency=LAT,
                               healthy=np.ones(3, dtype=bool)))
-        rising.append(ctrl._rising.copy())
-        stepped.append(ctrl._step_seen.copy())
+        rising.append(ctrl.demand.rising.copy())
+        stepped.append(ctrl.demand.step_seen.copy())
     return ctrl, rising, stepped
 
 

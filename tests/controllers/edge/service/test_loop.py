@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from prometheus_client import REGISTRY
 
 from opsloop.controllers.edge.settings import ControllerSettings
-from opsloop.controllers.edge.controller import Decision
+from opsloop.controllers.edge.base import Decision
 from opsloop.records import EdgeWeights, Mode
 from opsloop.controllers.edge.service.config import TopologySpec
 from opsloop.controllers.edge.service.inputs import DemandBook
