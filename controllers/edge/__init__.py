@@ -6,6 +6,7 @@
 - :mod:`opsloop.controllers.edge.safety`     the final guard on every controller's weights
 - :mod:`opsloop.controllers.edge.controller` our control law (``EdgeController``)
 - :mod:`opsloop.controllers.edge.demand`     its demand model: estimate, ramps, steps, variability, elasticity
+- :mod:`opsloop.controllers.edge.response`   what the origins' response times say (slowed, unloaded, at other loads)
 - :mod:`opsloop.controllers.edge.holddown`   hold-down and ramp-in of returning origins
 - :mod:`opsloop.controllers.edge.baselines`  the fixed-step (2 %) and undamped baselines
 - :mod:`opsloop.controllers.edge.findings`   findings for shedding and fail-static holds

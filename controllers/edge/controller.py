@@ -141,7 +141,6 @@ Why it is stable
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -150,6 +149,7 @@ from opsloop.controllers.edge.base import Controller, Decision, Observation, Pro
 from opsloop.controllers.edge.baselines import FixedStepController, UndampedController
 from opsloop.controllers.edge.demand import DemandModel, big_moves, mean_latency
 from opsloop.controllers.edge.holddown import HoldDown
+from opsloop.controllers.edge.response import ResponseTimes
 from opsloop.controllers.edge.safety import enforce_safety, strip_unusable, usable_mask
 from opsloop.controllers.edge.scheduler import Solution, solve
 from opsloop.controllers.edge.settings import ControllerSettings
@@ -198,19 +198,14 @@ class EdgeController(Controller):
         self._last_latency: np.ndarray | None = None
         self.hold_down = HoldDown(n_origins, s)
         self._over_last = np.zeros(n_origins, dtype=bool)
-        self._service_base: np.ndarray | None = None  # lowest origin response time seen (unloaded)
-        self._service_now: np.ndarray | None = None
+        self.response = ResponseTimes(n_origins)  # what the origins' response times say
         # [O] req/s each origin carried over the last interval (the weights in force, the demand
         # read); None before the first weights
         self._load_read: np.ndarray | None = None
-        # per origin: the slowest response time seen in an interval measured over capacity (does
-        # this origin's response time show its overload?)
-        self._over_service = np.zeros(n_origins)
         # per origin: the cut of its planned capacity for overload within intervals read within
         # it (:meth:`_hidden_overload_derate`), its response time's own jitter at low load, and
         # the intervals since a step, a ramp or a change of capacity or health
         self._derate = np.zeros(n_origins)
-        self._service_jitter: list[deque[float]] = [deque(maxlen=20) for _ in range(n_origins)]
         self._calm_ticks = 0
         self._last_plant: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -222,12 +217,12 @@ class EdgeController(Controller):
         return mean_latency(weights, latency, service, self.settings.latency_floor_ms)
 
     def _latency_now(self, latency: np.ndarray) -> np.ndarray:
-        return self._mean_latency(self.weights, latency, self._service_now)
+        return self._mean_latency(self.weights, latency, self.response.now)
 
     def _predicted_load(self, weights: np.ndarray, latency: np.ndarray,
                         elasticity: np.ndarray | float | None = None) -> np.ndarray:
         """[O] worst-case load at ``weights`` (:meth:`DemandModel.predicted_demand_at`)."""
-        predicted = self.demand.predicted_demand_at(weights, latency, self._service_base, elasticity)
+        predicted = self.demand.predicted_demand_at(weights, latency, self.response.base, elasticity)
         return (weights * predicted[:, None]).sum(axis=0)
 
     def _demand_estimate(self, measured: np.ndarray, row_latency: np.ndarray
@@ -236,30 +231,8 @@ class EdgeController(Controller):
         rates read at ``row_latency``, our own move told by the latency of the weights in force
         at unloaded speed."""
         unloaded = None if self.weights is None or self._last_latency is None else \
-            self._mean_latency(self.weights, self._last_latency, self._service_base)
+            self._mean_latency(self.weights, self._last_latency, self.response.base)
         return self.demand.update(measured, row_latency, unloaded)
-
-    def _observe_service(self, obs: Observation) -> None:
-        if obs.origin_latency_ms is None:
-            self._service_now = self._service_base = None
-            return
-        now = np.clip(np.nan_to_num(np.asarray(obs.origin_latency_ms, dtype=float)), 0.0, None)
-        self._service_now = now
-        # the fastest answer seen, 0 until one is: a 0 ms reading (an HAProxy server that never
-        # answered reads rtime 0; so does one within the network latency configured) tells no
-        # unloaded speed, and kept as one every later answer read as slowed by overload
-        base = now if self._service_base is None else self._service_base
-        self._service_base = np.where(base > 0, np.minimum(base, np.where(now > 0, now, base)), now)
-
-    def _slowed(self, margin: float | np.ndarray, answers: np.ndarray | None = None) -> np.ndarray:
-        """[O]: origins whose ``answers`` (default: the last interval's response times) were
-        more than ``margin`` slower than their fastest answer seen (none of them without
-        response times, or before an origin answered at all: no unloaded speed to compare)."""
-        if self._service_now is None:
-            return np.zeros(self.n_origins, dtype=bool)
-        base = self._service_base
-        answers = self._service_now if answers is None else answers
-        return (base > 0) & (answers > base * (1 + margin) + 1e-9)
 
     def _noise_only(self, over: np.ndarray) -> np.ndarray:
         """[O]: origins read over capacity whose own response time says they were not: an origin
@@ -268,15 +241,8 @@ class EdgeController(Controller):
         is measurement noise (one high draw shed ~10 points that the next intervals took back).
         An origin whose slowdown was never seen (or telemetry without response times) is
         believed on its reading alone, as before."""
-        self._over_service = np.where(over, np.maximum(self._over_service, self._service_now),
-                                      self._over_service)
-        return over & ~self._over_last & self._answered_unloaded()
-
-    def _answered_unloaded(self) -> np.ndarray:
-        """[O]: origins seen to slow down when overloaded that answered at their unloaded speed
-        all through the last interval (so were within capacity all through it)."""
-        shows_overload = self._slowed(0.01, self._over_service)
-        return shows_overload & ~self._slowed(1e-4)  # any overload in the interval slows it
+        self.response.note_over(over)
+        return over & ~self._over_last & self.response.answered_unloaded()
 
     def _hidden_overload_derate(self, capacity: np.ndarray, healthy: np.ndarray,
                                 rising: np.ndarray) -> np.ndarray:
@@ -299,17 +265,14 @@ class EdgeController(Controller):
                                             and np.array_equal(last[1], healthy))
         self._calm_ticks = 0 if changed or self.demand.stepped.any() or rising.any() \
             else self._calm_ticks + 1
-        if self._service_now is None or self.weights is None or s.hidden_overload_derate <= 0:
+        if self.response.now is None or self.weights is None or s.hidden_overload_derate <= 0:
             return self._derate
         read = self._load_read / np.maximum(capacity, _EPS)
-        slower = self._service_now / np.maximum(self._service_base, _EPS) - 1.0
-        for o in np.flatnonzero(healthy & (read <= 0.8)):
-            self._service_jitter[o].append(float(slower[o]))
-        jitter = np.array([max(j, default=0.0) for j in self._service_jitter])
+        jitter = self.response.jitter(healthy & (read <= 0.8))
         on = self.weights > s.deadband
         noisy = (on & (self.demand.sigma > 2.0 * s.ramp_noise_floor)[:, None]).any(axis=0)
-        hidden = healthy & (read <= 1.0) & noisy & self._slowed(np.maximum(1e-3, 1.5 * jitter)) \
-            & (self._calm_ticks >= 3)
+        slowed = self.response.slowed(np.maximum(1e-3, 1.5 * jitter))
+        hidden = healthy & (read <= 1.0) & noisy & slowed & (self._calm_ticks >= 3)
         self._derate = np.where(hidden, np.minimum(self._derate + s.hidden_overload_derate,
                                                    s.max_derate), self._derate * s.derate_decay)
         return self._derate
@@ -319,10 +282,10 @@ class EdgeController(Controller):
         """A step whose reading alone puts an origin over capacity while that origin answered
         at its unloaded speed all interval is the origin's measurement noise (see
         :meth:`_noise_only`), not a step: planned on the level measured."""
-        if not self.demand.stepped.any() or self._service_now is None or self.weights is None:
+        if not self.demand.stepped.any() or self.response.now is None or self.weights is None:
             return estimate
         read = (self.weights * self.demand.unstepped[:, None]).sum(axis=0)
-        contradicted = healthy & (read > capacity + 1e-9) & self._answered_unloaded()
+        contradicted = healthy & (read > capacity + 1e-9) & self.response.answered_unloaded()
         on_it = (self.weights[:, contradicted] > self.settings.deadband).any(axis=1)
         drop = self.demand.stepped & on_it
         if not drop.any():
@@ -336,9 +299,9 @@ class EdgeController(Controller):
         Each of the last ``demand_window`` measurements is grown from the latency its clients
         saw to the latency of the same weights with every origin answering at its unloaded
         speed (the *rebound* of a relieved origin's clients), with the elasticity seen across
-        our own moves (:meth:`DemandModel.elasticity_seen`). What a move toward nearer origins adds is the
-        relax step's business (worst case, every step); planning it into the target would push
-        traffic away on a demand that only arrives if the traffic stays near.
+        our own moves (:meth:`DemandModel.elasticity_seen`). What a move toward nearer origins
+        adds is the relax step's business (worst case, every step); planning it into the target
+        would push traffic away on a demand that only arrives if the traffic stays near.
 
         ``fixed`` [E, O]: shares that stay where they are (what the step bound cannot move this
         interval); the LP plans the rest of each edge's demand on the capacity they leave."""
@@ -371,7 +334,7 @@ class EdgeController(Controller):
             # was seen). The plan moves the demand the other way (more demand, more moved
             # away, less sent): the plan kept is one whose demand covers what they send at it
             return self._agreeing_plan(plan_on, sol, relieved, lambda w: self.demand.demand_at(
-                w, latency, self._service_base), optimal_only=True)
+                w, latency, self.response.base), optimal_only=True)
         # a shortfall: the origins stay loaded, no relief to expect; the excess is shared on
         # what the clients will send at the plan's weights. Elastic clients moved back onto
         # their near origin speed up, moved off it slow down: planned on what an edge sent
@@ -440,7 +403,7 @@ class EdgeController(Controller):
         longer sent, and the far origin was filled a little more each interval: 0.70, 0.77,
         0.88 of the common factor). An origin the plan relieves from a deeper overload answers
         faster than it does now, and its clients send more (:meth:`_relieved_service`)."""
-        demand = self.demand.demand_at(weights, latency, self._service_now, loaded=True)
+        demand = self.demand.demand_at(weights, latency, self.response.now, loaded=True)
         service = self._relieved_service(weights, demand, capacity)
         if service is None:
             return demand
@@ -456,19 +419,12 @@ class EdgeController(Controller):
         Held at their slow answers, the clients of an origin shed from 162 % toward a common
         factor of 131 % were planned at 791 req/s and sent 895 once it answered faster: it ran
         at 141 % for an interval, 7 % above the common factor (``bench.sim_kinds`` shortfall
-        41 #3). No slope is carried to an origin the plan loads further: read off another
-        origin, such an extrapolation swung a small origin's share every interval (11 #4)."""
-        now, base = self._service_now, self._service_base
-        if now is None or self._load_read is None:
+        41 #3). See :meth:`ResponseTimes.at_loads`."""
+        if self._load_read is None:
             return None
         cap = np.maximum(capacity, _EPS)
-        last = self._load_read / cap
-        rho = (weights * demand[:, None]).sum(axis=0) / cap
-        read = (last > 1.05) & self._slowed(0.0) & (rho < last)
-        if not read.any():
-            return None
-        part = np.clip((rho - 1.0) / np.maximum(last - 1.0, _EPS), 0.0, 1.0)
-        return np.where(read, base + (now - base) * part, now)
+        return self.response.at_loads(self._load_read / cap,
+                                      (weights * demand[:, None]).sum(axis=0) / cap)
 
     def _bounded_shed(self, current: np.ndarray, estimate: np.ndarray, capacity: np.ndarray,
                       latency: np.ndarray, healthy: np.ndarray, plan_healthy: np.ndarray,
@@ -568,7 +524,7 @@ class EdgeController(Controller):
             sol = plans[k][0]
             if sol.status != "optimal":
                 return None  # a shortfall: its shares are not a latency choice
-            per_edge = self._mean_latency(sol.weights, latency, self._service_base)
+            per_edge = self._mean_latency(sol.weights, latency, self.response.base)
             return float((per_edge * bare).sum() / max(float(bare.sum()), _EPS))
 
         without, full = plan_latency(0.0), plan_latency(1.0)
@@ -585,23 +541,14 @@ class EdgeController(Controller):
         self.demand.set_scale(bare * (1.0 + k * uplift))
         return bare * (1.0 + k * uplift), k * uplift, k * derate, plans.get(k)
 
-    def _propose(self, obs: Observation) -> Proposal:
-        s = self.settings
-        measured = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
-        self._load_read = None if self.weights is None \
-            else (self.weights * measured[:, None]).sum(axis=0)
-        latency = np.asarray(obs.latency, dtype=float)
-        self._observe_service(obs)
-        self._last_latency = latency
-        in_force = self._latency_now(latency) if self.weights is not None \
-            else np.ones(len(measured))
-        estimate, uplift, rising = self._demand_estimate(measured, in_force)
-        self.demand.set_scale(estimate)
-        capacity = np.asarray(obs.capacity, dtype=float)
-        healthy = np.asarray(obs.healthy, dtype=bool)
-        # hold-down: a returning origin is planned as absent, then with a ramping capacity;
-        # an edge that has nothing else healthy may use it at once (that edge only)
-        usable_fraction = self.hold_down.update(float(obs.now), healthy)
+    def _held_down_plant(self, now: float, latency: np.ndarray, capacity: np.ndarray,
+                         healthy: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(healthy, latency, capacity) the plans see under the hold-down, each origin's usable
+        fraction of capacity, and the origins rescued: a returning origin is planned as absent,
+        then with a ramping capacity; an edge that has nothing else healthy may use it at once
+        (that edge only)."""
+        usable_fraction = self.hold_down.update(now, healthy)
         plan_healthy = healthy & (usable_fraction > 0)
         stranded = usable_mask(latency, healthy).any(axis=1) & \
             ~usable_mask(latency, plan_healthy).any(axis=1)
@@ -616,6 +563,133 @@ class EdgeController(Controller):
             plan_healthy |= rescue
             usable_fraction = np.where(rescue, 1.0, usable_fraction)
         plan_capacity = capacity * np.where(plan_healthy, usable_fraction, 1.0)
+        return plan_healthy, plan_latency, plan_capacity, usable_fraction, rescue
+
+    def _above_common_factor(self, current: np.ndarray, offered: np.ndarray, reading: np.ndarray,
+                             capacity: np.ndarray, healthy: np.ndarray
+                             ) -> tuple[np.ndarray, np.ndarray]:
+        """(hot, over) in a shortfall, at the weights ``current``: every origin is over capacity
+        by design; an origin is hot only when it carries more than the common overload factor
+        by the margin, on the ``offered`` estimate and on the last ``reading`` alike, else the
+        shares stay (re-planning every interval on noisy demand only swings the load); over
+        (warm unless hot): above the factor by a measurement's noise."""
+        s = self.settings
+        # origins are compared with each other here: two edges' noise apart (≤ 5 %)
+        margin = min(0.05, max(s.hot_margin, 2.0 * float(self.demand.sigma.max(initial=0.0))))
+
+        def above_common(rows: np.ndarray, margin: float | np.ndarray) -> np.ndarray:
+            carried = (current * rows[:, None]).sum(axis=0)
+            factor = carried[healthy].sum() / max(float(capacity[healthy].sum()), _EPS)
+            return healthy & (carried > capacity * max(factor, 1.0) * (1 + margin) + 1e-9)
+        # on the estimate and on the last measurement alike: the estimate's per-edge max of
+        # noisy draws alone can put one origin above the others when none is (a common
+        # step's measurement at the total it implies: the reading holds part of the step)
+        hot = above_common(offered, s.hot_margin) & above_common(reading, margin)
+        # within the margin but above the common factor on the estimate and, on the last
+        # measurement, by one σ of the origin's reading (≥ 1.5 %): warm, a relax_gain fraction
+        # of the move as over capacity below (read 4.4 % above it with the margin at 5 %, an
+        # origin was left 5.5 % above it, where the simulator's verdict allows 5 %)
+        read_carried = current * reading[:, None]
+        ratio_sd = origin_sigma(read_carried, self.demand.sigma) / np.maximum(
+            read_carried.sum(axis=0), _EPS)
+        near = np.minimum(margin, np.maximum(0.015, ratio_sd))
+        return hot, hot | (above_common(offered, 0.0) & above_common(reading, near))
+
+    def _tight_shed(self, current: np.ndarray, target: np.ndarray, estimate: np.ndarray,
+                    latency: np.ndarray, capacity: np.ndarray, healthy: np.ndarray,
+                    hot: np.ndarray) -> np.ndarray:
+        """The shed's move toward ``target`` when demand is near all capacity (within the normal
+        headroom only): an edge the shed moves nearer speeds up (elastic clients moved off a
+        94 ms origin onto their 8.5 ms one sent 70 % more, that origin at 165 %); the move goes
+        as far as keeps every origin it gains within capacity for clients as elastic as seen
+        across our moves, or beyond it below the overload left on the ``hot`` origins."""
+        s = self.settings
+        move = target - current
+        gaining = healthy & ((move * estimate[:, None]).sum(axis=0) > 1e-9)
+        # clients as elastic as seen across our moves (the worst case until seen): with
+        # the worst case kept, each interval's move only halved an edge's latency (a
+        # rate doubling predicted), and the hot origin waited out the halvings
+        seen_eps = self.demand.elasticity_seen()[None, :]
+
+        def gains_fit(b: float) -> bool:
+            # ... or, beyond capacity, below the overload the hot origins it relieves
+            # are left with by more than the margin: worst-case clients moved onto a
+            # 1 ms path are predicted at 100x their rate, and on constant feasible
+            # demand an origin of capacity 0 kept its load for 26 intervals
+            pred = self._predicted_load(current + b * move, latency, seen_eps)
+            ratio = np.divide(pred, capacity, out=np.full_like(pred, np.inf),
+                              where=capacity > _EPS)
+            allowed = max(1.0, float(ratio[hot].max(initial=1.0)) / (1 + s.hot_margin))
+            return bool((ratio[gaining] <= allowed * (1 + 1e-9) + 1e-9).all())
+        return current + largest_fraction(gains_fit) * move
+
+    def _relax_fraction(self, after_shed: np.ndarray, relax: np.ndarray, biggest: float,
+                        estimate: np.ndarray, latency: np.ndarray, healthy: np.ndarray,
+                        cap_plan: np.ndarray, *, relieves: bool, hot_or_warm: bool, now: float
+                        ) -> tuple[float, bool, bool]:
+        """(β, limited, fast): the fraction of the ``relax`` move (its largest share ``biggest``)
+        made from ``after_shed``. At most ``relax_gain`` and ``relax_step``; as large as keeps
+        every origin the move fills within its plan (``cap_plan``) for worst-case elastic
+        clients (``limited``: that bound held it back); the whole move when what is left would
+        be under the dead band; a long way home onto origins ``clear_relax_margin`` below their
+        plan at up to ``max_step`` (``fast``); 0 when the step is under the dead band."""
+        s = self.settings
+        limited = fast = False
+        beta_max = min(s.relax_gain, s.relax_step / biggest)
+        # an origin the move sends more traffic to must end within its plan; one it takes
+        # traffic off (or leaves alone) only must not get worse
+        gaining = (relax * estimate[:, None]).sum(axis=0) > 1e-9
+        ceiling = np.where(gaining, cap_plan, np.maximum(
+            cap_plan, self._predicted_load(after_shed, latency)))
+
+        def under(limit: np.ndarray) -> Callable[[float], bool]:
+            def check(b: float) -> bool:
+                pred = self._predicted_load(after_shed + b * relax, latency)
+                return bool((pred[healthy] <= limit[healthy] * (1 + 1e-9) + 1e-9).all())
+            return check
+
+        fits = under(ceiling)
+        # … and the origins it fills clear_relax_margin below their plan, worst case
+        clear = under(np.where(gaining, cap_plan * (1.0 - s.clear_relax_margin), ceiling))
+
+        beta_full = min(1.0, s.relax_step / biggest)
+        beta_clear = min(1.0, s.max_step / biggest)
+        # a long way home on origins with room to spare (a surge or a peak over): faster than
+        # the relax step, but not for a move that relieves an origin (noise chasing), not
+        # while an origin is hot or warm, and not onto an origin back from a failure lately
+        # (its hold-down and ramp-in govern it: a flapping origin's churn; settled implies
+        # both are over)
+        clear_way = s.clear_relax_margin < 1.0 and biggest > 2.0 * s.relax_step \
+            and not (relieves or hot_or_warm) \
+            and bool((~gaining | self.hold_down.settled(now))[healthy].all())
+        if biggest * (1.0 - beta_max) < s.deadband and fits(beta_full):
+            beta = beta_full  # close in: finish the move instead of leaving slivers behind
+        elif clear_way and clear(beta_clear):
+            beta = beta_clear
+            fast = True
+        else:  # the largest step that keeps the prediction under the ceiling
+            beta = largest_fraction(fits, beta_max, rounds=30)
+            limited = beta < beta_max
+        if beta * biggest < s.deadband:
+            beta = 0.0
+        return beta, limited, fast
+
+    def _propose(self, obs: Observation) -> Proposal:
+        s = self.settings
+        measured = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
+        self._load_read = None if self.weights is None \
+            else (self.weights * measured[:, None]).sum(axis=0)
+        latency = np.asarray(obs.latency, dtype=float)
+        self.response.observe(obs.origin_latency_ms)
+        self._last_latency = latency
+        in_force = self._latency_now(latency) if self.weights is not None \
+            else np.ones(len(measured))
+        estimate, uplift, rising = self._demand_estimate(measured, in_force)
+        self.demand.set_scale(estimate)
+        capacity = np.asarray(obs.capacity, dtype=float)
+        healthy = np.asarray(obs.healthy, dtype=bool)
+        plan_healthy, plan_latency, plan_capacity, usable_fraction, rescue = \
+            self._held_down_plant(float(obs.now), latency, capacity, healthy)
         derate = self._hidden_overload_derate(capacity, healthy, rising)
         # not into a shortfall: its shares are the common overload factor's, not a headroom
         if not estimate.sum() < (plan_capacity * (1.0 - derate))[plan_healthy].sum() * (
@@ -648,50 +722,28 @@ class EdgeController(Controller):
         # offered load: what the clients would send at these weights if no origin slowed them
         # down (an overloaded origin's slow answers hide part of the demand until it is relieved)
         offered = estimate if solution.status != "optimal" else np.maximum(  # a shortfall stays loaded
-            estimate, self.demand.predicted_demand_at(current, latency, self._service_base))
+            estimate, self.demand.predicted_demand_at(current, latency, self.response.base))
         load = (current * offered[:, None]).sum(axis=0)
         over = healthy & (load > capacity + 1e-9)
         read_over = over.copy()  # for the reason: over capacity, acted on or not
         # a reading over capacity that the origin's own response time contradicts is noise:
         # neither shed nor eased off, nor relieved by a relax step below
         noise_only = np.zeros_like(over)
-        if self._service_now is not None and solution.status == "optimal":
+        if self.response.now is not None and solution.status == "optimal":
             noise_only = self._noise_only(over)
             over = over & ~noise_only
         # hot: over capacity by more than the noise margin, or over it a second interval running,
         # or with its answers more than that margin slower than unloaded: the overload is real,
         # and an origin slowed down by it hides part of its demand from the reading
-        slowed = self._slowed(s.hot_margin)
+        slowed = self.response.slowed(s.hot_margin)
         # (a step's extrapolated load is no noisy reading: beyond the noise by construction)
         stepping = ((current * self.demand.stepped[:, None]) > s.deadband).any(axis=0)
         hot = over & ((load > capacity * (1 + s.hot_margin) + 1e-9) | self._over_last | slowed
                       | stepping)
         self._over_last = over
         if solution.status == "shed":
-            # a shortfall: every origin is over capacity by design; an origin is hot only when
-            # it carries more than the common overload factor by the margin, else the shares
-            # stay (re-planning every interval on noisy demand only swings the load)
-            # origins are compared with each other here: two edges' noise apart (≤ 5 %)
-            margin = min(0.05, max(s.hot_margin, 2.0 * float(self.demand.sigma.max(initial=0.0))))
-
-            def above_common(rows: np.ndarray, margin: float | np.ndarray) -> np.ndarray:
-                carried = (current * rows[:, None]).sum(axis=0)
-                factor = carried[healthy].sum() / max(float(capacity[healthy].sum()), _EPS)
-                return healthy & (carried > capacity * max(factor, 1.0) * (1 + margin) + 1e-9)
-            # on the estimate and on the last measurement alike: the estimate's per-edge max of
-            # noisy draws alone can put one origin above the others when none is (a common
-            # step's measurement at the total it implies: the reading holds part of the step)
-            reading = measured * step_scale
-            hot = above_common(offered, s.hot_margin) & above_common(reading, margin)
-            # within the margin but above the common factor on the estimate and, on the last
-            # measurement, by one σ of the origin's reading (≥ 1.5 %): warm, a relax_gain fraction
-            # of the move as over capacity below (read 4.4 % above it with the margin at 5 %, an
-            # origin was left 5.5 % above it, where the simulator's verdict allows 5 %)
-            read_carried = current * reading[:, None]
-            ratio_sd = origin_sigma(read_carried, self.demand.sigma) / np.maximum(
-                read_carried.sum(axis=0), _EPS)
-            near = np.minimum(margin, np.maximum(0.015, ratio_sd))
-            over = hot | (above_common(offered, 0.0) & above_common(reading, near))
+            hot, over = self._above_common_factor(current, offered, measured * step_scale,
+                                                  capacity, healthy)
         # a ramp that will carry an origin past its plan: make room now, jointly, not after
         ramping_up = healthy & (load > cap_plan + 1e-9) & \
             ((current * rising[:, None]) > s.deadband).any(axis=0)
@@ -707,28 +759,8 @@ class EdgeController(Controller):
             target, tight = self._bounded_shed(current, estimate, plan_capacity, plan_latency,
                                                healthy, plan_healthy)
             if tight:
-                # demand near all capacity: an edge the shed moves nearer speeds up (elastic
-                # clients moved off a 94 ms origin onto their 8.5 ms one sent 70 % more, that
-                # origin at 165 %); the move goes as far as keeps every origin it gains within
-                # capacity for clients as elastic as seen across our moves
-                move = target - current
-                gaining = healthy & ((move * estimate[:, None]).sum(axis=0) > 1e-9)
-                # clients as elastic as seen across our moves (the worst case until seen): with
-                # the worst case kept, each interval's move only halved an edge's latency (a
-                # rate doubling predicted), and the hot origin waited out the halvings
-                seen_eps = self.demand.elasticity_seen()[None, :]
-
-                def gains_fit(b: float) -> bool:
-                    # ... or, beyond capacity, below the overload the hot origins it relieves
-                    # are left with by more than the margin: worst-case clients moved onto a
-                    # 1 ms path are predicted at 100x their rate, and on constant feasible
-                    # demand an origin of capacity 0 kept its load for 26 intervals
-                    pred = self._predicted_load(current + b * move, latency, seen_eps)
-                    ratio = np.divide(pred, capacity, out=np.full_like(pred, np.inf),
-                                      where=capacity > _EPS)
-                    allowed = max(1.0, float(ratio[hot].max(initial=1.0)) / (1 + s.hot_margin))
-                    return bool((ratio[gaining] <= allowed * (1 + 1e-9) + 1e-9).all())
-                target = current + largest_fraction(gains_fit) * move
+                target = self._tight_shed(current, target, estimate, latency, capacity, healthy,
+                                          hot)
             joint = True
         delta = target - current
 
@@ -775,43 +807,9 @@ class EdgeController(Controller):
         above_plan = healthy & (load > cap_plan + load_sigma + 1e-9) & ~noise_only
         relieves = bool((np.where(relax < 0, -relax, 0.0)[:, above_plan]).sum() > s.deadband)
         if biggest > s.deadband and (latency_gain < 0 or relieves):
-            beta_max = min(s.relax_gain, s.relax_step / biggest)
-            # an origin the move sends more traffic to must end within its plan; one it takes
-            # traffic off (or leaves alone) only must not get worse
-            gaining = (relax * estimate[:, None]).sum(axis=0) > 1e-9
-            ceiling = np.where(gaining, cap_plan, np.maximum(
-                cap_plan, self._predicted_load(after_shed, latency)))
-
-            def under(limit: np.ndarray) -> Callable[[float], bool]:
-                def check(b: float) -> bool:
-                    pred = self._predicted_load(after_shed + b * relax, latency)
-                    return bool((pred[healthy] <= limit[healthy] * (1 + 1e-9) + 1e-9).all())
-                return check
-
-            fits = under(ceiling)
-            # … and the origins it fills clear_relax_margin below their plan, worst case
-            clear = under(np.where(gaining, cap_plan * (1.0 - s.clear_relax_margin), ceiling))
-
-            beta_full = min(1.0, s.relax_step / biggest)
-            beta_clear = min(1.0, s.max_step / biggest)
-            # a long way home on origins with room to spare (a surge or a peak over): faster than
-            # the relax step, but not for a move that relieves an origin (noise chasing), not
-            # while an origin is hot or warm, and not onto an origin back from a failure lately
-            # (its hold-down and ramp-in govern it: a flapping origin's churn; settled implies
-            # both are over)
-            clear_way = s.clear_relax_margin < 1.0 and biggest > 2.0 * s.relax_step \
-                and not (relieves or hot.any() or warm.any()) \
-                and bool((~gaining | self.hold_down.settled(float(obs.now)))[healthy].all())
-            if biggest * (1.0 - beta_max) < s.deadband and fits(beta_full):
-                beta = beta_full  # close in: finish the move instead of leaving slivers behind
-            elif clear_way and clear(beta_clear):
-                beta = beta_clear
-                fast = True
-            else:  # the largest step that keeps the prediction under the ceiling
-                beta = largest_fraction(fits, beta_max, rounds=30)
-                limited = beta < beta_max
-            if beta * biggest < s.deadband:
-                beta = 0.0
+            beta, limited, fast = self._relax_fraction(
+                after_shed, relax, biggest, estimate, latency, healthy, cap_plan,
+                relieves=relieves, hot_or_warm=bool(hot.any() or warm.any()), now=float(obs.now))
         proposal = after_shed + beta * relax
 
         reason = self._reason(

@@ -199,7 +199,7 @@ def test_origin_response_time_reaches_the_controller_without_the_network_part() 
     assert obs.origin_latency_ms.tolist() == pytest.approx([17.5, 10.0])
     assert status["origin_response_ms"] == {"near": pytest.approx(17.5), "far": pytest.approx(10.0)}
     h.step()
-    assert state.controller._service_now.tolist() == pytest.approx([17.5, 10.0])
+    assert state.controller.response.now.tolist() == pytest.approx([17.5, 10.0])
     # far no longer reported: its last value stays; near from the new records
     report("e1", (40.0, 5.0), (0.0, None))
     report("e2", (40.0, 7.0), (0.0, None))
