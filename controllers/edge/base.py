@@ -16,7 +16,7 @@ import numpy as np
 
 from opsloop.records import EdgeWeights, Mode
 from opsloop.controllers.edge.safety import enforce_safety, strip_unusable, usable_mask
-from opsloop.controllers.edge.scheduler import Solution, solve
+from opsloop.controllers.edge.scheduler import MAX_LATENCY_MS, MAX_RATE, Solution, solve
 
 _EPS = 1e-12
 
@@ -105,6 +105,22 @@ def _validate(obs: Observation, n_edges: int, n_origins: int) -> None:
     if not np.isfinite(obs.inputs_age_s) or obs.inputs_age_s < 0:
         raise ValueError(f"observation.inputs_age_s: expected a finite number >= 0, "
                          f"got {obs.inputs_age_s!r}")
+    # beyond what the LP takes as a number (+inf included; a law reads NaN and negatives as 0),
+    # refused before any state changes: kept in a law's history, one such reading failed every
+    # tick until it left the window
+    bounds = (("demand", obs.demand, MAX_RATE, "req/s"), ("capacity", obs.capacity, MAX_RATE, "req/s"),
+              ("latency", obs.latency, MAX_LATENCY_MS, "ms (inf: no path)"),
+              ("origin_latency_ms", obs.origin_latency_ms, MAX_LATENCY_MS, "ms"))
+    for name, values, most, unit in bounds:
+        if values is None:
+            continue
+        arr = np.asarray(values, dtype=float)
+        beyond = (arr > most) & (np.isfinite(arr) if name == "latency" else True)
+        if beyond.any():
+            idx = tuple(int(i) for i in np.argwhere(beyond)[0])
+            where = ", ".join(str(i) for i in idx)
+            raise ValueError(f"observation.{name}[{where}]: expected at most {most:g} {unit}, "
+                             f"got {float(arr[idx])!r}")
 
 
 class Controller:

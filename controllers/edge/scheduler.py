@@ -9,10 +9,12 @@ API (stable)::
 
 Inputs, E edges × O origins (numpy arrays or nested sequences):
 
-- ``demand[E]``    req/s arriving at each edge (finite, >= 0; below ``MIN_RATE`` = 1e-6 counts as 0)
-- ``capacity[O]``  req/s each origin may receive (finite, >= 0); the solver plans on
+- ``demand[E]``    req/s arriving at each edge (>= 0, at most ``MAX_RATE`` = 1e12; below ``MIN_RATE``
+                   = 1e-6 counts as 0)
+- ``capacity[O]``  req/s each origin may receive (>= 0, at most ``MAX_RATE``); the solver plans on
                    ``capacity * (1 - headroom)``
-- ``latency[E,O]`` edge→origin latency in ms (>= 0); ``inf`` (or NaN) = no path
+- ``latency[E,O]`` edge→origin latency in ms (>= 0, finite at most ``MAX_LATENCY_MS`` = 1e9);
+                   ``inf`` (or NaN) = no path
 - ``healthy[O]``   origin health
 - ``previous[E,O]`` last weights (rows summing to 1), optional: ties are broken toward them, and an
                    edge with nothing usable holds them
@@ -59,6 +61,11 @@ ArrayLike = np.ndarray | Sequence[float] | Sequence[Sequence[float]]
 FLOW_EPSILON = 1e-7
 # Demand and capacity below this (req/s) count as zero.
 MIN_RATE = 1e-6
+# Demand and capacity above this (req/s), and finite latency above MAX_LATENCY_MS, are refused:
+# HiGHS takes a bound or cost from 1e20 up as infinite, and a finite 1e308 (an infinite reading
+# through np.nan_to_num) failed the solve as "Model error" instead of naming the input
+MAX_RATE = 1e12
+MAX_LATENCY_MS = 1e9
 # Column generation: cheapest origins per edge in the first restricted LP, and a safety bound.
 _START_CANDIDATES = 8
 _MAX_PRICING_ROUNDS = 50
@@ -116,10 +123,18 @@ def _as_inputs(demand: ArrayLike, capacity: ArrayLike, latency: ArrayLike, healt
         if bad.size:
             raise SchedulerError(f"{name}[{bad[0]}]: expected a finite number >= 0, "
                                  f"got {float(arr[bad[0]])!r}")
+        bad = np.flatnonzero(arr > MAX_RATE)
+        if bad.size:
+            raise SchedulerError(f"{name}[{bad[0]}]: expected at most {MAX_RATE:g} req/s, "
+                                 f"got {float(arr[bad[0]])!r}")
     lat = np.where(np.isnan(lat), np.inf, lat)
     if (lat < 0).any():
         idx = np.argwhere(lat < 0)[0]
         raise SchedulerError(f"latency[{idx[0]}, {idx[1]}]: expected >= 0 ms, got {float(lat[tuple(idx)])!r}")
+    if (np.isfinite(lat) & (lat > MAX_LATENCY_MS)).any():
+        idx = np.argwhere(np.isfinite(lat) & (lat > MAX_LATENCY_MS))[0]
+        raise SchedulerError(f"latency[{idx[0]}, {idx[1]}]: expected at most {MAX_LATENCY_MS:g} ms "
+                             f"(inf: no path), got {float(lat[tuple(idx)])!r}")
     if not (0.0 <= headroom < 1.0):
         raise SchedulerError(f"headroom: expected 0 <= headroom < 1, got {headroom!r}")
     prev = None

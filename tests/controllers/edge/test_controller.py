@@ -293,6 +293,39 @@ def test_bad_observations_and_settings_are_named():
         EdgeController(1, 2, initial=[[0.0, 0.0]])
 
 
+@pytest.mark.parametrize("bad, needle", [
+    ({"demand": [INF, 100.0]}, "observation.demand[0]: expected at most 1e+12 req/s, got inf"),
+    ({"demand": [100.0, 1e15]}, "observation.demand[1]: expected at most 1e+12 req/s"),
+    ({"capacity": [1e13, 300.0]}, "observation.capacity[0]: expected at most 1e+12 req/s"),
+    ({"latency": [[10.0, 1e300], [80.0, 10.0]]}, "observation.latency[0, 1]: expected at most 1e+09 ms"),
+    ({"origin_latency_ms": [5.0, INF]}, "observation.origin_latency_ms[1]: expected at most 1e+09 ms"),
+])
+@pytest.mark.parametrize("kind", [EdgeController, FixedStepController])
+def test_a_reading_beyond_the_lps_numbers_is_refused_before_the_state_changes(kind, bad, needle):
+    """A demand of 1e15 req/s (or an infinite one, or a response time of inf) is refused naming the
+    field, and leaves the controller as it was: the next good observations get the decisions they
+    get without it. Before, an infinite reading went into the demand history as 1.8e308 and every
+    tick failed ("fairness LP failed: Model error") until it left the window."""
+    def good(t: int) -> Observation:
+        obs = _obs([150.0 + 40 * (t % 3), 90.0], [200.0, 300.0], [[10.0, 60.0], [80.0, 10.0]],
+                   [True, True], now=15.0 * t)
+        obs.origin_latency_ms = np.array([5.0 + t % 2, 5.0])
+        return obs
+
+    clean, hit = kind(2, 2), kind(2, 2)
+    for t in range(12):
+        if t in (4, 7):
+            fields = {"demand": good(t).demand, "capacity": good(t).capacity,
+                      "latency": good(t).latency, "origin_latency_ms": good(t).origin_latency_ms,
+                      **{k: np.asarray(v, float) for k, v in bad.items()}}
+            with pytest.raises(ValueError) as err:
+                hit.step(Observation(now=15.0 * t, healthy=np.array([True, True]), **fields))
+            assert needle in str(err.value)
+        a, b = clean.step(good(t)), hit.step(good(t))
+        np.testing.assert_array_equal(a.weights, b.weights)
+        assert (a.version, a.reason) == (b.version, b.reason)
+
+
 def test_shortfall_and_hold_raise_findings():
     from opsloop.controllers.edge.findings import HOLD_DETECTOR, SHED_DETECTOR, decision_findings
     from opsloop.records import Finding, Severity

@@ -113,6 +113,10 @@ def test_tie_break_prefers_previous_weights():
     (([1], [float("nan")], [[1]], [True]), "capacity[0]"),
     (([1], [1], [[1, 2]], [True]), "latency: expected shape (1, 1)"),
     (([1], [1], [[-1]], [True]), "latency[0, 0]: expected >= 0 ms"),
+    # finite but beyond what the LP takes as a number (HiGHS: 1e20 and up is infinite)
+    (([1e300], [1], [[1]], [True]), "demand[0]: expected at most 1e+12 req/s, got 1e+300"),
+    (([1], [1, 1e13], [[1, 1]], [True, True]), "capacity[1]: expected at most 1e+12 req/s"),
+    (([1], [1], [[1e300]], [True]), "latency[0, 0]: expected at most 1e+09 ms (inf: no path)"),
     (([1], [1], [[1]], [True, False]), "healthy: expected shape (1,)"),
     (([], [1], [[1]], [True]), "need at least one edge and one origin"),
     ((["x"], [1], [[1]], [True]), "demand: not a numeric array"),
