@@ -105,6 +105,11 @@ def _validate(obs: Observation, n_edges: int, n_origins: int) -> None:
     if not np.isfinite(obs.inputs_age_s) or obs.inputs_age_s < 0:
         raise ValueError(f"observation.inputs_age_s: expected a finite number >= 0, "
                          f"got {obs.inputs_age_s!r}")
+    capacity = np.asarray(obs.capacity, dtype=float)
+    if not (np.isfinite(capacity) & (capacity >= 0)).all():  # no law reads a meaning into it
+        o = int(np.flatnonzero(~(np.isfinite(capacity) & (capacity >= 0)))[0])
+        raise ValueError(f"observation.capacity[{o}]: expected a finite number >= 0, "
+                         f"got {float(capacity[o])!r}")
     # beyond what the LP takes as a number (+inf included; a law reads NaN and negatives as 0),
     # refused before any state changes: kept in a law's history, one such reading failed every
     # tick until it left the window

@@ -297,13 +297,15 @@ def test_bad_observations_and_settings_are_named():
     ({"demand": [INF, 100.0]}, "observation.demand[0]: expected at most 1e+12 req/s, got inf"),
     ({"demand": [100.0, 1e15]}, "observation.demand[1]: expected at most 1e+12 req/s"),
     ({"capacity": [1e13, 300.0]}, "observation.capacity[0]: expected at most 1e+12 req/s"),
+    ({"capacity": [200.0, math.nan]}, "observation.capacity[1]: expected a finite number >= 0, got nan"),
+    ({"capacity": [-1.0, 300.0]}, "observation.capacity[0]: expected a finite number >= 0, got -1.0"),
     ({"latency": [[10.0, 1e300], [80.0, 10.0]]}, "observation.latency[0, 1]: expected at most 1e+09 ms"),
     ({"origin_latency_ms": [5.0, INF]}, "observation.origin_latency_ms[1]: expected at most 1e+09 ms"),
 ])
 @pytest.mark.parametrize("kind", [EdgeController, FixedStepController])
 def test_a_reading_beyond_the_lps_numbers_is_refused_before_the_state_changes(kind, bad, needle):
-    """A demand of 1e15 req/s (or an infinite one, or a response time of inf) is refused naming the
-    field, and leaves the controller as it was: the next good observations get the decisions they
+    """A demand of 1e15 req/s (or an infinite one, or a response time of inf; or a capacity that
+    is not a number >= 0) is refused naming the field, and leaves the controller as it was: the next good observations get the decisions they
     get without it. Before, an infinite reading went into the demand history as 1.8e308 and every
     tick failed ("fairness LP failed: Model error") until it left the window."""
     def good(t: int) -> Observation:
