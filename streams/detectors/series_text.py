@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 
+from opsloop.streams.detectors.anomaly.model import MAX_ABS_VALUE
+
 
 class ReplayError(ValueError):
     """A bad input row or header; the message names the line and the offending text."""
@@ -42,4 +44,7 @@ def parse_value(text: str) -> float | None:
         raise ValueError(f"value {s!r} is not a number") from None
     if math.isinf(v):
         raise ValueError(f"value {s!r} is not finite")
+    if abs(v) > MAX_ABS_VALUE:
+        raise ValueError(f"value {s!r}: beyond ±{MAX_ABS_VALUE:g}, not a measurement the anomaly "
+                         f"detector models")
     return v

@@ -29,7 +29,7 @@ from opsloop.records import Metric
 from opsloop.topics import topic_for
 from opsloop.streams.agents.base import DetectorHandler, log, number
 from opsloop.streams.detectors.anomaly.settings import AnomalySettings, SeriesSpec
-from opsloop.streams.detectors.anomaly.model import DetectorConfig, StreamingDetector
+from opsloop.streams.detectors.anomaly.model import MAX_ABS_VALUE, DetectorConfig, StreamingDetector
 from opsloop.streams.detectors.findingbook import FindingBook
 from opsloop.streams.runtime.gauges import bounded_tags, child, label_value
 
@@ -100,6 +100,11 @@ class AnomalyHandler(DetectorHandler):
                     continue
                 value = number(m.fields, spec.field)
                 if value is None:
+                    continue
+                if abs(value) > MAX_ABS_VALUE:   # the detector refuses it: a corrupt sample
+                    self.rejected += 1
+                    log.warning("anomaly_sample_rejected", metric=m.name, field=spec.field,
+                                error=f"value {value!r}: beyond ±{MAX_ABS_VALUE:g}")
                     continue
                 key = self._key_of(spec, m.tags)
                 score = self._point(key, spec, m, value)

@@ -128,6 +128,10 @@ NEW_IN_V3 = ("zt", "zt_w", "zt_n", "pbuf", "period", "p_off", "level2", "scale2"
 EVT_BIN = 8          # z = 4: the threshold of the fitted tail
 LN2 = math.log(2.0)
 ZT_BINS = 32         # log2 bins of |z| per side: 4 per doubling from z = 1
+# the largest magnitude a value may have: the model's sums of squares (and the skewness test's
+# cubes) stay finite far beyond it; a value of 1e200 turned them to inf and NaN, and every later
+# point of that series raised (NaN has no z bin): a corrupt sample stopped the series for good
+MAX_ABS_VALUE = 1e50
 QUANTUM_HITS = 3     # a step size seen this often (in ordinary data or not) is the series' resolution
 
 
@@ -265,10 +269,15 @@ class StreamingDetector:
 
     # ----------------------------------------------------------------------------------- scoring
     def update(self, timestamp: float, value: float) -> float:
-        """Feed one point; return its anomaly score in [0, 1]."""
+        """Feed one point; return its anomaly score in [0, 1]. NaN and infinities (a gap in a
+        CSV) score 0 and are not learned; a finite value beyond ``MAX_ABS_VALUE`` is refused with a
+        ValueError before the state changes (a corrupt sample: dead-lettered by the stream)."""
         x = float(value)
         if x != x or x in (math.inf, -math.inf):
             return 0.0
+        if abs(x) > MAX_ABS_VALUE:
+            raise ValueError(f"value {x!r}: beyond ±{MAX_ABS_VALUE:g}, not a measurement the anomaly "
+                             f"detector models")
         if self.log_mode == 0 and self.cfg.log_points > 0:
             # Undecided: a positive, right-skewed series (latency, traffic volumes) is modelled in
             # log space, where its multiplicative noise is additive and a burst of x3 is the same

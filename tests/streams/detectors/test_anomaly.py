@@ -7,10 +7,12 @@ import math
 import random
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from opsloop.streams.detectors import scenarios
-from opsloop.streams.detectors.anomaly.model import DetectorConfig, StreamingDetector, score_series
+from opsloop.streams.detectors.anomaly.model import (MAX_ABS_VALUE, DetectorConfig, StreamingDetector,
+                                                     score_series)
 from opsloop.streams.detectors.evaluate_windows import window_score
 from opsloop.streams.detectors.evaluation import evaluate
 
@@ -33,6 +35,29 @@ def test_scores_always_in_unit_interval(steps: list[tuple[float, float]]) -> Non
     ts, vs = _stream(steps)
     for s in score_series(ts, vs, DetectorConfig(warmup_points=5)):
         assert 0.0 <= s <= 1.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.floats(min_value=0.001, max_value=7200.0),
+                          st.one_of(finite, st.floats(allow_nan=False, allow_infinity=False))),
+                min_size=1, max_size=150))
+def test_any_finite_value_is_scored_or_refused_and_the_series_goes_on(steps: list) -> None:
+    """Over the whole finite range (1e200, 5e-324, -1.7e308): a value beyond ``MAX_ABS_VALUE`` is
+    refused with a ValueError naming it, before the state changes (the scores after it are those of
+    a detector that never saw it); every other value scores in [0, 1], and the state stays JSON
+    without NaN. Before, one value of 1e200 turned the running sums to inf and NaN, and every later
+    point of that series raised."""
+    ts, vs = _stream(steps)
+    seen, clean = StreamingDetector(DetectorConfig(warmup_points=5)), StreamingDetector(DetectorConfig(warmup_points=5))
+    for t, v in zip(ts, vs):
+        if abs(v) > MAX_ABS_VALUE:
+            with pytest.raises(ValueError, match=r"beyond ±1e\+50"):
+                seen.update(t, v)
+            continue
+        score = seen.update(t, v)
+        assert 0.0 <= score <= 1.0
+        assert score == clean.update(t, v)
+    json.dumps(seen.to_dict(), allow_nan=False)
 
 
 @settings(max_examples=80, deadline=None)

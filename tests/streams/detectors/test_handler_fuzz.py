@@ -93,3 +93,20 @@ def test_lb_rates_handler_fuzz() -> None:
 
 def test_anomaly_handler_fuzz() -> None:
     _fuzz("anomaly")
+
+
+def test_the_anomaly_handler_rejects_a_value_its_detector_refuses_and_scores_the_series_on() -> None:
+    """1e200 watts is counted as rejected (its detector refuses it); an integer beyond a float's
+    range (the wire format takes 10**400) is no number here; the series' next good sample is
+    scored. Before, 10**400 raised OverflowError out of the handler."""
+    h = HANDLERS["anomaly"]()
+
+    def sample(value: Any, i: int) -> Metric:
+        return Metric(name="ipmi_power", tags={"host": "a"}, fields={"watts": value},
+                      timestamp=NOW - 100 + i)
+
+    h.handle([sample(150.0 + i % 3, i) for i in range(10)], NOW)
+    h.handle([sample(1e200, 10), sample(10 ** 400, 11), sample(151.0, 12)], NOW)
+    assert h.rejected == 1
+    (series,) = h.series.values()
+    assert series.last_ts == NOW - 100 + 12

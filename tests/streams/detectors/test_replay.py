@@ -60,6 +60,17 @@ def test_replay_bad_row_names_line_and_value() -> None:
     assert "line 3" in proc.stderr and "'abc'" in proc.stderr and proc.stdout == ""
 
 
+def test_a_value_beyond_the_detectors_range_is_a_bad_row() -> None:
+    """1e200 is refused like 'abc' (named with its line; --skip-bad scores it 0 and goes on): fed to
+    the detector it ended the replay with a traceback."""
+    text = "timestamp,value\n1700000000,1\n1700000060,1e200\n1700000120,2\n"
+    with pytest.raises(ReplayError, match=r"line 3: value '1e200': beyond ±1e\+50"):
+        replay(io.StringIO(text), io.StringIO())
+    out = io.StringIO()
+    assert replay(io.StringIO(text), out, skip_bad=True) == (3, 1)
+    assert [r["score"] for r in _rows(out.getvalue())][1] == "0.000000"
+
+
 def test_replay_skip_bad_scores_zero_and_counts(tmp_path: Path) -> None:
     src = tmp_path / "in.csv"
     src.write_text("timestamp,value\n1700000000,1\nyesterday,2\n1700000120,\n1700000180,3\n")
