@@ -30,7 +30,10 @@ MAX_FIELDS = 256
 
 # Finite floats are enforced in pydantic's core (no Python validator on the hot path).
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-FieldValue = FiniteFloat | int | bool | str
+# Telegraf's integer fields are int64 or uint64 (the line protocol's i and u): an integer beyond them
+# is no measurement, and beyond a float's range (JSON takes 10**400) float() raised in every handler
+FieldInt = Annotated[int, Field(ge=-(2 ** 63), le=2 ** 64 - 1)]
+FieldValue = FiniteFloat | FieldInt | bool | str
 
 
 class Metric(BaseModel):

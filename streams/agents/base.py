@@ -42,15 +42,11 @@ log = get_logger("stream.agents")
 Publication = tuple[str, Finding]   # (event: opened/updated/refreshed/cleared, finding)
 
 def number(fields: Mapping[str, Any], *names: str) -> float | None:
-    """The first of ``names`` that is a real number in ``fields`` (bools are not numbers here, nor
-    is an integer beyond a float's range: the wire format takes 10**400, float() refuses it)."""
+    """The first of ``names`` that is a real number in ``fields`` (bools are not numbers here)."""
     for n in names:
         v = fields.get(n)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            try:
-                return float(v)
-            except OverflowError:
-                continue
+            return float(v)
     return None
 
 

@@ -69,6 +69,16 @@ def test_non_finite_field_rejected() -> None:
         metric("x_y", {"v": math.inf}, timestamp=TS)
 
 
+def test_an_integer_field_is_int64_or_uint64_as_telegrafs() -> None:
+    """Built in code as on the wire, an integer beyond a float's range is refused (JSON's parser
+    refused 10**400 already; built in code it went through, and float() raised in every handler);
+    the line protocol's int64 and uint64 ends stay integers."""
+    for v in (-(2 ** 63), 2 ** 64 - 1):
+        assert metric("x_y", {"v": v}, timestamp=TS).fields["v"] == v
+    with pytest.raises(WireError, match="fields.v"):
+        metric("x_y", {"v": 10 ** 400}, timestamp=TS)
+
+
 def test_routing_and_keys() -> None:
     assert topic_for("haproxy", {}) is Topic.LB
     assert topic_for("ipvs_real_server", {}) is Topic.LB
