@@ -55,12 +55,12 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    (3 %) each time, at most ``max_derate`` (15 %), regained at ``derate_decay`` (0.97) per
    interval (:meth:`EdgeController._hidden_overload_derate`); the cut and the uplift share the
    latency budget. Every measurement is kept with the latency its clients saw.
-2. *Hold-down* (:class:`~opsloop.controllers.edge.holddown.HoldDown`): an origin that comes back healthy is planned as absent for
-   ``hold_down_intervals`` × ``hold_down_backoff``^(flaps−1) (≤ ``hold_down_max_intervals``; the
-   flap count is forgotten after that long without a change), then its capacity ramps in over
-   ``slowstart_intervals`` — Envoy's outlier-ejection back-off and HAProxy's ``slowstart``. An
-   edge with no other healthy origin may use it at once (that edge only: the others keep off
-   it until its hold-down ends).
+2. *Hold-down* (:class:`~opsloop.controllers.edge.holddown.HoldDown`): an origin that comes
+   back healthy is planned as absent for ``hold_down_intervals`` × ``hold_down_backoff``^(flaps−1)
+   (≤ ``hold_down_max_intervals``; the flap count is forgotten after that long without a change),
+   then its capacity ramps in over ``slowstart_intervals`` — Envoy's outlier-ejection back-off
+   and HAProxy's ``slowstart``. An edge with no other healthy origin may use it at once (that
+   edge only: the others keep off it until its hold-down ends).
 3. *Target* ``T = solve(D̂, capacity, latency, healthy, previous=W, headroom=h)`` (h = 5 %) on
    the demand the clients will send once no origin is overloaded (*rebound*): when the telemetry
    gives origins' response times (``Observation.origin_latency_ms``), each measurement is grown
