@@ -55,6 +55,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
+from opsloop.records.edge import MAX_RATE_RPS, MAX_RESPONSE_MS
+
 ArrayLike = np.ndarray | Sequence[float] | Sequence[Sequence[float]]
 
 # Flows below this (req/s) are solver noise, not decisions.
@@ -64,8 +66,8 @@ MIN_RATE = 1e-6
 # Demand and capacity above this (req/s), and finite latency above MAX_LATENCY_MS, are refused:
 # HiGHS takes a bound or cost from 1e20 up as infinite, and a finite 1e308 (an infinite reading
 # through np.nan_to_num) failed the solve as "Model error" instead of naming the input
-MAX_RATE = 1e12
-MAX_LATENCY_MS = 1e9
+MAX_RATE = MAX_RATE_RPS
+MAX_LATENCY_MS = MAX_RESPONSE_MS
 # Column generation: cheapest origins per edge in the first restricted LP, and a safety bound.
 _START_CANDIDATES = 8
 _MAX_PRICING_ROUNDS = 50

@@ -12,6 +12,10 @@ from opsloop.records.base import JsonRecord
 from opsloop.validation import check_number
 
 SHARE_SUM_TOLERANCE = 1e-6
+# no measurement: a rate above 1e12 req/s, a response time above 1e9 ms (the edge controller's LP
+# takes nothing beyond them as a number; one such reading in its inputs failed its ticks)
+MAX_RATE_RPS = 1e12
+MAX_RESPONSE_MS = 1e9
 
 
 class OriginState(BaseModel):
@@ -19,11 +23,11 @@ class OriginState(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rps: float = Field(ge=0.0, allow_inf_nan=False)
+    rps: float = Field(ge=0.0, le=MAX_RATE_RPS, allow_inf_nan=False)
     up: bool = True
     status: str = ""
     # HAProxy ``rtime`` (ms, mean over its last 1024 requests); None when the stats had no value
-    rtime_ms: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    rtime_ms: float | None = Field(default=None, ge=0.0, le=MAX_RESPONSE_MS, allow_inf_nan=False)
 
 
 class EdgeDemand(JsonRecord):
@@ -33,7 +37,7 @@ class EdgeDemand(JsonRecord):
 
     edge: str = Field(min_length=1)
     backend: str = Field(min_length=1)
-    demand_rps: float = Field(ge=0.0, allow_inf_nan=False)
+    demand_rps: float = Field(ge=0.0, le=MAX_RATE_RPS, allow_inf_nan=False)
     origins: dict[str, OriginState] = Field(default_factory=dict)
     timestamp: float = Field(gt=0.0, allow_inf_nan=False)  # event time of the newest rate used
 

@@ -19,6 +19,8 @@ import math
 from typing import Sequence
 
 from opsloop.records import EdgeDemand, Metric, OriginState
+from opsloop.records.edge import MAX_RATE_RPS, MAX_RESPONSE_MS
+from opsloop.streams.agents.base import log
 from opsloop.streams.lb.rates import LbRates
 
 DOWN_STATUSES = ("DOWN", "MAINT")
@@ -45,6 +47,7 @@ class DemandAggregator:
         self.status: dict[tuple[str, str, str], str] = {}   # (lb, backend, server) -> HAProxy status
         self.rtime: dict[tuple[str, str, str], float] = {}  # (lb, backend, server) -> rtime ms
         self.outbox: list[EdgeDemand] = []
+        self.refused = 0   # records not sent: a rate beyond MAX_RATE_RPS (a corrupt counter)
 
     def handle(self, metrics: Sequence[Metric], now: float) -> list[EdgeDemand]:
         fresh = self.rates.handle(metrics, now) if self._own_rates else self.rates.fresh
@@ -61,7 +64,7 @@ class DemandAggregator:
                     self.status[key] = status
                 rtime = m.fields.get("rtime")
                 if isinstance(rtime, (int, float)) and not isinstance(rtime, bool) \
-                        and math.isfinite(rtime) and rtime >= 0:
+                        and math.isfinite(rtime) and 0 <= rtime <= MAX_RESPONSE_MS:
                     self.rtime[key] = float(rtime)
         touched = sorted({(r.lb, r.proxy) for r in fresh if r.kind in ("server", "backend")})
         out = [rec for lb, backend in touched if (rec := self._record(lb, backend)) is not None]
@@ -70,18 +73,26 @@ class DemandAggregator:
 
     def _record(self, lb: str, backend: str) -> EdgeDemand | None:
         servers = self.rates.servers(lb, backend)
-        origins = {sv: OriginState(rps=max(0.0, r.rate), status=self.status.get((lb, backend, sv), ""),
-                                   up=server_up(self.status.get((lb, backend, sv))),
-                                   rtime_ms=self.rtime.get((lb, backend, sv)))
-                   for sv, r in servers.items() if math.isfinite(r.rate)}
-        if origins:
-            demand = math.fsum(o.rps for o in origins.values())
+        rates = {sv: max(0.0, r.rate) for sv, r in servers.items() if math.isfinite(r.rate)}
+        if rates:
+            demand = math.fsum(rates.values())
             ts = max(r.timestamp for r in servers.values())
         else:
             row = self.rates.latest.get((lb, "backend", backend, "BACKEND"))
             if row is None or not math.isfinite(row.rate):
                 return None
             demand, ts = max(0.0, row.rate), row.timestamp
+        if demand > MAX_RATE_RPS:
+            # no measurement (a counter that jumped by 1e18): not sent, so the controller's last
+            # good record ages into staleness (fail static) instead of a record it must refuse
+            self.refused += 1
+            log.warning("edge_demand_refused", edge=lb, backend=backend,
+                        error=f"demand {demand:g} req/s: beyond {MAX_RATE_RPS:g}")
+            return None
+        origins = {sv: OriginState(rps=rps, status=self.status.get((lb, backend, sv), ""),
+                                   up=server_up(self.status.get((lb, backend, sv))),
+                                   rtime_ms=self.rtime.get((lb, backend, sv)))
+                   for sv, rps in rates.items()}
         return EdgeDemand(edge=lb, backend=backend, demand_rps=demand, origins=origins, timestamp=ts)
 
     def drain(self) -> list[EdgeDemand]:

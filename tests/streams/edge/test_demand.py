@@ -174,3 +174,25 @@ def test_server_response_time_rides_along_and_bad_values_are_left_out() -> None:
     assert EdgeDemand.decode(rec.encode()) == rec
     with pytest.raises(ValueError, match="rtime_ms"):
         EdgeDemand.decode(rec.encode().replace(b'"rtime_ms":48.0', b'"rtime_ms":-1'))
+
+
+def test_a_rate_beyond_any_edges_is_refused_and_the_next_good_round_is_sent() -> None:
+    """A counter that jumps by 1e15 in a second (a corrupt sample) gives no record: counted and
+    logged, so the controller's last good record ages into staleness instead of one it must refuse
+    (its LP takes no rate above 1e12 req/s). The round after, from good counters, is sent; an
+    ``rtime`` beyond 1e9 ms is left out as a negative one is. The record refuses both, naming them."""
+    agg = DemandAggregator()
+    agg.handle([server("e1", "be", "a", 0, T0)], T0)
+    assert agg.handle([server("e1", "be", "a", 10 ** 15, T0 + 1)], T0 + 1) == []
+    assert agg.refused == 1
+    agg.handle([server("e1", "be", "a", 10 ** 15, T0 + 2)], T0 + 2)   # the jump's new base
+    (rec,) = agg.handle([server("e1", "be", "a", 10 ** 15 + 30, T0 + 3)], T0 + 3)
+    assert rec.demand_rps == pytest.approx(30.0) and agg.refused == 1
+    slow = metric("haproxy", {"hrsp_2xx": 10 ** 15 + 60, "status": "UP", "rtime": 2e9},
+                  {"host": "e1", "proxy": "be", "sv": "a", "type": "server"}, T0 + 4)
+    (rec,) = agg.handle([slow], T0 + 4)
+    assert rec.origins["a"].rtime_ms is None
+    with pytest.raises(ValueError, match="demand_rps"):
+        EdgeDemand.decode(b'{"edge":"e","backend":"b","demand_rps":1e15,"timestamp":1795000000}')
+    with pytest.raises(ValueError, match="rtime_ms"):
+        EdgeDemand.decode(rec.encode().replace(b'"rtime_ms":null', b'"rtime_ms":2e9'))
