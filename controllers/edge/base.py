@@ -16,7 +16,8 @@ import numpy as np
 
 from opsloop.records import EdgeWeights, Mode
 from opsloop.controllers.edge.safety import enforce_safety, strip_unusable, usable_mask
-from opsloop.controllers.edge.scheduler import MAX_LATENCY_MS, MAX_RATE, Solution, solve
+from opsloop.controllers.edge.scheduler import (MAX_LATENCY_MS, MAX_RATE, Solution, check_at_most,
+                                              check_finite_nonneg, solve)
 
 _EPS = 1e-12
 
@@ -105,27 +106,16 @@ def _validate(obs: Observation, n_edges: int, n_origins: int) -> None:
     if not np.isfinite(obs.inputs_age_s) or obs.inputs_age_s < 0:
         raise ValueError(f"observation.inputs_age_s: expected a finite number >= 0, "
                          f"got {obs.inputs_age_s!r}")
-    capacity = np.asarray(obs.capacity, dtype=float)
-    if not (np.isfinite(capacity) & (capacity >= 0)).all():  # no law reads a meaning into it
-        o = int(np.flatnonzero(~(np.isfinite(capacity) & (capacity >= 0)))[0])
-        raise ValueError(f"observation.capacity[{o}]: expected a finite number >= 0, "
-                         f"got {float(capacity[o])!r}")
+    check_finite_nonneg("observation.capacity", obs.capacity)  # no law reads a meaning into it
     # beyond what the LP takes as a number (+inf included; a law reads NaN and negatives as 0),
     # refused before any state changes: kept in a law's history, one such reading failed every
     # tick until it left the window
-    bounds = (("demand", obs.demand, MAX_RATE, "req/s"), ("capacity", obs.capacity, MAX_RATE, "req/s"),
-              ("latency", obs.latency, MAX_LATENCY_MS, "ms (inf: no path)"),
-              ("origin_latency_ms", obs.origin_latency_ms, MAX_LATENCY_MS, "ms"))
-    for name, values, most, unit in bounds:
-        if values is None:
-            continue
-        arr = np.asarray(values, dtype=float)
-        beyond = (arr > most) & (np.isfinite(arr) if name == "latency" else True)
-        if beyond.any():
-            idx = tuple(int(i) for i in np.argwhere(beyond)[0])
-            where = ", ".join(str(i) for i in idx)
-            raise ValueError(f"observation.{name}[{where}]: expected at most {most:g} {unit}, "
-                             f"got {float(arr[idx])!r}")
+    check_at_most("observation.demand", obs.demand, MAX_RATE, "req/s")
+    check_at_most("observation.capacity", obs.capacity, MAX_RATE, "req/s")
+    check_at_most("observation.latency", obs.latency, MAX_LATENCY_MS, "ms (inf: no path)",
+                  finite_only=True)
+    if obs.origin_latency_ms is not None:
+        check_at_most("observation.origin_latency_ms", obs.origin_latency_ms, MAX_LATENCY_MS, "ms")
 
 
 class Controller:

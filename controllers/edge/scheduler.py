@@ -97,6 +97,30 @@ class Solution:
         return float(self.shed.sum())
 
 
+def _first(mask: np.ndarray) -> tuple[int, ...] | None:
+    return tuple(int(i) for i in np.argwhere(mask)[0]) if mask.any() else None
+
+
+def check_finite_nonneg(name: str, values: ArrayLike) -> None:
+    """A SchedulerError naming the first entry of ``values`` that is not a finite number >= 0."""
+    arr = np.asarray(values, dtype=float)
+    idx = _first(~np.isfinite(arr) | (arr < 0))
+    if idx is not None:
+        raise SchedulerError(f"{name}[{', '.join(map(str, idx))}]: expected a finite number >= 0, "
+                             f"got {float(arr[idx])!r}")
+
+
+def check_at_most(name: str, values: ArrayLike, most: float, unit: str,
+                  finite_only: bool = False) -> None:
+    """A SchedulerError naming the first entry of ``values`` above ``most`` (+inf included, unless
+    ``finite_only``: an infinite latency is no path)."""
+    arr = np.asarray(values, dtype=float)
+    idx = _first((arr > most) & np.isfinite(arr) if finite_only else arr > most)
+    if idx is not None:
+        raise SchedulerError(f"{name}[{', '.join(map(str, idx))}]: expected at most {most:g} {unit}, "
+                             f"got {float(arr[idx])!r}")
+
+
 def _as_inputs(demand: ArrayLike, capacity: ArrayLike, latency: ArrayLike, healthy: ArrayLike,
                previous: ArrayLike | None, headroom: float
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
@@ -121,22 +145,13 @@ def _as_inputs(demand: ArrayLike, capacity: ArrayLike, latency: ArrayLike, healt
     if h.shape != (n_origins,):
         raise SchedulerError(f"healthy: expected shape ({n_origins},), got {h.shape}")
     for name, arr in (("demand", d), ("capacity", c)):
-        bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
-        if bad.size:
-            raise SchedulerError(f"{name}[{bad[0]}]: expected a finite number >= 0, "
-                                 f"got {float(arr[bad[0]])!r}")
-        bad = np.flatnonzero(arr > MAX_RATE)
-        if bad.size:
-            raise SchedulerError(f"{name}[{bad[0]}]: expected at most {MAX_RATE:g} req/s, "
-                                 f"got {float(arr[bad[0]])!r}")
+        check_finite_nonneg(name, arr)
+        check_at_most(name, arr, MAX_RATE, "req/s")
     lat = np.where(np.isnan(lat), np.inf, lat)
     if (lat < 0).any():
         idx = np.argwhere(lat < 0)[0]
         raise SchedulerError(f"latency[{idx[0]}, {idx[1]}]: expected >= 0 ms, got {float(lat[tuple(idx)])!r}")
-    if (np.isfinite(lat) & (lat > MAX_LATENCY_MS)).any():
-        idx = np.argwhere(np.isfinite(lat) & (lat > MAX_LATENCY_MS))[0]
-        raise SchedulerError(f"latency[{idx[0]}, {idx[1]}]: expected at most {MAX_LATENCY_MS:g} ms "
-                             f"(inf: no path), got {float(lat[tuple(idx)])!r}")
+    check_at_most("latency", lat, MAX_LATENCY_MS, "ms (inf: no path)", finite_only=True)
     if not (0.0 <= headroom < 1.0):
         raise SchedulerError(f"headroom: expected 0 <= headroom < 1, got {headroom!r}")
     prev = None
