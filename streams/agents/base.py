@@ -27,17 +27,26 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
+from prometheus_client import Counter
+
 from opsloop.records import Finding
 from opsloop.log import get_logger
 from opsloop.records import Metric
 from opsloop.topics import Topic
 from opsloop.streams.bounded import STATE_KEYS, Recency, count_dropped, drop_children
 from opsloop.streams.detectors.findingbook import FindingBook
-from opsloop.streams.runtime.batch import DEFAULT_MAX_CLOCK_SKEW_S
+from opsloop.streams.runtime.batch import DEFAULT_MAX_CLOCK_SKEW_S, MAX_ISOLATED_FAILURES, HandlerFailure
 
 __all__ = ["DetectorHandler", "Publication", "drop_children", "log", "number"]
 
 log = get_logger("stream.agents")
+
+REJECTED = Counter("opsloop_detector_samples_rejected_total",
+                   "Samples of a detector's metrics it could not read (a wrong type, a value out of "
+                   "range): skipped, the series goes on", ["detector"])
+# a poison stream of unreadable samples must not flood the log: one line a minute per handler,
+# naming how many went unlogged since (the counter carries the rate)
+REJECT_LOG_EVERY_S = 60.0
 
 Publication = tuple[str, Finding]   # (event: opened/updated/refreshed/cleared, finding)
 
@@ -65,6 +74,10 @@ class DetectorHandler:
         self._fed: set[str] = set()   # keys changed by process(): their samples are in the batch
         self._outbox: list[Publication] = []
         self.rejected = 0   # samples of the right name that an adapter could not read
+        self._reject_logged_at = float("-inf")   # monotonic time of the last rejected-sample log
+        self._reject_unlogged = 0
+        self._refused: dict[int, HandlerFailure] = {}   # id(sample) -> why, until drain_rejected()
+        self._refused_more = 0   # refused beyond MAX_ISOLATED_FAILURES since the last drain
         self.max_clock_skew_s = DEFAULT_MAX_CLOCK_SKEW_S
         self._seen: Recency[str] = Recency()   # state keys by receive time they were last touched
         self._now = time.time()
@@ -88,6 +101,36 @@ class DetectorHandler:
         self._expire(now)
         for book in self.changed_books():
             self._collect(book)
+
+    def reject(self, event: str, sample: Metric, error: str, **fields: Any) -> None:
+        """A sample this handler cannot read (``error`` says why): counted (``rejected``,
+        ``REJECTED``), kept for the runtime to dead-letter (:meth:`drain_rejected`), and logged as
+        ``event`` at most once every ``REJECT_LOG_EVERY_S`` per handler, with the count unlogged since."""
+        self.rejected += 1
+        REJECTED.labels(self.name).inc()
+        if id(sample) in self._refused:   # handed again (the runtime's isolation of a failure)
+            pass
+        elif len(self._refused) < MAX_ISOLATED_FAILURES:
+            self._refused[id(sample)] = HandlerFailure(self.name, error, sample)
+        else:
+            self._refused_more += 1
+        now = time.monotonic()
+        if now - self._reject_logged_at < REJECT_LOG_EVERY_S:
+            self._reject_unlogged += 1
+            return
+        log.warning(event, handler=self.name, unlogged_since=self._reject_unlogged, error=error, **fields)
+        self._reject_logged_at, self._reject_unlogged = now, 0
+
+    def drain_rejected(self) -> list[HandlerFailure]:
+        """The samples refused since the last call, to dead-letter: at most MAX_ISOLATED_FAILURES,
+        the rest in one summary (as the runtime bounds a failing handler's dead letters)."""
+        out = list(self._refused.values())
+        if self._refused_more:
+            out.append(HandlerFailure(self.name, f"refused {self._refused_more} more samples of this "
+                                                 f"batch, not dead-lettered one by one", None,
+                                      self._refused_more))
+        self._refused, self._refused_more = {}, 0
+        return out
 
     @staticmethod
     def is_replay(ts: float, last: float | None) -> bool:

@@ -18,10 +18,15 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from prometheus_client import Counter
+
 from opsloop.records import EdgeDemand, Metric, OriginState
 from opsloop.records.edge import MAX_RATE_RPS, MAX_RESPONSE_MS
 from opsloop.streams.agents.base import log
 from opsloop.streams.lb.rates import LbRates
+
+REFUSED = Counter("opsloop_edge_demand_refused_total",
+                  "Demand rounds not sent: a rate beyond 1e12 req/s (a corrupt counter)")
 
 DOWN_STATUSES = ("DOWN", "MAINT")
 
@@ -86,6 +91,7 @@ class DemandAggregator:
             # no measurement (a counter that jumped by 1e18): not sent, so the controller's last
             # good record ages into staleness (fail static) instead of a record it must refuse
             self.refused += 1
+            REFUSED.inc()
             log.warning("edge_demand_refused", edge=lb, backend=backend,
                         error=f"demand {demand:g} req/s: beyond {MAX_RATE_RPS:g}")
             return None

@@ -180,6 +180,10 @@ class Handler(Protocol):
     # :class:`FanOut` it is then given only the samples of those names (None or absent: all of them).
     # Optional ``name_filters: Mapping[str, Callable[[Metric], bool]]``: of those names, the samples
     # it may read (a test it would make itself anyway, made by the FanOut while the sample is hot).
+    # Optional ``drain_rejected() -> list[HandlerFailure]``: samples of its names it read but
+    # refused (a wrong type, a value out of range) since the last call, counted and skipped by the
+    # handler, dead-lettered by the runtime like a failure's samples (at most
+    # MAX_ISOLATED_FAILURES and one summary per batch, kept so by the handler).
 
     def handle(self, metrics: Sequence[Metric], now: float) -> None: ...
 
@@ -243,6 +247,7 @@ class FanOut:
         self._wants: list[frozenset[str] | None] = [getattr(h, "names", None) for h in self.handlers]
         self._filters: list[Mapping[str, Callable[[Metric], bool]]] = [getattr(h, "name_filters", {})
                                                                        for h in self.handlers]
+        self._rejected: list[HandlerFailure] = []   # refused samples, for drain_rejected()
         # metric name -> (position, filter or None) of the handlers that read it, built as names appear
         self._routes: dict[str, tuple[tuple[int, Callable[[Metric], bool] | None], ...]] = {}
 
@@ -271,7 +276,8 @@ class FanOut:
         self.handle_split(self.split(metrics), now)
 
     def handle_split(self, parts: Sequence[Sequence[Metric]], now: float) -> None:
-        """:meth:`handle` with the batch already split (``parts``: one per handler, as :meth:`split`)."""
+        """:meth:`handle` with the batch already split (``parts``: one per handler, as :meth:`split`).
+        The samples the handlers refused are in :meth:`drain_rejected` afterwards."""
         failures: list[HandlerFailure] = []
         # every handler is called, even with no sample of its names: it still expires its state
         for h, part in zip(self.handlers, parts):
@@ -281,8 +287,16 @@ class FanOut:
                 health.ERRORS.labels(h.name).inc()
                 log.error("handler_failed", agent=h.name, error=f"{type(e).__name__}: {e}", exc_info=True)
                 failures += isolate(h, part, now, f"{type(e).__name__}: {e}")
+            drain = getattr(h, "drain_rejected", None)
+            if drain is not None:
+                self._rejected += drain()
         if failures:
             raise HandlerFailed(failures)
+
+    def drain_rejected(self) -> list[HandlerFailure]:
+        """The samples the handlers refused since the last call (each with the handler's reason)."""
+        out, self._rejected = self._rejected, []
+        return out
 
 
 class Parts:
@@ -365,9 +379,10 @@ Highwater = Callable[[str, int], int | None]
 
 
 def failure_deadletters(agent: str, failures: Sequence[HandlerFailure],
-                        messages: Sequence[RawMessage]) -> list[DeadLetter]:
-    """One dead letter per failed sample, carrying the topic, partition, offset and key of the record it
-    came in (found by decoding the batch's records again: this runs only when a handler failed)."""
+                        messages: Sequence[RawMessage], verb: str = "failed") -> list[DeadLetter]:
+    """One dead letter per failed (``verb`` "rejected": refused) sample, carrying the topic,
+    partition, offset and key of the record it came in (found by decoding the batch's records
+    again: this runs only when a handler failed or refused a sample)."""
     where: dict[bytes, RawMessage] = {}
     if any(f.sample is not None for f in failures):
         for msg in messages:
@@ -377,7 +392,7 @@ def failure_deadletters(agent: str, failures: Sequence[HandlerFailure],
                 where.setdefault(_identity(m), msg)
     out = []
     for f in failures:
-        reason = f"handler {agent} failed: {f.handler}: {f.error}"
+        reason = f"handler {agent} {verb}: {f.handler}: {f.error}"
         if f.sample is None:
             out.append(DeadLetter(reason, "", None, None, None, {"handler": f.handler, "samples": f.not_retried}))
             continue
@@ -423,6 +438,9 @@ def decode_and_handle(agent: str, messages: Sequence[RawMessage], handler: Handl
             DeadLetter(f"handler {agent} failed: {type(e).__name__}: {e}", msg.topic, msg.partition, msg.offset,
                        msg.key, msg.value) for msg in messages if msg.value is not None)
         return batch
+    rejected = fan.drain_rejected()
+    if rejected:
+        batch.deadletters.extend(failure_deadletters(agent, rejected, messages, "rejected"))
     now = time.time()
     for topic, (_, samples, newest) in batch.per_topic.items():
         if samples:

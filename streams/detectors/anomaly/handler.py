@@ -102,9 +102,9 @@ class AnomalyHandler(DetectorHandler):
                 if value is None:
                     continue
                 if abs(value) > MAX_ABS_VALUE:   # the detector refuses it: a corrupt sample
-                    self.rejected += 1
-                    log.warning("anomaly_sample_rejected", metric=m.name, field=spec.field,
-                                error=f"value {value!r}: beyond ±{MAX_ABS_VALUE:g}")
+                    self.reject("anomaly_sample_rejected", m,
+                                f"{spec.field}: value {value!r}: beyond ±{MAX_ABS_VALUE:g}",
+                                metric=m.name, field=spec.field)
                     continue
                 key = self._key_of(spec, m.tags)
                 score = self._point(key, spec, m, value)

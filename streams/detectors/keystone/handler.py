@@ -26,7 +26,7 @@ from prometheus_client import Gauge
 from opsloop.labels import label_string
 from opsloop.records import Metric
 from opsloop.topics import Topic
-from opsloop.streams.agents.base import DetectorHandler, drop_children, log, number
+from opsloop.streams.agents.base import DetectorHandler, drop_children, number
 from opsloop.streams.detectors.keystone.settings import KeystoneSettings
 from opsloop.streams.detectors.findingbook import FindingBook
 from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, label_value
@@ -109,8 +109,7 @@ class KeystoneHandler(DetectorHandler):
                 else:
                     self._latency(host, st, m)
             except ValueError as e:
-                self.rejected += 1
-                log.warning("keystone_sample_rejected", metric=m.name, error=str(e))
+                self.reject("keystone_sample_rejected", m, str(e), metric=m.name)
                 continue
             st.last_ts[series] = m.timestamp
             self.touch(host)

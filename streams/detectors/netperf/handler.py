@@ -18,7 +18,7 @@ from prometheus_client import Gauge
 
 from opsloop.records import Metric
 from opsloop.topics import Topic
-from opsloop.streams.agents.base import DetectorHandler, drop_children, log
+from opsloop.streams.agents.base import DetectorHandler, drop_children
 from opsloop.streams.detectors.netperf.settings import NetperfSettings
 from opsloop.streams.detectors.findingbook import FindingBook
 from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, label_value
@@ -57,8 +57,7 @@ class NetperfHandler(DetectorHandler):
             try:
                 r = result_from_metric(m)
             except ValueError as e:
-                self.rejected += 1
-                log.warning("netperf_sample_rejected", error=str(e))
+                self.reject("netperf_sample_rejected", m, str(e))
                 continue
             if r is None:
                 continue

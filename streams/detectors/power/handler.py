@@ -20,7 +20,7 @@ from prometheus_client import Gauge
 
 from opsloop.records import Metric
 from opsloop.topics import Topic
-from opsloop.streams.agents.base import DetectorHandler, drop_children, log
+from opsloop.streams.agents.base import DetectorHandler, drop_children
 from opsloop.streams.detectors.power.settings import PowerSettings
 from opsloop.streams.detectors.findingbook import FindingBook
 from opsloop.streams.detectors.power.detector import (POWER_METRICS, PowerDetector, ServerSpec, power_reading,
@@ -108,8 +108,7 @@ class PowerHandler(DetectorHandler):
             try:
                 reading = power_reading(m)
             except ValueError as e:
-                self.rejected += 1
-                log.warning("power_sample_rejected", error=str(e))
+                self.reject("power_sample_rejected", m, str(e))
                 continue
             if reading is None:
                 continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 
 import orjson
@@ -188,6 +189,28 @@ def test_power_bad_sample_is_counted_not_raised() -> None:
     h.handle([metric("ipmi_power", {"watts": "n/a"}, {"host": "x"}, T0),
               metric("ipmi_power", {"watts": -3.0}, {"host": "y"}, T0)], T0)
     assert h.rejected == 2 and not h.detector.sums
+
+
+def test_unreadable_samples_are_counted_per_detector_and_logged_once_a_minute(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poison stream of unreadable samples (a string where watts go) is counted in the detector's
+    Prometheus counter, every sample, but logged once a minute: the line after the quiet minute says
+    how many went unlogged. The good sample in the same batch is still read."""
+    clock = [1000.0]
+    monkeypatch.setattr("opsloop.streams.agents.base.time.monotonic", lambda: clock[0])
+    caplog.set_level(logging.WARNING, logger="opsloop")
+    before = REGISTRY.get_sample_value("opsloop_detector_samples_rejected_total", {"detector": "power-detector"}) or 0.0
+    h = PowerHandler()
+    bad = [metric("ipmi_power", {"watts": "n/a"}, {"host": f"x{i}"}, T0) for i in range(500)]
+    h.handle(bad + [metric("ipmi_power", {"watts": 136.0}, {"host": "ok"}, T0)], T0)
+    clock[0] += 61.0
+    h.handle([metric("ipmi_power", {"watts": -1.0}, {"host": "y"}, T0 + 60)], T0 + 60)
+    after = REGISTRY.get_sample_value("opsloop_detector_samples_rejected_total", {"detector": "power-detector"})
+    assert h.rejected == 501 and after - before == 501
+    assert "ok" in h.detector.sums
+    lines = [r for r in caplog.records if getattr(r, "event", "") == "power_sample_rejected"]
+    assert [r.fields["unlogged_since"] for r in lines] == [0, 499]
+    assert "watts" in lines[0].fields["error"]
 
 
 # ------------------------------------------------------------------------------------------- netperf

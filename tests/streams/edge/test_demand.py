@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from prometheus_client import REGISTRY
 
 from opsloop.records import metric
 from opsloop.records import EdgeDemand
@@ -181,10 +182,12 @@ def test_a_rate_beyond_any_edges_is_refused_and_the_next_good_round_is_sent() ->
     logged, so the controller's last good record ages into staleness instead of one it must refuse
     (its LP takes no rate above 1e12 req/s). The round after, from good counters, is sent; an
     ``rtime`` beyond 1e9 ms is left out as a negative one is. The record refuses both, naming them."""
+    counted = REGISTRY.get_sample_value("opsloop_edge_demand_refused_total") or 0.0
     agg = DemandAggregator()
     agg.handle([server("e1", "be", "a", 0, T0)], T0)
     assert agg.handle([server("e1", "be", "a", 10 ** 15, T0 + 1)], T0 + 1) == []
     assert agg.refused == 1
+    assert REGISTRY.get_sample_value("opsloop_edge_demand_refused_total") == counted + 1
     agg.handle([server("e1", "be", "a", 10 ** 15, T0 + 2)], T0 + 2)   # the jump's new base
     (rec,) = agg.handle([server("e1", "be", "a", 10 ** 15 + 30, T0 + 3)], T0 + 3)
     assert rec.demand_rps == pytest.approx(30.0) and agg.refused == 1

@@ -9,6 +9,7 @@ import time
 
 from bench.stream_workload import Msg
 from opsloop.records import metric
+from opsloop.streams.detectors.power.handler import PowerHandler
 from opsloop.streams.runtime.batch import MAX_ISOLATED_FAILURES, FanOut, decode_and_handle
 from opsloop.wire import encode_batch
 
@@ -79,3 +80,29 @@ def test_a_plain_handler_is_isolated_too() -> None:
     batch = decode_and_handle("lb", batch_of_records(), poisoned)
     assert [dl.offset for dl in batch.deadletters] == [1000 + POISON[0]]
     assert len(poisoned.handled) == RECORDS * PER_RECORD - 1
+
+
+def test_a_sample_a_detector_refuses_is_dead_lettered_with_its_record_and_the_rest_handled() -> None:
+    """A sample of the right name that a detector cannot read (watts "n/a": valid on the wire, no
+    power reading) is not a handler failure but is no silent drop either: counted, and dead-lettered
+    with its record's topic, partition and offset and the detector's reason. A record of such samples
+    gives a bounded number of dead letters (one summary for the rest); the good samples are handled."""
+    now = time.time()
+    bad = metric("ipmi_power", {"watts": "n/a"}, {"host": "h-bad"}, timestamp=now)
+    good = metric("ipmi_power", {"watts": 136.0}, {"host": "h-ok"}, timestamp=now)
+    msgs = [Msg("telemetry.ipmi", 1, 500, b"h-bad", encode_batch([bad, good]))]
+    power = PowerHandler()
+    batch = decode_and_handle("detectors", msgs, FanOut("detectors", [power]))
+    (dl,) = batch.deadletters
+    assert dl.reason.startswith("handler detectors rejected: power-detector: ") and "watts" in dl.reason
+    assert (dl.topic, dl.partition, dl.offset, dl.key) == ("telemetry.ipmi", 1, 500, b"h-bad")
+    assert dl.value["tags"] == {"host": "h-bad"} and power.rejected == 1
+    assert "h-ok" in power.detector.sums
+
+    flood = [metric("ipmi_power", {"watts": "n/a"}, {"host": f"h{i}"}, timestamp=now) for i in range(300)]
+    batch = decode_and_handle("detectors", [Msg("telemetry.ipmi", 1, 501, b"x", encode_batch(flood))],
+                              FanOut("detectors", [power]))
+    *samples, summary = batch.deadletters
+    assert len(samples) == MAX_ISOLATED_FAILURES and all(d.offset == 501 for d in samples)
+    assert summary.value == {"handler": "power-detector", "samples": 300 - MAX_ISOLATED_FAILURES}
+    assert power.rejected == 301
