@@ -21,6 +21,8 @@ from typing import Any, Callable
 from kafka.errors import KafkaError
 
 from opsloop.config import KafkaSettings
+from opsloop.records import deadletter_record
+from opsloop.topics import Topic
 from opsloop.kafka_security import (KafkaSecurityError, KafkaUnreachable, faust_credentials, kafka_python_options,
                                     preflight)
 
@@ -95,3 +97,17 @@ def connect_with_retry(connect: Callable[[], None], stop: threading.Event, servi
         stop.wait(delay)
         delay = min(delay * 2, max_s)
     return False
+
+
+def send_deadletter(producer: Any, kafka: KafkaSettings, reason: str, *, source_topic: str,
+                    partition: int | None, offset: int | None, key: bytes | None, value: Any,
+                    stage: str, log: Any) -> None:
+    """Keep a consumed record a service refused on the dead-letter topic, in the stream stage's
+    shape (:func:`opsloop.records.deadletter_record`). Never raises: the caller has counted the
+    refusal already, and a broker hiccup must not stop the service (it is logged)."""
+    try:
+        producer.send(kafka.topic(Topic.DEADLETTER), key=key, value=deadletter_record(
+            reason, topic=source_topic, partition=partition, offset=offset, key=key, value=value,
+            stage=stage))
+    except Exception as e:  # noqa: BLE001
+        log.error("deadletter_failed", stage=stage, error=f"{type(e).__name__}: {e}"[:300])

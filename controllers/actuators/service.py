@@ -38,7 +38,8 @@ from typing import Any
 from opsloop.audit.trail import AuditLog
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
-from opsloop.kafka_clients import client_options, connect_with_retry, kafka_settings, preflight_or_exit
+from opsloop.kafka_clients import (client_options, connect_with_retry, kafka_settings, preflight_or_exit,
+                                   send_deadletter)
 from opsloop.log import get_logger
 
 from opsloop.controllers.actuators import metrics
@@ -120,10 +121,13 @@ class ActuatorService:
                                            linger_ms=5, max_block_ms=5000, request_timeout_ms=5000)
 
     # -- one step --------------------------------------------------------------------------------
-    def handle_records(self, records: list[tuple[bytes | None, bytes | None]]) -> int:
-        """Queue the newest decision per (listener, edge) of ours; returns how many were queued."""
+    def handle_records(self, records: list[tuple[bytes | None, bytes | None]],
+                       origins: list[tuple[int | None, int | None]] | None = None) -> int:
+        """Queue the newest decision per (listener, edge) of ours; returns how many were queued.
+        A record of ours that is no valid decision is counted and dead-lettered (``origins``: each
+        record's partition and offset, for the dead letter)."""
         queued = 0
-        for key, value in records:
+        for i, (key, value) in enumerate(records):
             if key:
                 _, _, key_edge = key.decode("utf-8", "replace").rpartition("|")
                 if key_edge and key_edge not in self.edges:
@@ -133,6 +137,7 @@ class ActuatorService:
             except ValueError as e:
                 metrics.REJECTED.inc()
                 log.warning("decision_rejected", reason=str(e)[:300])
+                self._deadletter(key, value, str(e), origins[i] if origins else (None, None))
                 continue
             if d.edge not in self.edges:
                 continue
@@ -144,6 +149,13 @@ class ActuatorService:
                 slot.pending = d
                 queued += 1
         return queued
+
+    def _deadletter(self, key: bytes | None, value: bytes | None, reason: str,
+                    origin: tuple[int | None, int | None]) -> None:
+        if self._producer is not None:
+            send_deadletter(self._producer, self.kafka, reason, source_topic=self.kafka.topic(self.config.topic),
+                            partition=origin[0], offset=origin[1], key=key, value=value, stage="actuator",
+                            log=log)
 
     def tick(self, now: float) -> None:
         """Apply what is pending (when its back-off allows), then check for fail static. One slot's
@@ -230,9 +242,10 @@ class ActuatorService:
         timeout = min([self.config.poll_timeout_s, *waits])
         polled = self._consumer.poll(timeout_ms=max(10, int(timeout * 1000)))
         metrics.ASSIGNED.set(len(self._consumer.assignment()))
-        records = [(r.key, r.value) for recs in polled.values() for r in recs]
+        polled_records = [r for recs in polled.values() for r in recs]
+        records = [(r.key, r.value) for r in polled_records]
         if records:
-            self.handle_records(records)
+            self.handle_records(records, [(r.partition, r.offset) for r in polled_records])
         self.tick(time.monotonic())
         if records and all(s.pending is None for s in self.slots.values()):
             self._consumer.commit()

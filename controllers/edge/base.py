@@ -93,7 +93,7 @@ class Proposal:
                    shed_rps=solution.shed, held_edges=list(solution.held_edges))
 
 
-def _validate(obs: Observation, n_edges: int, n_origins: int) -> None:
+def _validate(obs: Observation, n_edges: int, n_origins: int, stale_after_s: float) -> None:
     if np.shape(obs.demand) != (n_edges,) or np.shape(obs.capacity) != (n_origins,) \
             or np.shape(obs.latency) != (n_edges, n_origins) or np.shape(obs.healthy) != (n_origins,):
         raise ValueError(f"observation: expected shapes demand ({n_edges},), capacity ({n_origins},), "
@@ -107,15 +107,19 @@ def _validate(obs: Observation, n_edges: int, n_origins: int) -> None:
         raise ValueError(f"observation.inputs_age_s: expected a finite number >= 0, "
                          f"got {obs.inputs_age_s!r}")
     check_finite_nonneg("observation.capacity", obs.capacity)  # no law reads a meaning into it
-    # beyond what the LP takes as a number (+inf included; a law reads NaN and negatives as 0),
-    # refused before any state changes: kept in a law's history, one such reading failed every
-    # tick until it left the window
+    # beyond what the LP takes as a number (+inf included), refused before any state changes:
+    # kept in a law's history, one such reading failed every tick until it left the window
     check_at_most("observation.demand", obs.demand, MAX_RATE, "req/s")
     check_at_most("observation.capacity", obs.capacity, MAX_RATE, "req/s")
     check_at_most("observation.latency", obs.latency, MAX_LATENCY_MS, "ms (inf: no path)",
                   finite_only=True)
     if obs.origin_latency_ms is not None:
         check_at_most("observation.origin_latency_ms", obs.origin_latency_ms, MAX_LATENCY_MS, "ms")
+    if obs.inputs_age_s <= stale_after_s:
+        # a fresh observation's demand is a measurement to plan on: NaN (none) or a negative rate
+        # is no rate, and read as 0 it let the plan put that edge's traffic anywhere (an edge of
+        # no demand weighs nothing in the LP); stale inputs may carry NaN (unknown): they are held
+        check_finite_nonneg("observation.demand", obs.demand)
 
 
 class Controller:
@@ -166,7 +170,7 @@ class Controller:
                         now_s=float(obs.now), stale=stale)
 
     def step(self, obs: Observation) -> Decision:
-        _validate(obs, self.n_edges, self.n_origins)
+        _validate(obs, self.n_edges, self.n_origins, self.stale_after_s)
         zeros = np.zeros(self.n_edges)
         if obs.inputs_age_s > self.stale_after_s:
             why = f"stale inputs: age {obs.inputs_age_s:.0f}s > {self.stale_after_s:.0f}s"

@@ -19,10 +19,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
-from opsloop.kafka_clients import client_options, connect_with_retry, kafka_settings, preflight_or_exit
+from opsloop.kafka_clients import (client_options, connect_with_retry, kafka_settings, preflight_or_exit,
+                                   send_deadletter)
 from opsloop.log import get_logger
-from opsloop.records import deadletter_record
-from opsloop.topics import Topic
 
 from opsloop.controllers.paging import metrics
 from opsloop.controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError, Backoff
@@ -133,15 +132,10 @@ class PagingService:
     def _deadletter(self, raw: bytes | None, reason: str,
                     origin: tuple[int | None, int | None, bytes | None]) -> None:
         """Keep what was not a finding for inspection (the stream stage's dead-letter topic and shape)."""
-        if self._producer is None:
-            return
-        try:
+        if self._producer is not None:
             partition, offset, key = origin
-            self._producer.send(self.kafka.topic(Topic.DEADLETTER), value=deadletter_record(
-                reason, topic=self.topic, partition=partition, offset=offset, key=key, value=raw,
-                stage="paging"))
-        except Exception as e:  # noqa: BLE001 - counted above already; never stop paging for it
-            log.error("deadletter_failed", error=str(e)[:300])
+            send_deadletter(self._producer, self.kafka, reason, source_topic=self.topic, partition=partition,
+                            offset=offset, key=key, value=raw, stage="paging", log=log)
 
     def deliver(self, now: float) -> int:
         """Post what is due (unless backing off); returns the number of alerts delivered."""

@@ -103,7 +103,7 @@ class EdgeService:
             return self
         self.loop = ControlLoop(self.store, self.book, self.cfg.controller_settings(), self.publisher,
                                 recovered)
-        self.consumer = DemandConsumer(kafka, self.book).start()
+        self.consumer = DemandConsumer(kafka, self.book, deadletter=self.publisher.deadletter).start()
         if self.cfg.api.enabled:
             token = self.token if self.token is not None else read_token(self.cfg.api)
             self.api = EdgeApi(self.store, token, self.loop.status, self.loop.weights)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from kafka import KafkaConsumer, TopicPartition
 
@@ -89,9 +89,11 @@ class DemandBook:
 class DemandConsumer:
     """Reads ``edge.demand`` from its end in a daemon thread into a :class:`DemandBook`."""
 
-    def __init__(self, kafka: KafkaSettings | str, book: DemandBook, topic: str = Topic.EDGE_DEMAND.value) -> None:
+    def __init__(self, kafka: KafkaSettings | str, book: DemandBook, topic: str = Topic.EDGE_DEMAND.value,
+                 deadletter: Callable[[Any, str], None] | None = None) -> None:
         self.kafka = kafka_settings(kafka)   # a bootstrap string means PLAINTEXT, no topic prefix
         self.book = book
+        self.deadletter = deadletter   # (consumer record, reason): where a record that is no demand goes
         self.topic = self.kafka.topic(topic)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -141,6 +143,8 @@ class DemandConsumer:
                             self.book.reject("invalid")
                             log.warning("demand_record_rejected", offset=r.offset, partition=r.partition,
                                         error=str(e)[:300])
+                            if self.deadletter is not None:
+                                self.deadletter(r, str(e))
         finally:
             consumer.close()
 

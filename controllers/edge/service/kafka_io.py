@@ -8,6 +8,7 @@ older versions) and damps from the weights in force, not from scratch.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
@@ -15,7 +16,7 @@ from opsloop.records import EdgeWeights
 from opsloop.controllers.edge.service import metrics as M
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding
-from opsloop.kafka_clients import client_options, kafka_settings
+from opsloop.kafka_clients import client_options, kafka_settings, send_deadletter
 from opsloop.log import get_logger
 from opsloop.topics import Topic
 
@@ -49,6 +50,13 @@ class DecisionPublisher:
             return
         fut.add_errback(lambda e: (M.PUBLISH_ERRORS.labels(topic).inc(),
                                    log.warning("publish_failed", topic=topic, key=key, error=str(e))))
+
+    def deadletter(self, record: Any, reason: str) -> None:
+        """Keep a consumed record that was refused (``record``: a Kafka consumer record) on the
+        dead-letter topic, in the stream stage's shape. Never raises (a broker hiccup is logged)."""
+        send_deadletter(self.producer, self.kafka, reason, source_topic=record.topic,
+                        partition=record.partition, offset=record.offset, key=record.key,
+                        value=record.value, stage="edge-control", log=log)
 
     def close(self) -> None:
         self.producer.close(timeout=5)

@@ -196,7 +196,8 @@ def simulate(scn: Scenario, kind: str) -> Run:
     n_steps = int(round(scn.duration_s / scn.dt_s))
     per_tick = int(round(scn.interval_s / scn.dt_s))
     n_ticks = n_steps // per_tick
-    noise = 1.0 + scn.noise * rng.standard_normal((n_ticks + 1, len(scn.edges)))
+    # a rate read off counters is never below 0 (at noise 0.5 one draw in 40 would be)
+    noise = np.clip(1.0 + scn.noise * rng.standard_normal((n_ticks + 1, len(scn.edges))), 0.0, None)
     # true demand noise from its own stream: adding it leaves the measurement noise sequence alone
     demand_rng = np.random.default_rng([scn.seed, 1])
     noise_period = max(1, int(round((scn.demand_noise_period_s or scn.interval_s) / scn.dt_s)))

@@ -8,6 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import orjson
 from hypothesis import given, settings, strategies as st
 
 from opsloop.audit.trail import AuditLog
@@ -178,6 +179,28 @@ def test_records_fuzz_never_crash(records) -> None:
         svc, target, sent, sink, edge = _service(Path(tmp))
         assert svc.handle_records(records) == 0
         assert target.writes == []
+
+
+def test_a_record_of_ours_that_is_no_decision_is_dead_lettered_and_the_good_one_applied(tmp_path: Path) -> None:
+    """A record keyed for our edge that is no decision (not JSON; a weight of -1) is counted and
+    kept on the dead-letter topic with the reason, the source topic, partition, offset and key;
+    another edge's record is not ours to judge; the good decision in the same poll is applied."""
+    svc, target, sent, sink, edge = _service(tmp_path)
+    key = f"l|{edge}".encode()
+    good = decision(2, {"a": 0.5, "b": 0.5}, edge=edge, listener="l").encode()
+    negative = good.replace(b'"a":0.5', b'"a":-1.0')
+    assert negative != good
+    before = metrics.REJECTED._value.get()
+    records = [(key, b"{not json"), (key, negative), (b"l|other-edge", b"junk"), (key, good)]
+    assert svc.handle_records(records, [(3, 100 + i) for i in range(len(records))]) == 1
+    svc.tick(time.monotonic())
+    assert sink.results == ["applied"] and sink.records[0].version == 2
+    assert metrics.REJECTED._value.get() - before == 2
+    dls = [(k, orjson.loads(v)) for topic, k, v in sent if topic == "telemetry.deadletter"]
+    assert [d["value"] for _, d in dls] == ["{not json", negative.decode()]
+    assert [(d["partition"], d["offset"]) for _, d in dls] == [(3, 100), (3, 101)]
+    assert all(k == key and d["key"] == key.decode() and d["stage"] == "actuator"
+               and d["source_topic"] == "edge.weights" and d["reason"] for k, d in dls)
 
 
 def test_newest_version_of_a_poll_wins(tmp_path: Path) -> None:

@@ -29,8 +29,10 @@ class Clocks:
 
 
 class Rec:
-    def __init__(self, key: bytes, value: bytes) -> None:
-        self.key, self.value = key, value
+    """A consumer record's fields the actuator reads."""
+
+    def __init__(self, key: bytes, value: bytes, partition: int = 0, offset: int = 0) -> None:
+        self.key, self.value, self.partition, self.offset = key, value, partition, offset
 
 
 class Consumer:

@@ -296,6 +296,8 @@ def test_bad_observations_and_settings_are_named():
 @pytest.mark.parametrize("bad, needle", [
     ({"demand": [INF, 100.0]}, "observation.demand[0]: expected at most 1e+12 req/s, got inf"),
     ({"demand": [100.0, 1e15]}, "observation.demand[1]: expected at most 1e+12 req/s"),
+    ({"demand": [math.nan, 100.0]}, "observation.demand[0]: expected a finite number >= 0, got nan"),
+    ({"demand": [100.0, -5.0]}, "observation.demand[1]: expected a finite number >= 0, got -5.0"),
     ({"capacity": [1e13, 300.0]}, "observation.capacity[0]: expected at most 1e+12 req/s"),
     ({"capacity": [200.0, math.nan]}, "observation.capacity[1]: expected a finite number >= 0, got nan"),
     ({"capacity": [-1.0, 300.0]}, "observation.capacity[0]: expected a finite number >= 0, got -1.0"),
@@ -326,6 +328,21 @@ def test_a_reading_beyond_the_lps_numbers_is_refused_before_the_state_changes(ki
         a, b = clean.step(good(t)), hit.step(good(t))
         np.testing.assert_array_equal(a.weights, b.weights)
         assert (a.version, a.reason) == (b.version, b.reason)
+
+
+@pytest.mark.parametrize("kind", [EdgeController, FixedStepController])
+def test_a_demand_of_nan_is_refused_fresh_and_held_stale(kind):
+    """A fresh observation with no demand reading for an edge (NaN) is refused, not planned as an
+    edge of zero demand (whose traffic the plan may put anywhere: it weighs nothing in the LP). The
+    same reading in stale inputs is what stale inputs are: the last weights are held."""
+    ctrl = kind(2, 2)
+    lat, cap = [[10.0, 60.0], [80.0, 10.0]], [200.0, 300.0]
+    first = ctrl.step(_obs([150.0, 90.0], cap, lat, [True, True], now=0.0))
+    with pytest.raises(ValueError, match=r"observation.demand\[1\]: expected a finite number >= 0"):
+        ctrl.step(_obs([150.0, math.nan], cap, lat, [True, True], now=15.0))
+    held = ctrl.step(_obs([150.0, math.nan], cap, lat, [True, True], now=30.0, age=1e4))
+    assert held.stale and held.version == first.version
+    np.testing.assert_array_equal(held.weights, first.weights)
 
 
 def test_shortfall_and_hold_raise_findings():

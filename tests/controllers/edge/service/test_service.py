@@ -93,3 +93,35 @@ def test_demand_to_weights_findings_and_restart(kafka_bootstrap: str) -> None:
     finally:
         svc2.stop()
         producer.close()
+
+
+def test_a_record_that_is_no_demand_is_dead_lettered_and_the_next_good_one_read(kafka_bootstrap: str) -> None:
+    """Garbage on edge.demand (not JSON; JSON with a negative rate) is refused, counted and kept on
+    the dead-letter topic with the reason, the source topic, partition, offset and key, as the
+    stream stage keeps its own; the good record behind it is read."""
+    listener, edge = unique("svc"), unique("lb")
+    key = f"be-{listener}|{edge}".encode()
+    good = EdgeDemand(edge=edge, backend=f"be-{listener}", demand_rps=30.0,
+                      origins={"near": OriginState(rps=30.0)}, timestamp=time.time())
+    negative = good.encode().replace(b'"demand_rps":30.0', b'"demand_rps":-30.0')
+    assert negative != good.encode()
+    svc = service(kafka_bootstrap, listener, edge)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    try:
+        assert svc.consumer is not None and svc.consumer.assigned.wait(30)
+        for value in (b"{not json", negative, good.encode()):
+            producer.send(Topic.EDGE_DEMAND.value, key=key, value=value)
+        producer.flush()
+        wait_until(lambda: svc.book.get(f"be-{listener}", edge) is not None, timeout=30, what="good demand read")
+        assert svc.book.get(f"be-{listener}", edge).demand_rps == 30.0
+        dls = wait_until(lambda: len(d := [orjson.loads(r.value) for r in
+                                           read_topic(kafka_bootstrap, Topic.DEADLETTER.value)
+                                           if r.key == key]) >= 2 and d, timeout=30, what="dead letters")
+        assert [d["value"] for d in dls] == ["{not json", negative.decode()]
+        assert all(d["stage"] == "edge-control" and d["source_topic"] == Topic.EDGE_DEMAND.value
+                   and d["offset"] is not None and d["key"] == key.decode() for d in dls)
+        assert "demand_rps" in dls[1]["reason"]
+        assert svc.book.rejected == 2
+    finally:
+        svc.stop()
+        producer.close()
