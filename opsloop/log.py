@@ -104,5 +104,35 @@ def setup_logging(service: str, level: str = "info", stream: Any = None) -> None
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+class Sampled:
+    """One line per ``every_s`` per key for an event that can repeat without bound (a poison
+    stream's refused records): the first at once, then the next one due, naming how many were
+    left out since (``unlogged_since``). The event's counter carries the rate; the log must not
+    turn a flood of bad input into a flood of lines.
+
+        REFUSED_LOG = Sampled(60.0)
+        REFUSED_LOG.warning(log, "record_rejected", key=agent, reason=...)
+    """
+
+    MAX_KEYS = 1000   # keys may come from data: the table stays bounded
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        self.every_s = every_s
+        self._last: dict[str, tuple[float, int]] = {}   # key -> (monotonic time logged, left out since)
+
+    def warning(self, log: "EventLogger", event: str, key: str = "", **fields: Any) -> bool:
+        """Log ``event`` unless a line for ``key`` went out within ``every_s``; True when logged."""
+        now = time.monotonic()
+        last, left_out = self._last.get(key, (float("-inf"), 0))
+        if now - last < self.every_s:
+            self._last[key] = (last, left_out + 1)
+            return False
+        if len(self._last) >= self.MAX_KEYS and key not in self._last:
+            self._last.clear()
+        self._last[key] = (now, 0)
+        log.warning(event, unlogged_since=left_out, **fields)
+        return True
+
+
 def get_logger(name: str) -> EventLogger:
     return EventLogger(logging.getLogger(f"opsloop.{name}"))

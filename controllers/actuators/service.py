@@ -40,7 +40,7 @@ from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
 from opsloop.kafka_clients import (client_options, connect_with_retry, kafka_settings, preflight_or_exit,
                                    send_deadletter)
-from opsloop.log import get_logger
+from opsloop.log import Sampled, get_logger
 
 from opsloop.controllers.actuators import metrics
 from opsloop.controllers.actuators.applier import EdgeActuator
@@ -52,6 +52,7 @@ from opsloop.controllers.actuators.store import WeightStore
 from opsloop.records import EdgeWeights
 
 log = get_logger("actuator.service")
+REJECT_LOG = Sampled(60.0)   # a poison stream: one line a minute (the counter counts each)
 FAIL_STATIC_DETECTOR = "edge.fail_static"
 # Results that show the controller's decisions reach the LB: only these refresh freshness.
 FRESH_RESULTS = frozenset({"applied", "noop", "dry_run", "shadow"})
@@ -136,7 +137,7 @@ class ActuatorService:
                 d = EdgeWeights.decode(value)
             except ValueError as e:
                 metrics.REJECTED.inc()
-                log.warning("decision_rejected", reason=str(e)[:300])
+                REJECT_LOG.warning(log, "decision_rejected", reason=str(e)[:300])
                 self._deadletter(key, value, str(e), origins[i] if origins else (None, None))
                 continue
             if d.edge not in self.edges:

@@ -21,7 +21,7 @@ from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
 from opsloop.kafka_clients import (client_options, connect_with_retry, kafka_settings, preflight_or_exit,
                                    send_deadletter)
-from opsloop.log import get_logger
+from opsloop.log import Sampled, get_logger
 
 from opsloop.controllers.paging import metrics
 from opsloop.controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError, Backoff
@@ -31,6 +31,7 @@ from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.mapping import Links
 
 log = get_logger("paging")
+REJECT_LOG = Sampled(60.0)   # a poison stream: one line a minute (the counter counts each)
 
 AUDIT_ACTIONS = {"open": "page_opened", "resolve": "page_resolved", "severity_changed": "page_severity_changed"}
 
@@ -107,7 +108,7 @@ class PagingService:
                 finding = Finding.decode(raw)
             except ValueError as e:
                 metrics.REJECTED.inc()
-                log.warning("finding_rejected", reason=str(e)[:300])
+                REJECT_LOG.warning(log, "finding_rejected", reason=str(e)[:300])
                 self._deadletter(raw, str(e), origins[i] if origins else (None, None, None))
                 continue
             try:

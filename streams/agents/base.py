@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from prometheus_client import Counter
 
 from opsloop.records import Finding
-from opsloop.log import get_logger
+from opsloop.log import Sampled, get_logger
 from opsloop.records import Metric
 from opsloop.topics import Topic
 from opsloop.streams.bounded import STATE_KEYS, Recency, count_dropped, drop_children
@@ -74,8 +74,7 @@ class DetectorHandler:
         self._fed: set[str] = set()   # keys changed by process(): their samples are in the batch
         self._outbox: list[Publication] = []
         self.rejected = 0   # samples of the right name that an adapter could not read
-        self._reject_logged_at = float("-inf")   # monotonic time of the last rejected-sample log
-        self._reject_unlogged = 0
+        self._reject_log = Sampled(REJECT_LOG_EVERY_S)
         self._refused: dict[int, HandlerFailure] = {}   # id(sample) -> why, until drain_rejected()
         self._refused_more = 0   # refused beyond MAX_ISOLATED_FAILURES since the last drain
         self.max_clock_skew_s = DEFAULT_MAX_CLOCK_SKEW_S
@@ -114,12 +113,7 @@ class DetectorHandler:
             self._refused[id(sample)] = HandlerFailure(self.name, error, sample)
         else:
             self._refused_more += 1
-        now = time.monotonic()
-        if now - self._reject_logged_at < REJECT_LOG_EVERY_S:
-            self._reject_unlogged += 1
-            return
-        log.warning(event, handler=self.name, unlogged_since=self._reject_unlogged, error=error, **fields)
-        self._reject_logged_at, self._reject_unlogged = now, 0
+        self._reject_log.warning(log, event, handler=self.name, error=error, **fields)
 
     def drain_rejected(self) -> list[HandlerFailure]:
         """The samples refused since the last call, to dead-letter: at most MAX_ISOLATED_FAILURES,

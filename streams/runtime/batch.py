@@ -21,12 +21,14 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Protoc
 import orjson
 from prometheus_client import Counter
 
-from opsloop.log import get_logger
+from opsloop.log import Sampled, get_logger
 from opsloop.records import Metric, deadletter_record
 from opsloop.wire import Parsed, Rejected, parse_record
 from opsloop.streams.runtime import health
 
 log = get_logger("stream")
+# a poison topic dead-letters every record: one log line a minute per agent (the counter counts each)
+DEADLETTER_LOG = Sampled(60.0)
 
 
 @dataclass(slots=True)
@@ -462,8 +464,8 @@ async def process_batch(agent: str, messages: Sequence[RawMessage], handler: Han
         batch.metrics = []
     for dl in batch.deadletters:
         health.DEADLETTERED.labels(dl.topic or "handler").inc()
-        log.warning("deadlettered", agent=agent, source_topic=dl.topic, partition=dl.partition, offset=dl.offset,
-                    reason=dl.reason[:300])
+        DEADLETTER_LOG.warning(log, "deadlettered", key=agent, agent=agent, source_topic=dl.topic,
+                               partition=dl.partition, offset=dl.offset, reason=dl.reason[:300])
         try:
             await send_deadletter(dl)
         except Exception as e:  # noqa: BLE001

@@ -8,7 +8,7 @@ import logging
 import orjson
 import pytest
 
-from opsloop.log import get_logger, setup_logging
+from opsloop.log import Sampled, get_logger, setup_logging
 
 
 class _BadRepr:
@@ -38,3 +38,28 @@ def test_any_field_value_is_one_json_line(value: object, shown: object, capsys: 
     assert doc["event"] == "odd_value"
     assert doc["fields"] == {"v": shown, "n": 1}
     assert "Logging error" not in capsys.readouterr().err
+
+
+def test_a_repeating_event_is_logged_once_a_minute_per_key_with_the_count_left_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poison stream's 1,000 refusals in a minute make one line, not 1,000; the next line, a
+    minute on, says how many were left out; another key (another agent) has its own minute; the
+    table of keys (which may come from data) stays bounded."""
+    clock = [500.0]
+    monkeypatch.setattr("opsloop.log.time.monotonic", lambda: clock[0])
+    stream = io.StringIO()
+    setup_logging("test", stream=stream)
+    try:
+        log, sampled = get_logger("t"), Sampled(60.0)
+        logged = [sampled.warning(log, "record_rejected", key="a", n=i) for i in range(1000)]
+        assert logged == [True] + [False] * 999
+        assert sampled.warning(log, "record_rejected", key="b", n=0)
+        clock[0] += 60.0
+        assert sampled.warning(log, "record_rejected", key="a", n=1000)
+        for k in range(3 * Sampled.MAX_KEYS):
+            sampled.warning(log, "record_rejected", key=f"k{k}")
+        assert len(sampled._last) <= Sampled.MAX_KEYS
+    finally:
+        logging.getLogger().handlers[:] = []
+    docs = [orjson.loads(line) for line in stream.getvalue().splitlines()][:3]
+    assert [(d["fields"]["n"], d["fields"]["unlogged_since"]) for d in docs] == [(0, 0), (0, 0), (1000, 999)]

@@ -20,11 +20,12 @@ from kafka import KafkaConsumer, TopicPartition
 from opsloop.controllers.edge.service import metrics as M
 from opsloop.config import KafkaSettings
 from opsloop.kafka_clients import client_options, kafka_settings
-from opsloop.log import get_logger
+from opsloop.log import Sampled, get_logger
 from opsloop.topics import Topic
 from opsloop.records import EdgeDemand
 
 log = get_logger("controller.edge.inputs")
+INVALID_LOG = Sampled(60.0)   # a poison stream: one line a minute (the counter counts each)
 MAX_CLOCK_SKEW_S = 5.0
 TTL_S = 3600.0
 PRUNE_EVERY_S = 60.0
@@ -141,8 +142,8 @@ class DemandConsumer:
                             self.book.update(EdgeDemand.decode(r.value))
                         except ValueError as e:
                             self.book.reject("invalid")
-                            log.warning("demand_record_rejected", offset=r.offset, partition=r.partition,
-                                        error=str(e)[:300])
+                            INVALID_LOG.warning(log, "demand_record_rejected", offset=r.offset,
+                                                partition=r.partition, error=str(e)[:300])
                             if self.deadletter is not None:
                                 self.deadletter(r, str(e))
         finally:
