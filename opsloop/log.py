@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -116,13 +116,14 @@ class Sampled:
 
     MAX_KEYS = 1000   # keys may come from data: the table stays bounded
 
-    def __init__(self, every_s: float = 60.0) -> None:
+    def __init__(self, every_s: float = 60.0, clock: Callable[[], float] | None = None) -> None:
         self.every_s = every_s
+        self.clock = clock   # None: time.monotonic, looked up at each call
         self._last: dict[str, tuple[float, int]] = {}   # key -> (monotonic time logged, left out since)
 
     def warning(self, log: "EventLogger", event: str, key: str = "", **fields: Any) -> bool:
         """Log ``event`` unless a line for ``key`` went out within ``every_s``; True when logged."""
-        now = time.monotonic()
+        now = self.clock() if self.clock is not None else time.monotonic()
         last, left_out = self._last.get(key, (float("-inf"), 0))
         if now - last < self.every_s:
             self._last[key] = (last, left_out + 1)

@@ -23,7 +23,7 @@ class _LPTargetController(Controller):
         super().__init__(n_edges, n_origins, self.settings.stale_after_s, 1.0, initial, origin_names)
 
     def _lp_target(self, obs: Observation) -> tuple[np.ndarray, Solution]:
-        estimate = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
+        estimate = np.asarray(obs.demand, dtype=float)   # fresh: finite, >= 0 (Controller.step)
         return estimate, solve(estimate, obs.capacity, obs.latency, obs.healthy, previous=self.weights,
                                headroom=self.settings.headroom)
 

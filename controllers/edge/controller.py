@@ -676,7 +676,7 @@ class EdgeController(Controller):
 
     def _propose(self, obs: Observation) -> Proposal:
         s = self.settings
-        measured = np.clip(np.nan_to_num(np.asarray(obs.demand, dtype=float)), 0.0, None)
+        measured = np.asarray(obs.demand, dtype=float)   # fresh: finite, >= 0 (Controller.step)
         self._load_read = None if self.weights is None \
             else (self.weights * measured[:, None]).sum(axis=0)
         latency = np.asarray(obs.latency, dtype=float)

@@ -25,7 +25,6 @@ from opsloop.topics import Topic
 from opsloop.records import EdgeDemand
 
 log = get_logger("controller.edge.inputs")
-INVALID_LOG = Sampled(60.0)   # a poison stream: one line a minute (the counter counts each)
 MAX_CLOCK_SKEW_S = 5.0
 TTL_S = 3600.0
 PRUNE_EVERY_S = 60.0
@@ -40,7 +39,8 @@ class DemandBook:
         self.ttl_s = ttl_s
         self.clock = clock
         self._pruned_at = clock()
-        self._warned_at = float("-inf")
+        # a poison stream must not flood the log: one line per reason a minute (the counter counts each)
+        self._reject_log = Sampled(PRUNE_EVERY_S, clock=clock)
         self.received = 0
         self.rejected = 0
 
@@ -49,12 +49,9 @@ class DemandBook:
         now = self.clock()
         key = (rec.backend, rec.edge)
         if rec.timestamp > now + self.max_clock_skew_s:
-            self.reject("future")
-            if now - self._warned_at >= PRUNE_EVERY_S:   # a poison stream must not flood the log
-                self._warned_at = now
-                log.warning("demand_record_rejected", backend=rec.backend, edge=rec.edge,
-                            reason=f"timestamp {rec.timestamp} is {rec.timestamp - now:.0f}s in the future "
-                                   f"(> max_clock_skew_s {self.max_clock_skew_s})")
+            self.reject("future", backend=rec.backend, edge=rec.edge,
+                        error=f"timestamp {rec.timestamp} is {rec.timestamp - now:.0f}s in the future "
+                              f"(> max_clock_skew_s {self.max_clock_skew_s})")
             return False
         with self._lock:
             self.received += 1
@@ -65,9 +62,11 @@ class DemandBook:
                 self._prune(now)
         return True
 
-    def reject(self, reason: str) -> None:
+    def reject(self, reason: str, **fields: Any) -> None:
+        """Count a refused record (``reason``: invalid, future) and log it, sampled per reason."""
         self.rejected += 1
         M.DEMAND_REJECTED.labels(reason).inc()
+        self._reject_log.warning(log, "demand_record_rejected", key=reason, reason=reason, **fields)
 
     def _prune(self, now: float) -> None:
         """Under the lock: drop keys silent for ttl_s."""
@@ -141,9 +140,8 @@ class DemandConsumer:
                         try:
                             self.book.update(EdgeDemand.decode(r.value))
                         except ValueError as e:
-                            self.book.reject("invalid")
-                            INVALID_LOG.warning(log, "demand_record_rejected", offset=r.offset,
-                                                partition=r.partition, error=str(e)[:300])
+                            self.book.reject("invalid", offset=r.offset, partition=r.partition,
+                                             error=str(e)[:300])
                             if self.deadletter is not None:
                                 self.deadletter(r, str(e))
         finally:
