@@ -105,11 +105,11 @@ class DetectorHandler:
         """A sample this handler cannot read (``error`` says why): counted (``rejected``,
         ``REJECTED``), kept for the runtime to dead-letter (:meth:`drain_rejected`), and logged as
         ``event`` at most once every ``REJECT_LOG_EVERY_S`` per handler, with the count unlogged since."""
+        if id(sample) in self._refused:   # handed again (the runtime's isolation of a failure)
+            return
         self.rejected += 1
         REJECTED.labels(self.name).inc()
-        if id(sample) in self._refused:   # handed again (the runtime's isolation of a failure)
-            pass
-        elif len(self._refused) < MAX_ISOLATED_FAILURES:
+        if len(self._refused) < MAX_ISOLATED_FAILURES:
             self._refused[id(sample)] = HandlerFailure(self.name, error, sample)
         else:
             self._refused_more += 1
