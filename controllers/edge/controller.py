@@ -12,8 +12,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    last ``demand_window`` (2) measurements — a rise is seen at once, a fall after 2 intervals.
    On a *ramp* (three rises in a row, ``ramp_threshold`` per interval on average and clearly
    above the measured noise — σ at least ``ramp_noise_floor``, as σ read off a few draws runs
-   low and three noisy draws then read as a ramp — or two large ones; one still rising stays a
-   ramp; an interval of a big latency change counts with its smaller reading, raw or
+   low and three noisy draws then read as a ramp — or two large ones, read once σ is known; one
+   still rising stays a ramp; an interval of a big latency change counts with its smaller reading, raw or
    corrected by the elasticity seen, unless it holds a step) one more interval of it is added; a step (a big rise, then the clients'
    transient) is not carried on, nor read as a ramp when the two calm intervals before it
    happened to rise. With three edges or more, two rises of the median across edges

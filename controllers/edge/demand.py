@@ -136,7 +136,10 @@ class DemandModel:
             # slowly (half-life ~13 intervals)
             sigma = np.maximum(sigma, self.sigma * 0.95)
             self.sigma = sigma
-        if s.anticipate_ramp and len(changes) >= 3:
+        # a ramp is read only once σ is known (five changes), as a step is: before, its bar is
+        # the measurement-noise floor, and on ±20 % demand three rising draws made a ramp whose
+        # room shed a quarter of an edge onto a far origin for eight intervals (noise 43 #4)
+        if s.anticipate_ramp and len(changes) >= 5:
             # a ramp rises three times running, by more than the threshold and clearly more than
             # the noise (the mean of three rises has sd √2·σ/3: 2.5 of those); one more interval
             # of its mean rise is added, or of the latest when that is under a third of the
