@@ -23,6 +23,9 @@ import numpy as np
 from opsloop.controllers.edge.settings import ControllerSettings
 
 _EPS = 1e-12
+# σ (the demand's own noise) is read off this many interval-to-interval changes; a ramp and a
+# step are read only from then on (before, noisy draws read as either)
+SIGMA_CHANGES = 5
 # a big move: the latency an edge's clients see changes by more than 10 % (log) in an interval
 _BIG_MOVE = 0.1
 
@@ -124,7 +127,7 @@ class DemandModel:
             np.sign(c[1:]) == np.sign(c[:-1])) & (np.abs(c[1:]) < 0.5 * np.abs(c[:-1]))
         steps[1:] |= steps[:-1].copy()
         for_sigma = np.where(steps, np.nan, changes)
-        if len(changes) >= 5:
+        if len(changes) >= SIGMA_CHANGES:
             second = np.diff(for_sigma, axis=0)
             valid = (~np.isnan(second)).sum(axis=0) >= 4
             if valid.any():
@@ -136,10 +139,10 @@ class DemandModel:
             # slowly (half-life ~13 intervals)
             sigma = np.maximum(sigma, self.sigma * 0.95)
             self.sigma = sigma
-        # a ramp is read only once σ is known (five changes), as a step is: before, its bar is
-        # the measurement-noise floor, and on ±20 % demand three rising draws made a ramp whose
+        # a ramp is read only once σ is known, as a step is: before, its bar is the
+        # measurement-noise floor, and on ±20 % demand three rising draws made a ramp whose
         # room shed a quarter of an edge onto a far origin for eight intervals (noise 43 #4)
-        if s.anticipate_ramp and len(changes) >= 5:
+        if s.anticipate_ramp and len(changes) >= SIGMA_CHANGES:
             # a ramp rises three times running, by more than the threshold and clearly more than
             # the noise (the mean of three rises has sd √2·σ/3: 2.5 of those); one more interval
             # of its mean rise is added, or of the latest when that is under a third of the
@@ -177,13 +180,12 @@ class DemandModel:
                 & steady3 & ~step_shape & ~self.step_seen
             mean_rise, last_rise = (hist[-1] - hist[-4]) / 3, hist[-1] - hist[-2]
             # the clients' own rise: raw rises over intervals of our sheds (traffic moved
-            # farther, elastic clients slowing) understate the ramp; only once σ is known and for
-            # demand the headroom's noise allowance covers (on noisy demand our moves follow
-            # draws, and the correction amplifies them)
-            if len(changes) >= 5:
-                own = np.diff(raw_logs + self.elasticity_seen() * log_latency, axis=0)[-3:].mean(axis=0)
-                quiet = self.uplift <= s.noisy_uplift
-                mean_rise = np.where(quiet, np.maximum(mean_rise, hist[-1] * np.expm1(own)), mean_rise)
+            # farther, elastic clients slowing) understate the ramp; only for demand the
+            # headroom's noise allowance covers (on noisy demand our moves follow draws, and the
+            # correction amplifies them)
+            own = np.diff(raw_logs + self.elasticity_seen() * log_latency, axis=0)[-3:].mean(axis=0)
+            quiet = self.uplift <= s.noisy_uplift
+            mean_rise = np.where(quiet, np.maximum(mean_rise, hist[-1] * np.expm1(own)), mean_rise)
             slope = np.where(last3[-1] >= mean_change / 3, mean_rise,
                              np.minimum(mean_rise, last_rise))
             # a fast ramp is over before it rose three times: two steady rises, each well above
@@ -243,7 +245,7 @@ class DemandModel:
         plain = estimate
         estimate, stepped = self._step_level(hist, logs, changes, sigma, estimate, rising,
                                              was_rising)
-        if len(changes) >= 5:
+        if len(changes) >= SIGMA_CHANGES:
             uplift = np.clip(self._z * sigma - s.headroom, 0.0, s.max_uplift)
             # σ read off a few draws jumps (0.008 early, 0.15 late for a true 0.10): the uplift
             # follows it by at most uplift_rate per interval, so one jump of the estimate does
@@ -502,7 +504,7 @@ class DemandModel:
         plan relaxes back."""
         s = self.settings
         stepped = np.zeros(len(estimate), dtype=bool)
-        if s.step_extrapolation > 1.0 and len(changes) >= 5:
+        if s.step_extrapolation > 1.0 and len(changes) >= SIGMA_CHANGES:
             change_sd = self._change_sd(sigma)
             rise = logs[-1] - logs[-4:-1].mean(axis=0)
             with np.errstate(invalid="ignore"):  # NaN: an interval of a big move of ours

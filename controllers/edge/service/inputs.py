@@ -40,7 +40,7 @@ class DemandBook:
         self.clock = clock
         self._pruned_at = clock()
         # a poison stream must not flood the log: one line per reason a minute (the counter counts each)
-        self._reject_log = Sampled(PRUNE_EVERY_S, clock=clock)
+        self._reject_log = Sampled(clock=clock)
         self.received = 0
         self.rejected = 0
 
