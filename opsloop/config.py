@@ -19,9 +19,12 @@ names both keys); it runs once every section is valid alone.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import math
 import os
+import pkgutil
+import re
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -198,7 +201,25 @@ class Settings(_Section):
         return out
 
 
+# A collector's name is a folder name: no dot (a key "netperf.__main__" imported, and so ran, a submodule).
+_COLLECTOR_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def collector_names() -> list[str]:
+    """The packages under collectors/ (folders with an __init__.py); collectors/telegraf is configuration only."""
+    # looked up by name, not imported: the core finds the stage's plugins without depending on them
+    spec = importlib.util.find_spec("opsloop.collectors")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return sorted(m.name for m in pkgutil.iter_modules(locations) if m.ispkg)
+
+
 def collector_config_model(name: str) -> type[BaseModel]:
+    """The ``Config`` model of collector ``name``; ValueError unless ``name`` is a collector's folder.
+
+    ``name`` comes from the file or the environment: it is checked before anything is imported."""
+    known = collector_names()
+    if not isinstance(name, str) or not _COLLECTOR_NAME.fullmatch(name) or name not in known:
+        raise ValueError(f"unknown collector {name!r} (known: {', '.join(known)})")
     try:
         mod = importlib.import_module(f"opsloop.collectors.{name}")
     except ModuleNotFoundError:

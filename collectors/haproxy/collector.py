@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from opsloop.collect import CollectError, Round
-from opsloop.lb.haproxy import HaproxyAPI, HaproxyError, StatParseError, parse_show_stat
+from opsloop.lb.haproxy import HaproxyAPI, HaproxyError, StatParseError, parse_show_stat_rows
 from opsloop.records import Metric, metric
 from opsloop.validation import WireError
 
@@ -30,9 +31,14 @@ def row_to_metric(row: dict[str, str], lb: str, timestamp: float) -> Metric:
             fields[k] = int(v)
         except ValueError:
             try:
-                fields[k] = float(v)
+                x = float(v)
             except ValueError:
                 fields[k] = v
+                continue
+            # float() reads "nan", "inf" and "1e999" (overflow): no counter HAProxy keeps is any of them.
+            if not math.isfinite(x):
+                raise WireError(f"fields.{k}: {v[:40]!r} is not a finite number")
+            fields[k] = x
     tags = {"host": lb, "proxy": row.get("pxname", ""), "sv": row.get("svname", ""),
             "type": ROW_TYPES.get(row.get("type", ""), "unknown")}
     return metric("haproxy", fields, tags, timestamp)
@@ -50,7 +56,7 @@ class HaproxyCollector:
         try:
             text = HaproxyAPI(path, self.timeout_s).show_stat()
             ts = time.time()
-            rows = parse_show_stat(text)
+            rows, bad = parse_show_stat_rows(text)
         except HaproxyError as e:
             return [], CollectError(lb, "unreachable", str(e))
         except StatParseError as e:
@@ -62,7 +68,10 @@ class HaproxyCollector:
             try:
                 out.append(row_to_metric(row, lb, ts))
             except WireError as e:
-                return out, CollectError(lb, "parse", f"row {row.get('pxname')}/{row.get('svname')}: {e}")
+                # One bad row costs that row only; the rows after it are still good samples.
+                bad.append(f"row {row.get('pxname')}/{row.get('svname')}: {e}")
+        if bad:
+            return out, CollectError(lb, "parse", f"{len(bad)} show stat row(s) refused; first: {bad[0]}")
         return out, None
 
     def collect(self) -> Round:

@@ -112,9 +112,14 @@ def parse_sdr_csv(text: str) -> list[SdrSensor]:
         if not name:
             raise ParseError(f"SDR line {line[:60]!r} has no sensor name", text)
         value: float | None = None
+        is_watts = unit.strip().lower() == "watts"
         if _FLOAT.match(value_s.strip()):
             value = float(value_s)
-        elif value_s.strip() and unit.strip().lower() == "watts":
+            # A drawn power is never negative: ipmitool printed a garbled (sign-converted) raw reading.
+            if is_watts and value < 0:
+                raise ParseError(f"SDR sensor {name[:40]!r} reads {value_s.strip()[:20]} Watts, a negative power "
+                                 f"(garbled reading?)", text)
+        elif value_s.strip() and is_watts:
             raise ParseError(f"SDR sensor {name[:40]!r} has reading {value_s[:20]!r}, not a number", text)
         sensors.append(SdrSensor(name=name, value=value, unit=unit.strip() if value is not None else "",
                                  status=status, entity=entity, sensor_type=sensor_type))
@@ -123,6 +128,8 @@ def parse_sdr_csv(text: str) -> list[SdrSensor]:
 
 _POWERISH = re.compile(r"pwr|power|watt", re.IGNORECASE)
 _TOTALISH = re.compile(r"consum|total|system|sys\b|input power|pwr meter|power meter", re.IGNORECASE)
+# "PSU1 Input Power", "PS2 Power In", "PSU 1 Pwr": one supply's share, never the host's total by itself.
+_PER_PSU = re.compile(r"\bPSU?\s*\d+", re.IGNORECASE)
 
 
 def power_sensors(sensors: list[SdrSensor], preferred: str | None = None) -> list[SdrSensor]:
@@ -140,8 +147,9 @@ def power_sensors(sensors: list[SdrSensor], preferred: str | None = None) -> lis
 def pick_total(sensors: list[SdrSensor], preferred: str | None = None) -> tuple[str, float] | None:
     """Choose the host's total draw from its power sensors (those with a reading).
 
-    Order: the configured sensor; a sensor named like a total ("Pwr Consumption", "Total Power");
-    the only one; else the sum of all (BMCs that only report per-PSU input power).
+    Order: the configured sensor; a sensor named like a total ("Pwr Consumption", "Total Power") that
+    is not numbered after a supply; the only one; else the sum of all (BMCs that only report
+    per-PSU input power: "PSU1 Input Power" + "PSU2 Input Power").
     Returns (sensor label, watts) or None when no power sensor has a reading.
     """
     read = [s for s in sensors if s.value is not None]
@@ -150,7 +158,7 @@ def pick_total(sensors: list[SdrSensor], preferred: str | None = None) -> tuple[
         return (chosen[0].name, chosen[0].value) if chosen else None  # type: ignore[return-value]
     if not read:
         return None
-    totals = [s for s in read if _TOTALISH.search(s.name)]
+    totals = [s for s in read if _TOTALISH.search(s.name) and not _PER_PSU.search(s.name)]
     if totals:
         return totals[0].name, totals[0].value  # type: ignore[return-value]
     if len(read) == 1:

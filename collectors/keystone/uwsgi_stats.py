@@ -9,6 +9,7 @@ or a path starting with ``/`` (unix socket), ``http://127.0.0.1:1717`` (``--stat
 from __future__ import annotations
 
 import json
+import math
 import socket
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import requests
 from opsloop.bounded_http import request as bounded_request
 
 MAX_STATS_BYTES = 8 * 1024 * 1024  # a stats document is a few KB per worker
+_MAX_COUNTER = 2**64  # uWSGI keeps its counters in 64 bits: a larger number is not one of them
 
 
 class StatsError(Exception):
@@ -101,6 +103,12 @@ def _int(d: dict[str, Any], key: str, where: str) -> int:
     v = d.get(key, 0)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise StatsError("parse", f"uWSGI stats {where}.{key} is {v!r}, not a number")
+    # json.loads reads NaN, Infinity and 1e400 as floats that int() refuses; uWSGI's counters are 64-bit.
+    if isinstance(v, float) and not math.isfinite(v):
+        raise StatsError("parse", f"uWSGI stats {where}.{key} is {v!r}, not a finite number")
+    if abs(v) >= _MAX_COUNTER:
+        shown = f"{v:.3g}" if isinstance(v, float) else f"an integer of {v.bit_length()} bits"
+        raise StatsError("parse", f"uWSGI stats {where}.{key} is {shown}, beyond a 64-bit counter")
     return int(v)
 
 
@@ -109,6 +117,9 @@ def parse(raw: bytes) -> ServerStats:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise StatsError("parse", f"uWSGI stats is not JSON ({e}); starts with {raw[:80]!r}") from None
+    except RecursionError:
+        # A hostile or broken server's "[[[[..." is nested deeper than the decoder's stack.
+        raise StatsError("parse", f"uWSGI stats JSON is nested too deeply to read; starts with {raw[:80]!r}") from None
     if not isinstance(doc, dict):
         raise StatsError("parse", f"uWSGI stats is a JSON {type(doc).__name__}, expected an object")
     workers_raw = doc.get("workers")

@@ -10,6 +10,7 @@ measured. Sets run one after another: two sets measured at once would share the 
 from __future__ import annotations
 
 import collections
+import math
 import os
 import random
 import shutil
@@ -20,6 +21,7 @@ from typing import Callable
 
 from opsloop.collect.types import CollectError, CollectorUnavailable, Round
 from opsloop.records import Metric, metric
+from opsloop.validation import WireError
 
 from opsloop.collectors.netperf.config import Config, Target, TargetSet
 from opsloop.collectors.netperf.drivers import TEST, Driver, Outcome, driver_for
@@ -129,7 +131,11 @@ class NetperfCollector:
             timeout_s = min(tset.run_s + tset.timeout_margin_s, remaining)
             self._record_run(self._run_once(tset, driver, targets, timeout_s), targets, result)
         duration_s = self._clock() - started
-        rnd.metrics.extend(self._samples(tset, targets, result, started_at, duration_s))
+        try:
+            rnd.metrics.extend(self._samples(tset, targets, result, started_at, duration_s))
+        except WireError as e:
+            # This set's samples are unusable; the other sets of the round still report theirs.
+            rnd.errors.append(CollectError(tset.name, "parse", f"samples do not fit the wire format: {e}"))
         for target, failed in result.failures.items():
             if failed:
                 kind = collections.Counter(o.kind for o in failed).most_common(1)[0][0]
@@ -164,6 +170,13 @@ class NetperfCollector:
             bad = [o for o in outs if not o.ok]
             if good:
                 bps = sum(r.bits_per_second for r in good)
+                if not math.isfinite(bps) or not math.isfinite(total + bps):
+                    # Each stream was finite but their sum overflows: no usable figure for this target.
+                    bad.append(Outcome(target, kind="parse",
+                                       message=f"{target}: {len(good)} stream(s) sum to a non-finite bit rate "
+                                               f"(largest {max(r.bits_per_second for r in good):g} bits/s)"))
+                    good = []
+            if good:
                 total += bps
                 any_ok = True
                 if not bad:

@@ -100,6 +100,10 @@ def result_from_omni(values: dict[str, str], text: str = "") -> StreamResult:
         bps = to_bits_per_second(throughput, values["THROUGHPUT_UNITS"])
     except UnitError as e:
         raise ParseError(f"{e}: {preview(text)}") from None
+    # A finite reading can overflow once scaled (1e308 GBytes/s): check what we emit, not what was read.
+    if not math.isfinite(bps):
+        raise ParseError(f"THROUGHPUT {values['THROUGHPUT'][:40]!r} {values['THROUGHPUT_UNITS'][:20]} is not a "
+                         f"finite bit rate once converted to bits/s: {preview(text)}")
     elapsed = _number(values["ELAPSED_TIME"], "ELAPSED_TIME", text) if values.get("ELAPSED_TIME") else None
     return StreamResult(bits_per_second=bps, elapsed_s=elapsed, protocol=values.get("PROTOCOL") or None)
 

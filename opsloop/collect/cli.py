@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
-import pkgutil
 import sys
 
 from pydantic import ValidationError
@@ -17,7 +15,7 @@ from pydantic import ValidationError
 from opsloop.collect.publisher import Publisher
 from opsloop.collect.runner import run_loop, run_once
 from opsloop.collect.types import CollectorUnavailable, Round
-from opsloop.config import ConfigError, load_settings
+from opsloop.config import ConfigError, collector_names, load_settings
 from opsloop.kafka_clients import preflight_or_exit
 from opsloop.log import get_logger, setup_logging
 from opsloop.metrics import serve_service_metrics, stop_on_signals
@@ -32,11 +30,8 @@ EPILOG = """examples:
 
 
 def available_collectors() -> list[str]:
-    """The packages under collectors/ (folders with an __init__.py); collectors/telegraf is configuration only."""
-    # looked up by name, not imported: the core finds the stage's plugins without depending on them
-    spec = importlib.util.find_spec("opsloop.collectors")
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    return sorted(m.name for m in pkgutil.iter_modules(locations) if m.ispkg)
+    """The packages under collectors/ (the names a config file may give under ``collectors``)."""
+    return collector_names()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -97,8 +97,15 @@ class StatParseError(ValueError):
     pass
 
 
-def parse_show_stat(text: str) -> list[dict[str, str]]:
-    """Parse ``show stat`` CSV (header ``# pxname,svname,...``) into one dict per row (strings)."""
+def parse_show_stat_rows(text: str) -> tuple[list[dict[str, str]], list[str]]:
+    """Parse ``show stat`` CSV (header ``# pxname,svname,...``) into one dict per row (strings),
+    and one message per refused row.
+
+    A data row must have as many fields as the header (HAProxy ends both with the same trailing
+    comma): a shorter one is a reply torn mid-row, and zipping it would emit a cut number (a stot
+    of 121 read as 12) as good. Such rows are refused and named; the other rows are kept.
+    A missing or wrong header refuses the whole output (StatParseError).
+    """
     if not text.startswith("# "):
         raise StatParseError(f"show stat output does not start with the '# pxname,...' header: {text[:80]!r}")
     lines = text[2:].splitlines()
@@ -109,9 +116,25 @@ def parse_show_stat(text: str) -> list[dict[str, str]]:
         raise StatParseError("show stat output has no header") from None
     if len(header) < 2 or header[0] != "pxname" or header[1] != "svname":
         raise StatParseError(f"show stat header does not start with pxname,svname: {header[:3]!r}")
-    rows = []
-    for i, row in enumerate(reader, start=2):
-        if len(row) < 2:
-            raise StatParseError(f"show stat line {i}: {len(row)} columns, expected {len(header)}")
-        rows.append({h: v for h, v in zip(header, row) if h})
+    rows: list[dict[str, str]] = []
+    errors: list[str] = []
+    try:
+        for i, row in enumerate(reader, start=2):
+            if len(row) != len(header):
+                name = "/".join(row[:2])[:80] or "?"
+                errors.append(f"show stat line {i} ({name}): {len(row)} columns, expected {len(header)} "
+                              f"(torn reply?)")
+                continue
+            rows.append({h: v for h, v in zip(header, row) if h})
+    except csv.Error as e:  # a NUL byte or a field past csv's size limit: the rest cannot be split
+        errors.append(f"show stat line {reader.line_num + 1}: {e}")
+    return rows, errors
+
+
+def parse_show_stat(text: str) -> list[dict[str, str]]:
+    """All rows of ``show stat``, or StatParseError naming the first refused row (see
+    :func:`parse_show_stat_rows`, which keeps the good rows of a partly bad reply)."""
+    rows, errors = parse_show_stat_rows(text)
+    if errors:
+        raise StatParseError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
     return rows

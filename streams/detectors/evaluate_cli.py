@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ReplayError(f"{path}: {e}") from None
             if not found.timestamps:
                 raise ReplayError(f"{path}: no rows with a value")
+            if found.unordered:
+                print(f"evaluate: {path}: {found.unordered} row(s) not after the row before, scored in "
+                      f"file order; first: {found.first_unordered}", file=sys.stderr)
             files.append(found)
         # In a labelled corpus a file without a label column is normal operation (SKAB's anomaly-free file).
         any_labels = any(f.labels is not None for f in files)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Sequence
@@ -36,6 +37,10 @@ class LabelledFile:
     timestamps: list[float]
     channels: dict[str, list[float]]     # column name -> values, in the file's column order
     labels: list[int] | None             # None: the file has no label column
+    # rows whose time is not after the row before (kept, in file order), and the first of them: a
+    # local-time series repeats an hour at a DST change; scored as read, but said
+    unordered: int = 0
+    first_unordered: str = ""
 
 
 def read_labelled(path: Path, columns: Sequence[str] = ()) -> LabelledFile:
@@ -76,6 +81,23 @@ def row_values(row: Sequence[str], value_cols: Sequence[tuple[int, str]], named:
     return vals
 
 
+# SKAB writes 0.0/1.0, Yahoo S5 0/1; anything else ('nan', 'yes', '2') is not a label we can score against.
+_LABEL = re.compile(r"[01](?:\.0*)?")
+
+
+def parse_label(cell: str, column: str) -> int:
+    """0 or 1 from a label cell: 0/1, 0.0/1.0, true/false (any case); empty is 0. Else ValueError
+    naming the column (a 'nan' label used to count as an anomaly)."""
+    text = cell.strip()
+    if not text or text.lower() == "false":
+        return 0
+    if text.lower() == "true":
+        return 1
+    if _LABEL.fullmatch(text):
+        return int(text[0])
+    raise ValueError(f"column {column!r}: label {text[:40]!r} is not 0 or 1")
+
+
 def _read(path: Path, columns: Sequence[str]) -> LabelledFile:
     with path.open(newline="", encoding="utf-8") as f:
         delim, header, ti, value_cols = read_header(f.readline(), columns)
@@ -85,6 +107,8 @@ def _read(path: Path, columns: Sequence[str]) -> LabelledFile:
         chans: list[list[float]] = [[] for _ in value_cols]
         labels: list[int] = []
         last: list[float | None] = [None] * len(value_cols)
+        prev: tuple[int, float, str] | None = None    # (line, time, text) of the last row read
+        unordered, first_unordered = 0, ""
         for line, row in enumerate(csv.reader(f, delimiter=delim), start=2):
             if not row or not any(c.strip() for c in row):
                 continue
@@ -92,11 +116,16 @@ def _read(path: Path, columns: Sequence[str]) -> LabelledFile:
                 if len(row) < len(header):
                     raise ValueError(f"expected {len(header)} columns, got {len(row)}")
                 t = parse_timestamp(row[ti])
+                # unsorted or repeated time blurs the sampling step the detector learns: said, not
+                # refused (a whole corpus must not fail on one file's DST hour)
+                if prev is not None and t <= prev[1]:
+                    unordered += 1
+                    first_unordered = first_unordered or (
+                        f"line {line}: timestamp {row[ti].strip()[:40]!r} is not after line "
+                        f"{prev[0]}'s {prev[2][:40]!r}")
+                prev = (line, t, row[ti].strip())
                 vals = row_values(row, value_cols)
-                lab = 0
-                if li is not None:
-                    text = row[li].strip()
-                    lab = 1 if text and float(text) != 0.0 else 0
+                lab = 0 if li is None else parse_label(row[li], header[li].strip())
             except ValueError as e:
                 raise ReplayError(f"line {line}: {e}") from None
             if all(v is None for v in vals):
@@ -109,7 +138,7 @@ def _read(path: Path, columns: Sequence[str]) -> LabelledFile:
             ts.append(t)
             labels.append(lab)
     return LabelledFile(ts, {name: c for (_, name), c in zip(value_cols, chans)},
-                        labels if li is not None else None)
+                        labels if li is not None else None, unordered, first_unordered)
 
 
 def value_columns(header: list[str], wanted: Sequence[str] = ()) -> tuple[int, list[tuple[int, str]]]:

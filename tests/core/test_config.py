@@ -6,6 +6,7 @@ registered; the services rejected them only when they started.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,12 +38,29 @@ def write(tmp_path: Path, doc: dict) -> Path:
      "streams.detectors.anomaly.enabeld: unknown setting"),
     ({"audit": {"max_buffered": 0}}, "audit.max_buffered: Input should be greater than or equal to 1 (got 0)"),
     ({"collectors": {"nosuch": {}}}, "collectors.nosuch: unknown collector 'nosuch'"),
+    # dotted names used to import (and so run) a submodule, or validate against one
+    ({"collectors": {"netperf.__main__": {}}}, "collectors.netperf.__main__: unknown collector 'netperf.__main__'"),
+    ({"collectors": {"ipmi.config": {}}}, "collectors.ipmi.config: unknown collector 'ipmi.config'"),
+    ({"collectors": {"IPMI": {}}}, "collectors.IPMI: unknown collector 'IPMI' (known: haproxy, ipmi, "),
 ])
 def test_check_rejects_each_bad_file_with_its_path(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                     doc: dict, line: str) -> None:
     assert config_main(["check", str(write(tmp_path, doc))]) == 2
     err = capsys.readouterr().err
     assert line in err, err
+
+
+def test_collector_name_is_checked_before_anything_is_imported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # `collectors: {netperf.__main__: {}}` ran the netperf CLI (sys.exit) during `config check`.
+    monkeypatch.delitem(sys.modules, "opsloop.collectors.netperf.__main__", raising=False)
+    assert config_main(["check", str(write(tmp_path, {"collectors": {"netperf.__main__": {}}}))]) == 2
+    assert "unknown collector 'netperf.__main__'" in capsys.readouterr().err
+    assert "opsloop.collectors.netperf.__main__" not in sys.modules
+    # the same name from the environment
+    monkeypatch.setenv("OPSLOOP__COLLECTORS__IPMI.CONFIG__HOSTS", "[]")
+    with pytest.raises(ConfigError, match=r"collectors\.ipmi\.config: unknown collector 'ipmi\.config'"):
+        load_settings(None, discover=False)
 
 
 def test_every_error_on_its_own_line_without_the_enclosing_dict(tmp_path: Path) -> None:

@@ -256,6 +256,23 @@ def test_garbage_from_the_tool_is_a_parse_error_with_first_bytes(tmp_path: Path)
         assert expected in message
 
 
+def test_negative_sdr_watts_is_a_parse_error_not_the_total(tmp_path: Path) -> None:
+    # A stand-in ipmitool whose SDR list has a garbled (negative) PSU reading next to a good one.
+    tool = tmp_path / "ipmitool"
+    tool.write_text("#!/bin/bash\n"
+                    "echo 'PSU1 Input Power,-3276,Watts,ok,10.1,Power Supply,Current,,,,,,,,,,0.000,255.000'\n"
+                    "echo 'PSU2 Input Power,240,Watts,ok,10.2,Power Supply,Current,,,,,,,,,,0.000,255.000'\n")
+    tool.chmod(0o755)
+    collector = build(Config.model_validate(
+        {"hosts": [{"name": "psu", "bmc": "127.0.0.1", "source": "sdr"}], "ipmitool": str(tool)}))
+    rnd = collector.collect()
+    (kind, message), = errors(rnd)["psu"]
+    assert kind == "parse"
+    assert "'PSU1 Input Power' reads -3276 Watts" in message
+    assert "psu" not in power(rnd)
+    assert status(rnd)["psu"]["up"] is False
+
+
 def test_slow_bmcs_start_first_in_the_next_round(fleet: BMCFleet, tmp_path: Path) -> None:
     # The BMCs that did not answer start first next round, so the dead one's timeout overlaps the quick
     # reads (ranked by not answering, not by its 2 s against a live read's 0.05 s: one retransmit on a

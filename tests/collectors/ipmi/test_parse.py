@@ -108,6 +108,37 @@ def test_total_prefers_configured_then_total_named_then_sum() -> None:
     assert pick_total(sensors, "Missing") is None
 
 
+# A BMC that only reports per-PSU input power (Dell/HPE naming): "Input Power" names each supply's share.
+_PSU_ROW = "{name},{watts},Watts,ok,10.{n},Power Supply,Current,,,,,,,,,,0.000,255.000\n"
+
+
+def test_per_psu_input_power_is_summed_not_taken_as_the_total() -> None:
+    rows = "".join(_PSU_ROW.format(name=f"PSU{n} Input Power", watts=w, n=n) for n, w in ((1, 240), (2, 235)))
+    assert pick_total(power_sensors(parse_sdr_csv(rows))) == ("sum(2)", 475.0)
+    spaced = "PS 1 Input Power,240,Watts,ok\nPS 2 Input Power,235,Watts,ok\n"
+    assert pick_total(power_sensors(parse_sdr_csv(spaced))) == ("sum(2)", 475.0)
+
+
+def test_a_single_total_sensor_still_wins_over_per_psu_input_power() -> None:
+    rows = (_PSU_ROW.format(name="PSU1 Input Power", watts=240, n=1)
+            + _PSU_ROW.format(name="PSU2 Input Power", watts=235, n=2)
+            + _PSU_ROW.format(name="System Input Power", watts=470, n=3))
+    assert pick_total(power_sensors(parse_sdr_csv(rows))) == ("System Input Power", 470.0)
+    # One un-numbered "Input Power" sensor is the host's (all supplies together).
+    assert pick_total(power_sensors(parse_sdr_csv("Input Power,470,Watts,ok\nCPU Power,90,Watts,ok\n"))) == \
+        ("Input Power", 470.0)
+
+
+def test_negative_watts_reading_is_rejected_naming_the_sensor() -> None:
+    rows = _PSU_ROW.format(name="PSU1 Input Power", watts=-3276, n=1) + _PSU_ROW.format(name="PSU2 Input Power",
+                                                                                      watts=240, n=2)
+    with pytest.raises(ParseError, match=r"'PSU1 Input Power' reads -3276 Watts, a negative power"):
+        parse_sdr_csv(rows)
+    # A negative reading in another unit (a temperature below zero) is not a power reading.
+    (s,) = parse_sdr_csv("Inlet Temp,-5,degrees C,ok\n")
+    assert s.value == -5.0
+
+
 # --- fuzzing ------------------------------------------------------------------------------------
 
 @settings(max_examples=300, deadline=None)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import socket
+import threading
 
 import pytest
 import yaml
@@ -107,6 +109,38 @@ def test_max_endpoints_folds_the_tail_into_other(tmp_path):
     cfg = Config(probes={"enabled": False}, uwsgi_access_log=str(log), start_at="start", max_endpoints=3)
     series = by_name(build(cfg).collect().metrics, "keystone_requests")
     assert len(series) == 3 and series[-1].tags["endpoint"] == "_other" and series[-1].fields["count"] == 50
+
+
+def test_bad_stats_document_is_an_error_and_the_access_log_is_still_read(tmp_path):
+    # A stats server answering NaN: the round reports it and still emits the access log's samples.
+    bad = (TESTDATA / "uwsgi-stats.json").read_bytes().replace(b'"listen_queue":', b'"listen_queue": NaN, "x":', 1)
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(30)  # the round fetches once; a test that never connects must not hang the thread
+
+    def serve():
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        with conn:
+            conn.sendall(bad)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    log = tmp_path / "access.log"
+    shutil.copy(TESTDATA / "uwsgi-access.log", log)
+    try:
+        cfg = Config(host="ks-1", probes={"enabled": False}, uwsgi_access_log=str(log), start_at="start",
+                     uwsgi_stats=f"127.0.0.1:{server.getsockname()[1]}")
+        r = build(cfg).collect()
+    finally:
+        thread.join(30)
+        server.close()
+    [err] = r.errors
+    assert err.kind == "parse" and "listen_queue is nan" in err.message
+    assert not by_name(r.metrics, "uwsgi_server")
+    requests = by_name(r.metrics, "keystone_requests")
+    assert sum(m.fields["count"] for m in requests) == len(log.read_text().splitlines()) > 0
 
 
 def test_keystone_down_is_an_unreachable_error_not_a_crash(tmp_path, monkeypatch):

@@ -170,6 +170,23 @@ def test_stats_errors_name_the_field(raw, needle):
     assert e.value.kind == "parse"
 
 
+_STATS = (TESTDATA / "uwsgi-stats.json").read_bytes()
+
+
+@pytest.mark.parametrize("raw, needle", [
+    # json.loads reads these as nan / inf; int() of them used to escape as ValueError / OverflowError.
+    (_STATS.replace(b'"listen_queue":', b'"listen_queue": NaN, "x":', 1), r"stats.listen_queue is nan, not a finite"),
+    (_STATS.replace(b'"avg_rt":', b'"avg_rt": Infinity, "y":', 1), r"workers\[0\].avg_rt is inf, not a finite"),
+    (_STATS.replace(b'"requests":', b'"requests": 1e400, "z":', 1), r"workers\[0\].requests is inf, not a finite"),
+    (_STATS.replace(b'"requests":', b'"requests": 1%s, "z":' % (b"0" * 30), 1), r"requests .*beyond a 64-bit"),
+    (b"[" * 100000 + b"]" * 100000, "nested too deeply"),
+])
+def test_non_finite_or_unreadable_stats_are_a_parse_error(raw, needle):
+    with pytest.raises(uwsgi_stats.StatsError, match=needle) as e:
+        uwsgi_stats.parse(raw)
+    assert e.value.kind == "parse"
+
+
 @FUZZ
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(

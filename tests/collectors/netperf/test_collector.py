@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 import yaml
@@ -15,10 +15,16 @@ from opsloop.topics import Topic
 from opsloop.collectors.netperf import Config, build
 from opsloop.collectors.netperf.cli import main
 from opsloop.collectors.netperf.collector import SET_METRIC, TARGET_METRIC
+from opsloop.collectors.netperf.config import TargetSet
+from opsloop.records import Metric
 from opsloop.stack import free_port
+from opsloop.validation import WireError
+from tests.helpers import REPO
 from tests.collectors.netperf.lab import Server, iperf3_server, netserver, processes_with, wait_for
 
 pytestmark = pytest.mark.integration
+
+TESTDATA = REPO / "collectors" / "netperf" / "testdata"
 
 
 @pytest.fixture
@@ -156,6 +162,62 @@ def test_missing_namespace_is_a_set_error() -> None:
     rnd = collector(targets=["127.0.0.1"], netns="opsloop-no-such-ns").collect()
     [err] = rnd.errors
     assert err.kind == "tool" and "opsloop-no-such-ns" in err.message and rnd.metrics == []
+
+
+def _stand_in(tmp_path: Path, name: str, body: str) -> str:
+    tool = tmp_path / name
+    tool.write_text(f"#!/bin/sh\n{body}\n")
+    tool.chmod(0o755)
+    return str(tool)
+
+
+def test_an_overflowing_set_is_its_own_error_and_the_other_sets_still_report(tmp_path: Path) -> None:
+    # A stand-in netperf: the captured output for 127.0.0.1, a finite but enormous reading for 127.0.0.2.
+    tool = _stand_in(tmp_path, "netperf", 'case "$2" in\n'
+                     "  127.0.0.2) printf 'THROUGHPUT=1e308\\nTHROUGHPUT_UNITS=GBytes/s\\nELAPSED_TIME=1.00\\n';;\n"
+                     f"  *) cat {TESTDATA / 'netperf_omni_k.txt'};;\nesac")
+    sets = [{"name": "good", "targets": ["127.0.0.1"], "run_s": 1, "repetitions": 1},
+            {"name": "bad", "targets": ["127.0.0.2"], "run_s": 1, "repetitions": 1}]
+    rnd = build(Config(host="h", netperf_path=tool, target_sets=sets)).collect()
+    [err] = rnd.errors
+    assert err.target == "bad/127.0.0.2:12865" and err.kind == "parse" and "not a finite bit rate" in err.message
+    [good] = only(rnd, SET_METRIC, target_set="good")
+    assert good.fields["mean_gbps"] == pytest.approx(5.93208)
+    [bad] = only(rnd, SET_METRIC, target_set="bad")
+    assert bad.fields["runs"] == 0 and "mean_gbps" not in bad.fields
+
+
+def test_iperf3_targets_whose_sum_overflows_are_a_parse_error_not_a_crash(tmp_path: Path) -> None:
+    # Each target's iperf3 JSON is finite (1.5e308 bits/s), their sum is not.
+    tool = _stand_in(tmp_path, "iperf3", "sed 's/\"bits_per_second\":[^,]*/\"bits_per_second\": 1.5e308/' "
+                     f"{TESTDATA / 'iperf3_tcp_2streams.json'}")
+    sets = [{"name": "big", "targets": ["127.0.0.1:5201", "127.0.0.2:5201"], "driver": "iperf3", "run_s": 1,
+             "repetitions": 1}]
+    rnd = build(Config(host="h", iperf3_path=tool, target_sets=sets)).collect()
+    [err] = rnd.errors
+    assert err.kind == "parse" and "sum to a non-finite bit rate" in err.message
+    [s] = only(rnd, SET_METRIC)
+    assert s.fields["failed_targets"] == 1 and s.fields["mean_gbps"] == pytest.approx(1.5e299)
+
+
+def test_a_set_whose_samples_break_the_wire_format_does_not_lose_the_others(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    tool = _stand_in(tmp_path, "netperf", f"cat {TESTDATA / 'netperf_omni_k.txt'}")
+    sets = [{"name": "first", "targets": ["127.0.0.1"], "run_s": 1, "repetitions": 1},
+            {"name": "second", "targets": ["127.0.0.2"], "run_s": 1, "repetitions": 1}]
+    c = build(Config(host="h", netperf_path=tool, target_sets=sets))
+    real = c._samples
+
+    def samples(tset: TargetSet, *args: Any) -> list[Metric]:
+        if tset.name == "first":
+            raise WireError("fields.mean_gbps.float: not a finite number (got inf)")
+        return real(tset, *args)
+
+    monkeypatch.setattr(c, "_samples", samples)
+    rnd = c.collect()
+    [err] = rnd.errors
+    assert err.target == "first" and err.kind == "parse" and "not a finite number" in err.message
+    assert [m.tags["target_set"] for m in only(rnd, SET_METRIC)] == ["second"]
 
 
 def test_rounds_never_overlap(netservers: list[Server]) -> None:

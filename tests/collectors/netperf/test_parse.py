@@ -114,6 +114,14 @@ def test_parse_error_keeps_first_bytes_bounded() -> None:
     assert "xxxx" in str(e.value) and len(str(e.value)) < 400
 
 
+@pytest.mark.parametrize("text", ["THROUGHPUT=1e308\nTHROUGHPUT_UNITS=GBytes/s\n",
+                                  "THROUGHPUT=1e300\nTHROUGHPUT_UNITS=10^99bits/s\n"])
+def test_throughput_that_overflows_once_scaled_is_a_parse_error(text: str) -> None:
+    # Finite as printed, infinite in bits/s: the check must be on the converted value.
+    with pytest.raises(ParseError, match="not a finite bit rate once converted"):
+        parse_netperf(text)
+
+
 # -- iperf3 -J ------------------------------------------------------------------------------------
 
 def test_iperf3_json_captured_uses_receiver_sum() -> None:

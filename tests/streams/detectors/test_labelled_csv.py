@@ -139,6 +139,50 @@ def test_bad_files_name_line_and_column(tmp_path: Path) -> None:
         read_labelled(p)
 
 
+@pytest.mark.parametrize("cell, label", [("0", 0), ("1", 1), ("0.0", 0), ("1.0", 1), ("true", 1), ("FALSE", 0),
+                                         ("True", 1), ("", 0)])
+def test_labels_in_every_corpus_spelling_are_read(tmp_path: Path, cell: str, label: int) -> None:
+    (p := tmp_path / "l.csv").write_text(f"timestamp,value,anomaly\n1,5,0\n2,6,{cell}\n")
+    assert read_labelled(p).labels == [0, label]
+
+
+@pytest.mark.parametrize("cell", ["nan", "NaN", "yes", "no", "2", "-1", "0.5", "inf"])
+def test_a_label_that_is_not_0_or_1_names_line_and_column(tmp_path: Path, cell: str) -> None:
+    (p := tmp_path / "l.csv").write_text(f"timestamp,value,anomaly\n1,5,0\n2,6,{cell}\n")
+    with pytest.raises(ReplayError, match=rf"^line 3: column 'anomaly': label '{cell}' is not 0 or 1$"):
+        read_labelled(p)
+
+
+def test_a_file_of_nan_labels_is_an_error_not_one_anomaly_window(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    lines = ["timestamp,value,is_anomaly"] + [f"{i},{100.0 + i % 5},nan" for i in range(1, N + 1)]
+    (f := tmp_path / "real_1.csv").write_text("\n".join(lines) + "\n")
+    assert detect_main(["evaluate", "--input", str(f)]) == 2
+    assert "line 2: column 'is_anomaly': label 'nan' is not 0 or 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("times, count, line, shown", [
+    ((3, 2, 1), 2, 3, "'2' is not after line 2's '3'"),                  # reversed
+    ((1, 2, 2, 3), 1, 4, "'2' is not after line 3's '2'"),               # repeated
+    ((1, 3, 2, 4), 1, 4, "'2' is not after line 3's '3'"),               # unsorted
+])
+def test_time_that_does_not_increase_is_kept_in_file_order_and_named(tmp_path: Path, times: tuple[int, ...],
+                                                                     count: int, line: int, shown: str) -> None:
+    # said, not refused: a local-time corpus repeats an hour at a DST change, and one such file
+    # must not fail the whole corpus
+    (p := tmp_path / "t.csv").write_text("timestamp,value,label\n" + "".join(f"{t},5,0\n" for t in times))
+    got = read_labelled(p)
+    assert got.timestamps == [float(t) for t in times]
+    assert got.unordered == count and got.first_unordered.startswith(f"line {line}: timestamp {shown}")
+    # SKAB's datetime column too, on the same check
+    rows = [f"2020-03-09 10:00:{s:02d};1;2;3;4;5;6;7;8;0.0;0.0" for s in (0, 1, 1)]
+    (q := tmp_path / "s.csv").write_text(SKAB_HEADER + "\n" + "\n".join(rows) + "\n")
+    got = read_labelled(q)
+    assert got.unordered == 1 and got.first_unordered.startswith(
+        "line 4: timestamp '2020-03-09 10:00:01' is not after line 3's")
+    assert read_labelled(_skab(tmp_path / "0.csv")).unordered == 0
+
+
 def test_gaps_repeat_the_channel_and_leading_gaps_are_dropped(tmp_path: Path) -> None:
     (p := tmp_path / "g.csv").write_text("time;a;b;anomaly\n1;;5;0\n2;1;;0\n3;2;7;1\n4;;;0\n")
     got = read_labelled(p)
