@@ -16,6 +16,9 @@ SHARE_SUM_TOLERANCE = 1e-6
 # takes nothing beyond them as a number; one such reading in its inputs failed its ticks)
 MAX_RATE_RPS = 1e12
 MAX_RESPONSE_MS = 1e9
+# HAProxy's status of a server ("UP 1/3", "MAINT (resolution)"): a few words. Bounded, so that one
+# server's 1 MB status does not make every record of its backend too big for Kafka (1 MB).
+MAX_STATUS_CHARS = 64
 
 
 class OriginState(BaseModel):
@@ -25,7 +28,7 @@ class OriginState(BaseModel):
 
     rps: float = Field(ge=0.0, le=MAX_RATE_RPS, allow_inf_nan=False)
     up: bool = True
-    status: str = ""
+    status: str = Field(default="", max_length=MAX_STATUS_CHARS)
     # HAProxy ``rtime`` (ms, mean over its last 1024 requests); None when the stats had no value
     rtime_ms: float | None = Field(default=None, ge=0.0, le=MAX_RESPONSE_MS, allow_inf_nan=False)
 

@@ -4,7 +4,17 @@ Input samples (our HAProxy collector and Telegraf's ``inputs.haproxy`` write the
 ``haproxy`` with tags ``host`` (the load balancer), ``proxy``, ``sv``, ``type``
 (frontend/backend/server) and the ``show stat`` counters as fields. The request count of a row is
 the sum of its HTTP response counters (``hrsp_1xx`` … ``hrsp_other``) when present — with
-keep-alive a session carries many requests — and ``stot`` (sessions) otherwise.
+keep-alive a session carries many requests — and ``stot`` (sessions) otherwise. A series remembers
+which counters made its count: when a row brings another set (a torn row missing some columns, or
+none so that ``stot`` stands in), the series starts afresh from it (no rate that round, no reset
+counted) instead of taking the difference of two different sums for traffic.
+
+The kind of a row is its ``type`` tag; only a row without one is inferred (``sv`` = FRONTEND/BACKEND,
+else a server). Rows typed ``listener`` (a frontend's sockets, ``show stat`` type 3) or ``unknown``
+are not counted; a row with an empty ``proxy`` tag (or another type) is refused: counted in
+``opsloop_lb_samples_rejected_total`` and handed to the runtime to dead-letter (``drain_rejected``).
+The last server rows of a batch, by the same (shortened) key as their rates, are in
+:attr:`LbRates.server_rows` for a handler running after this one.
 
 Rate = Δcount / Δt between two samples of the same series, using event timestamps. A counter
 that goes down means the load balancer restarted (or was reloaded): that interval is skipped, never
@@ -24,9 +34,13 @@ from typing import Sequence
 from prometheus_client import Counter, Gauge
 
 from opsloop.config import StreamSettings
+from opsloop.log import Sampled, get_logger
 from opsloop.records import Metric
 from opsloop.streams.bounded import DEFAULT_MAX_STATE_KEYS, STATE_KEYS, Recency, count_dropped
+from opsloop.streams.runtime.batch import MAX_ISOLATED_FAILURES, HandlerFailure
 from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, child, label_value
+
+log = get_logger("stream.lb")
 
 HRSP_FIELDS = ("hrsp_1xx", "hrsp_2xx", "hrsp_3xx", "hrsp_4xx", "hrsp_5xx", "hrsp_other")
 # Stock Telegraf inputs.haproxy renames hrsp_* to http_response.*.
@@ -42,6 +56,15 @@ SERVER_WEIGHT = Gauge("opsloop_lb_server_weight", "Current effective weight of a
 SERVER_UP = Gauge("opsloop_lb_server_up", "1 when the load balancer considers the server UP", ["lb", "backend", "server"])
 COUNTER_RESETS = Counter("opsloop_lb_resets_total", "Times an LB's request counters went down (LB restart)",
                          ["lb"])
+REJECTED = Counter("opsloop_lb_samples_rejected_total",
+                   "haproxy samples refused by the LB rates (an empty proxy tag, an unknown type): skipped, "
+                   "dead-lettered", ["reason"])
+KINDS = ("frontend", "backend", "server")
+# typed rows that are no request series of ours: a frontend's listening sockets (show stat type 3),
+# and what the collector tags a type it does not know
+IGNORED_KINDS = frozenset({"listener", "unknown"})
+# a poison stream of refused rows: one log line a minute (the counter carries the rate)
+REJECT_LOG = Sampled(60.0)
 
 
 @dataclass(slots=True)
@@ -49,6 +72,7 @@ class _Last:
     ts: float
     count: float
     seen_at: float
+    basis: int = 0   # which counters made ``count`` (see count_basis): another set is another sum
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,23 +83,34 @@ class Rate:
     server: str
     rate: float
     timestamp: float
+    interval: float = 0.0   # seconds between the two samples it comes from: the collection interval
 
 
 def request_count(fields: dict[str, object]) -> float | None:
+    counted = count_basis(fields)
+    return None if counted is None else counted[0]
+
+
+def count_basis(fields: dict[str, object]) -> tuple[float, int] | None:
+    """The request count of a row and a bit set of the counters that made it (one bit per field of
+    HRSP_FIELDS, then of TELEGRAF_HRSP_FIELDS, then ``req_tot`` and ``stot``); None without any."""
+    bit = 1
     for names in (HRSP_FIELDS, TELEGRAF_HRSP_FIELDS):
         total = 0.0
-        found = False
+        basis = 0
         for f in names:
             v = fields.get(f)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 total += v
-                found = True
-        if found:
-            return total
+                basis |= bit
+            bit <<= 1
+        if basis:
+            return total, basis
     for f in ("req_tot", "stot"):
         v = fields.get(f)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
+            return float(v), bit
+        bit <<= 1
     return None
 
 
@@ -97,6 +132,12 @@ class LbRates:
         self._servers: dict[tuple[str, str], dict[str, Rate]] = {}
         # the rates of the last handled batch, for a handler that runs after this one on the same batch
         self.fresh: list[Rate] = []
+        # the last handled batch's server rows, newest per server, keyed (lb, proxy, sv) as the rates
+        # (tags shortened alike): what a later handler reads a server's status from
+        self.server_rows: dict[tuple[str, str, str], dict[str, object]] = {}
+        self.rejected = 0   # haproxy samples refused (counted in REJECTED too)
+        self._refused: dict[int, HandlerFailure] = {}   # id(sample) -> why, until drain_rejected()
+        self._refused_more = 0
 
     @classmethod
     def from_settings(cls, stream: StreamSettings) -> "LbRates":
@@ -110,6 +151,7 @@ class LbRates:
     def handle(self, metrics: Sequence[Metric], now: float) -> list[Rate]:
         self.fresh = []
         self.dropped = []
+        self.server_rows = {}
         self._expire(now)   # first: a series back after a silence starts afresh, no rate across the gap
         out: list[Rate] = []
         states: dict[tuple[str, str, str], dict[str, object]] = {}
@@ -135,16 +177,50 @@ class LbRates:
         if len(self._recent) > self._recent.cap:
             self._expire(now)
         self.fresh = out
+        self.server_rows = states
+        return out
+
+    def reject(self, m: Metric, reason: str, error: str) -> None:
+        """A row that is no series of ours: counted, logged (sampled), kept for the runtime to
+        dead-letter (at most MAX_ISOLATED_FAILURES per batch, then one summary)."""
+        if id(m) in self._refused:   # handed again (the runtime's isolation of a failure)
+            return
+        self.rejected += 1
+        REJECTED.labels(reason).inc()
+        if len(self._refused) < MAX_ISOLATED_FAILURES:
+            self._refused[id(m)] = HandlerFailure(self.name, error, m)
+        else:
+            self._refused_more += 1
+        REJECT_LOG.warning(log, "lb_sample_rejected", key=reason, handler=self.name, error=error)
+
+    def drain_rejected(self) -> list[HandlerFailure]:
+        """The samples refused since the last call (the runtime dead-letters them)."""
+        out = list(self._refused.values())
+        if self._refused_more:
+            out.append(HandlerFailure(self.name, f"refused {self._refused_more} more samples of this batch, "
+                                                 "not dead-lettered one by one", None, self._refused_more))
+        self._refused, self._refused_more = {}, 0
         return out
 
     def _update(self, m: Metric, now: float, states: dict[tuple[str, str, str], dict[str, object]]) -> Rate | None:
         tags = m.tags
         lb = tags.get("host") or tags.get("server") or "unknown"
-        kind = (tags.get("type") or "").lower()
+        typed = (tags.get("type") or "").lower()
         proxy = tags.get("proxy", "")
         sv = tags.get("sv", "")
-        if kind not in ("frontend", "backend", "server"):
-            kind = {"FRONTEND": "frontend", "BACKEND": "backend"}.get(sv, "server")
+        if typed in IGNORED_KINDS:
+            return None
+        if not proxy:
+            # no backend to report (an edge.demand record needs one): refused before it keys any state
+            self.reject(m, "empty_proxy", f"haproxy sample of lb {lb[:100]!r} (sv {sv[:100]!r}): empty or "
+                                          "missing proxy tag")
+            return None
+        if typed and typed not in KINDS:
+            self.reject(m, "unknown_type", f"haproxy sample of lb {lb[:100]!r}, proxy {proxy[:100]!r}: type tag "
+                                           f"{typed[:100]!r} is none of frontend, backend, server, listener")
+            return None
+        # the kind is inferred only for a row without a type tag
+        kind = typed or {"FRONTEND": "frontend", "BACKEND": "backend"}.get(sv, "server")
         if len(lb) > MAX_LABEL_VALUE or len(proxy) > MAX_LABEL_VALUE or len(sv) > MAX_LABEL_VALUE:
             # label values, bounded here so the state key, the gauges and their removal agree
             lb, proxy, sv = (label_value(self.name, "host", lb), label_value(self.name, "proxy", proxy),
@@ -152,26 +228,33 @@ class LbRates:
         key = (lb, kind, proxy, sv)
         if kind == "server":
             states[(lb, proxy, sv)] = m.fields
-        count = request_count(m.fields)
-        if count is None:
+        counted = count_basis(m.fields)
+        if counted is None:
             if kind == "server":
                 self._recent.seen(key, now)   # its weight/up gauges expire with it
             return None
+        count, basis = counted
         prev = self._last.get(key)
         if prev is None:
-            self._last[key] = _Last(m.timestamp, count, now)
+            self._last[key] = _Last(m.timestamp, count, now, basis)
             self._recent.seen(key, now)
             return None
-        prev_ts, prev_count = prev.ts, prev.count
+        prev_ts, prev_count, prev_basis = prev.ts, prev.count, prev.basis
         if m.timestamp <= prev_ts:
             return None
-        prev.ts, prev.count, prev.seen_at = m.timestamp, count, now   # in place: no object per sample
+        # in place: no object per sample
+        prev.ts, prev.count, prev.seen_at, prev.basis = m.timestamp, count, now, basis
         self._recent.seen(key, now)
+        if basis != prev_basis:
+            # other counters, another sum (a torn row without its hrsp_4xx/5xx, stot standing in):
+            # their difference is no traffic, nor a restart; the series starts again from this row
+            return None
         if count < prev_count:
             COUNTER_RESETS.labels(lb).inc()
             return None
-        rate = (count - prev_count) / (m.timestamp - prev_ts)
-        r = Rate(lb, kind, proxy, sv, rate, m.timestamp)
+        dt = m.timestamp - prev_ts
+        rate = (count - prev_count) / dt
+        r = Rate(lb, kind, proxy, sv, rate, m.timestamp, dt)
         self.latest[key] = r
         if kind == "server":
             self._servers.setdefault((lb, proxy), {})[sv] = r

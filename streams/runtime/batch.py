@@ -22,7 +22,7 @@ import orjson
 from prometheus_client import Counter
 
 from opsloop.log import Sampled, get_logger
-from opsloop.records import Metric, deadletter_record
+from opsloop.records import DEADLETTER_VALUE_LIMIT, Metric, deadletter_record
 from opsloop.wire import Parsed, Rejected, parse_record
 from opsloop.streams.runtime import health
 
@@ -41,8 +41,31 @@ class DeadLetter:
     value: Any
 
     def encode(self) -> bytes:
-        return deadletter_record(self.reason, topic=self.topic, partition=self.partition, offset=self.offset,
-                                 key=self.key, value=self.value)
+        """The dead-letter record, bounded: Kafka refuses a message over 1 MB, and a dead letter lost so
+        is a bad record with no trace. The reason is cut to :data:`DEADLETTER_REASON_CHARS`; a value
+        that is not the raw record (whose bytes ``deadletter_record`` cuts itself) is cut to an
+        excerpt of :data:`DEADLETTER_VALUE_LIMIT` bytes, flagged ``truncated`` with its ``value_bytes``."""
+        reason = self.reason
+        if len(reason) > DEADLETTER_REASON_CHARS:
+            reason = f"{reason[:DEADLETTER_REASON_CHARS]}... ({len(reason) - DEADLETTER_REASON_CHARS} characters cut)"
+        value = self.value
+        if isinstance(value, str):
+            value = value.encode("utf-8", "surrogatepass")   # cut (and flagged) like raw bytes
+        key = self.key[:DEADLETTER_KEY_BYTES] if isinstance(self.key, bytes) else self.key
+        if value is None or isinstance(value, bytes):
+            return deadletter_record(reason, topic=self.topic, partition=self.partition, offset=self.offset,
+                                     key=key, value=value)
+        text = orjson.dumps(value, default=str)
+        if len(text) <= DEADLETTER_VALUE_LIMIT:
+            return deadletter_record(reason, topic=self.topic, partition=self.partition, offset=self.offset,
+                                     key=key, value=value)
+        # rare (an oversize sample a handler refused): the record made without the value, then the excerpt
+        doc = orjson.loads(deadletter_record(reason, topic=self.topic, partition=self.partition,
+                                             offset=self.offset, key=key, value=None))
+        doc["value"] = text[:DEADLETTER_VALUE_LIMIT].decode("utf-8", "ignore")
+        doc["truncated"] = True
+        doc["value_bytes"] = len(text)
+        return orjson.dumps(doc)
 
 
 @dataclass(slots=True)
@@ -70,6 +93,10 @@ class RawMessage(Protocol):
 DEADLETTER_REASONS = 5
 DEADLETTER_SAMPLES = 20
 DEADLETTER_SAMPLE_CHARS = 2000
+# ... and of every dead letter's reason and key (DEADLETTER_VALUE_LIMIT bounds its value): with them it
+# stays far below Kafka's 1 MB message limit
+DEADLETTER_REASON_CHARS = 4096
+DEADLETTER_KEY_BYTES = 1024
 DEFAULT_MAX_CLOCK_SKEW_S = 300.0
 
 REJECTED_SAMPLES = Counter("opsloop_stream_rejected_samples_total",

@@ -116,6 +116,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import sys
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -132,6 +133,8 @@ ZT_BINS = 32         # log2 bins of |z| per side: 4 per doubling from z = 1
 # cubes) stay finite far beyond it; a value of 1e200 turned them to inf and NaN, and every later
 # point of that series raised (NaN has no z bin): a corrupt sample stopped the series for good
 MAX_ABS_VALUE = 1e50
+# log space: the smallest value read (the floor below which a reading is read as it), never 0.0
+MIN_LOG_FLOOR = sys.float_info.min
 QUANTUM_HITS = 3     # a step size seen this often (in ordinary data or not) is the series' resolution
 
 
@@ -289,7 +292,9 @@ class StreamingDetector:
                 if _right_skewed([v for _, v in buf], self.cfg.log_skew):
                     fresh = StreamingDetector(self.cfg)
                     fresh.log_mode = 1
-                    fresh.lo = 0.5 * min(v for _, v in buf)
+                    # at least the smallest normal float: half a subnormal minimum is 0.0, whose log raised
+                    # for every later reading <= 0, for good (the state is persisted)
+                    fresh.lo = max(0.5 * min(v for _, v in buf), MIN_LOG_FLOOR)
                     for t, v in buf[:-1]:
                         fresh.update(t, v)
                     for name in self.__slots__:
@@ -924,6 +929,8 @@ class StreamingDetector:
             elif name == "last":
                 v = tuple(v)
             setattr(det, name, v)
+        if det.log_mode == 1 and not (isinstance(det.lo, (int, float)) and det.lo >= MIN_LOG_FLOOR):
+            det.lo = MIN_LOG_FLOOR   # a state saved with lo 0.0 (from a subnormal minimum): log(0) raised
         if doc["version"] == 1:
             det.l_mean = det.s_mean = det.m_mean = det.level0
             det.l_var = det.scale0 * det.scale0

@@ -42,6 +42,10 @@ COST = "power.cost"
 DEVIATION = "power.generation_deviation"
 IDLE = "power.idle_candidate"
 RUNBOOK = "runbooks/power.md"
+# The largest draw one host's reading may report: a 4U GPU server draws ~10 kW. Beyond it (1e308 W is
+# valid on the wire) it is a corrupt reading: refused, or one such reading kept the host's mean at
+# 1e262 W for thousands of readings, and as its first reading made its yearly cost inf.
+MAX_HOST_WATTS = 1e5
 _EC = re.compile(r"^ec:(\d+)\+(\d+)$")
 _REPLICA = re.compile(r"^replica:(\d+)$")
 
@@ -122,8 +126,9 @@ class PowerDetector:
             doc = dict(sample)
         host = str(doc.get("host", ""))
         watts = doc.get("watts", doc.get("avg_watts"))
-        if not host or isinstance(watts, bool) or not isinstance(watts, (int, float)) or watts < 0:
-            raise ValueError(f"power sample needs host and watts >= 0 (got {doc!r:.200})")
+        if not host or isinstance(watts, bool) or not isinstance(watts, (int, float)) \
+                or not 0 <= watts <= MAX_HOST_WATTS:   # also refuses nan
+            raise ValueError(f"power sample needs host and watts in [0, {MAX_HOST_WATTS:g}] (got {doc!r:.200})")
         now = float(doc.get("timestamp", 0.0))
         s = self.sums.setdefault(host, [0.0, 0])
         s[1] += 1
@@ -260,7 +265,7 @@ _TOTAL_POWER_SENSOR = re.compile(r"^(instantaneous_power_reading|(sys(tem)?_|tot
 def power_reading(m: Metric) -> tuple[str, float] | None:
     """(host, watts) from a total-power sample, None for samples that are not one.
 
-    Raises ValueError for a power sample whose watts are missing or not a number >= 0.
+    Raises ValueError for a power sample whose watts are missing or not a number in [0, MAX_HOST_WATTS].
     """
     if m.name == "ipmi_power":
         host, value = m.tags.get("host", ""), m.fields.get("watts")
@@ -271,9 +276,12 @@ def power_reading(m: Metric) -> tuple[str, float] | None:
         host, value = m.tags.get("host") or m.tags.get("server", ""), m.fields.get("value")
     else:
         return None
-    if not host or isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if not host or isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{m.name}: needs a host tag and a number >= 0 as watts "
                          f"(got host={host!r:.100}, watts={value!r:.100})")
+    if not 0 <= value <= MAX_HOST_WATTS:   # also refuses nan
+        raise ValueError(f"{m.name}: watts {value!r:.100} of host {host!r:.100} is not a plausible reading "
+                         f"(expected 0 to {MAX_HOST_WATTS:g} W per host)")
     return host, float(value)
 
 

@@ -191,7 +191,7 @@ def test_a_rate_beyond_any_edges_is_refused_and_the_next_good_round_is_sent() ->
     agg.handle([server("e1", "be", "a", 10 ** 15, T0 + 2)], T0 + 2)   # the jump's new base
     (rec,) = agg.handle([server("e1", "be", "a", 10 ** 15 + 30, T0 + 3)], T0 + 3)
     assert rec.demand_rps == pytest.approx(30.0) and agg.refused == 1
-    slow = metric("haproxy", {"hrsp_2xx": 10 ** 15 + 60, "status": "UP", "rtime": 2e9},
+    slow = metric("haproxy", {"hrsp_2xx": 10 ** 15 + 60, "hrsp_5xx": 0, "status": "UP", "rtime": 2e9},
                   {"host": "e1", "proxy": "be", "sv": "a", "type": "server"}, T0 + 4)
     (rec,) = agg.handle([slow], T0 + 4)
     assert rec.origins["a"].rtime_ms is None
