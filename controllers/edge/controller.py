@@ -151,7 +151,7 @@ from opsloop.controllers.edge.demand import DemandModel, big_moves, mean_latency
 from opsloop.controllers.edge.holddown import HoldDown
 from opsloop.controllers.edge.response import ResponseTimes
 from opsloop.controllers.edge.safety import enforce_safety, strip_unusable, usable_mask
-from opsloop.controllers.edge.scheduler import Solution, solve
+from opsloop.controllers.edge.scheduler import MAX_RATE, Solution, solve
 from opsloop.controllers.edge.settings import ControllerSettings
 
 # the controllers' public names, importable from here as before the law was split into modules
@@ -310,6 +310,7 @@ class EdgeController(Controller):
             else estimate
 
         def plan_on(demand: np.ndarray):
+            demand = np.minimum(demand, MAX_RATE)   # a rebound's growth of a demand near the bound
             if fixed is None:
                 return solve(demand, capacity, latency, healthy, previous=self.weights,
                              headroom=headroom, stickiness_ms=s.stickiness_ms)
@@ -685,6 +686,9 @@ class EdgeController(Controller):
         in_force = self._latency_now(latency) if self.weights is not None \
             else np.ones(len(measured))
         estimate, uplift, rising = self._demand_estimate(measured, in_force)
+        # the plan's demand stays what the LP takes: a step's extrapolation of a valid reading
+        # near the bound went past it, and every tick raised until the step left the window
+        estimate = np.minimum(estimate, MAX_RATE)
         self.demand.set_scale(estimate)
         capacity = np.asarray(obs.capacity, dtype=float)
         healthy = np.asarray(obs.healthy, dtype=bool)
@@ -709,7 +713,8 @@ class EdgeController(Controller):
             # edge on the measured shares at the total it implies
             if self.demand.stepped.all():
                 step_scale = float(estimate.sum() / max(float(self.demand.unstepped.sum()), _EPS))
-            estimate = self.demand.unstep(np.ones(self.n_edges, dtype=bool), estimate, step_scale)
+            estimate = np.minimum(self.demand.unstep(np.ones(self.n_edges, dtype=bool), estimate,
+                                                     step_scale), MAX_RATE)
             solution, planned = self._plan(estimate, plan_capacity, plan_latency, plan_healthy,
                                            s.headroom)
         target = solution.weights

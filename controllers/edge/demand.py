@@ -23,6 +23,13 @@ import numpy as np
 from opsloop.controllers.edge.settings import ControllerSettings
 
 _EPS = 1e-12
+# an edge measured at or below this rate (req/s) is idle: its log-demand is no number to read a
+# change from (log 0), and a change into or out of idleness is neither noise nor a ramp
+IDLE_RPS = 1e-3
+# σ of log-demand beyond this (a factor e per interval) is no noise to plan a mean level on: steps
+# read as noise (a step from 50 to 1e9 req/s with no draws around it made σ 5, and the plan sat at
+# the window's mean, a quarter below the demand, for five intervals)
+MAX_NOISE_SIGMA = 1.0
 # σ (the demand's own noise) is read off this many interval-to-interval changes; a ramp and a
 # step are read only from then on (before, noisy draws read as either)
 SIGMA_CHANGES = 5
@@ -108,8 +115,12 @@ class DemandModel:
         logs = np.log(np.maximum(hist, 1e-9)) + s.elasticity * log_latency
         changes = np.diff(logs, axis=0)
         # a big move (> 10 % latency) says more about the clients' elasticity than about their
-        # demand: such intervals are left out
-        big_move = big_moves(log_latency)
+        # demand: such intervals are left out, as are those into or out of an idle spell (read
+        # as a change of ±20 in log-demand, σ ran to ~8 and the plan sat at the idle spell's
+        # mean while the demand came back at 200 % of an origin)
+        idle = hist <= IDLE_RPS
+        idle_change = idle[1:] | idle[:-1]
+        big_move = big_moves(log_latency) | idle_change
         changes[big_move] = np.nan
         # σ: the per-interval noise of log-demand, from the median absolute deviation of second
         # differences (var = 6σ² for white noise; a step or a steady ramp leaves it alone)
@@ -154,6 +165,7 @@ class DemandModel:
             raw_logs = np.log(np.maximum(hist, 1e-9))
             seen = np.minimum(np.diff(raw_logs, axis=0), np.diff(
                 raw_logs + self.elasticity_seen() * log_latency, axis=0))
+            seen[idle_change] = np.nan   # no rise to read from an idle reading
             filled = np.isnan(changes[-3:])
             last3 = np.where(filled, seen[-3:], changes[-3:])
             # a filled interval may hold a step of demand (it slowed the origins): when it is
@@ -255,9 +267,11 @@ class DemandModel:
             # noisy demand (the quantile needs more than the headroom): plan on the window's
             # mean level, so the weights do not chase every draw; a rise beyond 3σ of that level
             # is a step, not noise, and the max of the last measurements stays in charge
-            noisy = uplift > s.noisy_uplift
+            noisy = (uplift > s.noisy_uplift) & (sigma <= MAX_NOISE_SIGMA)
             level = self._level_since_a_big_move(hist, big_move)
-            step = hist[-1] > level * (1.0 + 3.0 * sigma)
+            # (at most twice the level: noise so large that a doubling hides in it is no noise
+            # to plan a mean on)
+            step = hist[-1] > level * (1.0 + np.minimum(3.0 * sigma, 1.0))
             calm_estimate = np.maximum(level, estimate - hist[-s.demand_window:].max(axis=0)
                                        + level)  # keeps the ramp's slope
             estimate = np.where(noisy & ~step & ~rising & ~stepped, calm_estimate, estimate)
@@ -355,8 +369,9 @@ class DemandModel:
         if len(hist) >= 3:
             settling = (np.abs(log_latency[-2] - log_latency[-3]) <= _BIG_MOVE) & (
                 np.abs(log_rate[-2] - log_rate[-3]) > np.maximum(0.1, 3.0 * self.sigma))
+        idle = (hist[-2:] <= IDLE_RPS).any(axis=0)   # a rate from or to 0 answers no latency
         for e in np.flatnonzero((np.abs(ours) > _BIG_MOVE) & (np.sign(ours) == np.sign(d_lat))
-                                & ~settling):
+                                & ~settling & ~idle):
             seen = -d_rate[e] / d_lat[e]
             if seen >= 0:
                 self.elasticity_obs[e].append(float(min(seen, self.settings.elasticity)))
