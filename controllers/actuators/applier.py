@@ -11,9 +11,14 @@ Order of the checks for ``apply(decision)`` (each outcome audited, counted, logg
 5. the decision (or the step-bounded weights) gives nothing to the origins the LB does not report
    DOWN -> ``refused`` and the live weights held ("never all-zero" counts only servers that can
    serve); bounded step from the live shares (an origin with share 0 that the LB reports DOWN is
-   released at once), integer mapping;
+   released at once), integer mapping. A quiescing target (LVS: keepalived/ldirectord set a dead real
+   to weight 0; live 0 where the stored weight is above 0) reports those origins DOWN; they are
+   stepped from their stored weight and written as 0 whatever the decision gives them (reconcile and
+   rollback too), so only the health checker revives them; the intended weight is stored;
 6. dry-run -> ``dry_run`` (nothing written); shadow -> ``shadow`` and ``opsloop_actuator_shadow_diff``;
-7. write as one batch, read back, compare (different -> ``mismatch``), store the entry -> ``applied``.
+7. write as one batch (a failed write whose read-back leaves nothing serving puts the weights read
+   before back, best effort, said in the ``failed`` record), read back, compare (different ->
+   ``mismatch``), store the entry -> ``applied``.
 """
 
 from __future__ import annotations
@@ -114,8 +119,13 @@ class EdgeActuator:
             if self.mode != "dry-run":
                 return self._failed(decision, e, None)
             before = None
-        live_shares = to_shares(before) if before else {}
-        down = self._down() if before else set()
+        stored = self._stored() if before else None
+        down = self._down(stored) if before else set()
+        quiesced = self._quiesced(down)
+        # Mirror HAProxy, where a DOWN server keeps its weight: step from the weight a quiesced real had
+        # before its health checker zeroed it, so its share can be released (or held) like a DOWN one.
+        base = {**before, **{o: int((stored or {}).get(o, 0)) for o in quiesced}} if before else None
+        live_shares = to_shares(base) if base else {}
         if down and math.fsum(v for o, v in shares.items() if o not in down) <= 0:
             return self._done(decision, ApplyResult(
                 "refused", decision.version, f"decision gives every share to origin(s) the load balancer reports "
@@ -131,39 +141,47 @@ class EdgeActuator:
             return self._done(decision, ApplyResult(
                 "refused", decision.version, "decision would set every server that is not DOWN to weight 0; "
                                              "holding the last good weights", before=before, after=ints))
+        # a quiesced real stays at 0 whatever the decision gives it (its share is stored and comes back
+        # by reconcile once the health checker restores it), as HAProxy keeps a DOWN server out of rotation
+        writes = self._hold_quiesced(ints, quiesced)
         note = "" if complete else f"; step bounded by max_step {self.max_step} (more steps to the decision)"
         released = f"; released DOWN origin(s) {sorted(releasable)}" if releasable and before else ""
+        held = sorted(o for o in quiesced if ints.get(o, 0) > 0)
+        if held:
+            released += f"; held quiesced origin(s) {held} at 0 until the health checker restores them"
         if self.mode == "dry-run":
             return self._done(decision, ApplyResult("dry_run", decision.version, "would set weights" + note + released,
-                                                    before=before, after=ints, shares=stepped, complete=complete))
+                                                    before=before, after=writes, shares=stepped, complete=complete))
         if self.mode == "shadow":
             diff = share_difference(live_shares, shares)
             metrics.SHADOW_DIFF.labels(self.edge, self.listener).set(diff)
             return self._done(decision, ApplyResult("shadow", decision.version,
                                                     f"would move {diff:.3f} of the traffic" + note + released,
-                                                    before=before, after=ints, shares=stepped, complete=complete))
+                                                    before=before, after=writes, shares=stepped, complete=complete))
         assert before is not None
-        if ints != before:
+        if writes != before:
             try:
-                self.target.write(ints)
+                self._write(writes, before, down)
             except ActuatorError as e:
-                return self._failed(decision, e, before, ints)
-        result = self._verify(decision, before, ints, stepped, complete)
+                return self._failed(decision, e, before, writes)
+        result = self._verify(decision, before, writes, stepped, complete)
         if result is not None:
             return result
         try:
+            # the stored weights are the intended ones (a held quiesced real keeps its weight here): that is
+            # how the next read tells it is still quiesced, and what reconcile puts back once it is restored
             self.store.append(Entry(version=decision.version, epoch=decision.epoch, weights=ints, shares=stepped,
                                     decision=shares, complete=complete, computed_at=decision.computed_at,
                                     action="manual" if manual else "apply",
                                     reason=(decision.reason + note + released)[:500]))
         except StoreError as e:  # the weights are live; without a record the next decision cannot be ordered
-            return self._store_failed(decision, e, before=before, after=ints)
-        self._publish_weights(ints, decision.version)
+            return self._store_failed(decision, e, before=before, after=writes)
+        self._publish_weights(writes, decision.version)
         why = decision.reason or "decision"
-        if ints == before:
+        if writes == before:
             why += "; weights already live, nothing written"
         return self._done(decision, ApplyResult("applied", decision.version, why + note + released, before=before,
-                                                after=ints, shares=stepped, complete=complete))
+                                                after=writes, shares=stepped, complete=complete))
 
     def _verify(self, decision: EdgeWeights | None, before: dict[str, int] | None, ints: dict[str, int],
                 shares: dict[str, float], complete: bool, version: int | None = None) -> ApplyResult | None:
@@ -180,11 +198,56 @@ class EdgeActuator:
             return self._done(decision, res, version=version)
         return None
 
-    def _down(self) -> set[str]:
+    def _down(self, stored: dict[str, int] | None = None) -> set[str]:
         try:
+            # only a quiescing target needs the stored weights (and older targets take no argument)
+            if _quiesces(self.target):
+                return self.target.down(stored)
             return self.target.down()
         except ActuatorError:
             return set()
+
+    def _stored(self) -> dict[str, int] | None:
+        """The weights last applied, for a quiescing target's DOWN test; None if none or unreadable."""
+        if not _quiesces(self.target):
+            return None
+        try:
+            last = self.store.last()
+        except StoreError:
+            return None
+        return {o: int(w) for o, w in last.weights.items()} if last is not None else None
+
+    def _quiesced(self, down: set[str]) -> set[str]:
+        """DOWN origins that must be held at weight 0 (a weight written to them would revive them)."""
+        return set(down) if _quiesces(self.target) else set()
+
+    @staticmethod
+    def _hold_quiesced(weights: dict[str, int], quiesced: set[str]) -> dict[str, int]:
+        return {o: (0 if o in quiesced else w) for o, w in weights.items()}
+
+    def _write(self, weights: dict[str, int], before: dict[str, int], down: set[str]) -> None:
+        """``target.write``; when it fails, read back, and if nothing that is not DOWN has weight left
+        while something had before, put the pre-write weights back (best effort). The error (audited
+        as ``failed``) says what was found and done: a failed apply must not leave the edge all-zero."""
+        try:
+            self.target.write(weights)
+        except ActuatorError as e:
+            raise ActuatorError(f"{e}{self._guard_all_zero(before, down)}", e.kind) from None
+
+    def _guard_all_zero(self, before: dict[str, int], down: set[str]) -> str:
+        try:
+            live = self.target.read()
+        except ActuatorError as e:
+            return f"; read-back after the failure failed too: {str(e)[:200]}"
+        if _serving(live, down) > 0 or _serving(before, down) <= 0:
+            return ""
+        try:
+            self.target.write(before)
+        except ActuatorError as e:
+            return (f"; read-back {live} serves nothing; re-applying the previous weights {before} FAILED: "
+                    f"{str(e)[:200]}")
+        log.warning("weights_all_zero_restored", edge=self.edge, listener=self.listener, live=live, restored=before)
+        return f"; read-back {live} served nothing: previous weights {before} re-applied"
 
     def _failed(self, decision: EdgeWeights | None, error: ActuatorError, before: dict[str, int] | None,
                 after: dict[str, int] | None = None, version: int | None = None) -> ApplyResult:
@@ -225,19 +288,25 @@ class EdgeActuator:
         except ActuatorError as e:
             metrics.ERRORS.labels(self.edge, e.kind).inc()
             return None
-        if live == want or _serving(want, self._down()) <= 0:
+        down = self._down(want)
+        # a real its health checker quiesced (live 0, stored > 0) is no drift: it stays at 0 until restored
+        quiesced = self._quiesced(down)
+        writes = self._hold_quiesced(want, quiesced)
+        if live == writes or _serving(want, down) <= 0:
             return None
         try:
-            self.target.write(want)
+            self._write(writes, live, down)
         except ActuatorError as e:
-            return self._failed(None, e, live, want, version=last.version)
-        bad = self._verify(None, live, want, last.shares, True, version=last.version)
+            return self._failed(None, e, live, writes, version=last.version)
+        bad = self._verify(None, live, writes, last.shares, True, version=last.version)
         if bad is not None:
             return bad
-        self._publish_weights(want, last.version)
+        self._publish_weights(writes, last.version)
+        held = f"; quiesced origin(s) {sorted(quiesced)} left at 0" if quiesced else ""
         return self._done(None, ApplyResult("applied", last.version, f"drift: live weights {live} differ from the "
-                                                                     f"stored version {last.version}; re-applied",
-                                            before=live, after=want, shares=last.shares),
+                                                                     f"stored version {last.version}; re-applied"
+                                                                     + held,
+                                            before=live, after=writes, shares=last.shares),
                           action="edge.weights.reconcile")
 
     # -- hold / rollback -----------------------------------------------------------------------
@@ -274,28 +343,35 @@ class EdgeActuator:
                                   action="edge.weights.rollback")
             entry = found[-1]
         ints = {o: int(entry.weights.get(o, 0)) for o in self.target.origins}
-        if _serving(ints, self._down()) <= 0:
+        down = self._down({o: int(w) for o, w in history[-1].weights.items()})
+        if _serving(ints, down) <= 0:
             return self._done(None, ApplyResult("refused", entry.version, "version would zero every server that "
                                                                           "is not DOWN"),
                               action="edge.weights.rollback")
+        quiesced = self._quiesced(down)
+        writes = self._hold_quiesced(ints, quiesced)  # a rollback does not revive a quiesced real either
         why = reason or f"operator rollback to version {entry.version}"
+        if quiesced:
+            why += f"; quiesced origin(s) {sorted(quiesced)} held at 0"
         if self.mode != "live":
-            res = ApplyResult("dry_run" if self.mode == "dry-run" else "shadow", entry.version, why, after=ints)
+            res = ApplyResult("dry_run" if self.mode == "dry-run" else "shadow", entry.version, why, after=writes)
             return self._done(None, res, action="edge.weights.rollback")
         try:
             before = self.target.read()
-            if before != ints:
-                self.target.write(ints)
         except ActuatorError as e:
-            res = self._failed(None, e, None, ints, version=entry.version)
-            return res
-        bad = self._verify(None, before, ints, entry.shares, True, version=entry.version)
+            return self._failed(None, e, None, writes, version=entry.version)
+        if before != writes:
+            try:
+                self._write(writes, before, down)
+            except ActuatorError as e:
+                return self._failed(None, e, before, writes, version=entry.version)
+        bad = self._verify(None, before, writes, entry.shares, True, version=entry.version)
         if bad is not None:
             return bad
         self.store.append(Entry(version=entry.version, epoch=entry.epoch, weights=ints, shares=entry.shares,
                                 decision=entry.decision, complete=True, action="rollback", reason=why[:500]))
-        self._publish_weights(ints, entry.version)
-        return self._done(None, ApplyResult("rolled_back", entry.version, why, before=before, after=ints,
+        self._publish_weights(writes, entry.version)
+        return self._done(None, ApplyResult("rolled_back", entry.version, why, before=before, after=writes,
                                             shares=entry.shares), action="edge.weights.rollback")
 
     # -- audit, metrics, log -------------------------------------------------------------------
@@ -319,6 +395,10 @@ class EdgeActuator:
         level("weights_" + res.result, edge=self.edge, listener=self.listener, version=res.version,
               before=res.before, after=res.after, reason=reason[:500])
         return res
+
+
+def _quiesces(target: Target) -> bool:
+    return bool(getattr(target, "quiesces", False))  # targets written before the attribute do not
 
 
 def _serving(weights: dict[str, int], down: set[str]) -> int:

@@ -25,6 +25,9 @@ class ActuatorError(RuntimeError):
 class Target(Protocol):
     kind: str         # "haproxy" or "lvs"
     max_weight: int   # highest integer weight the target accepts
+    # True when the LB's health checker takes a dead server to weight 0 instead of marking it DOWN
+    # (LVS with keepalived/ldirectord): any weight written to it would revive it, so it is held at 0
+    quiesces: bool
 
     @property
     def origins(self) -> list[str]: ...
@@ -35,7 +38,10 @@ class Target(Protocol):
 
     def write(self, weights: dict[str, int]) -> None: ...
 
-    def down(self) -> set[str]: ...
+    def down(self, stored: dict[str, int] | None = None) -> set[str]:
+        """Origins the LB reports DOWN; ``stored`` (the weights last applied) lets a quiescing target
+        tell a server its health checker set to 0 from one the actuator set to 0."""
+        ...
 
 
 # Results written to the audit trail and the applies metric.

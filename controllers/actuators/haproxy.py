@@ -1,9 +1,10 @@
 """HAProxy target: integer weights through the runtime API (``get weight`` / ``set weight``).
 
-A batch is written server by server (the runtime API has no transaction); if one ``set weight``
-fails, the servers already changed are put back to the weights read before, so a failed apply
-leaves the backend as it was. Note ``balance static-rr`` backends refuse runtime weights other than
-0%/100%: HAProxy's reply is raised as a command error.
+A batch is written server by server (the runtime API has no transaction), increases before
+decreases, so a batch torn part-way never leaves less total weight than before or after; if one
+``set weight`` fails, the servers already changed are put back to the weights read before (the
+error says which of those undo writes failed, if any). Note ``balance static-rr`` backends refuse
+runtime weights other than 0%/100%: HAProxy's reply is raised as a command error.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from opsloop.lb.haproxy import HaproxyAPI, HaproxyError, StatParseError, parse_s
 from opsloop.controllers.actuators.base import ActuatorError
 from opsloop.controllers.actuators.config import HaproxyTargetConfig
 from opsloop.controllers.actuators.mapping import HAPROXY_MAX_WEIGHT
+from opsloop.controllers.actuators.safety import increases_first
 
 
 def _kind(error: HaproxyError) -> str:
@@ -23,6 +25,7 @@ def _kind(error: HaproxyError) -> str:
 class HaproxyTarget:
     kind = "haproxy"
     max_weight = HAPROXY_MAX_WEIGHT
+    quiesces = False  # a DOWN server keeps its weight and gets no traffic (health checks)
 
     def __init__(self, config: HaproxyTargetConfig, api: HaproxyAPI | None = None) -> None:
         self.config = config
@@ -50,23 +53,37 @@ class HaproxyTarget:
             raise ActuatorError(f"{self.describe()}: no server configured for origin(s) {unknown}", "config")
         before = self.read()
         done: list[str] = []
-        for origin, weight in weights.items():
+        # increases first: a batch torn by a dead socket then never leaves less weight than before or after
+        for origin in increases_first(weights, before):
             try:
-                self.api.set_weight(self.config.backend, self.config.servers[origin], weight)
+                self.api.set_weight(self.config.backend, self.config.servers[origin], weights[origin])
             except HaproxyError as e:
-                self._undo(done, before)
-                raise ActuatorError(f"{self.describe()}: {e} (undone: {done or 'nothing'})", _kind(e)) from None
+                undo = self._undo(done, before)
+                raise ActuatorError(f"{self.describe()}: {e} ({undo})", _kind(e)) from None
             done.append(origin)
 
-    def _undo(self, done: list[str], before: dict[str, int]) -> None:
-        for origin in done:
+    def _undo(self, done: list[str], before: dict[str, int]) -> str:
+        """Put the servers already changed back; says which undo writes failed (the audit carries it)."""
+        restored: list[str] = []
+        failed: list[str] = []
+        error = ""
+        # reverse order: the decreases written last are put back first (increases first again)
+        for origin in reversed(done):
             try:
                 self.api.set_weight(self.config.backend, self.config.servers[origin], before[origin])
-            except HaproxyError:
-                pass  # the read-back after the failed apply reports what is live
+                restored.append(origin)
+            except HaproxyError as e:
+                failed.append(origin)
+                error = str(e)
+        if not done:
+            return "nothing written, nothing to undo"
+        text = f"undone: {restored or 'nothing'}"
+        if failed:
+            text += f"; undo FAILED for {failed} ({error[:200]})"
+        return text
 
-    def down(self) -> set[str]:
-        """Origins whose server HAProxy reports DOWN or in maintenance (health checks)."""
+    def down(self, stored: dict[str, int] | None = None) -> set[str]:
+        """Origins whose server HAProxy reports DOWN or in maintenance (health checks); ``stored`` unused."""
         try:
             rows = parse_show_stat(self.api.show_stat())
         except (HaproxyError, StatParseError):

@@ -5,8 +5,9 @@ The batch is ``ipvsadm -R`` restore input, one ``-e`` (edit real server) line pe
     -e -t 192.0.2.10:443 -r 10.0.0.1:443 -m -w 700
 
 The forwarding method (``-g``/``-m``/``-i``) is repeated from the live listing because an edit
-without it resets the real server to the default (direct routing). ``ipvsadm -R`` is not atomic:
-when it fails, the weights read before are restored with a second ``-R`` and the error raised.
+without it resets the real server to the default (direct routing). ``ipvsadm -R`` is not atomic
+(line by line): the lines that raise a weight come first, and when it fails, the weights read before
+are restored with a second ``-R`` and the error raised.
 The ``-Ln`` listing is parsed by :func:`opsloop.lb.ipvs.parse_ipvsadm_list` (the LB client the LVS collector shares).
 """
 
@@ -23,6 +24,7 @@ from opsloop.lb.ipvs import (LvsParseError, RealServer, ServiceKey, parse_ipvsad
 from opsloop.controllers.actuators.base import ActuatorError
 from opsloop.controllers.actuators.config import LvsTargetConfig
 from opsloop.controllers.actuators.mapping import IPVS_MAX_WEIGHT
+from opsloop.controllers.actuators.safety import increases_first
 
 _FORWARD_FLAGS = {"Route": "-g", "Masq": "-m", "Tunnel": "-i", "Local": "-g"}
 _PROTO_FLAGS = {"tcp": "-t", "udp": "-u", "sctp": "--sctp-service", "fwm": "-f"}
@@ -41,6 +43,7 @@ def service_args(key: ServiceKey) -> list[str]:
 class LvsTarget:
     kind = "lvs"
     max_weight = IPVS_MAX_WEIGHT
+    quiesces = True  # a dead real is weight 0, not DOWN: a weight written to it sends traffic to it again
 
     def __init__(self, config: LvsTargetConfig) -> None:
         self.config = config
@@ -106,9 +109,13 @@ class LvsTarget:
     def read(self) -> dict[str, int]:
         return {o: r.weight for o, r in self._live().items()}
 
-    def restore_input(self, weights: dict[str, int], forward: dict[str, str]) -> str:
+    def restore_input(self, weights: dict[str, int], forward: dict[str, str],
+                      current: dict[str, int] | None = None) -> str:
+        """``-R`` input; with ``current`` (the weights live now) the increases come first: ``-R`` applies
+        line by line, so a batch torn part-way never leaves less total weight than before or after."""
         lines = []
-        for origin, weight in weights.items():
+        for origin in increases_first(weights, current or {}):
+            weight = weights[origin]
             if not 0 <= weight <= IPVS_MAX_WEIGHT:
                 raise ActuatorError(f"{self.describe()}: weight {weight} for {origin} outside 0..65535", "config")
             real = self.reals[origin]
@@ -123,19 +130,28 @@ class LvsTarget:
             raise ActuatorError(f"{self.describe()}: no real server configured for origin(s) {unknown}", "config")
         live = self._live()
         forward = {o: r.forward for o, r in live.items()}
+        before = {o: r.weight for o, r in live.items()}
         try:
-            self._run(["-R"], self.restore_input(weights, forward))
+            self._run(["-R"], self.restore_input(weights, forward, before))
         except ActuatorError as e:
-            # -R is not atomic: put back what was live before, then report the original error
+            # -R is not atomic: put back what was live before, then report the original error; ordered
+            # against the batch just tried (worst case fully applied), so the undo is increases-first too
             try:
-                self._run(["-R"], self.restore_input({o: r.weight for o, r in live.items()}, forward))
+                self._run(["-R"], self.restore_input(before, forward, {**before, **weights}))
                 note = "previous weights restored"
             except ActuatorError as undo:
                 note = f"restoring the previous weights failed too: {undo}"
             raise ActuatorError(f"{e} ({note})", e.kind) from None
 
-    def down(self) -> set[str]:
-        return set()  # ipvsadm has no health view; keepalived/ldirectord quiesce a dead real to weight 0
+    def down(self, stored: dict[str, int] | None = None) -> set[str]:
+        """Origins keepalived/ldirectord quiesced: live weight 0 where the stored weight is above 0.
+
+        ipvsadm has no health view; a health checker with quiescent mode sets a dead real's weight to 0
+        (and back to its own configured weight when it recovers). Without stored weights (nothing applied
+        yet) a quiesced real cannot be told from one set to 0, so nothing is reported."""
+        if not stored:
+            return set()
+        return {o for o, w in self.read().items() if w == 0 and stored.get(o, 0) > 0}
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

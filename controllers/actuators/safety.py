@@ -1,4 +1,5 @@
-"""Pure safety rules of the actuator (property-tested): bounded step, releasing DOWN origins, diff.
+"""Pure safety rules of the actuator (property-tested): bounded step, releasing DOWN origins, diff,
+write order of a batch.
 
 ``bound_step`` moves from the live shares towards the decision by at most ``max_step`` per origin,
 except that the share of a *releasable* origin (decision share 0 and reported DOWN by the load
@@ -40,6 +41,20 @@ def bound_step(previous: dict[str, float], decision: dict[str, float], max_step:
     if total <= EPS:  # an all-zero decision: the caller refuses it
         return {o: 0.0 for o in origins}
     return {o: max(0.0, v) / total for o, v in out.items()}
+
+
+def increases_first(new: dict[str, int], current: dict[str, int]) -> list[str]:
+    """The origins of ``new`` in write order: increases, then unchanged, then decreases (stable).
+
+    LB batches are not atomic (HAProxy ``set weight`` one by one, ``ipvsadm -R`` line by line): a
+    batch torn after any prefix in this order leaves every server at its old or new weight and a total
+    no lower than the smaller of the old and new totals, so never all-zero when neither end is."""
+    def rank(o: str) -> int:
+        old = current.get(o)
+        if old is None or new[o] == old:
+            return 1
+        return 0 if new[o] > old else 2
+    return sorted(new, key=rank)
 
 
 def reaches(applied: dict[str, float], decision: dict[str, float], tol: float = 1e-9) -> bool:
