@@ -9,6 +9,7 @@ import time
 import threading
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
@@ -23,6 +24,17 @@ from opsloop.stack import ManagedProcess, free_port
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ConsumerMsg:
+    """A consumer record as a batch hands it to the runtime (what ``decode_messages`` reads)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
 
 
 def wait_until(fn: Callable[[], T], timeout: float = 60.0, interval: float = 0.5, what: str = "condition") -> T:

@@ -5,8 +5,6 @@ row (show stat type 3: before, taken for a server)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 from prometheus_client import REGISTRY
 
@@ -16,16 +14,9 @@ from opsloop.streams.lb.rates import LbRates, count_basis, request_count
 from opsloop.streams.runtime.batch import FanOut, decode_and_handle
 from opsloop.wire import encode_batch
 
+from tests.helpers import ConsumerMsg
+
 T0 = 1_795_000_000.0
-
-
-@dataclass
-class Msg:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
 
 
 def _row(proxy: str, sv: str, fields: dict, ts: float, typ: str | None = "server", host: str = "e1"):
@@ -45,8 +36,8 @@ def test_an_empty_proxy_row_is_refused_and_the_good_rows_are_sent() -> None:
     fan = FanOut("lb", [rates, agg])
     before = _rejected("empty_proxy")
     for i, ts in enumerate((T0, T0 + 10)):
-        msgs = [Msg("telemetry.lb", 0, 2 * i, b"k", encode_batch([_row("be_web", "a", {"hrsp_2xx": 100 * i}, ts)])),
-                Msg("telemetry.lb", 0, 2 * i + 1, b"k", encode_batch([_row("", "x", {"hrsp_2xx": 100 * i}, ts)]))]
+        msgs = [ConsumerMsg("telemetry.lb", 0, 2 * i, b"k", encode_batch([_row("be_web", "a", {"hrsp_2xx": 100 * i}, ts)])),
+                ConsumerMsg("telemetry.lb", 0, 2 * i + 1, b"k", encode_batch([_row("", "x", {"hrsp_2xx": 100 * i}, ts)]))]
         batch = decode_and_handle("lb", msgs, fan)
         out = agg.drain()
         # only the bad record is dead-lettered, with its place and why
@@ -57,7 +48,7 @@ def test_an_empty_proxy_row_is_refused_and_the_good_rows_are_sent() -> None:
 
 def test_a_standalone_aggregator_hands_its_rates_refusals_to_the_runtime() -> None:
     agg = DemandAggregator()
-    msgs = [Msg("telemetry.lb", 0, 5, b"k", encode_batch([_row("", "x", {"hrsp_2xx": 1}, T0)]))]
+    msgs = [ConsumerMsg("telemetry.lb", 0, 5, b"k", encode_batch([_row("", "x", {"hrsp_2xx": 1}, T0)]))]
     (dl,) = decode_and_handle("lb", msgs, agg).deadletters
     assert dl.offset == 5 and "proxy" in dl.reason
 

@@ -5,7 +5,6 @@ bad record would leave no trace), and still names the first thing wrong. Before:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import orjson
 import pytest
@@ -13,18 +12,9 @@ import pytest
 from opsloop.records import DEADLETTER_VALUE_LIMIT, metric
 from opsloop.streams.runtime.batch import DEADLETTER_REASON_CHARS, DeadLetter, decode_messages
 
+from tests.helpers import ConsumerMsg
+
 KAFKA_MAX = 1_000_000
-
-
-@dataclass
-class Msg:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
-
-
 NOW = time.time()
 CASES = {
     "fields": {"name": "x", "tags": {}, "fields": {f"f{i}": [1] for i in range(20000)}, "timestamp": NOW},
@@ -37,7 +27,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_large_bad_record_gives_a_dead_letter_under_1mb_naming_the_first_error(case: str) -> None:
     raw = orjson.dumps(CASES[case])
-    (dl,) = decode_messages([Msg("telemetry.ipmi", 0, 1, b"k", raw)]).deadletters
+    (dl,) = decode_messages([ConsumerMsg("telemetry.ipmi", 0, 1, b"k", raw)]).deadletters
     enc = dl.encode()
     assert len(enc) < KAFKA_MAX
     doc = orjson.loads(enc)
