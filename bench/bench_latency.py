@@ -41,7 +41,7 @@ import requests
 import yaml
 
 from opsloop.collectors.iptables.neutron_layout import LayoutPort, filter_table
-from opsloop.controllers.paging.amconfig import write_alertmanager_config
+from opsloop.controllers.paging.amconfig import write_alertmanager_config, write_private
 from opsloop.config import StackSettings
 from opsloop.stack import ManagedProcess, Stack, free_port
 from bench.bench_stream import _produce, _records
@@ -217,7 +217,7 @@ def _measure(tmp: Path, trials: int) -> tuple[list[float], list[float], dict[str
         stack.start_component("kafka")
         hvs = [Hypervisor(tmp, f"bench-hv{i:02d}") for i in range(trials)]
         key = tmp / "routing-key"
-        key.write_text("bench-routing-key")
+        write_private(key, "bench-routing-key")   # a routing key is a secret: 0600 from creation
         am_cfg = write_alertmanager_config(tmp / "am" / "alertmanager.yml", webhook_url=f"http://127.0.0.1:{hook.port}",
                                            routing_key_file=key, timings={"group_wait": "1s", "group_interval": "2s",
                                                                           "repeat_interval": "1h"})

@@ -31,6 +31,7 @@ from opsloop.controllers.edge.service.api_token import create_token_file
 from opsloop.controllers.paging.amconfig import write_alertmanager_config
 from opsloop.lab.edge import EdgeSpec, OriginSpec, haproxy_process, origin_process
 from opsloop.log import setup_logging
+from opsloop.paths import write_private
 from opsloop.stack import ManagedProcess, Stack, StackError, free_port
 from opsloop.stack.process import pid_alive, write_pidfile
 from opsloop.stack.supervisor import RestartBudgetExceeded, Supervisor
@@ -172,7 +173,8 @@ def effective_config(base: Path | None, run_dir: Path, ports: LabPorts = LabPort
                      "socket": str(run_dir / "lab" / "haproxy.sock"), "backend": "be_web",
                      "servers": {"near": "near", "far": "far"}}]})
     path = run_dir / "opsloop.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    # The user's settings may hold secrets (Alertmanager user:password@, Kafka password): 0600 from creation.
+    write_private(path, yaml.safe_dump(doc, sort_keys=False))
     return load_settings(path), path
 
 
@@ -180,8 +182,7 @@ def alertmanager_config(run_dir: Path, ports: LabPorts = LabPorts()) -> Path:
     """alerts/alertmanager.yml with every receiver pointed at the lab pager (a dummy PagerDuty key)."""
     key = run_dir / "pager" / "pagerduty-routing-key"
     key.parent.mkdir(parents=True, exist_ok=True)
-    key.write_text("lab-routing-key\n")
-    key.chmod(0o600)
+    write_private(key, "lab-routing-key\n")   # 0600 from creation: no window where others may read it
     return write_alertmanager_config(run_dir / "pager" / "alertmanager.yml",
                                      webhook_url=f"http://127.0.0.1:{ports.pager}", routing_key_file=key,
                                      timings={"group_wait": "5s", "group_interval": "30s", "repeat_interval": "1h"})

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import yaml
 
 from opsloop.config import CONFIG_ENV, DEFAULT_CONFIG_PATH, ConfigError, defaults_document, load_settings
+from opsloop.redact import redact_credentials
 
 EPILOG = f"""examples:
   opsloop config check opsloop.yaml          # every error on its own line, with its path; exit 2 if any
@@ -39,5 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"opsloop config: {e}", file=sys.stderr)
         return 2
-    print(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False), end="")
+    # URLs may carry user:password@ (Alertmanager, Elasticsearch); the output goes to terminals and CI logs.
+    print(yaml.safe_dump(_redacted(settings.model_dump(mode="json")), sort_keys=False), end="")
     return 0
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` with the credentials of every URL in its strings masked (keys and structure kept)."""
+    if isinstance(value, str):
+        return redact_credentials(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    return value

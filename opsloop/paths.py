@@ -59,3 +59,13 @@ def take_state_dir_option(argv: list[str]) -> list[str]:
         raise ValueError("--state-dir needs a directory (e.g. opsloop --state-dir /srv/opsloop page run)")
     os.environ[STATE_DIR_ENV] = value
     return rest
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a file only its owner can read, from its creation (no window in which another
+    user may read it): Alertmanager configs (a receiver URL is often its own token, or carries
+    user:password@), routing keys, passwords."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)  # a file that was there before keeps its mode otherwise
+        f.write(text)

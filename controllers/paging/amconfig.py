@@ -12,13 +12,12 @@ Every webhook receiver posts to ``{webhook_url}/{receiver}`` and PagerDuty Event
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from opsloop.paths import shipped
+from opsloop.paths import shipped, write_private
 from opsloop.validation import YamlFileError, read_yaml
 
 ALERTS_DIR = shipped("alerts")   # the checkout's alerts/, or the copy inside the installed package
@@ -84,12 +83,3 @@ def write_alertmanager_config(path: Path, **kwargs: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_private(path, render_alertmanager_config(**kwargs))
     return path
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to a file only its owner can read, from its creation: the receivers' URLs are
-    often secrets themselves (a chat webhook URL is its own token, a URL may carry user:password@)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(fd, 0o600)  # a file that was there before keeps its mode otherwise
-        f.write(text)

@@ -11,11 +11,19 @@ Pure state, no I/O (the service posts and persists). Rules:
 * ``cleared`` resolves (``resolve``): endsAt = now, kept until delivered. A clear for an id we do
   not know (restart without state) is still sent once: Alertmanager drops a resolve for an alert
   that never notified, so this is safe and closes pages left over from before the restart.
+* Queued resolves are bounded (``max_pending_resolves``): while Alertmanager is down, or while a new
+  group replays the topic from its start, every clear queues one. Over the bound the oldest
+  best-effort resolve (an id never open here, or an alert never delivered) is dropped first; a
+  resolve of an alert we paged is dropped (oldest first) only when none is left: that alert then
+  ends in Alertmanager by itself at its endsAt (``alert_ttl_s`` after its last re-send), which for
+  the oldest has passed or is nearest. ``on_drop`` is told of each drop (the service counts and
+  logs them).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,6 +32,7 @@ from opsloop.records import Finding, Severity
 from opsloop.controllers.paging.mapping import SEVERITY_RANK, Links, annotations_for, labels_for, postable
 
 STATE_VERSION = 1
+DEFAULT_MAX_PENDING_RESOLVES = 10_000
 
 
 @dataclass(slots=True)
@@ -52,6 +61,7 @@ class PendingResolve:
     annotations: dict[str, str]
     starts_at: float
     ends_at: float
+    best_effort: bool = False   # the alert was never delivered from here (not open here, or cleared unsent)
 
 
 @dataclass
@@ -60,8 +70,17 @@ class PagingBook:
     resend_interval_s: float = 60.0
     alert_ttl_s: float = 240.0
     links: Links = field(default_factory=Links)
+    max_pending_resolves: int = DEFAULT_MAX_PENDING_RESOLVES
+    on_drop: Callable[[PendingResolve], None] | None = field(default=None, repr=False, compare=False)
     open: dict[str, OpenAlert] = field(default_factory=dict)
     resolves: dict[str, list[PendingResolve]] = field(default_factory=dict)
+    # Ids with a best-effort resolve queued, oldest first: the cap finds its victim without a scan.
+    _best_effort: dict[str, None] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _queued: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_pending_resolves < 1:
+            raise ValueError(f"max_pending_resolves must be at least 1, not {self.max_pending_resolves}")
 
     # -- findings in ----------------------------------------------------------------------
     def apply(self, finding: Finding, now: float) -> list[Action]:
@@ -76,7 +95,7 @@ class PagingBook:
             if finding.cleared and pages:
                 labels = labels_for(finding)
                 self._queue_resolve(PendingResolve(fid, labels, annotations_for(finding, self.links),
-                                                   finding.first_seen, now))
+                                                   finding.first_seen, now, best_effort=True))
                 return [Action("resolve", fid, labels, "finding cleared (not open here: resolve sent anyway)")]
             return [Action("ignore", fid, labels_for(finding), why)]
         labels = labels_for(finding)
@@ -97,11 +116,45 @@ class PagingBook:
         annotations = dict(alert.annotations)
         if finding.cleared and finding.explanation:
             annotations["explanation"] = finding.explanation
-        self._queue_resolve(PendingResolve(alert.finding_id, alert.labels, annotations, alert.starts_at, now))
+        # Never delivered (opened and cleared during a catch-up replay, or while Alertmanager was down):
+        # Alertmanager would drop this resolve as it would one for an id never open here.
+        self._queue_resolve(PendingResolve(alert.finding_id, alert.labels, annotations, alert.starts_at, now,
+                                           best_effort=not alert.delivered_once))
 
     def _queue_resolve(self, r: PendingResolve) -> None:
-        queue = self.resolves.setdefault(r.finding_id, [])
+        fid = r.finding_id
+        queue = self.resolves.setdefault(fid, [])
+        before = len(queue)
         queue[:] = [q for q in queue if q.labels != r.labels] + [r]
+        self._queued += len(queue) - before
+        self._best_effort.pop(fid, None)   # re-queued: now the newest
+        if any(q.best_effort for q in queue):
+            self._best_effort[fid] = None
+        while self._queued > self.max_pending_resolves:
+            self._drop_one()
+
+    def _drop_one(self) -> None:
+        """Drop the oldest best-effort resolve(s) of one id, else the oldest resolve of all."""
+        if self._best_effort:
+            fid = next(iter(self._best_effort))
+            del self._best_effort[fid]
+            queue = self.resolves[fid]
+            dropped = [q for q in queue if q.best_effort]
+            queue[:] = [q for q in queue if not q.best_effort]
+        else:
+            fid = next(iter(self.resolves))
+            queue = self.resolves[fid]
+            dropped = queue[:1]
+            del queue[:1]
+        if not queue:
+            del self.resolves[fid]
+        self._queued -= len(dropped)
+        for r in dropped:
+            if self.on_drop is not None:
+                self.on_drop(r)
+
+    def pending_resolves(self) -> int:
+        return self._queued
 
     # -- alerts out -----------------------------------------------------------------------
     def due(self, now: float) -> list[dict[str, Any]]:
@@ -128,12 +181,17 @@ class PagingBook:
                 if not a.delivered_once:
                     first.append(a)
                 a.last_sent, a.delivered_once = now, True
-        resolved = sum(len(q) for q in self.resolves.values())
+        resolved = self._queued
         self.resolves.clear()
+        self._best_effort.clear()
+        self._queued = 0
         return first, resolved
 
     def pending(self, now: float) -> int:
-        return len(self.due(now))
+        """How many alerts ``due(now)`` would return, without building them (the service asks every step)."""
+        firing = sum(1 for a in self.open.values()
+                     if a.last_sent is None or now - a.last_sent >= self.resend_interval_s)
+        return self._queued + firing
 
     # -- persistence ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -154,7 +212,8 @@ class PagingBook:
             opened[alert.finding_id] = alert
         pending = [_checked(PendingResolve, r, f"resolves[{i}]") for i, r in enumerate(_entries(doc, "resolves"))]
         self.open, self.resolves = opened, {}
-        for r in pending:
+        self._best_effort, self._queued = {}, 0
+        for r in pending:   # the bound applies to a saved queue too (a state file from before it, a lower bound)
             self._queue_resolve(r)
 
 
@@ -183,6 +242,7 @@ def _checked(cls: type[Any], doc: Any, where: str) -> Any:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"paging state: {where}.{name} is {value!r}, not a time")
-    if not isinstance(entry.finding_id, str) or not isinstance(getattr(entry, "delivered_once", False), bool):
-        raise ValueError(f"paging state: {where}: finding_id must be a string and delivered_once a boolean")
+    if not isinstance(entry.finding_id, str) or not all(
+            isinstance(getattr(entry, flag, False), bool) for flag in ("delivered_once", "best_effort")):
+        raise ValueError(f"paging state: {where}: finding_id must be a string, delivered_once and best_effort booleans")
     return entry

@@ -16,7 +16,8 @@ from opsloop.log import setup_logging
 from opsloop.metrics import serve_service_metrics, stop_on_signals
 from opsloop.redact import redact_credentials
 
-from opsloop.controllers.paging.amconfig import render_alertmanager_config, write_private
+from opsloop.controllers.paging.amconfig import render_alertmanager_config
+from opsloop.paths import write_private
 from opsloop.controllers.paging.config import PagingConfigError, paging_config
 from opsloop.controllers.paging.service import PagingService
 

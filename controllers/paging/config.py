@@ -18,6 +18,8 @@ from opsloop.config import DEFAULT_RUN_DIR, LOOPBACK, Settings
 from opsloop.runbooks import dashboard_base_url, runbook_base_url
 from opsloop.validation import describe_validation_error
 
+from opsloop.controllers.paging.book import DEFAULT_MAX_PENDING_RESOLVES
+
 
 class PagingConfigError(ValueError):
     """The paging section is invalid; the message names the field and value."""
@@ -48,6 +50,9 @@ class PagingConfig(BaseModel):
     metrics_port: int = Field(default=29103, ge=0, le=65535)
     state_file: Path = DEFAULT_RUN_DIR / "paging" / "state.json"
     poll_timeout_s: float = Field(default=1.0, gt=0, le=30)
+    # Resolves queued while Alertmanager is away or during a replay (about 1.4 KiB each): beyond this the
+    # oldest for findings never open here go first (controllers/paging/book.py), each one counted.
+    max_pending_resolves: int = Field(default=DEFAULT_MAX_PENDING_RESOLVES, ge=1, le=1_000_000)
 
     @field_validator("alertmanager_urls")
     @classmethod

@@ -11,6 +11,9 @@ SENT = Counter("opsloop_paging_alerts_sent_total", "Alerts delivered to Alertman
 DELIVERY_FAILURES = Counter("opsloop_paging_delivery_failures_total",
                             "POST attempts no Alertmanager accepted (retried with back-off)")
 DROPPED = Counter("opsloop_paging_alerts_dropped_total", "Alerts Alertmanager rejected as invalid (not retried)")
+RESOLVES_DROPPED = Counter("opsloop_paging_resolves_dropped_total",
+                           "Queued resolves dropped over max_pending_resolves, by kind: best_effort (alert never "
+                           "delivered from here), paged (an alert we sent; it ends at its endsAt instead)", ["kind"])
 AUDIT_FAILURES = Counter("opsloop_paging_audit_failures_total", "Audit records that could not be written to Kafka")
 ACTIVE = Gauge("opsloop_paging_active_alerts", "Open findings paged as firing alerts")
 PENDING = Gauge("opsloop_paging_pending_alerts", "Alerts due for delivery but not delivered yet")

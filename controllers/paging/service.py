@@ -2,8 +2,10 @@
 
 At-least-once: offsets are committed after the state that reflects them is saved; a replayed
 finding maps to the same alert (same labels), so a replay never pages twice. Alertmanager being
-down does not stop consumption: the book keeps the latest state per finding (bounded by the number
-of open findings) and delivery is retried with exponential back-off.
+down does not stop consumption: the book keeps the latest state per open finding and a queue of
+resolves bounded by ``max_pending_resolves`` (beyond it the oldest are dropped, best-effort ones
+first, counted in ``opsloop_paging_resolves_dropped_total``), and delivery is retried with
+exponential back-off.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from opsloop.log import Sampled, get_logger
 from opsloop.controllers.paging import metrics
 from opsloop.controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError, Backoff
 from opsloop.controllers.paging.audit import Auditor
-from opsloop.controllers.paging.book import Action, PagingBook
+from opsloop.controllers.paging.book import Action, PagingBook, PendingResolve
 from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.mapping import Links
 
 log = get_logger("paging")
 REJECT_LOG = Sampled(60.0)   # a poison stream: one line a minute (the counter counts each)
+DROP_LOG = Sampled(60.0)     # a long outage drops one resolve per clear: one line a minute per kind
 
 AUDIT_ACTIONS = {"open": "page_opened", "resolve": "page_resolved", "severity_changed": "page_severity_changed"}
 
@@ -46,7 +49,8 @@ class PagingService:
         self.client_id = client_id
         self.book = PagingBook(min_severity=Severity(config.min_severity), resend_interval_s=config.resend_interval_s,
                                alert_ttl_s=config.alert_ttl_s,
-                               links=Links(config.dashboard_base_url, config.runbook_base_url))
+                               links=Links(config.dashboard_base_url, config.runbook_base_url),
+                               max_pending_resolves=config.max_pending_resolves, on_drop=self._resolve_dropped)
         self.client = client or AlertmanagerClient(config.alertmanager_urls, config.request_timeout_s)
         self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
         self._consumer = consumer
@@ -81,6 +85,13 @@ class PagingService:
             return
         log.info("state_restored", path=str(path), open=len(self.book.open),
                  resolves=sum(len(q) for q in self.book.resolves.values()))
+
+    def _resolve_dropped(self, r: PendingResolve) -> None:
+        kind = "best_effort" if r.best_effort else "paged"
+        metrics.RESOLVES_DROPPED.labels(kind).inc()
+        self._dirty = True   # the saved queue must lose it too
+        DROP_LOG.warning(log, "resolve_dropped", key=kind, kind=kind, finding_id=r.finding_id,
+                         alertname=r.labels.get("alertname"), max_pending_resolves=self.config.max_pending_resolves)
 
     def save_state(self) -> None:
         path: Path = self.config.state_file

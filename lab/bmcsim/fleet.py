@@ -24,6 +24,7 @@ from string import Template
 from collections.abc import Iterable
 
 from opsloop.config import REPO_ROOT
+from opsloop.paths import write_private
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 EXTENSION_SOURCE = Path(__file__).resolve().parent / "dcmi_power.c"
@@ -123,16 +124,15 @@ class SimulatedBMC:
         state = self.dir / "state" / "ipmi_sim" / s.name  # where persist_sdr looks: <-s dir>/ipmi_sim/<name>/
         state.mkdir(parents=True, exist_ok=True)
         self.set_watts(s.watts)
-        self.password_file.write_text(s.password + "\n")
-        self.password_file.chmod(0o600)
+        # 0600 from creation (write_text then chmod left a moment where anyone could read it)
+        write_private(self.password_file, s.password + "\n")
 
         loadlib = ""
         if s.dcmi:
             loadlib = f'loadlib "{ensure_extension()}" "watts_file={self.watts_file}"'
         lan = _render("lan.cfg", name=s.name, port=self.port, guid=uuid.uuid4().hex,
                       username=s.username, password=s.password, loadlib=loadlib)
-        (self.dir / "lan.conf").write_text(lan)
-        (self.dir / "lan.conf").chmod(0o600)
+        write_private(self.dir / "lan.conf", lan)   # holds the password in clear
 
         sensors, sdrs = [], [_render("mc.sdrs", name=s.name)]
         if s.sdr_power:

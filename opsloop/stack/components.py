@@ -7,7 +7,6 @@ Each builder writes the component's configuration under its data directory and r
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import uuid
 from pathlib import Path
@@ -16,7 +15,7 @@ import requests
 import yaml
 
 from opsloop.config import REPO_ROOT
-from opsloop.paths import shipped
+from opsloop.paths import shipped, write_private
 from opsloop.stack.process import ManagedProcess, StackError, require_binary
 
 KAFKA_LIBS = REPO_ROOT / ".cache" / "kafka" / "libs"
@@ -140,7 +139,8 @@ def prometheus(data_dir: Path, host: str, port: int, scrape_targets: list[str], 
     (work / "targets").mkdir(exist_ok=True)
     (work / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     argv = [binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'tsdb'}",
-            f"--web.listen-address={host}:{port}", "--web.enable-lifecycle", "--log.format=json",
+            # No --web.enable-lifecycle: it opens unauthenticated POST /-/quit and /-/reload, and nothing uses them.
+            f"--web.listen-address={host}:{port}", "--log.format=json",
             "--storage.tsdb.retention.time=2d"]
     return ManagedProcess(name="prometheus", argv=argv, workdir=work, ports={"web": (host, port)},
                           ready=lambda: _http_ok(f"http://{host}:{port}/-/ready"))
@@ -152,7 +152,7 @@ def alertmanager(data_dir: Path, host: str, port: int, config: Path | None = Non
     work.mkdir(parents=True, exist_ok=True)
     cfg_path = work / "alertmanager.yml"
     if config is not None:
-        shutil.copyfile(config, cfg_path)
+        write_private(cfg_path, config.read_text())   # receiver URLs are secrets: 0600 from creation
     elif not cfg_path.exists():
         cfg_path.write_text(yaml.safe_dump({
             "route": {"receiver": "null", "group_wait": "1s", "group_interval": "5s", "repeat_interval": "1h"},
