@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 import yaml
 
@@ -42,16 +41,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"opsloop config: {e}", file=sys.stderr)
         return 2
     # URLs may carry user:password@ (Alertmanager, Elasticsearch); the output goes to terminals and CI logs.
-    print(yaml.safe_dump(_redacted(settings.model_dump(mode="json")), sort_keys=False), end="")
+    # (over the text, as the log formatter does: a URL is one YAML scalar on one line)
+    print(redact_credentials(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False)), end="")
     return 0
-
-
-def _redacted(value: Any) -> Any:
-    """``value`` with the credentials of every URL in its strings masked (keys and structure kept)."""
-    if isinstance(value, str):
-        return redact_credentials(value)
-    if isinstance(value, dict):
-        return {k: _redacted(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_redacted(v) for v in value]
-    return value

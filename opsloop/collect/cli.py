@@ -29,15 +29,10 @@ EPILOG = """examples:
 """
 
 
-def available_collectors() -> list[str]:
-    """The packages under collectors/ (the names a config file may give under ``collectors``)."""
-    return collector_names()
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opsloop collect", description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", choices=available_collectors(), metavar="name",
+    p.add_argument("name", choices=collector_names(), metavar="name",
                    help="collector folder under collectors/: %(choices)s")
     p.add_argument("--config", help="opsloop YAML config")
     p.add_argument("--once", action="store_true",

@@ -35,7 +35,7 @@ from opsloop.records import Metric
 from opsloop.topics import Topic
 from opsloop.streams.bounded import STATE_KEYS, Recency, count_dropped, drop_children
 from opsloop.streams.detectors.findingbook import FindingBook
-from opsloop.streams.runtime.batch import DEFAULT_MAX_CLOCK_SKEW_S, MAX_ISOLATED_FAILURES, HandlerFailure
+from opsloop.streams.runtime.batch import DEFAULT_MAX_CLOCK_SKEW_S, HandlerFailure, Refusals
 
 __all__ = ["DetectorHandler", "Publication", "drop_children", "log", "number"]
 
@@ -75,8 +75,7 @@ class DetectorHandler:
         self._outbox: list[Publication] = []
         self.rejected = 0   # samples of the right name that an adapter could not read
         self._reject_log = Sampled(REJECT_LOG_EVERY_S)
-        self._refused: dict[int, HandlerFailure] = {}   # id(sample) -> why, until drain_rejected()
-        self._refused_more = 0   # refused beyond MAX_ISOLATED_FAILURES since the last drain
+        self._refused = Refusals(self.name)   # until drain_rejected()
         self.max_clock_skew_s = DEFAULT_MAX_CLOCK_SKEW_S
         self._seen: Recency[str] = Recency()   # state keys by receive time they were last touched
         self._now = time.time()
@@ -105,26 +104,16 @@ class DetectorHandler:
         """A sample this handler cannot read (``error`` says why): counted (``rejected``,
         ``REJECTED``), kept for the runtime to dead-letter (:meth:`drain_rejected`), and logged as
         ``event`` at most once every ``REJECT_LOG_EVERY_S`` per handler, with the count unlogged since."""
-        if id(sample) in self._refused:   # handed again (the runtime's isolation of a failure)
+        if not self._refused.add(sample, error):   # handed again (the runtime's isolation of a failure)
             return
         self.rejected += 1
         REJECTED.labels(self.name).inc()
-        if len(self._refused) < MAX_ISOLATED_FAILURES:
-            self._refused[id(sample)] = HandlerFailure(self.name, error, sample)
-        else:
-            self._refused_more += 1
         self._reject_log.warning(log, event, handler=self.name, error=error, **fields)
 
     def drain_rejected(self) -> list[HandlerFailure]:
         """The samples refused since the last call, to dead-letter: at most MAX_ISOLATED_FAILURES,
         the rest in one summary (as the runtime bounds a failing handler's dead letters)."""
-        out = list(self._refused.values())
-        if self._refused_more:
-            out.append(HandlerFailure(self.name, f"refused {self._refused_more} more samples of this "
-                                                 f"batch, not dead-lettered one by one", None,
-                                      self._refused_more))
-        self._refused, self._refused_more = {}, 0
-        return out
+        return self._refused.drain()
 
     @staticmethod
     def is_replay(ts: float, last: float | None) -> bool:

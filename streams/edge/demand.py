@@ -23,6 +23,7 @@ The listener is the HAProxy backend name; the control service maps it to its top
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Sequence
 
 from prometheus_client import Counter
@@ -145,10 +146,6 @@ def _current(servers: dict[str, Rate]) -> dict[str, Rate]:
     """The servers whose latest rate is within STALE_INTERVALS collection intervals of the newest."""
     if len(servers) < 2:
         return servers
-    newest = max(servers.values(), key=_timestamp)
+    newest = max(servers.values(), key=attrgetter("timestamp"))
     return {sv: r for sv, r in servers.items()
             if newest.timestamp - r.timestamp <= STALE_INTERVALS * max(r.interval, newest.interval)}
-
-
-def _timestamp(r: Rate) -> float:
-    return r.timestamp

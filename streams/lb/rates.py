@@ -37,7 +37,7 @@ from opsloop.config import StreamSettings
 from opsloop.log import Sampled, get_logger
 from opsloop.records import Metric
 from opsloop.streams.bounded import DEFAULT_MAX_STATE_KEYS, STATE_KEYS, Recency, count_dropped
-from opsloop.streams.runtime.batch import MAX_ISOLATED_FAILURES, HandlerFailure
+from opsloop.streams.runtime.batch import HandlerFailure, Refusals
 from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, child, label_value
 
 log = get_logger("stream.lb")
@@ -136,8 +136,7 @@ class LbRates:
         # (tags shortened alike): what a later handler reads a server's status from
         self.server_rows: dict[tuple[str, str, str], dict[str, object]] = {}
         self.rejected = 0   # haproxy samples refused (counted in REJECTED too)
-        self._refused: dict[int, HandlerFailure] = {}   # id(sample) -> why, until drain_rejected()
-        self._refused_more = 0
+        self._refused = Refusals(self.name)   # until drain_rejected()
 
     @classmethod
     def from_settings(cls, stream: StreamSettings) -> "LbRates":
@@ -183,24 +182,15 @@ class LbRates:
     def reject(self, m: Metric, reason: str, error: str) -> None:
         """A row that is no series of ours: counted, logged (sampled), kept for the runtime to
         dead-letter (at most MAX_ISOLATED_FAILURES per batch, then one summary)."""
-        if id(m) in self._refused:   # handed again (the runtime's isolation of a failure)
+        if not self._refused.add(m, error):   # handed again (the runtime's isolation of a failure)
             return
         self.rejected += 1
         REJECTED.labels(reason).inc()
-        if len(self._refused) < MAX_ISOLATED_FAILURES:
-            self._refused[id(m)] = HandlerFailure(self.name, error, m)
-        else:
-            self._refused_more += 1
         REJECT_LOG.warning(log, "lb_sample_rejected", key=reason, handler=self.name, error=error)
 
     def drain_rejected(self) -> list[HandlerFailure]:
         """The samples refused since the last call (the runtime dead-letters them)."""
-        out = list(self._refused.values())
-        if self._refused_more:
-            out.append(HandlerFailure(self.name, f"refused {self._refused_more} more samples of this batch, "
-                                                 "not dead-lettered one by one", None, self._refused_more))
-        self._refused, self._refused_more = {}, 0
-        return out
+        return self._refused.drain()
 
     def _update(self, m: Metric, now: float, states: dict[tuple[str, str, str], dict[str, object]]) -> Rate | None:
         tags = m.tags

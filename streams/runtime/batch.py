@@ -232,6 +232,35 @@ class HandlerFailure:
     not_retried: int = 0
 
 
+class Refusals:
+    """The samples a handler refused since the runtime last asked, to dead-letter: at most
+    MAX_ISOLATED_FAILURES, the rest in one summary (as the runtime bounds a failing handler's dead
+    letters). A sample handed again (the runtime's isolation of a failure) is not counted twice."""
+
+    def __init__(self, handler: str) -> None:
+        self.handler = handler
+        self._kept: dict[int, HandlerFailure] = {}   # id(sample) -> why
+        self._more = 0   # refused beyond MAX_ISOLATED_FAILURES since the last drain
+
+    def add(self, sample: Metric, error: str) -> bool:
+        """Keep ``sample`` refused for ``error``; False when it was already (count and log nothing)."""
+        if id(sample) in self._kept:
+            return False
+        if len(self._kept) < MAX_ISOLATED_FAILURES:
+            self._kept[id(sample)] = HandlerFailure(self.handler, error, sample)
+        else:
+            self._more += 1
+        return True
+
+    def drain(self) -> list[HandlerFailure]:
+        out = list(self._kept.values())
+        if self._more:
+            out.append(HandlerFailure(self.handler, f"refused {self._more} more samples of this batch, "
+                                                    "not dead-lettered one by one", None, self._more))
+        self._kept, self._more = {}, 0
+        return out
+
+
 class HandlerFailed(RuntimeError):
     """One or more handlers failed on a batch; ``failures`` names the samples each could not handle."""
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from opsloop.collect.cli import available_collectors, once_status
+from opsloop.collect.cli import once_status
 from opsloop.collect.types import CollectError, Round
-from opsloop.config import Settings, StackSettings
+from opsloop.config import Settings, StackSettings, collector_names
 from opsloop.lab.pipeline import pipeline_processes
 from opsloop.stack import Stack, free_port
 from opsloop.stack.process import write_pidfile
@@ -141,7 +141,7 @@ def test_collect_without_configuration_names_what_is_missing() -> None:
     assert "collectors.haproxy.instances" in r.stderr and "collectors/haproxy/sample.yaml" in r.stderr
 
 
-@pytest.mark.parametrize("name", available_collectors())
+@pytest.mark.parametrize("name", collector_names())
 def test_no_collector_prints_nothing_and_succeeds(name: str, tmp_path: Path) -> None:
     # with no configuration a collector either collects from its local default target or says why not
     r = run_cli("collect", name, "--once", "--stdout", "--config", str(write_config(tmp_path / "c.yaml", {})))

@@ -99,13 +99,18 @@ def test_alerts_opened_and_cleared_in_a_replay_are_best_effort_too() -> None:
     assert all(r.best_effort for r in dropped)
 
 
-def test_with_no_best_effort_resolve_left_the_oldest_paged_one_goes() -> None:
-    b, dropped = bounded_book(3)
-    for i in range(5):
+def page_then_clear(b: PagingBook, n: int) -> None:
+    """Open n alerts, deliver them (paged for real), then clear them: n resolves of paged alerts."""
+    for i in range(n):
         b.apply(opened(i), T0)
     b.delivered(T0)
-    for i in range(5):
+    for i in range(n):
         b.apply(cleared_copy(opened(i)), T0 + 1)
+
+
+def test_with_no_best_effort_resolve_left_the_oldest_paged_one_goes() -> None:
+    b, dropped = bounded_book(3)
+    page_then_clear(b, 5)
     assert hosts(b) == ["paged2", "paged3", "paged4"]
     assert [r.labels["host"] for r in dropped] == ["paged0", "paged1"] and not any(r.best_effort for r in dropped)
 
@@ -122,11 +127,7 @@ def test_a_delivered_batch_frees_the_whole_bound() -> None:
 
 def test_restored_state_is_bounded_and_keeps_which_resolves_are_best_effort() -> None:
     big, _ = bounded_book(50)
-    for i in range(3):
-        big.apply(opened(i), T0)
-    big.delivered(T0)
-    for i in range(3):
-        big.apply(cleared_copy(opened(i)), T0 + 1)
+    page_then_clear(big, 3)
     for i in range(40):
         big.apply(cleared(i), T0 + 2)
     doc = orjson.loads(orjson.dumps(big.to_dict()))
