@@ -111,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if publisher is not None:
-            publisher.drain()
-            publisher.close()
+            publisher.close()   # flushes what is queued (within collector.send_timeout_s); the rest stays spooled
     return 0
 
 

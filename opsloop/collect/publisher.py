@@ -1,19 +1,30 @@
 """Publishing collector rounds to Kafka: keyed, acks=all, idempotent, with the spool as fallback.
 
-Guarantee: at-least-once per record, order kept per key. ``publish()`` never raises and never
-blocks longer than ``send_timeout_s`` (plus one drain attempt): a record is either acknowledged
-by the broker (acks=all) or written to the spool before ``publish()`` returns.
+The collection loop never waits for the broker. ``publish()`` hands a round to this publisher's
+sender thread and returns: in memory when the sender is idle and healthy (the common case: no disk
+write), otherwise durably to the spool (the sender is busy, draining, or backing off after a
+failure). A broker that hangs or dies mid-send costs the sender ``send_timeout_s``, not the loop:
+the rounds collected meanwhile go to the spool at their interval. (The publisher used to send on
+the loop's thread; a broker killed during a send stalled a collector 21 s at a 2 s interval.)
 
-While the spool holds anything, new rounds go behind it (to the spool) so that a key's records
-stay in order; each round then tries one drain. A failed send closes the producer with timeout 0,
-which aborts its pending batches, so nothing the spool keeps can also be delivered later by the
-old producer (a batch already on the wire when the broker died can still be duplicated: that is
-the at-least-once part; the streams drop a series' samples whose timestamp does not advance).
+Guarantee: at-least-once per record, order kept per key. Every round gets a sequence number when
+it is handed over; the sender sends the lowest first, and a round sent from memory that fails is
+written to the spool under its own number, so it is replayed ahead of the rounds spooled while it
+was in flight. A failed send closes the producer with timeout 0, which aborts its pending batches,
+so nothing the spool keeps can also be delivered later by the old producer (a batch already on the
+wire when the broker died can still be duplicated: that is the at-least-once part; the streams drop
+a series' samples whose timestamp does not advance). What only memory holds is the round being sent
+and, while the spool's disk refuses writes, up to ``MEMORY_MAX_BYTES`` of rounds (oldest dropped and
+counted lost beyond it): a collector killed at that moment loses those, as it lost a round in flight
+when sending was synchronous.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -45,11 +56,13 @@ PUBLISH_ERRORS = Counter("opsloop_collector_publish_errors_total",
                          "Rounds whose publishing failed unexpectedly (e.g. the spool's disk); the loop goes on",
                          ["collector"])
 LOST = Counter("opsloop_collector_lost_records_total",
-               "Records neither acknowledged nor spooled (the spool could not be written)", ["collector"])
+               "Records neither acknowledged nor spooled (the spool could not be written and memory was full)", ["collector"])
 
 
 MIN_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
+# Rounds held in memory while the spool's disk refuses writes (and the sender is busy or failing).
+MEMORY_MAX_BYTES = 32 * 1024 * 1024
 
 
 # Kafka refuses a record above the broker's message.max.bytes (1 MB by default) for good; spooled, such
@@ -73,6 +86,17 @@ def records_for(metrics: Iterable[Metric], limit: int = MAX_RECORD_BYTES) -> lis
             for r in _encode_within(topic.value, key, ms, limit)]
 
 
+@dataclass(slots=True)
+class _Round:
+    """A round handed over in memory, with the spool sequence number it would be (or is) spooled under."""
+    seq: int
+    records: list[Record]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(r.value) for r in self.records)
+
+
 class Publisher:
     def __init__(self, kafka: KafkaSettings | str, spool_dir: Path, *, collector: str = "collector",
                  client_id: str = "opsloop-collector", spool_max_bytes: int = 256 * 1024 * 1024,
@@ -87,14 +111,23 @@ class Publisher:
         self._quarantined_seen = 0
         self._dropped_seen = 0
         SPOOL_DROPPED.labels(collector)   # the series exists at 0 before the first drop
-        self._producer: KafkaProducer | None = None
-        # After a failed send, wait before the next attempt (doubling, capped) so that a dead broker
-        # costs the collection loop one timeout per back-off period, not one per round.
+        self._producer: KafkaProducer | None = None   # the sender thread's
+        # One condition guards what both threads touch: the memory queue, the sender's state, back-off.
+        self._cv = threading.Condition()
+        self._memory: deque[_Round] = deque()
+        self._memory_bytes = 0
+        self._busy = False        # the sender holds a round or a segment in flight
+        self._failures = 0        # sends that failed so far (flush() returns False on a new one)
+        self._closing = False
+        # After a failed send, wait before the next attempt (doubling, capped): a dead broker costs one
+        # timeout per back-off period.
         self._backoff_s = 0.0
         self._retry_at = 0.0
         self._update_gauges()
+        self._sender = threading.Thread(target=self._run, name=f"publish-{collector}", daemon=True)
+        self._sender.start()   # a spool left by an earlier run is replayed from the start
 
-    # -- producer lifecycle ---------------------------------------------------------------
+    # -- producer lifecycle (sender thread) -----------------------------------------------
     def _get_producer(self) -> KafkaProducer:
         if self._producer is None:
             timeout_ms = int(self.send_timeout_s * 1000)
@@ -123,18 +156,136 @@ class Publisher:
                 pass
             self._producer = None
 
-    def close(self) -> None:
-        if self._producer is not None:
-            try:
-                self._producer.flush(timeout=self.send_timeout_s)
-            finally:
-                self._drop_producer()
+    # -- the collection loop's side ---------------------------------------------------------
+    def publish_metrics(self, metrics: Iterable[Metric]) -> None:
+        self.publish(records_for(metrics))
 
-    # -- sending --------------------------------------------------------------------------
+    def publish(self, records: list[Record]) -> None:
+        """Hand ``records`` to the sender; never raises, never waits for the broker (at most for one
+        spool write): the collection loop must outlive a dead broker, a bad spool or a full disk."""
+        if not records:
+            return
+        try:
+            with self._cv:
+                seq = self.spool.reserve()
+                if not (self._busy or self._memory or self._in_backoff() or not self.spool.empty()):
+                    self._hold(_Round(seq, records))
+                    self._cv.notify_all()
+                    return
+            try:
+                self.spool.append(records, seq=seq)
+            except OSError as e:   # the spool's disk: kept in memory (bounded) rather than lost
+                PUBLISH_ERRORS.labels(self.collector).inc()
+                log.error("spool_write_failed", collector=self.collector, error=f"{type(e).__name__}: {e}",
+                          records=len(records), held_in_memory=True)
+                with self._cv:
+                    self._hold(_Round(seq, records))
+            with self._cv:
+                self._cv.notify_all()
+        except Exception as e:  # noqa: BLE001 - counted and logged; the next round tries again
+            PUBLISH_ERRORS.labels(self.collector).inc()
+            LOST.labels(self.collector).inc(len(records))
+            log.error("publish_failed", collector=self.collector, error=f"{type(e).__name__}: {e}",
+                      records=len(records), exc_info=True)
+        self._update_gauges_safely()
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until everything handed over so far is acknowledged (True), or a send fails, or
+        ``timeout_s`` (default ``send_timeout_s``) passes (False; what is unsent stays queued). In
+        back-off (the broker is known unreachable) it does not wait: a stop must not hang on it."""
+        deadline = time.monotonic() + (self.send_timeout_s if timeout_s is None else timeout_s)
+        with self._cv:
+            failures = self._failures
+            while not self._idle():
+                left = deadline - time.monotonic()
+                if left <= 0 or self._failures != failures or self._in_backoff() or not self._sender.is_alive():
+                    return False
+                self._cv.wait(min(left, 0.5))
+            return True
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Flush (within ``timeout_s``), stop the sender, spool what memory still holds; True when
+        everything was acknowledged. What is left is in the spool for the next start."""
+        delivered = self.flush(timeout_s)
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._sender.join(self.send_timeout_s + 5.0)   # a send in flight ends within its own timeout
+        if self._sender.is_alive():
+            log.error("publisher_close_timed_out", collector=self.collector,
+                      error="the sender is still in a send; its round may be lost")
+        with self._cv:
+            left, self._memory = list(self._memory), deque()
+            self._memory_bytes = 0
+        for rnd in left:
+            self._spool_or_lose(rnd)
+        self._drop_producer()
+        self._update_gauges_safely()
+        return delivered
+
+    # -- the sender thread -----------------------------------------------------------------
+    def _idle(self) -> bool:
+        return not self._busy and not self._memory and self.spool.empty()
+
+    def _in_backoff(self) -> bool:
+        return time.monotonic() < self._retry_at
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while True:
+                    if self._closing:   # close() flushed first: what is left is spooled by close()
+                        return
+                    pending = bool(self._memory) or not self.spool.empty()
+                    if pending and not self._in_backoff():
+                        break
+                    self._cv.wait(min(1.0, max(0.01, self._retry_at - time.monotonic())) if pending else None)
+                rnd = self._next_from_memory()
+                self._busy = True
+            try:
+                self._send_next(rnd)
+            except Exception as e:  # noqa: BLE001 - a bug or a disk error must not end the sender
+                PUBLISH_ERRORS.labels(self.collector).inc()
+                log.error("publish_failed", collector=self.collector, error=f"{type(e).__name__}: {e}",
+                          exc_info=True)
+                with self._cv:
+                    self._note_result(False)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+                self._update_gauges_safely()
+
+    def _next_from_memory(self) -> _Round | None:
+        """The memory queue's head when it comes before the spool's oldest segment, else None (the spool)."""
+        if not self._memory:
+            return None
+        first = self.spool.first_seq()
+        if first is not None and first < self._memory[0].seq:
+            return None
+        rnd = self._memory.popleft()
+        self._memory_bytes -= rnd.nbytes
+        return rnd
+
+    def _send_next(self, rnd: _Round | None) -> None:
+        if rnd is not None:
+            failed = self._send(rnd.records)
+            if failed:
+                self._spool_or_lose(_Round(rnd.seq, failed), front=True)
+        else:
+            item = self.spool.oldest()
+            if item is None:
+                return
+            path, records = item
+            failed = self._send(records)
+            self.spool.complete(path, failed)
+            if not failed:
+                log.info("spool_replayed", collector=self.collector, records=len(records), segment=path.name)
+        with self._cv:
+            self._note_result(not failed)
+
     def _send(self, records: list[Record]) -> list[Record]:
         """Send and wait for acks; returns the records that failed (all of them if the broker is gone)."""
-        if not records:
-            return []
         try:
             producer = self._get_producer()
             futures = [(r, producer.send(self.kafka.topic(r.topic), key=r.key.encode(), value=r.value))
@@ -166,75 +317,62 @@ class Publisher:
             PUBLISHED.labels(self.collector).inc(len(records))
             PUBLISHED_SAMPLES.labels(self.collector).inc(sum(r.value.count(b'"name":') for r in records))
 
-    def publish_metrics(self, metrics: Iterable[Metric]) -> None:
-        self.publish(records_for(metrics))
-
     def _note_result(self, ok: bool) -> None:
         if ok:
             self._backoff_s = 0.0
             self._retry_at = 0.0
         else:
+            self._failures += 1
             self._backoff_s = min(MAX_BACKOFF_S, max(MIN_BACKOFF_S, self._backoff_s * 2))
             self._retry_at = time.monotonic() + self._backoff_s
 
-    def publish(self, records: list[Record]) -> None:
-        """Send or spool ``records``. Never raises: the collection loop must outlive a bad spool or disk."""
-        spooled = False
+    def _spool_or_lose(self, rnd: _Round, *, front: bool = False) -> None:
+        """Spool an unsent round under its sequence number; if the disk refuses, hold it in memory."""
         try:
-            if not self.spool.empty() or time.monotonic() < self._retry_at:
-                self.spool.append(records)
-                spooled = True
-                if time.monotonic() >= self._retry_at:
-                    self.drain()
-            else:
-                failed = self._send(records)
-                if failed:
-                    self.spool.append(failed)
-                self._note_result(not failed)
-                spooled = True
-        except Exception as e:  # noqa: BLE001 - counted and logged; the next round tries again
+            self.spool.append(rnd.records, seq=rnd.seq)
+        except OSError as e:
             PUBLISH_ERRORS.labels(self.collector).inc()
-            if not spooled:
-                LOST.labels(self.collector).inc(len(records))
-            log.error("publish_failed", collector=self.collector, error=f"{type(e).__name__}: {e}",
-                      records=len(records), spooled=spooled, exc_info=True)
+            log.error("spool_write_failed", collector=self.collector, error=f"{type(e).__name__}: {e}",
+                      records=len(rnd.records), held_in_memory=not self._closing)
+            with self._cv:
+                if self._closing:
+                    LOST.labels(self.collector).inc(len(rnd.records))
+                else:
+                    self._hold(rnd, front=front)
+
+    def _hold(self, rnd: _Round, *, front: bool = False) -> None:
+        """Keep ``rnd`` in memory (under the condition), dropping the oldest rounds past MEMORY_MAX_BYTES."""
+        if front:
+            self._memory.appendleft(rnd)
+        else:
+            self._memory.append(rnd)
+        self._memory_bytes += rnd.nbytes
+        while self._memory_bytes > MEMORY_MAX_BYTES and len(self._memory) > 1:
+            old = self._memory.popleft()
+            self._memory_bytes -= old.nbytes
+            LOST.labels(self.collector).inc(len(old.records))
+            log.error("memory_queue_full", collector=self.collector, dropped_records=len(old.records))
+
+    # -- gauges ------------------------------------------------------------------------------
+    def _update_gauges_safely(self) -> None:
         try:
             self._update_gauges()
         except Exception as e:  # noqa: BLE001
             log.error("spool_gauges_failed", collector=self.collector, error=str(e))
 
-    def drain(self, budget_s: float | None = None) -> bool:
-        """Replay the spool oldest-first until empty, a failure, or the budget; True when empty."""
-        deadline = time.monotonic() + (budget_s if budget_s is not None else self.send_timeout_s)
-        while True:
-            item = self.spool.oldest()
-            if item is None:
-                self._update_gauges()
-                return True
-            path, records = item
-            failed = self._send(records)
-            self.spool.complete(path, failed)
-            self._note_result(not failed)
-            if failed:
-                self._update_gauges()
-                return False
-            log.info("spool_replayed", collector=self.collector, records=len(records), segment=path.name)
-            if time.monotonic() > deadline:
-                self._update_gauges()
-                return self.spool.empty()
-
     def _update_gauges(self) -> None:
-        SPOOLED.labels(self.collector).set(self.spool.count_records())
-        SPOOL_BYTES.labels(self.collector).set(self.spool.size_bytes())
-        dropped = self.spool.dropped_records - self._dropped_seen
-        if dropped > 0:   # a counter: only the drops since the last update are added
-            SPOOL_DROPPED.labels(self.collector).inc(dropped)
-            self._dropped_seen = self.spool.dropped_records
-        new = self.spool.quarantined_lines - self._quarantined_seen
-        if new > 0:
-            SPOOL_QUARANTINED.labels(self.collector).inc(new)
-            self._quarantined_seen = self.spool.quarantined_lines
+        with self._cv:   # both threads update: the counters' "seen" marks must not be raced
+            SPOOLED.labels(self.collector).set(self.spool.count_records())
+            SPOOL_BYTES.labels(self.collector).set(self.spool.size_bytes())
+            dropped = self.spool.dropped_records - self._dropped_seen
+            if dropped > 0:   # a counter: only the drops since the last update are added
+                SPOOL_DROPPED.labels(self.collector).inc(dropped)
+                self._dropped_seen = self.spool.dropped_records
+            new = self.spool.quarantined_lines - self._quarantined_seen
+            if new > 0:
+                SPOOL_QUARANTINED.labels(self.collector).inc(new)
+                self._quarantined_seen = self.spool.quarantined_lines
 
     def stats(self) -> dict[str, Any]:
         return {"spooled_records": self.spool.count_records(), "spool_bytes": self.spool.size_bytes(),
-                "dropped": self.spool.dropped_records}
+                "dropped": self.spool.dropped_records, "memory_records": sum(len(r.records) for r in self._memory)}

@@ -73,8 +73,8 @@ def run_once(collector: Collector, *, publisher: Publisher | None = None, stdout
 
 class _PendingRound:
     """One ``collect()`` in its own daemon thread: a collector that breaks its contract and hangs (a
-    socket read without a timeout, a stuck tool) must not stall the loop, which still drains the spool
-    each tick and still ends on a stop. There is never a second round beside a hung one."""
+    socket read without a timeout, a stuck tool) must not stall the loop, which still ends on a stop.
+    There is never a second round beside a hung one."""
 
     def __init__(self, collector: Collector) -> None:
         self.collector = collector
@@ -144,12 +144,12 @@ def run_loop(collector: Collector, *, interval_s: float, publisher: Publisher | 
                 OVERRUNS.labels(collector.name).inc()
             if time.monotonic() - pending.started >= HUNG_AFTER_INTERVALS * interval_s:
                 pending.report_hung()
-            rnd = Round()   # still published: an empty round replays a due spool
+            rnd = Round()
         if stdout:
             print_round(rnd)
         if publisher is not None:
             try:
-                publisher.publish_metrics(rnd.metrics)  # an empty round still replays a due spool
+                publisher.publish_metrics(rnd.metrics)  # hands the round over; never waits for the broker
             except Exception as e:  # noqa: BLE001 - publish never raises; this guards a bug in it
                 ERRORS.labels(collector.name, "publish").inc()
                 log.error("publish_failed", collector=collector.name, error=f"{type(e).__name__}: {e}")

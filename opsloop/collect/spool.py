@@ -89,14 +89,31 @@ class Spool:
     def count_records(self) -> int:
         return self._records
 
-    def append(self, records: Iterable[Record]) -> None:
+    def reserve(self) -> int:
+        """A sequence number for a round not written yet: written later under it (``append(seq=)``), the
+        round sorts before every segment appended after the reservation, so a round that was sent from
+        memory and failed is replayed in its place, ahead of the rounds spooled while it was in flight."""
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq += 1
+            return seq
+
+    def first_seq(self) -> int | None:
+        """The sequence number of the oldest segment, None when there is none."""
+        segs = self._segments()
+        return int(segs[0].stem) if segs else None
+
+    def append(self, records: Iterable[Record], seq: int | None = None) -> None:
+        """Write ``records`` as one segment, durably, under ``seq`` (from :meth:`reserve`) or the next."""
         lines = [r.to_line() for r in records]
         if not lines:
             return
         data = b"".join(lines)
         with self._lock:
-            path = self.dir / f"{self._next_seq:012d}.jsonl"
-            self._next_seq += 1
+            if seq is None:
+                seq = self._next_seq
+                self._next_seq += 1
+            path = self.dir / f"{seq:012d}.jsonl"
             _replace_durably(path, data)
             self._records += len(lines)
             self._bytes += len(data)
@@ -112,6 +129,8 @@ class Spool:
             try:
                 with path.open("rb") as f:
                     lines = [line for line in f if line.strip()]
+            except FileNotFoundError:   # dropped by the bound (a round appended meanwhile): the next one
+                continue
             except OSError as e:
                 log.error("spool_segment_unreadable", segment=path.name, error=str(e))
                 with self._lock:
@@ -127,15 +146,19 @@ class Spool:
             if not bad:
                 return path, records
             with self._lock:
+                if not path.exists():   # dropped by the bound meanwhile
+                    continue
                 self._quarantine_lines(path, bad)
                 self._rewrite(path, records, len(lines))
             if records:
                 return path, records
 
     def complete(self, path: Path, failed: list[Record]) -> None:
-        """The segment was sent: delete it, or keep only the records that failed, in order."""
+        """The segment was sent: delete it, or keep only the records that failed, in order. A segment
+        the bound dropped while it was being sent is gone already (its records counted as dropped)."""
         with self._lock:
-            self._rewrite(path, failed, _count_lines(path))
+            if path.exists():
+                self._rewrite(path, failed, _count_lines(path))
 
     def _rewrite(self, path: Path, keep: list[Record], old_records: int) -> None:
         """Replace a segment by ``keep`` (delete it when empty), keeping the in-memory totals right."""

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opsloop.collect.spool import Record, Spool
+from tests.helpers import wait_until
 
 
 def recs(*vals: int) -> list[Record]:
@@ -152,14 +153,18 @@ def test_publish_never_raises_into_the_collection_loop(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]    # closed again: nothing listens there
     pub = Publisher(f"127.0.0.1:{port}", tmp_path, collector="torn-test", send_timeout_s=1.0)
-    pub._retry_at = 0.0
-    pub.publish(recs(1))
-    pub.publish(recs(2))
-    got = [r for _, rs in [pub.spool.oldest() or (None, [])] for r in rs]
-    assert got[0].key == "a"
-    assert REGISTRY.get_sample_value("opsloop_spool_quarantined_lines_total", {"collector": "torn-test"}) == 1.0
-    assert pub.spool.count_records() == 3
-    pub._drop_producer()
+    try:
+        pub.publish(recs(1))
+        pub.publish(recs(2))
+        # the sender replays the old spool from the start: the torn line is quarantined on the way
+        wait_until(lambda: REGISTRY.get_sample_value("opsloop_spool_quarantined_lines_total",
+                                                     {"collector": "torn-test"}) == 1.0,
+                   timeout=30, interval=0.05, what="the torn line counted")
+        got = [r for _, rs in [pub.spool.oldest() or (None, [])] for r in rs]
+        assert got[0].key == "a"
+        assert pub.spool.count_records() == 3
+    finally:
+        assert pub.close(timeout_s=0) is False
 
 
 def test_dropped_records_are_a_counter_that_only_adds_new_drops(tmp_path: Path) -> None:
@@ -194,4 +199,28 @@ def test_dropped_records_are_a_counter_that_only_adds_new_drops(tmp_path: Path) 
         pub.publish(recs(9))
         assert dropped() == 4.0
     finally:
-        pub._drop_producer()
+        pub.close(timeout_s=0)
+
+
+def test_a_reserved_sequence_number_is_replayed_ahead_of_later_segments(tmp_path: Path) -> None:
+    """A round sent from memory that fails is spooled under the number it got when handed over."""
+    sp = Spool(tmp_path, max_bytes=1 << 20)
+    in_flight = sp.reserve()
+    sp.append(recs(2))
+    sp.append(recs(3))
+    assert sp.first_seq() == in_flight + 1
+    sp.append(recs(1), seq=in_flight)
+    assert sp.first_seq() == in_flight
+    assert drain_all(sp) == recs(1, 2, 3)
+
+
+def test_a_segment_the_bound_drops_while_it_is_sent_completes_quietly(tmp_path: Path) -> None:
+    one = len(recs(1)[0].to_line())
+    sp = Spool(tmp_path, max_bytes=one * 2)
+    sp.append(recs(1))
+    path, _ = sp.oldest() or (None, [])
+    sp.append(recs(2))
+    sp.append(recs(3))                     # over the bound: segment 1 (being sent) is dropped
+    assert path is not None and not path.exists() and sp.dropped_records == 1
+    sp.complete(path, recs(1))             # its send failed: already gone, counted as dropped
+    assert drain_all(sp) == recs(2, 3) and sp.count_records() == 0

@@ -197,7 +197,7 @@ def test_two_prefixes_on_one_broker_do_not_see_each_others_records(broker: Secur
         try:
             m = metric("haproxy", {"hrsp_2xx": 1}, {"host": f"lb-{name}", "sv": "s1"})
             pub.publish_metrics([m])
-            pub.drain()
+            assert pub.flush(), f"{name}'s record was not acknowledged"
         finally:
             pub.close()
         sent[name] = f"lb-{name}"

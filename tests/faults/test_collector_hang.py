@@ -1,7 +1,7 @@
 """A collector whose collect() hangs (a socket read without a timeout, a stuck tool) or raises each round.
 
 The contract asks collectors to bound their own rounds; a bug that breaks it must not stall the
-runtime: the spool must still drain each tick, a stop (SIGTERM) must still end the loop, the hang
+runtime: the loop must keep ticking, a stop (SIGTERM) must still end the loop, the hang
 is counted once (``opsloop_collector_errors_total{kind="timeout"}``) and logged, and the late round
 is published when it returns.
 """
@@ -42,7 +42,7 @@ class RaisesAlways:
 
 
 class Recorder:
-    """Stands in for the Publisher: what each tick handed over (an empty round still drains the spool)."""
+    """Stands in for the Publisher: what each tick handed over."""
 
     def __init__(self) -> None:
         self.rounds: list[list[Metric]] = []
@@ -69,7 +69,7 @@ def test_a_hanging_collect_does_not_stall_the_loop_and_is_counted_once() -> None
     try:
         wait_until(lambda: len(pub.rounds) >= 5, timeout=20, interval=0.05, what="ticks while collect() hangs")
         assert c.calls == 1                      # never a second collect() beside the hung one
-        assert all(r == [] for r in pub.rounds)  # empty rounds: the spool is still drained each tick
+        assert all(r == [] for r in pub.rounds)  # the loop still ticks (empty rounds) beside the hung one
         assert errors(c.name, "timeout") == 1
         assert REGISTRY.get_sample_value("opsloop_collector_overruns_total", {"collector": c.name}) == 1
         c.release.set()

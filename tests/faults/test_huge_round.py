@@ -44,6 +44,7 @@ def test_a_round_above_the_broker_limit_arrives_whole_and_does_not_block_the_spo
     try:
         publisher.publish_metrics(_round(host, 0))
         publisher.publish_metrics(_round(host, 1)[:10])   # the next, ordinary round
+        assert publisher.flush(60), "the rounds were not acknowledged"
         assert publisher.spool.empty(), f"{publisher.spool.count_records()} record(s) stuck in the spool"
     finally:
         publisher.close()
