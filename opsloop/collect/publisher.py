@@ -231,30 +231,36 @@ class Publisher:
         return time.monotonic() < self._retry_at
 
     def _run(self) -> None:
-        while True:
-            with self._cv:
-                while True:
-                    if self._closing:   # close() flushed first: what is left is spooled by close()
-                        return
-                    pending = bool(self._memory) or not self.spool.empty()
-                    if pending and not self._in_backoff():
-                        break
-                    self._cv.wait(min(1.0, max(0.01, self._retry_at - time.monotonic())) if pending else None)
-                rnd = self._next_from_memory()
-                self._busy = True
+        while self._wait_for_work():
+            rnd: _Round | None = None
             try:
+                with self._cv:
+                    rnd = self._next_from_memory()
+                    self._busy = True
                 self._send_next(rnd)
             except Exception as e:  # noqa: BLE001 - a bug or a disk error must not end the sender
                 PUBLISH_ERRORS.labels(self.collector).inc()
                 log.error("publish_failed", collector=self.collector, error=f"{type(e).__name__}: {e}",
                           exc_info=True)
                 with self._cv:
+                    if rnd is not None:   # taken from memory and not settled: back in line (at-least-once)
+                        self._hold(rnd, front=True)
                     self._note_result(False)
             finally:
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
                 self._update_gauges_safely()
+
+    def _wait_for_work(self) -> bool:
+        """Block until there is something to send and no back-off; False when closing."""
+        with self._cv:
+            while not self._closing:   # close() flushed first: what is left is spooled by close()
+                pending = bool(self._memory) or not self.spool.empty()
+                if pending and not self._in_backoff():
+                    return True
+                self._cv.wait(min(1.0, max(0.01, self._retry_at - time.monotonic())) if pending else None)
+            return False
 
     def _next_from_memory(self) -> _Round | None:
         """The memory queue's head when it comes before the spool's oldest segment, else None (the spool)."""
