@@ -132,6 +132,9 @@ class Scenario(BaseModel):
         for kind, names in (("origins", origins), ("edges", edges)):
             if len(set(names)) != len(names):
                 raise ValueError(f"{kind}: duplicate names in {names!r}")
+        if self.duration_s < self.interval_s:   # the controllers would never act; a verdict would mean nothing
+            raise ValueError(f"duration_s: {self.duration_s!r} is shorter than one control interval "
+                             f"(interval_s {self.interval_s!r})")
         steps = self.interval_s / self.dt_s
         if abs(steps - round(steps)) > 1e-9:
             raise ValueError(f"interval_s: must be a multiple of dt_s ({self.dt_s!r}), "

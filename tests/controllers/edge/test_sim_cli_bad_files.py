@@ -29,6 +29,9 @@ CASES: dict[str, tuple[str | bytes | None, str]] = {
     "nested too deeply": ("[" * 3000 + "]" * 3000, "nested too deeply"),
     # one row per step in the plant's arrays: numpy was asked for 447 GiB (a traceback)
     "too many steps": (GOOD + "dt_s: 1.0e-9\n", "dt_s: 1e-09 makes 6e+10 simulation steps over duration_s 60"),
+    # the controllers never acted and the verdict still said "meets targets"
+    "shorter than an interval": (GOOD.replace("duration_s: 60", "duration_s: 5"),
+                                 "duration_s: 5.0 is shorter than one control interval (interval_s 10.0)"),
     # a check across fields quoted the whole document after "got"
     "a cross-field error": (GOOD + "events: [{at: 5, capacity: {near: .inf}}]\n",
                             "events[0] (at 5.0).capacity['near']: expected req/s in [0, 1e+09], got inf"),
