@@ -168,7 +168,8 @@ class Publisher:
         try:
             with self._cv:
                 seq = self.spool.reserve()
-                if not (self._busy or self._memory or self._in_backoff() or not self.spool.empty()):
+                if not (self._busy or self._memory or self._in_backoff() or self._closing
+                        or not self.spool.empty()):   # after close() no sender: the spool keeps it
                     self._hold(_Round(seq, records))
                     self._cv.notify_all()
                     return
@@ -177,9 +178,12 @@ class Publisher:
             except OSError as e:   # the spool's disk: kept in memory (bounded) rather than lost
                 PUBLISH_ERRORS.labels(self.collector).inc()
                 log.error("spool_write_failed", collector=self.collector, error=f"{type(e).__name__}: {e}",
-                          records=len(records), held_in_memory=True)
+                          records=len(records), held_in_memory=not self._closing)
                 with self._cv:
-                    self._hold(_Round(seq, records))
+                    if self._closing:   # no sender any more
+                        LOST.labels(self.collector).inc(len(records))
+                    else:
+                        self._hold(_Round(seq, records))
             with self._cv:
                 self._cv.notify_all()
         except Exception as e:  # noqa: BLE001 - counted and logged; the next round tries again
@@ -210,7 +214,8 @@ class Publisher:
         with self._cv:
             self._closing = True
             self._cv.notify_all()
-        self._sender.join(self.send_timeout_s + 5.0)   # a send in flight ends within its own timeout
+        # a send in flight ends within its own timeouts: bootstrap, a blocking send(), then flush()
+        self._sender.join(3 * self.send_timeout_s + 5.0)
         if self._sender.is_alive():
             log.error("publisher_close_timed_out", collector=self.collector,
                       error="the sender is still in a send; its round may be lost")
@@ -283,6 +288,12 @@ class Publisher:
             if item is None:
                 return
             path, records = item
+            with self._cv:
+                # The pick compared the memory head with the oldest segment then; a segment that vanished
+                # since (quarantined whole, dropped by the bound) makes oldest() return a later one, which
+                # must not overtake a round held in memory: back to the pick, which now takes memory first.
+                if self._memory and self._memory[0].seq < int(path.stem):
+                    return
             failed = self._send(records)
             self.spool.complete(path, failed)
             if not failed:
@@ -380,5 +391,7 @@ class Publisher:
                 self._quarantined_seen = self.spool.quarantined_lines
 
     def stats(self) -> dict[str, Any]:
+        with self._cv:   # the sender mutates the deque: iterating it unlocked can raise
+            memory_records = sum(len(r.records) for r in self._memory)
         return {"spooled_records": self.spool.count_records(), "spool_bytes": self.spool.size_bytes(),
-                "dropped": self.spool.dropped_records, "memory_records": sum(len(r.records) for r in self._memory)}
+                "dropped": self.spool.dropped_records, "memory_records": memory_records}

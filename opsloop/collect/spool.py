@@ -124,6 +124,13 @@ class Spool:
         while True:
             segs = self._segments()
             if not segs:
+                with self._lock:
+                    if not self._segments():   # not an append landing meanwhile
+                        # Nothing left, so the totals are 0 whatever drift a write that failed after its
+                        # rename or an unreadable segment left in them: else empty() stays False and the
+                        # sender loops on an empty spool without a pause.
+                        self._records = 0
+                        self._bytes = 0
                 return None
             path = segs[0]
             try:
@@ -197,7 +204,10 @@ class Spool:
             f.write(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
 
     def _quarantine_file(self, path: Path) -> None:
-        n = _count_lines(path) if path.is_file() else 0
+        try:
+            n = _count_lines(path) if path.is_file() else 0
+        except OSError:   # unreadable, which may be why it is quarantined: raising here kept it first forever
+            n = 0
         self.quarantined_lines += n
         log.error("spool_file_quarantined", file=path.name, lines=n)
         qdir = self._quarantine_dir()
@@ -237,7 +247,10 @@ def _replace_durably(path: Path, data: bytes) -> None:
         # a full disk: a half-written temporary file per round would keep eating what space is left
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    try:
+        _fsync_dir(path.parent)
+    except OSError as e:   # the segment is in place, its data synced: raising would leave it uncounted
+        log.error("spool_dir_fsync_failed", segment=path.name, error=str(e))
 
 
 def _fsync_dir(directory: Path) -> None:
