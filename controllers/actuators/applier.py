@@ -2,12 +2,14 @@
 
 Order of the checks for ``apply(decision)`` (each outcome audited, counted, logged):
 
-1. not this target's listener/edge, or an origin with a share > 0 the target does not serve -> ``refused``;
+1. not this target's listener/edge, an origin with a share > 0 the target does not serve, or shares that
+   are no distribution (a record built without validation) -> ``refused``;
 2. ``computed_at`` further in the future than ``max_clock_skew_s`` -> ``refused`` (a wrong clock
    must not make a decision look fresh); older than ``stale_after_s`` -> ``held`` (fail static);
 3. stamp ``(epoch, version)`` lower than the highest applied -> ``stale_version``; equal and fully
    applied -> ``noop`` (nothing written); an unreadable history -> ``held`` (fail static);
-4. read the live weights (unreachable -> ``failed``, retried by the service with back-off);
+4. read the live weights and which origins the LB reports DOWN (either unreadable -> ``failed``, retried
+   by the service with back-off: an unknown health view is not "nothing DOWN");
 5. the decision (or the step-bounded weights) gives nothing to the origins the LB does not report
    DOWN -> ``refused`` and the live weights held ("never all-zero" counts only servers that can
    serve); bounded step from the live shares (an origin with share 0 that the LB reports DOWN is
@@ -37,6 +39,7 @@ from opsloop.controllers.actuators.mapping import MappingError, to_integer_weigh
 from opsloop.controllers.actuators.safety import bound_step, reaches, share_difference
 from opsloop.controllers.actuators.store import Entry, StoreError, WeightStore
 from opsloop.records import EdgeWeights
+from opsloop.records.edge import SHARE_SUM_TOLERANCE
 
 log = get_logger("actuator")
 
@@ -60,7 +63,8 @@ class EdgeActuator:
         self.max_clock_skew_s = max_clock_skew_s
         self.weight_total = weight_total or target.max_weight
         self.clock = clock
-        self._noop_audited: int | None = None  # a controller re-sends its version every tick: audit one noop
+        # a controller re-sends its version every tick: audit one noop per (epoch, version)
+        self._noop_audited: tuple[int, int] | None = None
 
     # -- reading -------------------------------------------------------------------------------
     def read(self) -> dict[str, int]:
@@ -86,6 +90,11 @@ class EdgeActuator:
         if sum(shares.values()) <= 0:
             return self._done(decision, ApplyResult(
                 "refused", decision.version, "decision would set every server to weight 0; holding the last good "
+                                             "weights"))
+        bad = _bad_shares(decision.weights)
+        if bad:  # a record built without validation (a controller bug): NaN, negative, huge, not summing to 1
+            return self._done(decision, ApplyResult(
+                "refused", decision.version, f"decision is no share distribution ({bad}); holding the last good "
                                              "weights"))
         # Wall clock on purpose: computed_at is a date written by the controller's host (event time);
         # the service's own timers (freshness, back-off) are monotonic (service.py).
@@ -120,7 +129,13 @@ class EdgeActuator:
                 return self._failed(decision, e, None)
             before = None
         stored = self._stored() if before else None
-        down = self._down(stored) if before else set()
+        try:
+            down = self._down(stored) if before else set()
+        except ActuatorError as e:
+            # unknown health: "nothing DOWN" could move every share onto DOWN servers or revive a quiesced real
+            if self.mode != "dry-run":
+                return self._failed(decision, e, before)
+            down = set()
         quiesced = self._quiesced(down)
         # Mirror HAProxy, where a DOWN server keeps its weight: step from the weight a quiesced real had
         # before its health checker zeroed it, so its share can be released (or held) like a DOWN one.
@@ -199,13 +214,11 @@ class EdgeActuator:
         return None
 
     def _down(self, stored: dict[str, int] | None = None) -> set[str]:
-        try:
-            # only a quiescing target needs the stored weights (and older targets take no argument)
-            if _quiesces(self.target):
-                return self.target.down(stored)
-            return self.target.down()
-        except ActuatorError:
-            return set()
+        """The target's DOWN origins; ActuatorError when its health view cannot be read (not "none DOWN")."""
+        # only a quiescing target needs the stored weights (and older targets take no argument)
+        if _quiesces(self.target):
+            return self.target.down(stored)
+        return self.target.down()
 
     def _stored(self) -> dict[str, int] | None:
         """The weights last applied, for a quiescing target's DOWN test; None if none or unreadable."""
@@ -288,7 +301,11 @@ class EdgeActuator:
         except ActuatorError as e:
             metrics.ERRORS.labels(self.edge, e.kind).inc()
             return None
-        down = self._down(want)
+        try:
+            down = self._down(want)
+        except ActuatorError as e:  # without the health view a quiesced real would look like drift
+            metrics.ERRORS.labels(self.edge, e.kind).inc()
+            return None
         # a real its health checker quiesced (live 0, stored > 0) is no drift: it stays at 0 until restored
         quiesced = self._quiesced(down)
         writes = self._hold_quiesced(want, quiesced)
@@ -343,7 +360,10 @@ class EdgeActuator:
                                   action="edge.weights.rollback")
             entry = found[-1]
         ints = {o: int(entry.weights.get(o, 0)) for o in self.target.origins}
-        down = self._down({o: int(w) for o, w in history[-1].weights.items()})
+        try:
+            down = self._down({o: int(w) for o, w in history[-1].weights.items()})
+        except ActuatorError as e:
+            return self._failed(None, e, None, version=entry.version)
         if _serving(ints, down) <= 0:
             return self._done(None, ApplyResult("refused", entry.version, "version would zero every server that "
                                                                           "is not DOWN"),
@@ -379,10 +399,11 @@ class EdgeActuator:
               action: str = "edge.weights.apply") -> ApplyResult:
         metrics.APPLIES.labels(self.edge, self.listener, res.result).inc()
         if res.result == "noop":
-            if self._noop_audited == res.version:
+            stamp = decision.stamp if decision is not None else (-1, res.version or 0)
+            if self._noop_audited == stamp:
                 log.debug("weights_noop", edge=self.edge, listener=self.listener, version=res.version)
                 return res  # counted; the trail already says this version was re-sent
-            self._noop_audited = res.version
+            self._noop_audited = stamp
         reason = res.reason
         if decision is not None and decision.mode.value != "normal":
             reason = f"[decision mode {decision.mode.value}] {reason}"
@@ -399,6 +420,18 @@ class EdgeActuator:
 
 def _quiesces(target: Target) -> bool:
     return bool(getattr(target, "quiesces", False))  # targets written before the attribute do not
+
+
+def _bad_shares(shares: dict[str, float]) -> str | None:
+    """Why ``shares`` is no distribution (what EdgeWeights validates; a record built without it), or None."""
+    for origin, share in shares.items():
+        # "not 0 <= share <= 1" also catches NaN
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            return f"share of {origin!r} must be a number in [0, 1], got {share!r}"
+    total = math.fsum(shares.values())
+    if abs(total - 1.0) > SHARE_SUM_TOLERANCE:
+        return f"shares sum to {total!r}, not 1"
+    return None
 
 
 def _serving(weights: dict[str, int], down: set[str]) -> int:

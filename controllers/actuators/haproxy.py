@@ -58,15 +58,22 @@ class HaproxyTarget:
             try:
                 self.api.set_weight(self.config.backend, self.config.servers[origin], weights[origin])
             except HaproxyError as e:
-                undo = self._undo(done, before)
+                undo = self._undo(done, before, origin)
                 raise ActuatorError(f"{self.describe()}: {e} ({undo})", _kind(e)) from None
             done.append(origin)
 
-    def _undo(self, done: list[str], before: dict[str, int]) -> str:
-        """Put the servers already changed back; says which undo writes failed (the audit carries it)."""
+    def _undo(self, done: list[str], before: dict[str, int], failing: str) -> str:
+        """Put the servers already changed back; says which undo writes failed (the audit carries it).
+        ``failing`` (the write that failed) is reset too: a timeout or a garbled reply does not say the
+        command was not applied, and left at its new weight it is neither undone nor reported."""
         restored: list[str] = []
         failed: list[str] = []
         error = ""
+        try:
+            self.api.set_weight(self.config.backend, self.config.servers[failing], before[failing])
+            reset = f"; {failing!r} reset to {before[failing]} (its failed write may have taken effect)"
+        except HaproxyError as e:
+            reset = f"; reset of {failing!r} to {before[failing]} FAILED ({str(e)[:200]})"
         # reverse order: the decreases written last are put back first (increases first again)
         for origin in reversed(done):
             try:
@@ -76,18 +83,21 @@ class HaproxyTarget:
                 failed.append(origin)
                 error = str(e)
         if not done:
-            return "nothing written, nothing to undo"
+            return "nothing written before it, nothing to undo" + reset
         text = f"undone: {restored or 'nothing'}"
         if failed:
             text += f"; undo FAILED for {failed} ({error[:200]})"
-        return text
+        return text + reset
 
     def down(self, stored: dict[str, int] | None = None) -> set[str]:
-        """Origins whose server HAProxy reports DOWN or in maintenance (health checks); ``stored`` unused."""
+        """Origins whose server HAProxy reports DOWN or in maintenance (health checks); ``stored`` unused.
+        ActuatorError when ``show stat`` fails: an unknown health view is not "nothing DOWN"."""
         try:
             rows = parse_show_stat(self.api.show_stat())
-        except (HaproxyError, StatParseError):
-            return set()
+        except HaproxyError as e:
+            raise ActuatorError(f"{self.describe()}: show stat: {e}", _kind(e)) from None
+        except StatParseError as e:
+            raise ActuatorError(f"{self.describe()}: show stat: {e}", "parse") from None
         status = {r.get("svname"): r.get("status", "") for r in rows if r.get("pxname") == self.config.backend}
         return {o for o, srv in self.config.servers.items()
                 if status.get(srv, "").upper().startswith(("DOWN", "MAINT"))}
