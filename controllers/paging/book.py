@@ -18,6 +18,14 @@ Pure state, no I/O (the service posts and persists). Rules:
   ends in Alertmanager by itself at its endsAt (``alert_ttl_s`` after its last re-send), which for
   the oldest has passed or is nearest. ``on_drop`` is told of each drop (the service counts and
   logs them).
+* Records arrive at least once, and a replay after a crash (or a stale copy) can bring an older record
+  after newer ones: a record whose ``last_seen`` is older than the newest applied for its id is ignored
+  (``ignore``, "stale"; at a tie, one of an older incident, ``first_seen``, is the older), as is any
+  record of an incident (id and ``first_seen``) already cleared, a duplicate clear included. A clear of
+  the current incident always applies. The newest record of ids not open here is remembered for the
+  ``MAX_CLOSED`` ids closed last.
+* A finding stamped more than ``MAX_CLOCK_SKEW_S`` ahead of ``now`` is refused (ValueError): it would be
+  the newest of its id for good and hide every later record.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ from opsloop.controllers.paging.mapping import SEVERITY_RANK, Links, annotations
 
 STATE_VERSION = 1
 DEFAULT_MAX_PENDING_RESOLVES = 10_000
+MAX_CLOSED = 10_000        # ids not open whose newest record is kept (about 60 bytes each in the state file)
+MAX_CLOCK_SKEW_S = 300.0   # stream.max_clock_skew_s: samples further ahead never made it into a finding
 
 
 @dataclass(slots=True)
@@ -52,6 +62,8 @@ class OpenAlert:
     event_time: float                 # the finding's last_seen when it opened (for page latency)
     last_sent: float | None = None    # last successful delivery
     delivered_once: bool = False
+    first_seen: float = 0.0           # of the newest record applied: which incident (stale records are ignored)
+    last_seen: float = 0.0
 
 
 @dataclass(slots=True)
@@ -74,6 +86,8 @@ class PagingBook:
     on_drop: Callable[[PendingResolve], None] | None = field(default=None, repr=False, compare=False)
     open: dict[str, OpenAlert] = field(default_factory=dict)
     resolves: dict[str, list[PendingResolve]] = field(default_factory=dict)
+    # Ids not open here: (first_seen, last_seen, cleared) of the newest record applied, oldest first.
+    closed: dict[str, tuple[float, float, bool]] = field(default_factory=dict)
     # Ids with a best-effort resolve queued, oldest first: the cap finds its victim without a scan.
     _best_effort: dict[str, None] = field(default_factory=dict, init=False, repr=False, compare=False)
     _queued: int = field(default=0, init=False, repr=False, compare=False)
@@ -83,12 +97,25 @@ class PagingBook:
             raise ValueError(f"max_pending_resolves must be at least 1, not {self.max_pending_resolves}")
 
     # -- findings in ----------------------------------------------------------------------
+    def check(self, finding: Finding, now: float) -> None:
+        """ValueError for a finding stamped further ahead of ``now`` than ``MAX_CLOCK_SKEW_S``."""
+        ahead = max(finding.first_seen, finding.last_seen) - now
+        if ahead > MAX_CLOCK_SKEW_S:
+            raise ValueError(f"finding {finding.id}: stamped {ahead:.0f}s in the future "
+                             f"(first_seen {finding.first_seen}, last_seen {finding.last_seen}; "
+                             f"more than {MAX_CLOCK_SKEW_S:.0f}s ahead)")
+
     def apply(self, finding: Finding, now: float) -> list[Action]:
+        self.check(finding, now)
         fid = finding.id
         current = self.open.get(fid)
+        stale = self._stale(finding, current)
+        if stale:
+            return [Action("ignore", fid, labels_for(finding), stale)]
         pages = SEVERITY_RANK[finding.severity] >= SEVERITY_RANK[self.min_severity]
         if finding.cleared or not pages:
             why = "finding cleared" if finding.cleared else f"severity {finding.severity.value} below paging threshold"
+            self._close(fid, finding)
             if current is not None:
                 self._resolve(current, now, finding)
                 return [Action("resolve", fid, current.labels, why)]
@@ -101,15 +128,43 @@ class PagingBook:
         labels = labels_for(finding)
         annotations = annotations_for(finding, self.links)
         if current is None:
-            self.open[fid] = OpenAlert(fid, labels, annotations, finding.first_seen, finding.last_seen)
+            self.closed.pop(fid, None)
+            self.open[fid] = OpenAlert(fid, labels, annotations, finding.first_seen, finding.last_seen,
+                                       first_seen=finding.first_seen, last_seen=finding.last_seen)
             return [Action("open", fid, labels, annotations["summary"])]
         if current.labels != labels:
             self._resolve(current, now, finding)
-            self.open[fid] = OpenAlert(fid, labels, annotations, finding.first_seen, finding.last_seen)
+            self.open[fid] = OpenAlert(fid, labels, annotations, finding.first_seen, finding.last_seen,
+                                       first_seen=finding.first_seen, last_seen=finding.last_seen)
             return [Action("severity_changed", fid, labels,
                            f"{current.labels.get('severity')} -> {labels['severity']}")]
         current.annotations = annotations
+        current.first_seen, current.last_seen = finding.first_seen, finding.last_seen
         return [Action("refresh", fid, labels)]
+
+    def _stale(self, finding: Finding, current: OpenAlert | None) -> str:
+        """Why ``finding`` is older than the newest record applied for its id ("" when it is not)."""
+        if current is not None:
+            first, last, cleared = current.first_seen, current.last_seen, False
+        elif finding.id in self.closed:
+            first, last, cleared = self.closed[finding.id]
+        else:
+            return ""
+        if finding.first_seen == first:
+            if cleared:
+                return "stale: its incident is already cleared"
+            if finding.cleared:
+                return ""   # the current incident's clear, whatever its last_seen: a page never sticks
+        # an older incident's records end before the next one starts: at a tie they are the older
+        if finding.last_seen < last or (finding.last_seen == last and finding.first_seen < first):
+            return f"stale: older than the record applied (last_seen {finding.last_seen}, applied {last})"
+        return ""
+
+    def _close(self, fid: str, finding: Finding) -> None:
+        self.closed.pop(fid, None)   # re-inserted: now the newest
+        self.closed[fid] = (finding.first_seen, finding.last_seen, finding.cleared)
+        while len(self.closed) > MAX_CLOSED:
+            del self.closed[next(iter(self.closed))]
 
     def _resolve(self, alert: OpenAlert, now: float, finding: Finding) -> None:
         del self.open[alert.finding_id]
@@ -197,7 +252,8 @@ class PagingBook:
     def to_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION,
                 "open": [asdict(a) for a in self.open.values()],
-                "resolves": [asdict(r) for q in self.resolves.values() for r in q]}
+                "resolves": [asdict(r) for q in self.resolves.values() for r in q],
+                "closed": [[fid, *mark] for fid, mark in self.closed.items()]}
 
     def restore(self, doc: dict[str, Any]) -> None:
         """Load saved state. Restored alerts are re-sent at once (same labels: no new page)."""
@@ -207,11 +263,14 @@ class PagingBook:
         # whole (ValueError, a re-page at worst) instead of failing every delivery after it loads.
         opened: dict[str, OpenAlert] = {}
         for i, a in enumerate(_entries(doc, "open")):
+            if isinstance(a, dict):   # a file from before the incident marks: the record it opened on
+                a = {"first_seen": a.get("starts_at"), "last_seen": a.get("event_time"), **a}
             alert = _checked(OpenAlert, a, f"open[{i}]")
             alert.last_sent = None
             opened[alert.finding_id] = alert
         pending = [_checked(PendingResolve, r, f"resolves[{i}]") for i, r in enumerate(_entries(doc, "resolves"))]
-        self.open, self.resolves = opened, {}
+        closed = dict(_closed_mark(m, f"closed[{i}]") for i, m in enumerate(_entries(doc, "closed")))
+        self.open, self.resolves, self.closed = opened, {}, dict(list(closed.items())[-MAX_CLOSED:])
         self._best_effort, self._queued = {}, 0
         for r in pending:   # the bound applies to a saved queue too (a state file from before it, a lower bound)
             self._queue_resolve(r)
@@ -236,7 +295,7 @@ def _checked(cls: type[Any], doc: Any, where: str) -> Any:
         value = getattr(entry, name)
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise ValueError(f"paging state: {where}.{name} is not a map of strings")
-    for name in ("starts_at", "event_time", "ends_at", "last_sent"):
+    for name in ("starts_at", "event_time", "ends_at", "last_sent", "first_seen", "last_seen"):
         value = getattr(entry, name, 0.0)
         if value is None and name == "last_sent":
             continue
@@ -246,3 +305,12 @@ def _checked(cls: type[Any], doc: Any, where: str) -> Any:
             isinstance(getattr(entry, flag, False), bool) for flag in ("delivered_once", "best_effort")):
         raise ValueError(f"paging state: {where}: finding_id must be a string, delivered_once and best_effort booleans")
     return entry
+
+
+def _closed_mark(doc: Any, where: str) -> tuple[str, tuple[float, float, bool]]:
+    """One saved ``[finding_id, first_seen, last_seen, cleared]``, or ValueError naming it."""
+    if (not isinstance(doc, list) or len(doc) != 4 or not isinstance(doc[0], str)
+            or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) for t in doc[1:3])
+            or not isinstance(doc[3], bool)):
+        raise ValueError(f"paging state: {where} is not [finding_id, first_seen, last_seen, cleared]")
+    return doc[0], (float(doc[1]), float(doc[2]), doc[3])

@@ -1,11 +1,12 @@
 """The paging loop: poll findings, update the book, deliver what is due, persist, commit.
 
-At-least-once: offsets are committed after the state that reflects them is saved; a replayed
-finding maps to the same alert (same labels), so a replay never pages twice. Alertmanager being
-down does not stop consumption: the book keeps the latest state per open finding and a queue of
-resolves bounded by ``max_pending_resolves`` (beyond it the oldest are dropped, best-effort ones
-first, counted in ``opsloop_paging_resolves_dropped_total``), and delivery is retried with
-exponential back-off.
+At-least-once: offsets are committed after the state that reflects them is saved, and the state is
+saved before Alertmanager is posted what it holds; a replayed finding maps to the same alert (same
+labels) and the book ignores records older than the newest of their id, so a replay never pages
+twice. Alertmanager being down does not stop consumption: the book keeps the latest state per open
+finding and a queue of resolves bounded by ``max_pending_resolves`` (beyond it the oldest are
+dropped, best-effort ones first, counted in ``opsloop_paging_resolves_dropped_total``), and delivery
+is retried with exponential back-off.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ class PagingService:
         for i, raw in enumerate(values):
             try:
                 finding = Finding.decode(raw)
+                self.book.check(finding, now)   # stamped in the future: refused like a record that is no finding
             except ValueError as e:
                 metrics.REJECTED.inc()
                 REJECT_LOG.warning(log, "finding_rejected", reason=str(e)[:300])
@@ -218,6 +220,8 @@ class PagingService:
             self.handle_records(values, now, [(rec.partition, rec.offset, rec.key) for rec in records])
         if not self._caught_up:
             self._check_caught_up()
+        if self._dirty:   # Alertmanager never sees what the state file does not hold: else a crash after the
+            self.save_state()   # post replays these records onto an older book (a stale clear, a second page)
         self.deliver(now)
         self.auditor.flush(timeout_s=2.0)
         if self._dirty:
