@@ -39,7 +39,7 @@ from opsloop.controllers.actuators.mapping import MappingError, to_integer_weigh
 from opsloop.controllers.actuators.safety import bound_step, reaches, share_difference
 from opsloop.controllers.actuators.store import Entry, StoreError, WeightStore
 from opsloop.records import EdgeWeights
-from opsloop.records.edge import SHARE_SUM_TOLERANCE
+from opsloop.records.edge import check_shares
 
 log = get_logger("actuator")
 
@@ -91,10 +91,11 @@ class EdgeActuator:
             return self._done(decision, ApplyResult(
                 "refused", decision.version, "decision would set every server to weight 0; holding the last good "
                                              "weights"))
-        bad = _bad_shares(decision.weights)
-        if bad:  # a record built without validation (a controller bug): NaN, negative, huge, not summing to 1
+        try:   # a record built without validation (a controller bug): NaN, negative, huge, not summing to 1
+            check_shares(decision.weights)
+        except ValueError as e:
             return self._done(decision, ApplyResult(
-                "refused", decision.version, f"decision is no share distribution ({bad}); holding the last good "
+                "refused", decision.version, f"decision is no share distribution ({e}); holding the last good "
                                              "weights"))
         # Wall clock on purpose: computed_at is a date written by the controller's host (event time);
         # the service's own timers (freshness, back-off) are monotonic (service.py).
@@ -420,18 +421,6 @@ class EdgeActuator:
 
 def _quiesces(target: Target) -> bool:
     return bool(getattr(target, "quiesces", False))  # targets written before the attribute do not
-
-
-def _bad_shares(shares: dict[str, float]) -> str | None:
-    """Why ``shares`` is no distribution (what EdgeWeights validates; a record built without it), or None."""
-    for origin, share in shares.items():
-        # "not 0 <= share <= 1" also catches NaN
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
-            return f"share of {origin!r} must be a number in [0, 1], got {share!r}"
-    total = math.fsum(shares.values())
-    if abs(total - 1.0) > SHARE_SUM_TOLERANCE:
-        return f"shares sum to {total!r}, not 1"
-    return None
 
 
 def _serving(weights: dict[str, int], down: set[str]) -> int:

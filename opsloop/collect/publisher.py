@@ -173,17 +173,7 @@ class Publisher:
                     self._hold(_Round(seq, records))
                     self._cv.notify_all()
                     return
-            try:
-                self.spool.append(records, seq=seq)
-            except OSError as e:   # the spool's disk: kept in memory (bounded) rather than lost
-                PUBLISH_ERRORS.labels(self.collector).inc()
-                log.error("spool_write_failed", collector=self.collector, error=f"{type(e).__name__}: {e}",
-                          records=len(records), held_in_memory=not self._closing)
-                with self._cv:
-                    if self._closing:   # no sender any more
-                        LOST.labels(self.collector).inc(len(records))
-                    else:
-                        self._hold(_Round(seq, records))
+            self._spool_or_lose(_Round(seq, records))   # a refusing disk: held in memory (bounded)
             with self._cv:
                 self._cv.notify_all()
         except Exception as e:  # noqa: BLE001 - counted and logged; the next round tries again
@@ -344,7 +334,8 @@ class Publisher:
             self._retry_at = time.monotonic() + self._backoff_s
 
     def _spool_or_lose(self, rnd: _Round, *, front: bool = False) -> None:
-        """Spool an unsent round under its sequence number; if the disk refuses, hold it in memory."""
+        """Spool an unsent round under its sequence number; if the disk refuses, hold it in memory
+        (after close() there is no sender: counted lost)."""
         try:
             self.spool.append(rnd.records, seq=rnd.seq)
         except OSError as e:

@@ -58,6 +58,21 @@ class Mode(str, enum.Enum):
     FALLBACK = "fallback"  # nothing usable and no last good weights: a static fallback
 
 
+def check_shares(value: dict[str, float]) -> dict[str, float]:
+    """``value`` when it is a share distribution (each in [0, 1], summing to 1), else ValueError naming
+    what is wrong; also the actuators' check of a decision built without validation."""
+    for origin, share in value.items():
+        if not origin:
+            raise ValueError("weights: empty origin name")
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or math.isnan(share) \
+                or not 0.0 <= share <= 1.0:
+            raise ValueError(f"weights[{origin!r}]: share must be in [0, 1], got {share!r}")
+    total = math.fsum(value.values())
+    if abs(total - 1.0) > SHARE_SUM_TOLERANCE:
+        raise ValueError(f"weights: shares must sum to 1, got {total!r} for {value!r}")
+    return value
+
+
 class EdgeWeights(JsonRecord):
     """The decision for one listener and edge: a share per origin, summing to 1.
 
@@ -88,16 +103,7 @@ class EdgeWeights(JsonRecord):
     @field_validator("weights")
     @classmethod
     def _shares(cls, value: dict[str, float]) -> dict[str, float]:
-        for origin, share in value.items():
-            if not origin:
-                raise ValueError("weights: empty origin name")
-            if isinstance(share, bool) or not isinstance(share, (int, float)) or math.isnan(share) \
-                    or not 0.0 <= share <= 1.0:
-                raise ValueError(f"weights[{origin!r}]: share must be in [0, 1], got {share!r}")
-        total = math.fsum(value.values())
-        if abs(total - 1.0) > SHARE_SUM_TOLERANCE:
-            raise ValueError(f"weights: shares must sum to 1, got {total!r} for {value!r}")
-        return value
+        return check_shares(value)
 
     @field_validator("shed")
     @classmethod

@@ -31,6 +31,7 @@ from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging import service as paging_service
 from opsloop.controllers.paging.service import PagingService
 from opsloop.records import Finding, Severity
+from tests.helpers import ConsumerMsg
 
 T0 = 1_795_310_400.0
 HOSTS = ("h0", "h1", "h2")
@@ -128,14 +129,6 @@ class Crash(BaseException):
     """The process dies here (not an Exception: nothing in the service may catch it)."""
 
 
-@dataclass
-class Record:
-    value: bytes
-    offset: int
-    partition: int = 0
-    key: bytes | None = None
-
-
 class Consumer:
     """One partition of the findings topic, read from the committed offset in batches of 1 to 4."""
 
@@ -143,9 +136,10 @@ class Consumer:
         self.act = act
         self.position = act.committed
 
-    def poll(self, timeout_ms: int = 0) -> dict[int, list[Record]]:
+    def poll(self, timeout_ms: int = 0) -> dict[int, list[ConsumerMsg]]:
         n = self.act.rng.randint(1, 4)
-        batch = [Record(v, self.position + i) for i, v in enumerate(self.act.topic[self.position:self.position + n])]
+        values = self.act.topic[self.position:self.position + n]
+        batch = [ConsumerMsg("findings", 0, self.position + i, None, v) for i, v in enumerate(values)]
         self.position += len(batch)
         return {0: batch} if batch else {}
 

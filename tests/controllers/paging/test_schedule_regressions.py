@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
@@ -27,6 +26,7 @@ from opsloop.controllers.paging.book import PagingBook
 from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.service import PagingService
 from opsloop.records import Finding, Severity
+from tests.helpers import ConsumerMsg
 
 T0 = 1_795_310_400.0
 
@@ -96,21 +96,13 @@ def test_the_marks_survive_a_restart_and_a_state_file_from_before_them_loads() -
 
 
 # -- 2. save before posting ---------------------------------------------------------------------------
-@dataclass
-class Msg:
-    value: bytes
-    offset: int
-    partition: int = 0
-    key: bytes | None = None
-
-
 class Consumer:
     def __init__(self, batches: list[list[Finding]]) -> None:
         self.batches = batches
 
-    def poll(self, timeout_ms: int = 0) -> dict[int, list[Msg]]:
+    def poll(self, timeout_ms: int = 0) -> dict[int, list[ConsumerMsg]]:
         batch = self.batches.pop(0) if self.batches else []
-        return {0: [Msg(f.encode(), i) for i, f in enumerate(batch)]} if batch else {}
+        return {0: [ConsumerMsg("findings", 0, i, None, f.encode()) for i, f in enumerate(batch)]} if batch else {}
 
     def commit(self) -> None:
         pass
