@@ -20,14 +20,15 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import math
 import sys
-from typing import Iterator, Sequence, TextIO
+from typing import Iterator, NamedTuple, Sequence, TextIO
 
 from .anomaly.model import StreamingDetector
 from .labelled_csv import read_header, row_values
 from .series_text import ReplayError, parse_timestamp, parse_value
 
-__all__ = ["ReplayError", "parse_timestamp", "parse_value", "replay", "main"]
+__all__ = ["Counts", "ReplayError", "parse_timestamp", "parse_value", "replay", "main"]
 
 EPILOG = """\
 examples:
@@ -42,8 +43,14 @@ input:  timestamp,value          output: timestamp,value,score
 """
 
 
-def replay(src: TextIO, dst: TextIO, skip_bad: bool = False, columns: Sequence[str] = ()) -> tuple[int, int]:
-    """Score every row of `src` into `dst`. Returns (rows, skipped)."""
+class Counts(NamedTuple):
+    rows: int
+    skipped: int
+    backwards: int      # rows stamped earlier than a row before them (scored in input order all the same)
+
+
+def replay(src: TextIO, dst: TextIO, skip_bad: bool = False, columns: Sequence[str] = ()) -> Counts:
+    """Score every row of `src` into `dst`."""
     delim, header, ti, cols = read_header(src.readline(), columns)
     need = max([ti, *(i for i, _ in cols)])
     updates = [StreamingDetector().update for _ in cols]
@@ -51,7 +58,8 @@ def replay(src: TextIO, dst: TextIO, skip_bad: bool = False, columns: Sequence[s
     single = len(cols) == 1
     out.writerow(["timestamp", "value", "score"] if single else ["timestamp", "score", *(f"score_{n}" for _, n in cols)])
     reader = csv.reader(src, delimiter=delim)
-    rows = skipped = 0
+    rows = skipped = backwards = 0
+    newest = -math.inf
     for line_no, row in zip(_line_numbers(reader), reader):
         if not row:
             continue
@@ -71,12 +79,15 @@ def replay(src: TextIO, dst: TextIO, skip_bad: bool = False, columns: Sequence[s
             else:
                 out.writerow([ts_text, "0.000000", *("0.000000" for _ in cols)])
             continue
+        if ts < newest:
+            backwards += 1
+        newest = max(newest, ts)
         scores = [0.0 if v is None else update(ts, v) for update, v in zip(updates, values)]
         if single:
             out.writerow([row[ti], row[cols[0][0]], f"{scores[0]:.6f}"])
         else:
             out.writerow([row[ti], f"{max(scores):.6f}", *(f"{x:.6f}" for x in scores)])
-    return rows, skipped
+    return Counts(rows, skipped, backwards)
 
 
 def _line_numbers(reader: "csv._reader") -> Iterator[int]:  # type: ignore[name-defined]
@@ -102,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     buffer = io.StringIO()   # whole output first: a bad row leaves no half-written file
     try:
         if args.input == "-":
-            rows, skipped = replay(sys.stdin, buffer, skip_bad=args.skip_bad, columns=args.column)
+            counts = replay(sys.stdin, buffer, skip_bad=args.skip_bad, columns=args.column)
         else:
             with open(args.input, newline="", encoding="utf-8") as src:
-                rows, skipped = replay(src, buffer, skip_bad=args.skip_bad, columns=args.column)
+                counts = replay(src, buffer, skip_bad=args.skip_bad, columns=args.column)
     except OSError as e:
         print(f"replay: cannot read {args.input}: {e.strerror}", file=sys.stderr)
         return 2
@@ -128,8 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"replay: cannot write {args.output}: {e.strerror}", file=sys.stderr)
         return 2
-    if skipped:
-        print(f"replay: skipped {skipped} bad row(s) of {rows} (scored 0)", file=sys.stderr)
+    if counts.skipped:
+        print(f"replay: skipped {counts.skipped} bad row(s) of {counts.rows} (scored 0)", file=sys.stderr)
+    if counts.backwards:
+        # the detector learns in input order; its daily buckets and step sizes assume time moves forward
+        print(f"replay: {counts.backwards} row(s) of {counts.rows} are stamped earlier than a row before them: "
+              "the scores assume time order (sort the file by timestamp)", file=sys.stderr)
     return 0
 
 

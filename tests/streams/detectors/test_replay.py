@@ -67,7 +67,7 @@ def test_a_value_beyond_the_detectors_range_is_a_bad_row() -> None:
     with pytest.raises(ReplayError, match=r"line 3: value '1e200': beyond ±1e\+50"):
         replay(io.StringIO(text), io.StringIO())
     out = io.StringIO()
-    assert replay(io.StringIO(text), out, skip_bad=True) == (3, 1)
+    assert replay(io.StringIO(text), out, skip_bad=True)[:2] == (3, 1)
     assert [r["score"] for r in _rows(out.getvalue())][1] == "0.000000"
 
 
@@ -79,6 +79,18 @@ def test_replay_skip_bad_scores_zero_and_counts(tmp_path: Path) -> None:
     rows = _rows(proc.stdout)
     assert [r["score"] for r in rows[1:3]] == ["0.000000", "0.000000"]
     assert "skipped 1 bad row(s) of 4" in proc.stderr
+
+
+def test_rows_out_of_time_order_are_scored_and_said(tmp_path: Path) -> None:
+    """A file not sorted by time was scored without a word: the detector learns in input order."""
+    src = tmp_path / "in.csv"
+    src.write_text("timestamp,value\n1700000120,1\n1700000000,2\n1700000060,3\n1700000180,4\n")
+    proc = _run(["--input", str(src)])
+    assert proc.returncode == 0 and len(_rows(proc.stdout)) == 4
+    assert "2 row(s) of 4 are stamped earlier than a row before them" in proc.stderr
+    in_order = tmp_path / "sorted.csv"
+    in_order.write_text("timestamp,value\n1700000000,2\n1700000060,3\n1700000060,3\n1700000180,4\n")
+    assert "earlier" not in _run(["--input", str(in_order)]).stderr     # equal stamps are not backwards
 
 
 def test_replay_header_and_missing_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -123,7 +135,7 @@ def test_replay_fuzzed_rows_never_crash(rows: list[list[str]]) -> None:
     csv.writer(buf).writerows([["timestamp", "value"], *rows])
     out = io.StringIO()
     try:
-        n, _ = replay(io.StringIO(buf.getvalue()), out)
+        n = replay(io.StringIO(buf.getvalue()), out).rows
     except ReplayError as e:
         assert "line" in str(e)
         return
