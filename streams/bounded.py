@@ -42,6 +42,10 @@ class Recency(Generic[K]):
     def __contains__(self, key: object) -> bool:
         return key in self._seen
 
+    def keys(self) -> list[K]:
+        """The keys held, least recently seen first."""
+        return list(self._seen)
+
     def seen(self, key: K, now: float) -> None:
         self._seen.pop(key, None)   # re-inserted at the end: dict order is recency order
         self._seen[key] = now

@@ -16,7 +16,7 @@ and restore them after a restart or rebalance:
 
 State is bounded: a key not seen for ``state_ttl_s`` (receive time) or, past ``max_state_keys``,
 the least recently seen one is dropped (``forget``: its state, its gauge children, and its open
-findings cleared), deleted from the table and counted in
+findings cleared, at the event time each was last seen), deleted from the table and counted in
 ``opsloop_stream_state_dropped_total{handler, reason="ttl"|"cap"}``. A replay guard (the last event
 time of a series) never blocks a series when it lies beyond the clock skew: one sample with a
 broken clock, or a state restored from one, must not make every later reading look like a replay.
@@ -146,7 +146,7 @@ class DetectorHandler:
         keys = {k for k, _ in victims}
         reason = "cap" if any(r == "cap" for _, r in victims) else "ttl"
         try:
-            self._clear_findings(keys, now, reason)
+            self._clear_findings(keys, reason)
             self.forget(keys)
         except Exception as e:  # noqa: BLE001 - a forget bug must not stop the batch
             log.error("state_forget_failed", handler=self.name, keys=len(keys), error=f"{type(e).__name__}: {e}",
@@ -157,7 +157,7 @@ class DetectorHandler:
                  kept=len(self._seen))
         STATE_KEYS.labels(self.name).set(len(self._seen))
 
-    def _clear_findings(self, keys: set[str], now: float, reason: str) -> None:
+    def _clear_findings(self, keys: set[str], reason: str) -> None:
         """Clear the open findings of dropped keys (one pass over each book) and collect them now:
         a book may go with its key's state."""
         why = (f"no telemetry for {self._seen.ttl_s:g} s: state dropped" if reason == "ttl"
@@ -165,7 +165,10 @@ class DetectorHandler:
         for book in list(self.books()):
             for doc in list(book.open.values()):
                 if doc["where"].get(self.key_label) in keys:
-                    book.clear(doc["detector"], doc["where"], now, why)
+                    # at the event time it was last seen, not the worker's clock (``now``, ahead of every
+                    # event time): a key back a moment later re-opens it after the clear, not before it
+                    # (the paging actuator drops a record older than the clear), and a replay clears alike
+                    book.clear(doc["detector"], doc["where"], float(doc["last_seen"]), why)
             self._collect(book)
 
     def touched(self) -> set[str]:
@@ -186,6 +189,15 @@ class DetectorHandler:
 
     def restore(self, states: Mapping[str, Mapping[str, Any]]) -> None:
         """Replace all in-memory state with ``states`` (key -> state_of(key) as stored)."""
+        gone = {k for k in self._seen.keys() if k not in states}
+        if gone and self._bounded:
+            # keys of partitions that went to another worker: their gauge children go too (reset() keeps
+            # them), or this worker showed their last values, frozen, beside their new owner's
+            try:
+                self.forget(gone)
+            except Exception as e:  # noqa: BLE001 - a forget bug must not stop the restore
+                log.error("state_forget_failed", handler=self.name, keys=len(gone), error=f"{type(e).__name__}: {e}",
+                          exc_info=True)
         self.reset()
         self._seen.clear()
         now = time.time()

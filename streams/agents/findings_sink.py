@@ -80,6 +80,15 @@ class ActiveFindings:
             else:
                 self._entries[finding.id] = _Entry(finding_labels(finding), True, finding.score)
 
+    def only_open(self, finding_ids: set[str]) -> int:
+        """Drop the entries shown open that are not in ``finding_ids`` (cleared ones stay their retention);
+        how many went."""
+        with self._lock:
+            gone = [k for k, e in self._entries.items() if e.active and k not in finding_ids]
+            for k in gone:
+                del self._entries[k]
+        return len(gone)
+
     def get(self, finding_id: str) -> _Entry | None:
         with self._lock:
             return self._entries.get(finding_id)
@@ -137,7 +146,12 @@ class FindingsSink:
         return sent
 
     def restore(self, open_findings: Iterable[Finding]) -> None:
-        """Show findings recovered from detector state as active (nothing is re-published)."""
-        for f in open_findings:
-            if not f.cleared:
-                self.active.update(f)
+        """Show the findings recovered from detector state as active (nothing is re-published): these and
+        no others, of every handler at once. One shown open but not recovered belongs to a partition that
+        went to another worker, which shows it now (and clears it): left here, it stayed 1 for good."""
+        restored = [f for f in open_findings if not f.cleared]
+        gone = self.active.only_open({f.id for f in restored})
+        if gone:
+            log.info("findings_handed_over", findings=gone)
+        for f in restored:
+            self.active.update(f)

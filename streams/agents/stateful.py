@@ -45,6 +45,7 @@ from faust.types import TP, EventT
 
 from opsloop.config import Settings
 from opsloop.log import get_logger
+from opsloop.records import Finding
 from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler
 from opsloop.streams.agents.findings_sink import FindingsSink
@@ -248,14 +249,16 @@ class StatefulAgent:
                     # its home until its records say otherwise: a host silent since the start whose
                     # finding another host's report changes is written home too
                     self._home[handler].setdefault(key, p)
+        restored: list[Finding] = []
         for h in self.handlers:
             h.restore(by_handler[h.name])
             h.touched()          # restoring is not a change to write back
             h.fed()
             h.drain_outbox()
-            self.sink.restore(h.open_findings())
-            log.info("state_restored", agent=h.name, keys=len(by_handler[h.name]),
-                     open_findings=len(h.open_findings()))
+            found = h.open_findings()
+            restored += found
+            log.info("state_restored", agent=h.name, keys=len(by_handler[h.name]), open_findings=len(found))
+        self.sink.restore(restored)   # all at once: the findings shown are exactly those held now
         self.needs_restore = False
 
     async def run_batch(self, events: Sequence[EventT]) -> None:

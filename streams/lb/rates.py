@@ -12,7 +12,9 @@ counted) instead of taking the difference of two different sums for traffic.
 The kind of a row is its ``type`` tag; only a row without one is inferred (``sv`` = FRONTEND/BACKEND,
 else a server). Rows typed ``listener`` (a frontend's sockets, ``show stat`` type 3) or ``unknown``
 are not counted; a row with an empty ``proxy`` tag (or another type) is refused: counted in
-``opsloop_lb_samples_rejected_total`` and handed to the runtime to dead-letter (``drain_rejected``).
+``opsloop_lb_samples_rejected_total`` and handed to the runtime to dead-letter (``drain_rejected``), and so
+is a row whose request counter is there but no count (negative, or not a number: a glitch; taken, it read
+as a reset and made the next good row a spike of the whole counter).
 The last server rows of a batch, by the same (shortened) key as their rates, are in
 :attr:`LbRates.server_rows` for a handler running after this one.
 
@@ -57,8 +59,8 @@ SERVER_UP = Gauge("opsloop_lb_server_up", "1 when the load balancer considers th
 COUNTER_RESETS = Counter("opsloop_lb_resets_total", "Times an LB's request counters went down (LB restart)",
                          ["lb"])
 REJECTED = Counter("opsloop_lb_samples_rejected_total",
-                   "haproxy samples refused by the LB rates (an empty proxy tag, an unknown type): skipped, "
-                   "dead-lettered", ["reason"])
+                   "haproxy samples refused by the LB rates (an empty proxy tag, an unknown type, a request "
+                   "counter that is no count): skipped, dead-lettered", ["reason"])
 KINDS = ("frontend", "backend", "server")
 # typed rows that are no request series of ours: a frontend's listening sockets (show stat type 3),
 # and what the collector tags a type it does not know
@@ -84,6 +86,18 @@ class Rate:
     rate: float
     timestamp: float
     interval: float = 0.0   # seconds between the two samples it comes from: the collection interval
+
+
+COUNTER_FIELDS = (*HRSP_FIELDS, *TELEGRAF_HRSP_FIELDS, "req_tot", "stot")
+
+
+def bad_counter(fields: dict[str, object]) -> str | None:
+    """The first request counter of a row that is there but no count (a number >= 0), else None."""
+    for f in COUNTER_FIELDS:
+        v = fields.get(f)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+            return f
+    return None
 
 
 def request_count(fields: dict[str, object]) -> float | None:
@@ -215,6 +229,13 @@ class LbRates:
             # label values, bounded here so the state key, the gauges and their removal agree
             lb, proxy, sv = (label_value(self.name, "host", lb), label_value(self.name, "proxy", proxy),
                              label_value(self.name, "sv", sv))
+        bad = bad_counter(m.fields)
+        if bad is not None:
+            # a glitch, not traffic: taken, a -5 read as a reset and the next good row as a spike of the
+            # whole counter over one interval (10^5 req/s from a server serving 100)
+            self.reject(m, "bad_counter", f"haproxy sample of lb {lb[:100]!r}, proxy {proxy[:100]!r}, sv "
+                                          f"{sv[:100]!r}: counter {bad} is {m.fields[bad]!r:.100}, not a count")
+            return None
         key = (lb, kind, proxy, sv)
         if kind == "server":
             states[(lb, proxy, sv)] = m.fields

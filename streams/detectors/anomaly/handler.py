@@ -203,10 +203,12 @@ class AnomalyHandler(DetectorHandler):
         self.series = {}
 
     def restore_key(self, key: str, state: Mapping[str, Any]) -> None:
+        # the replay guard as the other handlers restore theirs: one beyond the skew would skip every point
+        last_ts = state.get("last_ts")
+        last = None if last_ts is None else self.trusted_time(float(last_ts), f"last point of {key}")
         s = Series(str(state["metric"]), str(state["field"]), {str(k): str(v) for k, v in state["tags"].items()},
                    StreamingDetector.from_dict(dict(state["detector"])),
-                   FindingBook.from_dict(state.get("book", {}), self.refresh_s),
-                   None if state.get("last_ts") is None else float(state["last_ts"]), int(state.get("calm", 0)))
+                   FindingBook.from_dict(state.get("book", {}), self.refresh_s), last, int(state.get("calm", 0)))
         self.series[key] = s
 
     def after_restore(self) -> None:

@@ -215,6 +215,10 @@ class FirewallDetector:
 
     def _drift(self, role: str, now: float) -> list[Finding]:
         members = [r for r in self.latest.values() if r.role == role]
+        # The role's newest report, not the caller's: the role's findings are about every member, and a
+        # batch of a partition lagging behind another brought older times, stamping a finding back in time
+        # (re-opened before its clear: the paging actuator drops such a record as older than the clear).
+        now = max([now, *(r.timestamp for r in members)])
         out: list[Finding] = []
         keep: set[str] = set()
         if len(members) >= self.min_role_size:

@@ -97,9 +97,10 @@ class KeystoneHandler(DetectorHandler):
             if len(host) > MAX_LABEL_VALUE:   # a label value: bounded before it keys any state
                 host = label_value(self.name, "host", host)
             series = m.name + "|" + label_string(m.tags, skip=("host",))
-            st = self._host(host)
-            if self.is_replay(m.timestamp, st.last_ts.get(series)):
+            known = self.hosts.get(host)
+            if known is not None and self.is_replay(m.timestamp, known.last_ts.get(series)):
                 continue   # replayed after a crash: already counted
+            st = known if known is not None else self._host(host)
             try:
                 if m.name == "s3_frontend_credential":
                     self._credential(host, st, m)
@@ -109,6 +110,10 @@ class KeystoneHandler(DetectorHandler):
                 else:
                     self._latency(host, st, m)
             except ValueError as e:
+                if known is None:
+                    # made for this sample alone: never touched, so never written nor dropped by the TTL
+                    # or the cap (a poison stream of host names kept one each)
+                    del self.hosts[host]
                 self.reject("keystone_sample_rejected", m, str(e), metric=m.name)
                 continue
             st.last_ts[series] = m.timestamp
