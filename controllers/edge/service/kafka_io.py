@@ -1,5 +1,8 @@
 """Kafka side of the service: publishing decisions and findings, recovering the last decision.
 
+A decision whose weights records were not all acknowledged raises :class:`PublishError` (naming the
+keys that were), so the loop keeps what was published, not what it meant to publish.
+
 Restart recovery reads ``edge.weights`` from the beginning and keeps the highest ``(epoch, version)``
 per ``listener|edge`` key, so a restarted controller continues the version sequence (actuators refuse
 older versions) and damps from the weights in force, not from scratch.
@@ -23,6 +26,15 @@ from opsloop.topics import Topic
 log = get_logger("controller.edge.kafka")
 
 
+class PublishError(RuntimeError):
+    """Records of a decision were not acknowledged; ``delivered``: the ``listener|edge`` keys that were
+    (the others may still arrive later: at-least-once)."""
+
+    def __init__(self, message: str, delivered: set[str] | None = None) -> None:
+        super().__init__(message)
+        self.delivered = set(delivered or ())
+
+
 class DecisionPublisher:
     def __init__(self, kafka: KafkaSettings | str, client_id: str = "opsloop-edge-controller",
                  flush_timeout_s: float = 5.0) -> None:
@@ -32,24 +44,36 @@ class DecisionPublisher:
         self.flush_timeout_s = flush_timeout_s
 
     def __call__(self, records: list[EdgeWeights], findings: list[Finding]) -> None:
-        for r in records:
-            self._send(self.kafka.topic(Topic.EDGE_WEIGHTS), f"{r.listener}|{r.edge}", r.encode())
+        """Send and flush; :class:`PublishError` when a weights record was not acknowledged, so the
+        loop does not take an unpublished decision for the weights in force (a finding lost is only
+        counted: the next tick re-publishes the open ones)."""
+        sent = [(f"{r.listener}|{r.edge}", self._send(self.kafka.topic(Topic.EDGE_WEIGHTS),
+                                                      f"{r.listener}|{r.edge}", r.encode())) for r in records]
         for f in findings:
             self._send(self.kafka.topic(Topic.FINDINGS), f.id, f.encode())
+        flush_error = ""
         try:
             self.producer.flush(timeout=self.flush_timeout_s)
-        except Exception as e:  # noqa: BLE001 - the next tick publishes again
+        except Exception as e:  # noqa: BLE001 - reported below, per record
+            flush_error = f"; flush: {type(e).__name__}: {e}"
             log.warning("publish_flush_failed", error=f"{type(e).__name__}: {e}")
+        delivered = {key for key, fut in sent if fut is not None and fut.succeeded()}
+        missing = [key for key, _ in sent if key not in delivered]
+        if missing:
+            raise PublishError(f"{len(missing)} of {len(sent)} edge.weights record(s) not acknowledged "
+                               f"({', '.join(missing[:5])}){flush_error}"[:500], delivered)
 
-    def _send(self, topic: str, key: str, value: bytes) -> None:
+    def _send(self, topic: str, key: str, value: bytes) -> Any:
+        """The record's future, None when the producer refused it (counted and logged)."""
         try:
             fut = self.producer.send(topic, key=key.encode(), value=value)
         except Exception as e:  # noqa: BLE001 - buffer full / metadata timeout: count, never raise
             M.PUBLISH_ERRORS.labels(topic).inc()
             log.warning("publish_failed", topic=topic, key=key, error=f"{type(e).__name__}: {e}")
-            return
+            return None
         fut.add_errback(lambda e: (M.PUBLISH_ERRORS.labels(topic).inc(),
                                    log.warning("publish_failed", topic=topic, key=key, error=str(e))))
+        return fut
 
     def deadletter(self, record: Any, reason: str) -> None:
         """Keep a consumed record that was refused (``record``: a Kafka consumer record) on the

@@ -7,14 +7,17 @@ fresh decisions and can fail static when they stop; the version only moves when 
 findings to ``findings``; gauges updated.
 
 Inputs age = the oldest of the edges' newest demand samples (an edge never heard from counts from
-service start): one silent edge makes the listener hold — the conservative reading of "stale
+service start; a sample stamped beyond ``max_clock_skew_s`` ahead of this host's clock, which stepped
+back, counts as stale): one silent edge makes the listener hold — the conservative reading of "stale
 telemetry → hold". Until every edge has reported once, and while the inputs are not yet stale, the
 loop waits instead of planning on zero demand.
 
 Origin health = the file's ``healthy`` AND no edge with fresh telemetry sees the server
 ``DOWN``/``MAINT``; an API pin ``false`` drains it; a pin ``true`` overrides the file but not a load
 balancer's DOWN (traffic sent to a server the LB marks DOWN goes nowhere) unless pinned with
-``force``.
+``force``. Health does not go stale with the demand: with stale inputs the listener holds its weights
+(fail static) but still moves the share off an origin known down now (a pin, the file, an edge whose
+telemetry is fresh), and not onto one a record gone stale last saw DOWN.
 
 Origin response time (what the controller predicts the clients' rebound from) = per origin, the
 request-weighted mean over the fresh records of HAProxy's ``rtime`` less the edge→origin network
@@ -45,6 +48,7 @@ the version sequence still moves the edge, and an older instance still running i
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,6 +63,7 @@ from opsloop.controllers.edge.findings import decision_findings
 from opsloop.records import EdgeWeights, Mode
 from opsloop.controllers.edge.service import metrics as M
 from opsloop.controllers.edge.service.inputs import DemandBook
+from opsloop.controllers.edge.service.kafka_io import PublishError
 from opsloop.controllers.edge.service.store import TopologyStore
 from opsloop.records import Finding
 from opsloop.log import get_logger
@@ -85,6 +90,7 @@ class ListenerState:
     response_ms: dict[str, float] = field(default_factory=dict)  # last origin response time seen
     observed: tuple[Any, ...] = ()        # the inputs of the last observation (demand record times, topology)
     stepped: tuple[Any, ...] | None = None  # ... and of the last one the controller stepped on
+    spent: int | None = None   # the highest version a failed publish may still deliver (at-least-once)
 
 
 def origin_response_ms(records: list[tuple[int, EdgeDemand]], origins: list[str],
@@ -170,6 +176,7 @@ class ControlLoop:
         ages: list[float] = []
         seen = 0
         down: set[str] = set()
+        last_down: set[str] = set()   # DOWN in a record gone stale: the last word on that server
         load: dict[str, float] = {o: 0.0 for o in state.origins}
         fresh: list[tuple[int, EdgeDemand]] = []
         stamps: list[float | None] = []
@@ -180,7 +187,10 @@ class ControlLoop:
                 ages.append(max(0.0, now - self.started_at))
                 continue
             seen += 1
-            age = max(0.0, now - rec.timestamp)
+            lead = rec.timestamp - now
+            # stamped beyond the clock skew ahead of our clock (ours stepped back): of unknown age, and
+            # every later record is refused as from the future, so it would read fresh for as long: stale
+            age = max(0.0, -lead) if lead <= self.book.max_clock_skew_s else stale_after + lead
             ages.append(age)
             demand[i] = rec.demand_rps
             if age <= stale_after:
@@ -189,11 +199,14 @@ class ControlLoop:
             for origin, o in rec.origins.items():
                 if origin in load:
                     load[origin] += o.rps
-                if age <= stale_after and not o.up:
-                    down.add(origin)
+                if not o.up:
+                    (down if age <= stale_after else last_down).add(origin)
+        age = max(ages) if ages else 0.0
+        stale = age > stale_after
+        if stale:
+            down |= last_down   # the held weights' share moves off what is known down, never onto these
         healthy = np.array([_healthy(snap.health_override.get(o), bool(file_healthy[j]), o in down,
                                      o in snap.health_forced) for j, o in enumerate(state.origins)], dtype=bool)
-        age = max(ages) if ages else 0.0
         pinned_but_down = sorted(o for o in down
                                  if snap.health_override.get(o) is True and o not in snap.health_forced)
         status = {"demand_rps": dict(zip(state.edges, demand.tolist())),
@@ -212,8 +225,11 @@ class ControlLoop:
         response = origin_response_ms(fresh, state.origins, latency, state.response_ms)
         if response is not None:
             status["origin_response_ms"] = dict(zip(state.origins, response.round(3).tolist()))
+        # the pins and the file are read now, so health stays fresh when the demand goes stale: the
+        # controller holds its weights but moves the share off an origin an operator drained
         return Observation(now=now if control_now is None else control_now, demand=demand, capacity=capacity,
-                           latency=latency, healthy=healthy, inputs_age_s=age, origin_latency_ms=response), status
+                           latency=latency, healthy=healthy, inputs_age_s=age, origin_latency_ms=response,
+                           health_age_s=0.0 if stale else None), status
 
     def tick(self) -> dict[str, Decision | None]:
         """Run one interval for every listener; a failing listener does not stop the others."""
@@ -244,12 +260,28 @@ class ControlLoop:
         if state.last is not None and state.observed == state.stepped \
                 and obs.inputs_age_s <= self.settings.stale_after_s and not _returning(state.controller, control_now):
             return self._repeat(state, status, now, obs.inputs_age_s)
+        stepped, open_findings = state.stepped, set(state.open_findings)
         state.stepped = state.observed
-        decision = state.controller.step(obs)
+        # stepped on a copy, kept once published: a failed publish (or a step that raises) leaves the
+        # controller at the weights the topic carries, not at ones no actuator got
+        ctl = copy.deepcopy(state.controller)
+        decision = ctl.step(obs)
+        if state.spent is not None and decision.version <= state.spent:
+            # that version may still reach an actuator naming the failed publish's weights: never reused
+            ctl.version = decision.version = state.spent + 1
+            decision.changed = True
         records = [r.model_copy(update={"epoch": self.epoch, "computed_at": now})
                    for r in decision.records(state.name, state.edges, state.origins)]
         findings = self._findings(state, decision, now)
-        self.publish(records, findings)
+        try:
+            self.publish(records, findings)
+        except Exception as e:  # noqa: BLE001 - Kafka away: this measurement is stepped on again next tick
+            state.stepped, state.open_findings = stepped, open_findings
+            self._unpublished(state, decision, e)
+            if decision.changed:   # a new version: it may still arrive
+                state.spent = max(state.spent or 0, decision.version)
+            return None
+        state.controller, state.spent = ctl, None
         self._export(state, decision, records)
         M.TICKS.labels(state.name, decision.mode.value).inc()
         with self.lock:
@@ -265,11 +297,17 @@ class ControlLoop:
                      reason=decision.reason[:300])
         return decision
 
-    def _repeat(self, state: ListenerState, status: dict[str, Any], now: float, age: float) -> Decision:
+    def _repeat(self, state: ListenerState, status: dict[str, Any], now: float, age: float) -> Decision | None:
         """No new measurement since the last step: the last decision again, fresh (module docstring)."""
         assert state.last is not None
         records = [r.model_copy(update={"computed_at": now, "inputs_age_s": age}) for r in state.last_records]
-        self.publish(records, self._findings(state, state.last, now))   # open findings stay re-published
+        open_findings = set(state.open_findings)
+        try:
+            self.publish(records, self._findings(state, state.last, now))   # open findings stay re-published
+        except Exception as e:  # noqa: BLE001 - the same decision again next tick
+            state.open_findings = open_findings
+            self._unpublished(state, state.last, e)
+            return None
         M.TICKS.labels(state.name, "repeated").inc()
         M.INPUTS_AGE.labels(state.name).set(age)
         with self.lock:
@@ -277,6 +315,23 @@ class ControlLoop:
             state.last_status = {**state.last_status, **status, "tick": state.ticks, "computed_at": now,
                                  "changed": False, "repeated": True}
         return state.last
+
+    def _unpublished(self, state: ListenerState, decision: Decision, error: Exception) -> None:
+        """A publish that failed: not the weights in force. Its version is spent all the same (records
+        may still arrive, at-least-once: ``spent``, a version never names two sets of weights), and the
+        rows the broker did acknowledge are the ones their edges now have."""
+        ctl = state.controller
+        ctl.version = max(ctl.version, decision.version)
+        delivered = error.delivered if isinstance(error, PublishError) else set()
+        if ctl.weights is not None and delivered:
+            weights = ctl.weights.copy()
+            for i, edge in enumerate(state.edges):
+                if f"{state.name}|{edge}" in delivered:
+                    weights[i] = decision.weights[i]
+            ctl.weights = weights
+        M.TICKS.labels(state.name, "publish_failed").inc()
+        log.warning("publish_failed", listener=state.name, version=decision.version,
+                    error=f"{type(error).__name__}: {error}"[:500])
 
     def _findings(self, state: ListenerState, decision: Decision, now: float) -> list[Finding]:
         found = decision_findings(decision, state.name, state.edges, now, include_cleared=True)
