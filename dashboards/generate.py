@@ -440,7 +440,8 @@ def control_loop_panels() -> list[Panel]:
               [Query(f"histogram_quantile(0.5, sum by (le) (rate(opsloop_edge_tick_seconds_bucket[{RATE}])))", "p50"),
                Query(f"histogram_quantile(0.95, sum by (le) (rate(opsloop_edge_tick_seconds_bucket[{RATE}])))", "p95")],
               unit="s", e2e_loop=True),
-        Panel("Controller intervals by outcome", "Intervals the controller ran per second, by listener and outcome.",
+        Panel("Controller intervals by outcome", "Intervals the controller ran per second, by listener and outcome; "
+              "publish_failed above half of them for 5 minutes pages EdgeControllerPublishFailing.",
               [Query(f'sum by (listener, outcome) (rate(opsloop_edge_ticks_total{{listener=~"$listener"}}[{RATE}]))',
                      "{{listener}} {{outcome}}")], unit="ops", e2e_loop=True),
         Panel("Actuator results and refusals", "Decisions the weight actuators handled per second by result: "

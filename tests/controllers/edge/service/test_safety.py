@@ -16,10 +16,12 @@ from typing import Iterator
 
 import pytest
 import requests
+from prometheus_client import REGISTRY
 
 from opsloop.controllers.edge.service.api import EdgeApi
-from opsloop.records import EdgeWeights
+from opsloop.records import EdgeDemand, EdgeWeights
 from opsloop.controllers.edge.service.api_token import create_token_file
+from opsloop.controllers.edge.service.inputs import DemandBook
 from opsloop.controllers.edge.service.config import ApiSettings, ConfigError, TopologySpec, read_token
 from opsloop.controllers.edge.service.overrides import OverridesError
 from opsloop.controllers.edge.service.store import TopologyStore
@@ -231,11 +233,6 @@ def test_token_file_is_private_from_creation_and_an_open_one_is_refused(tmp_path
 
 # -- the demand book ---------------------------------------------------------------------------------------
 def test_a_demand_record_from_the_future_cannot_pin_the_book() -> None:
-    from prometheus_client import REGISTRY
-
-    from opsloop.controllers.edge.service.inputs import DemandBook
-    from opsloop.records import EdgeDemand
-
     clock = [T0]
     book = DemandBook(max_clock_skew_s=5.0, ttl_s=600.0, clock=lambda: clock[0])
 
