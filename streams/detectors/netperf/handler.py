@@ -44,7 +44,9 @@ class NetperfHandler(DetectorHandler):
         self.settings = settings or NetperfSettings()
         self.refresh_s = refresh_s
         self.detectors: dict[str, NetperfDetector] = {}
-        self.last_ts: dict[str, float] = {}   # series -> event time of its last result (replay guard)
+        # target set -> series -> event time of its last result (replay guard); by set, not by the series
+        # text's first field: a set named with a '|' leaked its entries or took another set's
+        self.last_ts: dict[str, dict[str, float]] = {}
         self._speedup_shown: dict[tuple[str, str], tuple[str, str]] = {}
 
     def _new_detector(self) -> NetperfDetector:
@@ -65,9 +67,10 @@ class NetperfHandler(DetectorHandler):
                 r = replace(r, target_set=label_value(self.name, "target_set", r.target_set),
                             label=label_value(self.name, "label", r.label))
             series = "|".join(r.where.values())
-            if self.is_replay(r.timestamp, self.last_ts.get(series)):
+            seen = self.last_ts.setdefault(r.target_set, {})
+            if self.is_replay(r.timestamp, seen.get(series)):
                 continue   # replayed after a crash: already in the baseline
-            self.last_ts[series] = r.timestamp
+            seen[series] = r.timestamp
             det = self.detectors.get(r.target_set)
             if det is None:
                 det = self.detectors[r.target_set] = self._new_detector()
@@ -98,7 +101,7 @@ class NetperfHandler(DetectorHandler):
     def forget(self, keys: set[str]) -> None:
         for key in keys:
             self.detectors.pop(key, None)
-        self.last_ts = {s: t for s, t in self.last_ts.items() if s.split("|", 1)[0] not in keys}
+            self.last_ts.pop(key, None)
         self._speedup_shown = {k: v for k, v in self._speedup_shown.items() if k[0] not in keys}
         for gauge in (THROUGHPUT, BASELINE, RATIO, SPEEDUP):
             drop_children(gauge, "target_set", keys)
@@ -110,9 +113,7 @@ class NetperfHandler(DetectorHandler):
         det = self.detectors.get(key)
         if det is None:
             return None
-        prefix = key + "|"
-        return {"detector": det.to_dict(),
-                "last_ts": {s: t for s, t in self.last_ts.items() if s.startswith(prefix)}}
+        return {"detector": det.to_dict(), "last_ts": dict(self.last_ts.get(key, {}))}
 
     def reset(self) -> None:
         self.detectors = {}
@@ -122,5 +123,5 @@ class NetperfHandler(DetectorHandler):
         det = NetperfDetector.from_dict(state["detector"])
         det.book.refresh_s = self.refresh_s
         self.detectors[key] = det
-        self.last_ts.update({str(s): t for s, v in state.get("last_ts", {}).items()
-                             if (t := self.trusted_time(float(v), f"last result of {s}")) is not None})
+        self.last_ts[key] = {str(s): t for s, v in state.get("last_ts", {}).items()
+                             if (t := self.trusted_time(float(v), f"last result of {s}")) is not None}

@@ -249,6 +249,25 @@ def test_published_queue_scaling_and_regression_from_collector_samples() -> None
         ("cleared", "netperf.throughput_drop", "driver=netperf,kernel=4.4,test=TCP_STREAM")]
 
 
+def test_a_target_set_named_with_a_bar_keeps_its_own_replay_guard() -> None:
+    """The replay guard was keyed by the series text, its set read back as the text before the first
+    '|': a set named 'a|b' was saved with set 'a' and forgotten with neither, and 'a' took its entries."""
+    def result(target_set: str, gbps: float, ts: float) -> Metric:
+        m = netperf_set(1, gbps, ts, "4.4")
+        return metric(m.name, m.fields, {**m.tags, "target_set": target_set}, ts)
+
+    h = NetperfHandler()
+    h.handle([result("a|b", 3.0, T0), result("a", 5.0, T0 + 60)], T0 + 60)
+    assert all(h.state_of(k)["last_ts"] for k in ("a|b", "a"))
+    assert set(h.state_of("a")["last_ts"].values()) == {T0 + 60}       # not 'a|b''s entry too
+    h2 = restarted(h, {"a|b"})
+    h2.handle([result("a|b", 3.0, T0)], T0 + 120)                       # a replay of the saved result: skipped
+    assert h2.detectors["a|b"].to_dict() == h.detectors["a|b"].to_dict()
+    h.forget({"a|b"})
+    assert h.state_of("a") is not None and h.state_of("a|b") is None
+    assert all(not s.startswith("a|b|") for s in h.state_of("a")["last_ts"])
+
+
 # ------------------------------------------------------------------------------------------ keystone
 def keystone_round(host: str, ts: float, p50: float, credentials: dict[str, int] | None = None,
                    small: tuple[int, float, float] | None = None) -> list[Metric]:
