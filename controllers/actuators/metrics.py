@@ -19,7 +19,7 @@ WEIGHT = Gauge("opsloop_actuator_weight", "Integer weight last written per origi
 VERSION = Gauge("opsloop_actuator_applied_version", "Decision version last applied", ["edge", "listener"])
 REFUSED_IN_A_ROW = Gauge("opsloop_actuator_refused_decisions",
                          "Decisions refused in a row (stale version, clock skew, all-zero, only DOWN origins) since "
-                         "the last one applied or found already live; alerted by EdgeActuatorRefusingDecisions",
+                         "the last one applied or found already live; alerted by EdgeWeightActuatorRefusedInARow",
                          ["edge", "listener"])
 REJECTED = Counter("opsloop_actuator_rejected_records_total", "edge.weights records that are not a valid decision")
 ASSIGNED = Gauge("opsloop_actuator_assigned_partitions", "edge.weights partitions assigned to this actuator")

@@ -13,9 +13,11 @@ skipped without decoding. Per (listener, edge) only the newest decision of a pol
   ``stale_after_s`` (refused decisions -- stale version, clock skew, all-zero, only DOWN origins --
   do not count as fresh), or a weight history that cannot be read or written holds the live
   weights, sets ``opsloop_edge_fail_static{listener,edge}`` to 1 and opens an ``edge.fail_static``
-  finding; a decision applied (or found live) clears both;
+  finding; a decision applied (or found live) clears both. The state is kept next to the weight
+  history (``<listener>.fail_static.json``): a restarted service still fails static, says the open
+  finding once more (same incident) and clears it when fresh decisions return;
 * refusals in a row are exported as ``opsloop_actuator_refused_decisions{edge,listener}`` (alert
-  ``EdgeActuatorRefusingDecisions``): a controller restarted at a lower version without a new
+  ``EdgeWeightActuatorRefusedInARow``): a controller restarted at a lower version without a new
   epoch, or one with a wrong clock, is visible at once instead of leaving old weights silently;
 * slots are isolated: an error in one listener's apply (a damaged history, a bug) holds that
   listener and is counted; the other listeners go on.
@@ -48,7 +50,7 @@ from opsloop.controllers.actuators.base import ApplyResult, Target
 from opsloop.controllers.actuators.config import ActuatorConfig, HaproxyTargetConfig, LvsTargetConfig
 from opsloop.controllers.actuators.haproxy import HaproxyTarget
 from opsloop.controllers.actuators.lvs import LvsTarget
-from opsloop.controllers.actuators.store import WeightStore
+from opsloop.controllers.actuators.store import StoreError, WeightStore
 from opsloop.records import EdgeWeights
 
 log = get_logger("actuator.service")
@@ -83,6 +85,7 @@ class _Slot:
     fail_static_since: float | None = None   # wall clock: the finding's first_seen (a date)
     next_reconcile: float = 0.0          # monotonic
     refused_in_a_row: int = 0
+    republish: bool = False              # fail static carried over from a previous run: say so once
 
 
 class ActuatorService:
@@ -104,8 +107,11 @@ class ActuatorService:
         self.slots: dict[tuple[str, str], _Slot] = {
             (t.listener, t.edge): _Slot(make_actuator(config, t, audit), last_fresh=now)
             for t in config.targets if t.edge in self.edges}
-        for listener, edge in self.slots:
-            metrics.FAIL_STATIC.labels(listener, edge).set(0)
+        for (listener, edge), slot in self.slots.items():
+            # a previous run's open finding is ours to clear (else it stays open, paging, for good)
+            slot.fail_static_since = slot.actuator.store.fail_static_since()
+            slot.republish = slot.fail_static_since is not None
+            metrics.FAIL_STATIC.labels(listener, edge).set(1 if slot.republish else 0)
             metrics.REFUSED_IN_A_ROW.labels(edge, listener).set(0)
 
     # -- wiring ----------------------------------------------------------------------------------
@@ -173,6 +179,12 @@ class ActuatorService:
                 self._enter_fail_static(slot, now, f"actuator error: {type(e).__name__}: {e}"[:500], audit=False)
 
     def _tick_slot(self, slot: _Slot, now: float) -> None:
+        if slot.republish:
+            # the previous run may have died between recording the state and publishing the finding;
+            # the same id and first_seen again is no new page
+            slot.republish = False
+            if slot.fail_static_since is not None:
+                self._finding(slot, now, "fail static since before this actuator started", cleared=False)
         if slot.pending is not None and now >= slot.retry_at:
             res = slot.actuator.apply(slot.pending)
             self._after_apply(slot, res, now)
@@ -223,6 +235,7 @@ class ActuatorService:
         if slot.fail_static_since is not None:
             return
         slot.fail_static_since = time.time()   # a date (the finding's first_seen), not a timer
+        self._record_fail_static(slot, slot.fail_static_since)   # before the finding: a restart clears it
         metrics.FAIL_STATIC.labels(slot.actuator.listener, slot.actuator.edge).set(1)
         if audit:
             slot.actuator.hold(reason)
@@ -234,8 +247,17 @@ class ActuatorService:
             return
         self._finding(slot, now, "fresh decisions are back", cleared=True)
         slot.fail_static_since = None
+        self._record_fail_static(slot, None)
         metrics.FAIL_STATIC.labels(slot.actuator.listener, slot.actuator.edge).set(0)
         log.info("fail_static_cleared", edge=slot.actuator.edge, listener=slot.actuator.listener)
+
+    def _record_fail_static(self, slot: _Slot, since: float | None) -> None:
+        try:
+            slot.actuator.store.set_fail_static(since)
+        except StoreError as e:  # the finding still goes out; only a restart would not know of it
+            metrics.ERRORS.labels(slot.actuator.edge, "store").inc()
+            log.error("fail_static_state_not_recorded", edge=slot.actuator.edge, listener=slot.actuator.listener,
+                      error=str(e)[:300])
 
     def step(self) -> None:
         now = time.monotonic()

@@ -13,6 +13,10 @@ A crash mid-write leaves a *torn tail*: bytes after the last newline. Reads igno
 append cuts it off first, so the new entry starts on a line of its own. A complete line that is not an
 entry is damage: :class:`StoreError` names the file and the line, and the service holds the live
 weights (fail static) rather than guess which version is live.
+
+Next to it, ``<listener>.fail_static.json`` says the slot is failing static and since when (the
+``first_seen`` of its open ``edge.fail_static`` finding), so a restarted service clears the finding a
+previous run opened instead of leaving it open for good; absent when the slot is not failing static.
 """
 
 from __future__ import annotations
@@ -175,6 +179,40 @@ class WeightStore:
             entries = self._read()
             if len(entries) > self.max_entries:
                 self._rewrite(entries[-self.max_entries:])
+
+    @property
+    def fail_static_path(self) -> Path:
+        return self.path.with_suffix(".fail_static.json")
+
+    def fail_static_since(self) -> float | None:
+        """When the open fail-static finding of this slot was first seen (a date), None when none is open.
+        An unreadable or damaged file counts as open since now: a stray clear is harmless, a lost one pages."""
+        try:
+            doc = orjson.loads(self.fail_static_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, orjson.JSONDecodeError) as e:
+            log.warning("fail_static_state_unreadable", file=str(self.fail_static_path), error=str(e)[:300])
+            return time.time()
+        since = doc.get("since") if isinstance(doc, dict) else None
+        return float(since) if _number(since) else time.time()
+
+    def set_fail_static(self, since: float | None) -> None:
+        """Record (atomically) that the slot fails static since ``since``, or that it does not (None)."""
+        path = self.fail_static_path
+        try:
+            if since is None:
+                path.unlink(missing_ok=True)
+                return
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            with open(tmp, "wb") as f:
+                f.write(orjson.dumps({"since": since}))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            raise StoreError(f"{path}: cannot record the fail-static state ({e.strerror or e})") from None
 
     def _cut_torn_tail(self) -> None:
         """Under the lock: drop bytes after the last newline (a crash mid-append) before appending."""
