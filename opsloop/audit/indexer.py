@@ -10,8 +10,9 @@
   back-off); a whole request that fails (Elasticsearch down, timeout) puts the batch back at the
   head of the buffer and the thread backs off exponentially (``initial_backoff_s`` doubling up to
   ``max_backoff_s``) before the next try, so an outage costs no CPU and no log storm;
-* a document Elasticsearch refuses (mapping error: a bug, retrying cannot help) is counted and
-  logged with its id, and dropped;
+* a document Elasticsearch refuses (400, a mapping error: a bug, retrying cannot help) is counted and
+  logged with its id, and dropped; any other refusal (401 for the request, 403 per document: the API
+  key expired or lost its privileges) is not the record's fault and keeps the batch like an outage;
 * when the buffer is full the **oldest** record is dropped and ``opsloop_audit_dropped_total``
   counts it: the newest actions are the ones an on-call engineer asks about. Memory is bounded by
   ``max_buffered`` records plus one batch in flight.
@@ -39,6 +40,9 @@ from opsloop.log import get_logger
 log = get_logger("audit.indexer")
 
 RETRYABLE_STATUS = (429, 502, 503, 504)
+# The only per-document answer that drops a record: Elasticsearch refused the document itself (mapping or
+# parsing error). 401/403/404 say the API key or the cluster is wrong, not the record: kept and retried.
+REJECTED_STATUS = 400
 
 RECORDS = Counter("opsloop_audit_records_total", "Audit records handled by the Elasticsearch indexer, by outcome "
                   "(indexed, duplicate: already stored, rejected: refused by Elasticsearch)", ["stream", "outcome"])
@@ -129,25 +133,32 @@ class ElasticsearchIndexer:
                         self.client, self._actions(batch), chunk_size=self.batch_size,
                         max_retries=self.bulk_retries, initial_backoff=self.initial_backoff_s,
                         max_backoff=self.max_backoff_s, retry_on_status=RETRYABLE_STATUS,
-                        raise_on_error=False, raise_on_exception=False):
+                        # a whole request refused (401, 413, 503 ...) raises: the helper would otherwise
+                        # report it per document with that status and a 401 would drop the batch
+                        raise_on_error=False, raise_on_exception=True):
                     info: dict[str, Any] = next(iter(item.values()))
                     rid, status = info.get("_id"), int(info.get("status") or 0)
                     if ok:
                         indexed += 1
                     elif status == 409:
                         duplicates += 1
-                    elif status in RETRYABLE_STATUS or status == 0 or status >= 500:
-                        error = f"Elasticsearch answered {status} for a document: {_reason(info)}"
-                        continue   # stays pending: back at the head of the buffer
-                    else:
+                    elif status == REJECTED_STATUS:
                         rejected += 1
                         log.error("audit_record_rejected", stream=self.stream, id=rid, status=status,
                                   reason=_reason(info))
+                    else:
+                        error = f"Elasticsearch answered {status} for a document: {_reason(info)}"
+                        continue   # stays pending: back at the head of the buffer
                     pending.pop(str(rid), None)
             except (TransportError, ApiError) as e:
                 # Unreachable, timed out, or the template/bulk call itself failed: keep the batch.
                 error = f"{type(e).__name__}: {e}"
                 self._template_ok = False
+            except Exception as e:  # noqa: BLE001 - an answer the client cannot read: kept like an outage,
+                # or the thread died and every later record stayed buffered, silently
+                error = f"{type(e).__name__}: {e}"[:500]
+                self._template_ok = False
+                log.error("audit_index_unexpected", stream=self.stream, error=error, exc_info=True)
             finally:
                 with self._lock:
                     self._in_flight = []
