@@ -5,7 +5,8 @@ Order of the checks for ``apply(decision)`` (each outcome audited, counted, logg
 1. not this target's listener/edge, an origin with a share > 0 the target does not serve, or shares that
    are no distribution (a record built without validation) -> ``refused``;
 2. ``computed_at`` further in the future than ``max_clock_skew_s`` -> ``refused`` (a wrong clock
-   must not make a decision look fresh); older than ``stale_after_s`` -> ``held`` (fail static);
+   must not make a decision look fresh); older than ``stale_after_s`` -> ``held`` (fail static), but
+   ``stale_version`` when live and a newer version is applied (a replayed copy says nothing about now);
 3. stamp ``(epoch, version)`` lower than the highest applied -> ``stale_version``; equal and fully
    applied -> ``noop`` (nothing written); an unreadable history -> ``held`` (fail static);
 4. read the live weights and which origins the LB reports DOWN (either unreadable -> ``failed``, retried
@@ -37,7 +38,7 @@ from opsloop.controllers.actuators import metrics
 from opsloop.controllers.actuators.base import ActuatorError, ApplyResult, Target
 from opsloop.controllers.actuators.mapping import MappingError, to_integer_weights, to_shares
 from opsloop.controllers.actuators.safety import bound_step, reaches, share_difference
-from opsloop.controllers.actuators.store import Entry, StoreError, WeightStore
+from opsloop.controllers.actuators.store import Entry, Stamp, StoreError, WeightStore
 from opsloop.records import EdgeWeights
 from opsloop.records.edge import check_shares
 
@@ -106,6 +107,12 @@ class EdgeActuator:
                                              f"{self.max_clock_skew_s}): a controller clock is wrong; holding the "
                                              "last good weights"))
         if age > self.stale_after_s:
+            superseded = self._superseded(decision) if self.mode == "live" and not manual else None
+            if superseded is not None:
+                # a replayed copy older than what is applied says nothing about the controller now: not
+                # a reason to fail static (a restart's backlog read over several polls opened and
+                # cleared an edge.fail_static finding)
+                return superseded
             return self._done(decision, ApplyResult(
                 "held", decision.version, f"decision computed {age:.1f}s ago > stale_after_s {self.stale_after_s}: "
                                           "holding the last good weights (fail static)", stale=True))
@@ -116,9 +123,7 @@ class EdgeActuator:
             except StoreError as e:
                 return self._store_failed(decision, e)
             if high is not None and decision.stamp < high:
-                return self._done(decision, ApplyResult(
-                    "stale_version", decision.version, f"version {decision.version} (epoch {decision.epoch}) is "
-                                                       f"older than the applied version {high[1]} (epoch {high[0]})"))
+                return self._stale_version(decision, high)
             if high is not None and decision.stamp == high and last is not None \
                     and (last.complete or last.action != "apply"):
                 return self._done(decision, ApplyResult(
@@ -198,6 +203,21 @@ class EdgeActuator:
             why += "; weights already live, nothing written"
         return self._done(decision, ApplyResult("applied", decision.version, why + note + released, before=before,
                                                 after=writes, shares=stepped, complete=complete))
+
+    def _superseded(self, decision: EdgeWeights) -> ApplyResult | None:
+        """``stale_version`` when a newer version than ``decision`` is applied; None otherwise or unreadable."""
+        try:
+            high = self.store.high_stamp()
+        except StoreError:
+            return None
+        if high is None or decision.stamp >= high:
+            return None
+        return self._stale_version(decision, high)
+
+    def _stale_version(self, decision: EdgeWeights, high: Stamp) -> ApplyResult:
+        return self._done(decision, ApplyResult(
+            "stale_version", decision.version, f"version {decision.version} (epoch {decision.epoch}) is older "
+                                               f"than the applied version {high[1]} (epoch {high[0]})"))
 
     def _verify(self, decision: EdgeWeights | None, before: dict[str, int] | None, ints: dict[str, int],
                 shares: dict[str, float], complete: bool, version: int | None = None) -> ApplyResult | None:

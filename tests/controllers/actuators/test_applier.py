@@ -87,10 +87,10 @@ def test_safety_holds_for_any_decision_sequence(steps, max_step: float) -> None:
                 assert len(sink.records) == n_audit + 1 and sink.records[-1].result == r.result  # audited
             if r.result == "noop":
                 noop_audited = version
-            if stale:
+            if high is not None and version < high:
+                assert r.result == "stale_version"   # stale or not: a newer version is applied
+            elif stale:
                 assert r.result == "held"
-            elif high is not None and version < high:
-                assert r.result == "stale_version"
             if r.result != "applied":
                 assert target.weights == before and len(target.writes) == n_writes
                 continue

@@ -88,3 +88,19 @@ def test_a_new_epochs_noop_is_audited_once_even_if_an_old_epoch_had_the_same_ver
     assert act.apply(decision(7, {"a": 0.5, "b": 0.5, "c": 0.0, "d": 0.0}, epoch=1)).result == "noop"
     assert len(sink.records) == n + 1 and sink.records[-1].result == "noop"
 
+
+
+def test_a_stale_copy_older_than_the_applied_version_is_a_stale_version_not_a_fail_static(tmp_path: Path) -> None:
+    """A restart's backlog read over several polls handed the actuator old, stale copies after a newer
+    version was applied: each was ``held`` (stale) and put the slot into fail static, an edge.fail_static
+    finding opened and cleared by the next poll's decision (helper schedule, test_schedule_service.py)."""
+    act, lb, sink = actuator("haproxy", tmp_path, {"a": 64, "b": 64, "c": 64, "d": 64})
+    even = {"a": 0.25, "b": 0.25, "c": 0.25, "d": 0.25}
+    assert act.apply(decision(5, even)).result == "applied"
+    written = list(lb.sets)
+    act.clock = lambda: 1_800_000_000.0 + 3600          # both copies now an hour old
+    old = act.apply(decision(3, {"a": 0.5, "b": 0.5, "c": 0.0, "d": 0.0}))
+    assert (old.result, old.stale) == ("stale_version", False), (old.result, old.reason)
+    same = act.apply(decision(5, even))                 # the applied version itself, stale: fail static
+    assert (same.result, same.stale) == ("held", True)
+    assert lb.sets == written and lb.weights == {"a": 64, "b": 64, "c": 64, "d": 64}   # nothing written
