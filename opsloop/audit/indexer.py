@@ -50,7 +50,8 @@ DROPPED = Counter("opsloop_audit_dropped_total", "Audit records dropped because 
                   "(Elasticsearch unreachable for too long); the oldest go first", ["stream"])
 BUFFERED = Gauge("opsloop_audit_buffered_records", "Audit records waiting to be indexed", ["stream"])
 BULK_FAILURES = Counter("opsloop_audit_bulk_failures_total", "Bulk requests that failed as a whole (Elasticsearch "
-                        "unreachable or erroring); the batch is kept and retried with back-off", ["stream"])
+                        "unreachable or erroring) or left records to retry (429, 503, 403 for a document); the "
+                        "records are kept and retried with back-off", ["stream"])
 
 
 @dataclass(frozen=True, slots=True)
