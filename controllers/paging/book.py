@@ -22,7 +22,8 @@ Pure state, no I/O (the service posts and persists). Rules:
   after newer ones: a record whose ``last_seen`` is older than the newest applied for its id is ignored
   (``ignore``, "stale"; at a tie, one of an older incident, ``first_seen``, is the older), as is any
   record of an incident (id and ``first_seen``) already cleared, a duplicate clear included. A clear of
-  the current incident always applies. The newest record of ids not open here is remembered for the
+  the current incident always applies; of two firing records of one instant the higher severity
+  stands, whatever their order. The newest record of ids not open here is remembered for the
   ``MAX_CLOSED`` ids closed last.
 * A finding stamped more than ``MAX_CLOCK_SKEW_S`` ahead of ``now`` is refused (ValueError): it would be
   the newest of its id for good and hide every later record.
@@ -158,6 +159,11 @@ class PagingBook:
         # an older incident's records end before the next one starts: at a tie they are the older
         if finding.last_seen < last or (finding.last_seen == last and finding.first_seen < first):
             return f"stale: older than the record applied (last_seen {finding.last_seen}, applied {last})"
+        if current is not None and (finding.first_seen, finding.last_seen) == (first, last) \
+                and SEVERITY_RANK[finding.severity] < _rank(current.labels.get("severity")):
+            # two records of one instant: the higher severity stands whatever their order (a replay
+            # of both flipped the page down and back up: a resolve and a second page)
+            return f"stale: same instant as the record applied, lower severity ({finding.severity.value})"
         return ""
 
     def _close(self, fid: str, finding: Finding) -> None:
@@ -314,3 +320,11 @@ def _closed_mark(doc: Any, where: str) -> tuple[str, tuple[float, float, bool]]:
             or not isinstance(doc[3], bool)):
         raise ValueError(f"paging state: {where} is not [finding_id, first_seen, last_seen, cleared]")
     return doc[0], (float(doc[1]), float(doc[2]), doc[3])
+
+
+def _rank(severity: str | None) -> int:
+    """The paging rank of a severity label value (-1 when it is none we know)."""
+    try:
+        return SEVERITY_RANK[Severity(severity)]
+    except ValueError:
+        return -1

@@ -191,3 +191,21 @@ def test_a_finding_stamped_in_the_future_is_refused_and_dead_lettered(tmp_path) 
     assert [d["offset"] for d in dls] == [7, 8] and all("in the future" in d["reason"] for d in dls)
     assert len(svc.book.open) == 1                           # the page is still open
     assert kinds(svc.book, rec(T0, T0 + 300), T0) == ["refresh"]   # within the skew: applied
+
+
+def test_two_records_of_one_instant_keep_the_higher_severity_whatever_their_order() -> None:
+    """A warning and a critical record of one incident with the same last_seen: a replay of both flipped
+    the page to warning (a resolve) and back to critical (a second page)."""
+    b = PagingBook()
+    for f in (rec(T0, T0 + 60, severity=Severity.WARNING), rec(T0, T0 + 60)):
+        b.apply(f, T0 + 70)
+    b.delivered(T0 + 70)
+    assert b.open[rec(T0, T0).id].labels["severity"] == "critical"
+    replay = [kinds(b, f, T0 + 80) for f in (rec(T0, T0 + 60, severity=Severity.WARNING), rec(T0, T0 + 60))]
+    assert replay == [["ignore"], ["refresh"]]
+    assert b.open[rec(T0, T0).id].labels["severity"] == "critical"
+    c = PagingBook()                                   # the other order: the same page
+    for f in (rec(T0, T0 + 60), rec(T0, T0 + 60, severity=Severity.WARNING)):
+        c.apply(f, T0 + 70)
+    assert c.open[rec(T0, T0).id].labels["severity"] == "critical"
+    assert kinds(c, rec(T0, T0 + 61, severity=Severity.WARNING), T0 + 80) == ["severity_changed"]   # later: applies
