@@ -22,7 +22,7 @@ Pure state, no I/O (the service posts and persists). Rules:
   after newer ones: a record whose ``last_seen`` is older than the newest applied for its id is ignored
   (``ignore``, "stale"; at a tie, one of an older incident, ``first_seen``, is the older), as is any
   record of an incident (id and ``first_seen``) already cleared, a duplicate clear included. A clear of
-  the current incident always applies; of two firing records of one instant the higher severity
+  the current incident always applies; of two paging records of one instant the higher severity
   stands, whatever their order. The newest record of ids not open here is remembered for the
   ``MAX_CLOSED`` ids closed last.
 * A finding stamped more than ``MAX_CLOCK_SKEW_S`` ahead of ``now`` is refused (ValueError): it would be
@@ -159,10 +159,12 @@ class PagingBook:
         # an older incident's records end before the next one starts: at a tie they are the older
         if finding.last_seen < last or (finding.last_seen == last and finding.first_seen < first):
             return f"stale: older than the record applied (last_seen {finding.last_seen}, applied {last})"
+        rank = SEVERITY_RANK[finding.severity]
         if current is not None and (finding.first_seen, finding.last_seen) == (first, last) \
-                and SEVERITY_RANK[finding.severity] < _rank(current.labels.get("severity")):
-            # two records of one instant: the higher severity stands whatever their order (a replay
-            # of both flipped the page down and back up: a resolve and a second page)
+                and SEVERITY_RANK[self.min_severity] <= rank < _rank(current.labels.get("severity")):
+            # two paging records of one instant: the higher severity stands whatever their order (a
+            # replay of both flipped the page down and back up: a resolve and a second page); one below
+            # the paging threshold still resolves it
             return f"stale: same instant as the record applied, lower severity ({finding.severity.value})"
         return ""
 
