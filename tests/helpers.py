@@ -37,6 +37,21 @@ class ConsumerMsg:
     value: bytes
 
 
+class SimTime:
+    """A stand-in for the ``time`` module a stage reads (``monkeypatch.setattr(module, "time", clock)``):
+    ``time()`` is the simulated wall clock ``now``; ``perf_counter()`` stays real (durations only)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    @staticmethod
+    def perf_counter() -> float:
+        return time.perf_counter()
+
+
 def wait_until(fn: Callable[[], T], timeout: float = 60.0, interval: float = 0.5, what: str = "condition") -> T:
     """Poll ``fn`` until it returns a truthy value (a deadline for waiting, not a timing assertion)."""
     deadline = time.monotonic() + timeout

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import random
-import time as real_time
 from typing import Any
 
 import orjson
@@ -42,7 +41,7 @@ from opsloop.streams.detectors.power.handler import PowerHandler
 from opsloop.streams.detectors.power.settings import PowerSettings
 from opsloop.streams.runtime import batch as runtime_batch
 from opsloop.streams.runtime.batch import DecodedBatch, FanOut, decode_and_handle
-from tests.helpers import ConsumerMsg
+from tests.helpers import ConsumerMsg, SimTime
 
 T0 = 1_795_310_400.0
 SKEW = 300.0
@@ -60,18 +59,11 @@ KEYSTONES = ("ks0", "ks1")
 LAGGING = frozenset({"st2", "st3", "hv2", "hv3", "ts1", "ks1"})
 
 
-class Clock:
+class Clock(SimTime):
     """The wall clock the runtime and the handlers read (decode's skew bound, restore's ages)."""
 
     def __init__(self) -> None:
-        self.now = T0
-
-    def time(self) -> float:
-        return self.now
-
-    @staticmethod
-    def perf_counter() -> float:
-        return real_time.perf_counter()
+        super().__init__(T0)
 
 
 def new_handlers(ttl_s: float, cap: int) -> list[DetectorHandler]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import time as real_time
 from dataclasses import dataclass
 
 import orjson
@@ -32,7 +31,7 @@ from opsloop.streams.edge.demand import DemandAggregator
 from opsloop.streams.lb.rates import LbRates
 from opsloop.streams.runtime import batch as runtime_batch
 from opsloop.streams.runtime.batch import FanOut, decode_and_handle
-from tests.helpers import ConsumerMsg
+from tests.helpers import ConsumerMsg, SimTime
 
 T0 = 1_795_310_400.0
 SKEW = 300.0
@@ -46,16 +45,11 @@ SERVERS = ("s1", "s2", "s3")
 WRAP = 2 ** 32
 
 
-class Clock:
+class Clock(SimTime):
+    """The wall clock the runtime and the handlers read (decode's skew bound, restore's ages)."""
+
     def __init__(self) -> None:
-        self.now = T0
-
-    def time(self) -> float:
-        return self.now
-
-    @staticmethod
-    def perf_counter() -> float:
-        return real_time.perf_counter()
+        super().__init__(T0)
 
 
 @dataclass
