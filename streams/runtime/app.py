@@ -21,6 +21,7 @@ from opsloop.topics import Topic
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.assignment import install_assignment_metrics
 from opsloop.streams.runtime.batch import DeadLetter, FanOut, Handler, process_batch
+from opsloop.streams.runtime.membership import install_membership_guard
 from opsloop.streams.runtime.take import consumer_lag, take_batches
 from opsloop.streams.runtime.transport import kafka_transport
 from opsloop.streams.runtime.watchdog import install_recovery_watchdog
@@ -51,6 +52,8 @@ def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
     app.transport = kafka_transport(app, s.fetch_max_wait_ms)
     app.opsloop_topic_prefix = settings.kafka.topic_prefix   # read by raw_topic
     install_recovery_watchdog(app, s.recovery_stall_s)
+    # a batch taken across a pause of a heartbeat interval or more: handled only if still a member
+    install_membership_guard(app, app.conf.broker_heartbeat_interval, s.session_timeout_s)
     install_assignment_metrics(app)
     return app
 

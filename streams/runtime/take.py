@@ -18,6 +18,9 @@ loop round per record; the feed yields every :data:`YIELD_EVERY` events taken wi
 Faust's own consumer loop does between deliveries. The rest is Faust's: events of an older consumer
 generation or taken while the flow is suspended (a rebalance) are skipped, messages are tracked as
 unacked, the stream sensors and the current event are set, the stream's processors run.
+
+A batch taken across a pause of the worker after which it is no longer a member of its group (frozen
+past the session timeout) is dropped, not handed to the agent: ``streams/runtime/membership.py``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ import faust
 from faust.exceptions import Skip
 from faust.types import TP, ChannelT, EventT
 from mode.utils.futures import maybe_async, notify
+
+from opsloop.log import get_logger
+from opsloop.streams.runtime import membership
+
+log = get_logger("stream.take")
 
 Lag = Callable[[TP, int], Optional[int]]   # records behind ``offset`` in ``tp``, None when unknown
 YIELD_EVERY = 100   # events taken in a row before the feed lets other tasks run (Faust's consumer loop: 100)
@@ -80,6 +88,7 @@ async def _take_batches(stream: faust.StreamT, max_: int, within: float, backlog
     """Like ``stream.take_events(max_, within)``, with ``backlog_within`` as the window after a batch
     that left at least ``max_`` records waiting in its partitions."""
     s: Any = stream
+    guard: membership.MembershipGuard | None = getattr(getattr(s, "app", None), membership.GUARD_ATTR, None)
     buffer: list[Any] = []
     events: list[EventT] = []
     buffer_full = asyncio.Event()
@@ -127,7 +136,11 @@ async def _take_batches(stream: faust.StreamT, max_: int, within: float, backlog
                 continue
             buffer_consuming = s.loop.create_future()
             try:
-                yield list(events)
+                if guard is None or await guard.still_member():
+                    yield list(events)
+                else:   # taken before a pause that cost this worker its partitions: the new owner's
+                    log.warning("batch_dropped", records=len(events), reason="no longer a member of the group "
+                                "after a pause; the partitions' new owner handles these records")
             finally:
                 timeout = next_window(events, lag, max_, within, backlog_within)
                 buffer.clear()

@@ -48,15 +48,16 @@ def lb_round(lb: str, count: int, ts: float) -> bytes:
                                 {"host": lb, "proxy": "be", "sv": "s1", "type": "server"}, ts)])
 
 
-def fw_round(hv: str, ts: float) -> bytes:
-    """One protected and one unprotected VM port on ``hv``."""
-    ports = {"p-open": False, "p-safe": True}
+def fw_round(hv: str, ts: float, fixed: bool = False) -> bytes:
+    """One protected and one unprotected VM port on ``hv`` (``fixed``: both protected, its finding clears)."""
+    ports = {"p-open": fixed, "p-safe": True}
     samples = [metric("iptables_vm_port", {"protected": int(ok), "ingress_chain": int(ok), "backend": "nft",
                                            **({} if ok else {"reason": "ingress chain missing"})},
                       {"host": hv, "port_id": p, "device": f"tap{p}", "vm": f"vm-{p}"}, ts) for p, ok in ports.items()]
     samples.append(metric("iptables_ruleset", {"fingerprint": "f" * 64, "base_fingerprint": "b" * 64, "rules": 9,
-                                               "chains": 4, "backend": "nft", "ports_expected": 2, "ports_protected": 1,
-                                               "ports_unprotected": 1}, {"host": hv}, ts))
+                                               "chains": 4, "backend": "nft", "ports_expected": 2,
+                                               "ports_protected": 1 + fixed, "ports_unprotected": 1 - fixed},
+                          {"host": hv}, ts))
     return encode_batch(samples)
 
 
@@ -99,6 +100,7 @@ class Telemetry:
         self.per_s = {lb: 10 * (i + 1) for i, lb in enumerate(lbs)}
         self.counters = {lb: 0 for lb in lbs}
         self.rounds = 0
+        self.fixed: set[str] = set()   # hypervisors whose open port is protected from the next round on
 
     def ts(self, n: int) -> float:
         return self.t0 + n
@@ -111,7 +113,7 @@ class Telemetry:
             self.counters[lb] += self.per_s[lb] if n else 0
             self.producer.send(Topic.LB.value, key=lb.encode(), value=lb_round(lb, self.counters[lb], self.ts(n)))
         for hv in self.hvs if hvs is None else hvs:
-            self.producer.send(Topic.IPTABLES.value, key=hv.encode(), value=fw_round(hv, self.ts(n)))
+            self.producer.send(Topic.IPTABLES.value, key=hv.encode(), value=fw_round(hv, self.ts(n), hv in self.fixed))
         self.producer.flush()
         return n
 
