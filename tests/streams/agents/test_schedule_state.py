@@ -2,7 +2,7 @@
 
 Every detector handler of the worker (firewall, power, netperf, keystone, anomaly) runs as the agent
 runs them: one ``FanOut``, records decoded and dead-lettered by ``decode_and_handle``, on a simulated
-clock, once per source partition of a batch (half the seeds with partition 1 lagging minutes behind
+clock, once per source partition of a batch (half the schedules with partition 1 lagging minutes behind
 partition 0). A schedule mixes good rounds, duplicates (the same record again), out-of-order and stale
 rounds, rounds stamped beyond the clock skew, garbage (torn JSON, wrong types, NaN, huge numbers, huge tag
 sets), series going silent and coming back, hosts seen once, restarts (the state of every key through
