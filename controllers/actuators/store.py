@@ -92,6 +92,16 @@ def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file, fsync, rename): the old or the new, never half."""
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def _safe(name: str) -> str:
     return _SAFE.sub("_", name) or "_"
 
@@ -205,12 +215,7 @@ class WeightStore:
                 path.unlink(missing_ok=True)
                 return
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            with open(tmp, "wb") as f:
-                f.write(orjson.dumps({"since": since}))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            _replace(path, orjson.dumps({"since": since}))
         except OSError as e:
             raise StoreError(f"{path}: cannot record the fail-static state ({e.strerror or e})") from None
 
@@ -233,9 +238,4 @@ class WeightStore:
         log.warning("history_torn_tail_cut", file=str(self.path), bytes_dropped=size - keep)
 
     def _rewrite(self, entries: list[Entry]) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(b"".join(orjson.dumps(asdict(e)) + b"\n" for e in entries))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)  # atomic: the old or the new history, never half
+        _replace(self.path, b"".join(orjson.dumps(asdict(e)) + b"\n" for e in entries))

@@ -21,10 +21,11 @@ from prometheus_client import Counter, Gauge
 from opsloop.records import AuditRecord
 from opsloop.config import KafkaSettings
 from opsloop.kafka_clients import client_options, connect_with_retry, kafka_settings
-from opsloop.log import get_logger
+from opsloop.log import Sampled, get_logger
 from opsloop.topics import Topic
 
 log = get_logger("audit.kafka")
+DROP_LOG = Sampled(60.0)   # a full queue drops a record per submit: one line a minute, the counter counts each
 
 PUBLISHED = Counter("opsloop_audit_published_total", "Audit records acknowledged by Kafka", ["topic"])
 PUBLISH_FAILURES = Counter("opsloop_audit_publish_failures_total", "Audit records Kafka did not acknowledge",
@@ -177,7 +178,7 @@ class KafkaAuditPublisher:
 
     def _drop(self, n: int, why: str) -> None:
         DROPPED.labels(self.topic).inc(n)
-        log.warning("audit_publish_dropped", topic=self.topic, records=n, why=why)
+        DROP_LOG.warning(log, "audit_publish_dropped", key=f"{self.topic}|{why}", topic=self.topic, records=n, why=why)
 
 
 def _kafka_producer(k: KafkaSettings, client_id: str) -> Any:

@@ -133,12 +133,15 @@ class PowerHandler(DetectorHandler):
                 generations[g] = max(generations.get(g, m.timestamp), m.timestamp)
         for host in shown:   # the state after the batch: what showing after each reading ended with
             self._show_host(host)
-        for g, ts in generations.items():
-            # at the generation's newest reading, not this batch's: the comparison's findings are about
-            # every host of it, and a batch of a partition lagging behind another stamped them back in time
-            # (re-opened before its clear: the paging actuator drops such a record as older than the clear)
-            newest = max([ts, *(self.last_ts.get(h, ts) for h, s in det.inventory.items() if s.generation == g)])
-            det.deviation(g, newest)
+        # Each comparison at its generation's newest reading, not this batch's: its findings are about every
+        # host of it, and a batch of a partition lagging behind another stamped them back in time (re-opened
+        # before its clear: the paging actuator drops such a record as older than the clear). One pass.
+        newest = dict(generations)
+        for h, s in det.inventory.items():
+            if s.generation in newest and (t := self.last_ts.get(h)) is not None and t > newest[s.generation]:
+                newest[s.generation] = t
+        for g in generations:
+            det.deviation(g, newest[g])
             self._show_generation(g)
 
     def forget(self, keys: set[str]) -> None:
