@@ -28,6 +28,9 @@ EVENT_AGE = Gauge("opsloop_stream_sample_age_seconds", "Now minus the newest sam
                   ["topic"])
 RECOVERY_REMAINING = Gauge("opsloop_stream_recovery_remaining_records",
                            "Changelog records the table recovery still has to read (0 when not recovering)")
+HANDED_OFF = Counter("opsloop_stream_records_handed_off_total",
+                     "Records taken but left to their partition's owner: reason rebalanced (their generation ended "
+                     "in the buffer) or evicted (this worker was out of its group after a pause)", ["reason"])
 RECOVERY_ACTIONS = Counter("opsloop_stream_recovery_actions_total",
                            "Recovery watchdog actions: gap_skipped, reseek, exit (the worker exits for its supervisor)",
                            ["action"])

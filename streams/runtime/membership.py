@@ -18,6 +18,14 @@ unpublished (its records are the new owner's, which replays them from the last c
 ``batch_dropped`` (the pause itself: ``worker_paused``); no answer from the coordinator for a session
 timeout counts as not a member (the broker has not heard from us for as long either).
 
+The verdict holds for the consumer generation the batch was taken under, not for one batch: every agent
+has its own take loop and one guard, and after the freeze the consumer thread goes on fetching for the
+assignment it had until the rejoin reaches Faust (about a second). Once the first agent's batch was
+dropped, the next one (another agent's, 10 ms later) found the pause already confirmed and was handed
+over: a CI run published two ``cleared`` findings from the stale view. So a generation found lost stays
+lost (every later batch of it is dropped without asking again), and a coordinator that has already
+rejoined under a newer generation than the batch's is a verdict of "out" as well.
+
 Not covered (at-least-once without transactions): a pause *inside* a batch, after its findings were
 sent and before its state was written or its offsets committed. The new owner replays that batch from
 the last commit with the state the changelog holds, and publishes its findings again.
@@ -51,6 +59,7 @@ class MembershipGuard(mode.Service):
         self.clock = clock
         self.pauses = 0             # loop pauses longer than stall_s seen so far
         self._confirmed = 0         # pauses covered by the last confirmation
+        self._lost: set[int | None] = set()   # consumer generations this worker was found out of
         self._last_tick = clock()
         super().__init__(**kwargs)
 
@@ -72,29 +81,38 @@ class MembershipGuard(mode.Service):
         """A pause since the last confirmation, or one going on now (the ticker has not run since)."""
         return self.pauses != self._confirmed or self.clock() - self._last_tick > self.stall_s + self.tick_s
 
-    async def heartbeat(self) -> bool | None:
+    async def heartbeat(self, generation: int | None) -> bool | None:
+        """Is this worker still the member that took a batch under consumer ``generation``?"""
         try:
             thread = self.app.consumer._thread
             coordinator = thread._ensure_consumer()._coordinator
-            if coordinator.member_id == UNKNOWN_MEMBER_ID or coordinator.generation == DEFAULT_GENERATION_ID:
-                return False   # the heartbeat routine already heard "unknown member" and is rejoining
+
+            def out() -> bool:   # evicted (the heartbeat routine heard it), or rejoined since the batch
+                return (coordinator.member_id == UNKNOWN_MEMBER_ID or coordinator.generation == DEFAULT_GENERATION_ID
+                        or (generation is not None and coordinator.generation != generation))
+            if out():
+                return False
             if await asyncio.wait_for(thread.call_thread(coordinator._do_heartbeat), self.stall_s):
-                return True
-            evicted = coordinator.member_id == UNKNOWN_MEMBER_ID or coordinator.generation == DEFAULT_GENERATION_ID
-            return False if evicted else None
+                return not out()   # "rebalancing" answers True: a member, its revocation follows
+            return False if out() else None
         except Exception as e:  # noqa: BLE001 - no answer this time: asked again until the session would end
             log.warning("membership_check_failed", error=f"{type(e).__name__}: {e}")
             return None
 
-    async def still_member(self) -> bool:
-        """True unless a pause happened and the coordinator says (or lets us assume) we are out."""
+    async def admit(self, generation: int | None) -> bool:
+        """May a batch taken under consumer ``generation`` go to its agent? True unless that generation is
+        known lost, or a pause happened and the coordinator says (or lets us assume) we are out of it."""
+        if generation in self._lost:
+            return False
         if not self.in_doubt():
             return True
         pauses = self.pauses
         deadline = self.clock() + self.session_timeout_s
-        while (member := await self.heartbeat()) is None and self.clock() < deadline:
+        while (member := await self.heartbeat(generation)) is None and self.clock() < deadline:
             await asyncio.sleep(min(0.5, self.tick_s * 5))
         self._confirmed, self._last_tick = pauses, self.clock()
+        if not member:
+            self._lost.add(generation)   # the records still coming for it are the new owner's as well
         return bool(member)
 
 

@@ -19,8 +19,10 @@ Faust's own consumer loop does between deliveries. The rest is Faust's: events o
 generation or taken while the flow is suspended (a rebalance) are skipped, messages are tracked as
 unacked, the stream sensors and the current event are set, the stream's processors run.
 
-A batch taken across a pause of the worker after which it is no longer a member of its group (frozen
-past the session timeout) is dropped, not handed to the agent: ``streams/runtime/membership.py``.
+Events whose consumer generation ended while they waited in the buffer (a rebalance) are dropped at hand-over,
+not acked (Faust's rule, applied once more), and a batch taken across a pause after which the worker is no
+longer a member of its group (frozen past the session timeout) is dropped whole:
+``streams/runtime/membership.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from mode.utils.futures import maybe_async, notify
 
 from opsloop.log import get_logger
 from opsloop.streams.runtime import membership
+from opsloop.streams.runtime.health import HANDED_OFF
 
 log = get_logger("stream.take")
 
@@ -135,17 +138,20 @@ async def _take_batches(stream: faust.StreamT, max_: int, within: float, backlog
             if not buffer:
                 continue
             buffer_consuming = s.loop.create_future()
+            handed: list[EventT] = []
             try:
-                if guard is None or await guard.still_member():
-                    yield list(events)
-                else:   # taken before a pause that cost this worker its partitions: the new owner's
-                    log.warning("batch_dropped", records=len(events), reason="no longer a member of the group "
-                                "after a pause; the partitions' new owner handles these records")
+                handed = await _admitted(s, guard, events)
+                if handed:
+                    yield handed
             finally:
                 timeout = next_window(events, lag, max_, within, backlog_within)
                 buffer.clear()
+                kept = {id(e) for e in handed}
                 for event in events:
-                    await s.ack(event)
+                    if id(event) in kept:
+                        await s.ack(event)
+                    else:
+                        _release(s, event)
                 events.clear()
                 notify(buffer_consuming)
                 buffer_full.clear()
@@ -153,6 +159,35 @@ async def _take_batches(stream: faust.StreamT, max_: int, within: float, backlog
     finally:
         s.enable_acks = stream_enable_acks
         s._processors.remove(add_to_buffer)
+
+
+async def _admitted(s: Any, guard: membership.MembershipGuard | None, events: list[EventT]) -> list[EventT]:
+    """The events of a batch its agent may have: those of the consumer generation still current (as
+    Faust's own take: a rebalance since they were taken sends their partitions back to the committed
+    offset, to this worker or another), and none when the guard finds this worker out of that generation."""
+    current = s.app.consumer_generation_id
+    fresh = [e for e in events if _generation(e) in (None, current)]
+    if len(fresh) < len(events):
+        HANDED_OFF.labels(reason="rebalanced").inc(len(events) - len(fresh))
+        log.info("batch_dropped", records=len(events) - len(fresh), reason="taken before a rebalance; read "
+                 "again from the committed offset by the partitions' owner")
+    if fresh and guard is not None and not await guard.admit(current):
+        HANDED_OFF.labels(reason="evicted").inc(len(fresh))
+        log.warning("batch_dropped", records=len(fresh), reason="no longer a member of the group after a "
+                    "pause; the partitions' new owner handles these records")
+        return []
+    return fresh
+
+
+def _generation(event: EventT) -> int | None:
+    return getattr(event.message, "generation_id", None)
+
+
+def _release(s: Any, event: EventT) -> None:
+    """Done with an event that was not handed out, without counting its offset as processed: it belongs to
+    a generation that is over (an ack would put an old offset into the next assignment's commits)."""
+    event.message.acked = True
+    s.app.consumer._unacked_messages.discard(event.message)
 
 
 async def _feed(s: Any, channel_it: Any) -> None:

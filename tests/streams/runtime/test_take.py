@@ -99,3 +99,66 @@ def test_the_feed_takes_events_of_the_current_generation_and_drops_older_ones_un
     assert got == [i for i in range(YIELD_EVERY + 5) if i not in stale]   # in order, none stale
     assert [i for i, a in enumerate(acked) if a] == got                      # acked once handed out
     assert total == len(got)
+
+
+def test_events_whose_generation_ended_while_they_waited_are_dropped_at_hand_over_and_not_committed(
+        tmp_path: Path) -> None:
+    # An event taken under generation 7 that is still in the buffer when a rebalance has moved the app to
+    # generation 8 is not the agent's: its partition went back to the committed offset (to this worker or
+    # another). It must not be handed over, nor acked into the new assignment's commits; events taken
+    # under generation 8 are handed over and acked.
+    import asyncio
+
+    import faust
+    from faust.types.tuples import ConsumerMessage
+
+    from opsloop.streams.runtime.app import create_app
+    from opsloop.streams.runtime.take import take_batches
+
+    app = create_app(load_settings(None, {"stream": {"data_dir": str(tmp_path / "streams")}}), app_id="t-gen")
+
+    def event(offset: int, generation: int) -> faust.Event:
+        msg = ConsumerMessage("telemetry.ipmi", 0, offset, 0.0, 0, [], b"k", b"v", None, generation_id=generation)
+        return faust.Event(app, b"k", msg.value, {}, msg)
+
+    counted: list[int] = []   # offsets the consumer was told are processed (what its commits are made of)
+    consumer_ack = app.consumer.ack
+
+    def ack(message: ConsumerMessage) -> bool:
+        counted.append(message.offset)
+        return consumer_ack(message)
+    app.consumer.ack = ack  # type: ignore[method-assign]
+
+    async def main() -> tuple[list[list[int]], list[faust.Event]]:
+        app.flow_control.resume()
+        app.consumer_generation_id = 7
+        channel = app.channel(maxsize=100)
+        stream = app.stream(channel)
+        old = [event(i, 7) for i in range(3)]
+        new = [event(i, 8) for i in range(3, 5)]
+        batches: list[list[int]] = []
+
+        async def rebalance_then_more() -> None:
+            for e in old:
+                await channel.put(e)
+            await asyncio.sleep(0.1)             # taken into the buffer, the window still open
+            app.consumer_generation_id = 8       # a rebalance reached Faust
+            await asyncio.sleep(0.4)
+            for e in new:
+                await channel.put(e)
+        feeder = asyncio.ensure_future(rebalance_then_more())
+        async for batch in take_batches(stream, 100, 0.3, 0.3, lambda tp, off: None):
+            batches.append([e.message.offset for e in batch])
+            if sum(map(len, batches)) >= len(new):
+                break
+        await feeder
+        await stream.stop()
+        return batches, old + new
+
+    from opsloop.streams.runtime.health import HANDED_OFF
+    before = HANDED_OFF.labels(reason="rebalanced")._value.get()
+    batches, events = asyncio.run(main())
+    assert HANDED_OFF.labels(reason="rebalanced")._value.get() - before == 3
+    assert batches == [[3, 4]]
+    assert all(e.message.acked for e in events)                      # nothing left for wait_empty to wait on
+    assert sorted(counted) == [3, 4]                                  # only the handed events count
