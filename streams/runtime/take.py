@@ -186,8 +186,10 @@ def _generation(event: EventT) -> int | None:
 def _release(s: Any, event: EventT) -> None:
     """Done with an event that was not handed out, without counting its offset as processed: it belongs to
     a generation that is over (an ack would put an old offset into the next assignment's commits)."""
-    event.message.acked = True
-    s.app.consumer._unacked_messages.discard(event.message)
+    message = event.message
+    message.acked = True
+    s.app.consumer._unacked_messages.discard(message)
+    s._on_stream_event_out(message.tp, message.offset, s, event)   # the sensors' events in and out stay paired
 
 
 async def _feed(s: Any, channel_it: Any) -> None:
