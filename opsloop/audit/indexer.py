@@ -13,6 +13,13 @@
 * a document Elasticsearch refuses (400, a mapping error: a bug, retrying cannot help) is counted and
   logged with its id, and dropped; any other refusal (401 for the request, 403 per document: the API
   key expired or lost its privileges) is not the record's fault and keeps the batch like an outage;
+* a request refused as too large (413: a proxy's or the cluster's ``http.max_content_length`` below a
+  batch) is not an outage — the same batch would be refused for ever: the batch goes back and later
+  requests carry half as many records, down to one; a single record refused as too large is
+  rejected like a 400 (counted, logged with its id, dropped). The limit grows back (doubling to
+  ``batch_size``) with each request that goes through;
+* after ``close()`` a record submitted is dropped at once and counted in
+  ``opsloop_audit_dropped_total`` (nothing would ever send it), with a warning a minute at most;
 * when the buffer is full the **oldest** record is dropped and ``opsloop_audit_dropped_total``
   counts it: the newest actions are the ones an on-call engineer asks about. Memory is bounded by
   ``max_buffered`` records plus one batch in flight.
@@ -35,7 +42,7 @@ from prometheus_client import Counter, Gauge
 from opsloop.records import AuditRecord
 from opsloop.audit.templates import AUDIT_TEMPLATE, DEFAULT_STREAM, install_template
 from opsloop.es_client import ElasticsearchSettings
-from opsloop.log import get_logger
+from opsloop.log import Sampled, get_logger
 
 log = get_logger("audit.indexer")
 
@@ -43,11 +50,12 @@ RETRYABLE_STATUS = (429, 502, 503, 504)
 # The only per-document answer that drops a record: Elasticsearch refused the document itself (mapping or
 # parsing error). 401/403/404 say the API key or the cluster is wrong, not the record: kept and retried.
 REJECTED_STATUS = 400
+TOO_LARGE_STATUS = 413   # the request, not its records: sent again in smaller requests
 
 RECORDS = Counter("opsloop_audit_records_total", "Audit records handled by the Elasticsearch indexer, by outcome "
                   "(indexed, duplicate: already stored, rejected: refused by Elasticsearch)", ["stream", "outcome"])
 DROPPED = Counter("opsloop_audit_dropped_total", "Audit records dropped because the in-memory buffer was full "
-                  "(Elasticsearch unreachable for too long); the oldest go first", ["stream"])
+                  "(Elasticsearch unreachable for too long; the oldest go first) or submitted after close", ["stream"])
 BUFFERED = Gauge("opsloop_audit_buffered_records", "Audit records waiting to be indexed", ["stream"])
 BULK_FAILURES = Counter("opsloop_audit_bulk_failures_total", "Bulk requests that failed as a whole (Elasticsearch "
                         "unreachable or erroring) or left records to retry (429, 503, 403 for a document); the "
@@ -93,12 +101,21 @@ class ElasticsearchIndexer:
         self._thread: threading.Thread | None = None
         self._template_ok = False
         self._in_flight: list[AuditRecord] = []
+        self._limit = batch_size      # records per request: halved by a 413, grown back by successes
+        self._split = False           # the last flush halved the limit: flush_all goes on at once
+        self._closed = False
+        self._after_close = Sampled(60.0)
         self.backoff_s = initial_backoff_s
         BUFFERED.labels(stream).set(0)
 
     # ------------------------------------------------------------------------------ the sink API
     def submit(self, record: AuditRecord) -> None:
         """Queue one record (never blocks on Elasticsearch, never raises for an outage)."""
+        if self._closed:
+            DROPPED.labels(self.stream).inc()
+            self._after_close.warning(log, "audit_record_after_close", stream=self.stream, id=record.id,
+                                      action="dropped: the indexer is closed, nothing would send it")
+            return
         with self._lock:
             self._append_bounded([record], at_head=False)
         self._wake.set()
@@ -119,19 +136,20 @@ class ElasticsearchIndexer:
         """Send one batch (at most ``batch_size`` records) now; see the module docstring for outcomes."""
         with self._flush_lock:
             with self._lock:
-                batch = [self._buffer.popleft() for _ in range(min(self.batch_size, len(self._buffer)))]
+                batch = [self._buffer.popleft() for _ in range(min(self._limit, len(self._buffer)))]
                 self._in_flight = batch
             if not batch:
                 return FlushResult()
             pending = {r.id: r for r in batch}
             indexed = duplicates = rejected = 0
             error: str | None = None
+            self._split = False
             try:
                 if not self._template_ok:
                     install_template(self.client, AUDIT_TEMPLATE)
                     self._template_ok = True
                 for ok, item in helpers.streaming_bulk(
-                        self.client, self._actions(batch), chunk_size=self.batch_size,
+                        self.client, self._actions(batch), chunk_size=len(batch),
                         max_retries=self.bulk_retries, initial_backoff=self.initial_backoff_s,
                         max_backoff=self.max_backoff_s, retry_on_status=RETRYABLE_STATUS,
                         # a whole request refused (401, 413, 503 ...) raises: the helper would otherwise
@@ -151,8 +169,15 @@ class ElasticsearchIndexer:
                         error = f"Elasticsearch answered {status} for a document: {_reason(info)}"
                         continue   # stays pending: back at the head of the buffer
                     pending.pop(str(rid), None)
-            except (TransportError, ApiError) as e:
-                # Unreachable, timed out, or the template/bulk call itself failed: keep the batch.
+                self._limit = min(self.batch_size, self._limit * 2)
+            except ApiError as e:
+                if getattr(e.meta, "status", None) == TOO_LARGE_STATUS:
+                    rejected += self._too_large(batch, pending)
+                else:   # refused as a whole (401, 503 ...), or the template call failed: keep the batch
+                    error = f"{type(e).__name__}: {e}"
+                    self._template_ok = False
+            except TransportError as e:
+                # Unreachable or timed out: keep the batch.
                 error = f"{type(e).__name__}: {e}"
                 self._template_ok = False
             except Exception as e:  # noqa: BLE001 - an answer the client cannot read: kept like an outage,
@@ -178,7 +203,7 @@ class ElasticsearchIndexer:
             r = self.flush()
             total = FlushResult(total.indexed + r.indexed, total.duplicates + r.duplicates,
                                 total.rejected + r.rejected, r.remaining, r.error)
-            if not r.ok or r.remaining == 0 or (r.indexed + r.duplicates + r.rejected) == 0:
+            if not r.ok or r.remaining == 0 or ((r.indexed + r.duplicates + r.rejected) == 0 and not self._split):
                 return total
 
     # ------------------------------------------------------------------------------ background
@@ -190,7 +215,9 @@ class ElasticsearchIndexer:
         return self
 
     def close(self, timeout_s: float = 10.0) -> FlushResult:
-        """Stop the thread and try once to send what is left (records still buffered are reported)."""
+        """Stop the thread and try once to send what is left (records still buffered are reported); records
+        submitted after this are dropped and counted."""
+        self._closed = True
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -219,6 +246,20 @@ class ElasticsearchIndexer:
             self.backoff_s = min(self.backoff_s * 2, self.max_backoff_s)
 
     # ------------------------------------------------------------------------------ internals
+    def _too_large(self, batch: list[AuditRecord], pending: dict[str, AuditRecord]) -> int:
+        """A 413 for ``batch``: halve the records per request (the batch stays pending), or, for a batch
+        of one, reject that record (nothing smaller can be sent). How many were rejected."""
+        if len(batch) > 1:
+            self._limit = max(1, len(batch) // 2)
+            self._split = True
+            log.warning("audit_request_too_large", stream=self.stream, records=len(batch), next_records=self._limit)
+            return 0
+        rid = batch[0].id
+        pending.pop(rid, None)
+        log.error("audit_record_rejected", stream=self.stream, id=rid, status=TOO_LARGE_STATUS,
+                  reason="too large for a request on its own")
+        return 1
+
     def _actions(self, batch: list[AuditRecord]) -> Iterator[dict[str, Any]]:
         for r in batch:
             yield {"_op_type": "create", "_index": self.stream, "_id": r.id, "_source": r.document()}

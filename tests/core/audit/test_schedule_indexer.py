@@ -76,6 +76,8 @@ class FakeCluster:
         self.unauthorized_items = False          # the API key lost its index privileges: 403 per item
         self.timeout_before = False              # one shot: the next bulk times out without effect
         self.timeout_after = False               # one shot: the next bulk is applied, its answer lost
+        self.max_docs: int | None = None         # a bulk of more documents is refused as too large (413)
+        self.too_large: set[str] = set()         # ids of documents too large for any request (413)
 
     def healthy(self) -> None:
         self.up, self.whole, self.item_fault_rate = True, None, 0.0
@@ -104,6 +106,10 @@ class FakeCluster:
                 call.items.append((str(next(iter(action.values()))["_id"]), self.whole))
             self.calls.append(call)
             return self.whole, _whole_error(self.whole)
+        ids = [str(next(iter(action.values()))["_id"]) for action in lines[::2]]
+        if (self.max_docs is not None and len(ids) > self.max_docs) or self.too_large & set(ids):
+            self.calls.append(Call("bulk", [(rid, 413) for rid in ids]))
+            return 413, _whole_error(413)
         if self.timeout_before:
             self.timeout_before = False
             raise ConnectionTimeout("Connection timed out (fake, before Elasticsearch took the request)")
@@ -173,6 +179,7 @@ def _whole_error(status: int) -> dict[str, Any]:
                                     "not allowed for this request"),
         429: ("es_rejected_execution_exception", "rejected execution of coordinating operation"),
         503: ("cluster_block_exception", "blocked by: [SERVICE_UNAVAILABLE/2/no master];"),
+        413: ("request_too_large", "the request body exceeds the limit on content length"),
     }.get(status, ("illegal_argument_exception", "unexpected request"))
     err = {"type": kind, "reason": reason}
     return {"error": {"root_cause": [err], **err}, "status": status}
@@ -463,6 +470,52 @@ def test_a_whole_request_refused_keeps_the_batch() -> None:
     es.whole = None
     assert ix.flush_all().indexed == 3
     assert len(es.docs) == 4
+
+
+def test_a_request_refused_as_too_large_is_sent_again_in_smaller_ones() -> None:
+    """413 for a batch (a proxy in front of the cluster takes at most 2 documents a request): the records are
+    not at fault and the same batch would be refused for ever; smaller requests take them all."""
+    es = FakeCluster(random.Random(3))
+    stream = f"opsloop-audit-large-{next(_streams)}"
+    ix = new_indexer(es, stream)
+    recs = [record(i) for i in range(7)]
+    for r in recs:
+        ix.submit(r)
+    es.max_docs = 2
+    res = ix.flush_all()
+    assert (res.indexed, res.rejected, res.remaining, res.ok) == (7, 0, 0, True)
+    assert set(es.docs) == {r.id for r in recs}
+    assert metric("opsloop_audit_records_total", stream=stream, outcome="rejected") == 0
+    assert max(len(c.items) for c in es.calls if c.kind == "bulk" and all(st == 201 for _, st in c.items)) <= 2
+
+
+def test_a_record_too_large_on_its_own_is_rejected_and_the_others_go_through() -> None:
+    es = FakeCluster(random.Random(4))
+    stream = f"opsloop-audit-huge-{next(_streams)}"
+    ix = new_indexer(es, stream)
+    recs = [record(i) for i in range(BATCH)]
+    es.too_large = {recs[3].id}
+    for r in recs:
+        ix.submit(r)
+    res = ix.flush_all()
+    assert (res.indexed, res.rejected, res.remaining, res.ok) == (BATCH - 1, 1, 0, True)
+    assert set(es.docs) == {r.id for r in recs} - {recs[3].id}
+    assert metric("opsloop_audit_records_total", stream=stream, outcome="rejected") == 1
+    ix.submit(record(100))                            # the limit grows back: later batches are whole again
+    ix.submit(record(101))
+    assert ix.flush_all().indexed == 2
+
+
+def test_a_record_submitted_after_close_is_dropped_and_counted_not_buffered_for_ever() -> None:
+    es = FakeCluster(random.Random(5))
+    stream = f"opsloop-audit-closed-{next(_streams)}"
+    ix = new_indexer(es, stream)
+    ix.submit(record(0))
+    assert ix.close().indexed == 1
+    before = metric("opsloop_audit_dropped_total", stream=stream)
+    ix.submit(record(1))
+    assert ix.buffered == 0 and ix.pending_ids() == []
+    assert metric("opsloop_audit_dropped_total", stream=stream) == before + 1
 
 
 # ---------------------------------------------------------------------------------------------- thread mode
