@@ -74,7 +74,8 @@ def openapi_spec() -> dict[str, Any]:
         "paths": {
             "/v1/topology": {"get": {"summary": "the whole topology with health overrides",
                                      "responses": {"200": {"description": "topology"}, **common}}},
-            "/v1/status": {"get": {"summary": "last decision per listener: mode, reason, version, inputs",
+            "/v1/status": {"get": {"summary": "last decision per listener: mode, reason, version, inputs; "
+                                              "publish_failure: the last failed publish until one succeeds",
                                    "responses": {"200": {"description": "status"}, **common}}},
             "/v1/listeners/{listener}/weights": {"get": {
                 "summary": "current published weights (EdgeWeights records)", "parameters": lo[:1],

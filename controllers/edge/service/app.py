@@ -10,7 +10,8 @@ during a consumer-group rebalance; it also serves the authenticated topology API
 must apply to that same state; and a separate process restarts, scales and is secured on its own.
 It only needs the newest demand per edge, a tiny stream read from the end of ``edge.demand``. On
 start it recovers the last version and weights from ``edge.weights`` (highest ``(epoch, version)``
-per key), so versions keep increasing across restarts and damping continues from the weights in force;
+per key), so versions keep increasing across restarts and damping continues from the weights in force
+(an edge with no record, e.g. one just added, starts on its nearest healthy origin: ``loop.py``);
 and it takes a new, higher epoch, so its decisions win over its predecessor's even when recovery came
 up short (see ``controllers/actuators/README.md``).
 """

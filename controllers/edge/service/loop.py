@@ -40,10 +40,27 @@ the controller on the same measurement again. Collectors and the controller tick
 phases, so a tick regularly finds the record it already used; stepped on it, the controller read a
 repeat as demand that did not change, its measured variability fell and so did the headroom it
 plans for noise (with every 4th tick a repeat, the draws overloaded a noisy origin twice as often).
+A record is the same measurement when its timestamp and readings (demand, and per server rate, up,
+``rtime``) are: an at-least-once re-send, or one differing only in a server's status text, is no new
+measurement; a record of the same timestamp with other readings (a collection round split over two
+stream batches, the second with the servers the first lacked; a corrected record) is, and is decided
+on -- the book keeps it, so a repeat would show the stored record beside a decision made on another.
+
+A publish that failed is shown in the status until one succeeds (``publish_failure``: when, since
+when, how many in a row, the version refused and the error, credentials masked); the other fields
+stay those of the decision in force.
 
 Every record carries this instance's ``epoch`` (its start time in ms, above every epoch recovered
 from ``edge.weights``): actuators order decisions by ``(epoch, version)``, so a restart that lost
 the version sequence still moves the edge, and an older instance still running is refused.
+
+On start, each edge whose last record was recovered (and names only origins of the topology) resumes
+from its weights, and the first decision moves it at most ``max_step`` from them. An edge without one
+(just added to the topology, its record lost) starts as a fresh edge does in the simulator and in the
+final guard: all on its nearest origin healthy by the topology and the API's pins (the load balancers'
+checks are not known yet: the first decision moves the share off a DOWN one at once), any reachable one
+if none is; it is damped from there like the others. With no edge recovered the listener starts afresh:
+its first decision is the plan's initial assignment, bounded only by the actuators' own ``max_step``.
 """
 
 from __future__ import annotations
@@ -68,6 +85,7 @@ from opsloop.controllers.edge.service.store import TopologyStore
 from opsloop.records import Finding
 from opsloop.log import get_logger
 from opsloop.records import EdgeDemand
+from opsloop.redact import redact_credentials
 
 log = get_logger("controller.edge")
 
@@ -88,9 +106,32 @@ class ListenerState:
     open_findings: set[str] = field(default_factory=set)
     ticks: int = 0
     response_ms: dict[str, float] = field(default_factory=dict)  # last origin response time seen
-    observed: tuple[Any, ...] = ()        # the inputs of the last observation (demand record times, topology)
+    observed: tuple[Any, ...] = ()        # the inputs of the last observation (demand measurements, topology)
     stepped: tuple[Any, ...] | None = None  # ... and of the last one the controller stepped on
     spent: int | None = None   # the highest version a failed publish may still deliver (at-least-once)
+    publish_failure: dict[str, Any] | None = None   # the last failed publish, until one succeeds (status)
+
+
+def measurement(rec: EdgeDemand) -> tuple[Any, ...]:
+    """What of a demand record the controller reads: two records with these equal are one measurement
+    (module docstring); a server's status text is not read (its ``up`` is)."""
+    servers = tuple(sorted((o, s.rps, s.up, s.rtime_ms) for o, s in rec.origins.items()))
+    return rec.timestamp, rec.demand_rps, servers
+
+
+def start_weights(latency: np.ndarray, healthy: np.ndarray) -> np.ndarray:
+    """[E, O]: each edge all on its nearest healthy reachable origin, else its nearest reachable one,
+    else spread evenly: how a fresh edge starts (the simulator's default, the final guard's start for
+    an edge without weights)."""
+    out = np.zeros(latency.shape)
+    for i, row in enumerate(latency):
+        reachable = np.isfinite(row)
+        pool = reachable & healthy if (reachable & healthy).any() else reachable
+        if pool.any():
+            out[i, int(np.argmin(np.where(pool, row, np.inf)))] = 1.0
+        else:
+            out[i] = 1.0 / len(row)
+    return out
 
 
 def origin_response_ms(records: list[tuple[int, EdgeDemand]], origins: list[str],
@@ -138,19 +179,29 @@ class ControlLoop:
             self._recover(ctl, name, edges, origins, recovered or {})
             self.listeners[name] = ListenerState(name, edges, origins, ctl)
 
-    @staticmethod
-    def _recover(ctl: EdgeController, listener: str, edges: list[str], origins: list[str],
+    def _recover(self, ctl: EdgeController, listener: str, edges: list[str], origins: list[str],
                  recovered: dict[tuple[str, str], EdgeWeights]) -> None:
-        """Resume the last published version and weights (only when they fit the current topology)."""
-        recs = [recovered.get((listener, e)) for e in edges]
+        """Resume the last published version, and the weights of every edge whose record fits the current
+        topology; an edge without one starts as a fresh edge does (module docstring)."""
         versions = [r.version for r in recovered.values() if r.listener == listener]
         if versions:
             ctl.version = max(versions)
-        if all(r is not None and set(r.weights) <= set(origins) for r in recs):
-            rows = np.array([[r.weights.get(o, 0.0) for o in origins] for r in recs if r is not None])
-            if rows.shape == (len(edges), len(origins)) and (rows.sum(axis=1) > 0).all():
-                ctl.weights = rows / rows.sum(axis=1, keepdims=True)
-                log.info("weights_recovered", listener=listener, version=ctl.version)
+        rows: list[np.ndarray | None] = []
+        for edge in edges:
+            rec = recovered.get((listener, edge))
+            row = None if rec is None or not set(rec.weights) <= set(origins) \
+                else np.array([rec.weights.get(o, 0.0) for o in origins], dtype=float)
+            rows.append(row if row is not None and row.sum() > 0 else None)
+        missing = [e for e, row in zip(edges, rows) if row is None]
+        if len(missing) == len(edges):
+            return   # nothing to resume: a fresh listener, its first decision the plan's initial assignment
+        snap = self.store.snapshot(listener)
+        _, _, latency, file_healthy = snap.spec.topology().arrays()
+        healthy = np.array([_healthy(snap.health_override.get(o), bool(file_healthy[j]), False, o in snap.health_forced)
+                            for j, o in enumerate(origins)], dtype=bool)
+        start = start_weights(latency, healthy)
+        ctl.weights = np.array([start[i] if row is None else row / row.sum() for i, row in enumerate(rows)])
+        log.info("weights_recovered", listener=listener, version=ctl.version, started_fresh=missing)
 
     def control_time(self, now: float) -> float:
         """The controller's clock at a tick at wall time ``now`` (module docstring: whole intervals)."""
@@ -179,10 +230,10 @@ class ControlLoop:
         last_down: set[str] = set()   # DOWN in a record gone stale: the last word on that server
         load: dict[str, float] = {o: 0.0 for o in state.origins}
         fresh: list[tuple[int, EdgeDemand]] = []
-        stamps: list[float | None] = []
+        readings: list[tuple[Any, ...] | None] = []
         for i, edge in enumerate(spec.edges):
             rec = self.book.get(spec.backend_name, edge.lb_name)
-            stamps.append(None if rec is None else rec.timestamp)
+            readings.append(None if rec is None else measurement(rec))
             if rec is None:
                 ages.append(max(0.0, now - self.started_at))
                 continue
@@ -221,7 +272,7 @@ class ControlLoop:
             M.HEALTHY.labels(state.name, o).set(1.0 if healthy[j] else 0.0)
         if seen < len(state.edges) and age <= stale_after:
             return None, status   # not every edge heard from yet: do not plan on zero demand
-        state.observed = (tuple(stamps), healthy.tobytes(), capacity.tobytes(), latency.tobytes())
+        state.observed = (tuple(readings), healthy.tobytes(), capacity.tobytes(), latency.tobytes())
         response = origin_response_ms(fresh, state.origins, latency, state.response_ms)
         if response is not None:
             status["origin_response_ms"] = dict(zip(state.origins, response.round(3).tolist()))
@@ -277,7 +328,7 @@ class ControlLoop:
             self.publish(records, findings)
         except Exception as e:  # noqa: BLE001 - Kafka away: this measurement is stepped on again next tick
             state.stepped, state.open_findings = stepped, open_findings
-            self._unpublished(state, decision, e)
+            self._unpublished(state, decision, e, now)
             if decision.changed:   # a new version: it may still arrive
                 state.spent = max(state.spent or 0, decision.version)
             return None
@@ -285,7 +336,7 @@ class ControlLoop:
         self._export(state, decision, records)
         M.TICKS.labels(state.name, decision.mode.value).inc()
         with self.lock:
-            state.last, state.last_records = decision, records
+            state.last, state.last_records, state.publish_failure = decision, records, None
             state.last_status = {**status, "mode": decision.mode.value, "reason": decision.reason,
                                  "tick": state.ticks, "version": decision.version, "epoch": self.epoch,
                                  "changed": decision.changed, "repeated": False,
@@ -306,17 +357,17 @@ class ControlLoop:
             self.publish(records, self._findings(state, state.last, now))   # open findings stay re-published
         except Exception as e:  # noqa: BLE001 - the same decision again next tick
             state.open_findings = open_findings
-            self._unpublished(state, state.last, e)
+            self._unpublished(state, state.last, e, now)
             return None
         M.TICKS.labels(state.name, "repeated").inc()
         M.INPUTS_AGE.labels(state.name).set(age)
         with self.lock:
-            state.last_records = records
+            state.last_records, state.publish_failure = records, None
             state.last_status = {**state.last_status, **status, "tick": state.ticks, "computed_at": now,
                                  "changed": False, "repeated": True}
         return state.last
 
-    def _unpublished(self, state: ListenerState, decision: Decision, error: Exception) -> None:
+    def _unpublished(self, state: ListenerState, decision: Decision, error: Exception, now: float) -> None:
         """A publish that failed: not the weights in force. Its version is spent all the same (records
         may still arrive, at-least-once: ``spent``, a version never names two sets of weights), and the
         rows the broker did acknowledge are the ones their edges now have."""
@@ -330,8 +381,13 @@ class ControlLoop:
                     weights[i] = decision.weights[i]
             ctl.weights = weights
         M.TICKS.labels(state.name, "publish_failed").inc()
-        log.warning("publish_failed", listener=state.name, version=decision.version,
-                    error=f"{type(error).__name__}: {error}"[:500])
+        text = redact_credentials(f"{type(error).__name__}: {error}")[:500]   # the status is no log: masked here
+        log.warning("publish_failed", listener=state.name, version=decision.version, error=text)
+        with self.lock:
+            last = state.publish_failure
+            state.publish_failure = {"at": now, "since": now if last is None else last["since"],
+                                     "consecutive": 1 if last is None else last["consecutive"] + 1,
+                                     "version": decision.version, "error": text}
 
     def _findings(self, state: ListenerState, decision: Decision, now: float) -> list[Finding]:
         found = decision_findings(decision, state.name, state.edges, now, include_cleared=True)
@@ -359,7 +415,8 @@ class ControlLoop:
 
     def status(self) -> dict[str, Any]:
         with self.lock:
-            return {name: dict(s.last_status) for name, s in self.listeners.items()}
+            return {name: {**s.last_status, "publish_failure": None if s.publish_failure is None
+                           else dict(s.publish_failure)} for name, s in self.listeners.items()}
 
     def weights(self, listener: str) -> list[dict[str, Any]]:
         with self.lock:

@@ -1,12 +1,14 @@
 """Seeded schedules against the edge controller service: demand records that are fresh, duplicated,
-replayed older than the newest of their key, stamped in the future (within and beyond the clock-skew
+replayed older than the newest of their key, re-sent for the interval already in the book with other
+readings (a corrected record), stamped in the future (within and beyond the clock-skew
 bound) or no demand record at all (not JSON, NaN, negative, huge, wrong types, unknown fields), edges
 going silent for a while (stale inputs), load balancer checks flapping, operator changes through the
 ``TopologyStore`` (capacity, health pins, forced pins, latencies; valid and invalid), publishes that
 fail (a send refused, a flush timing out after part of the records got through, records nacked, a slow
 broker), the controller host's clock stepping back minutes (the collectors' stays right), and crashes at
 any point of a tick, after which a new ``ControlLoop`` starts from what ``recover_decisions`` reads back
-from the topic (and the API changes from the overrides file).
+from the topic (and the API changes from the overrides file), sometimes without one edge's records (an
+edge just added, its record lost).
 
 Driven through the real code on a simulated clock: records go through ``DemandConsumer`` (decode, the
 book, the dead letter) over a fake ``KafkaConsumer``; decisions through ``DecisionPublisher`` over a fake
@@ -18,7 +20,10 @@ counted and dead-lettered, every good one that is the newest of its key in the b
 reached the topic is stamped in order and never a version twice with other weights, whatever restarts
 (a new instance's epoch above every one on the topic); shares sum to 1, none on an origin that is
 unhealthy, pinned down or out of reach while another can serve; each move within ``max_step`` of what
-the topic last carried (plus the share moved off an unusable origin); inputs that are stale, silent or
+the topic last carried (plus the share moved off an unusable origin), after a restart too unless no
+edge's record was recovered (an edge whose record was not: within ``max_step`` of its nearest healthy
+origin, where a fresh edge starts); a decision repeated only while the book holds the readings the
+last one was made on (a corrected record is decided on); inputs that are stale, silent or
 stamped ahead of a clock that stepped back give a hold of the weights the topic carries, under the same
 version unless a failed publish spent it; what the API serves as published was published; fresh demand
 and a clean publish always give a decision (no stall).
@@ -153,10 +158,12 @@ class FakeTopicConsumer:
     """``KafkaConsumer`` over one topic of :class:`Broker`, one partition: for ``recover_decisions``
     (from the beginning) and for ``DemandConsumer`` (the batch in ``feed``, then the consumer's stop)."""
 
-    def __init__(self, broker: Broker, feed: list[ConsumerMsg] | None = None, stop: Any = None, **_: Any) -> None:
+    def __init__(self, broker: Broker, feed: list[ConsumerMsg] | None = None, stop: Any = None,
+                 hidden: frozenset[bytes] = frozenset(), **_: Any) -> None:
         self.broker = broker
         self.feed = feed
         self.stop = stop
+        self.hidden = hidden   # keys whose records this consumer never sees (a recovery that misses them)
         self.pos = 0
         self.topic_name = ""
 
@@ -186,8 +193,9 @@ class FakeTopicConsumer:
                 self.stop.set()
             return {self.tps[0]: batch} if batch else {}
         records = self.broker.topic(self.topic_name)[self.pos:]
-        out = [ConsumerMsg(self.topic_name, 0, self.pos + i, k, v) for i, (k, v) in enumerate(records)]
-        self.pos += len(out)
+        out = [ConsumerMsg(self.topic_name, 0, self.pos + i, k, v) for i, (k, v) in enumerate(records)
+               if k is None or k not in self.hidden]
+        self.pos += len(records)
         return {self.tps[0]: out} if out else {}
 
     def close(self) -> None:
@@ -266,21 +274,47 @@ class Service:
     publisher: DecisionPublisher
     consumer: DemandConsumer
     loop: ControlLoop
-    unbounded_first: bool   # started with no weights to damp from: its first decision is not bounded
+    # edges whose next decision is not bounded: none recovered, the first decision is the initial assignment
+    unbounded: set[str]
+    # edges started fresh beside recovered ones: their first decision is bounded from this start, not the topic
+    started: dict[str, EdgeWeights]
+
+
+def fresh_start(store: TopologyStore) -> dict[str, dict[str, float]]:
+    """Where an edge with no weights starts: all on its nearest origin healthy by the topology file and the
+    API's pins (the load balancers' checks not known yet), else its nearest reachable one."""
+    snap = store.snapshot(LISTENER)
+    healthy = {o.name for o in snap.spec.origins
+               if snap.health_override.get(o.name, o.healthy)}
+    out = {}
+    for e in EDGES:
+        row = {o: ms for o, ms in snap.spec.latency_ms.get(e, {}).items() if ms is not None}
+        pool = {o: ms for o, ms in row.items() if o in healthy} or row
+        nearest = min(pool, key=lambda o: (pool[o], ORIGINS.index(o)))
+        out[e] = {o: 1.0 if o == nearest else 0.0 for o in ORIGINS}
+    return out
 
 
 def start(broker: Broker, clock: list[float], settings: ControllerSettings, overrides: Path,
-          monkeypatch: pytest.MonkeyPatch) -> Service:
+          monkeypatch: pytest.MonkeyPatch, hide: str | None = None) -> Service:
+    """A new instance; ``hide``: an edge whose records its recovery does not see."""
+    hidden = frozenset() if hide is None else frozenset({f"{LISTENER}|{hide}".encode()})
     monkeypatch.setattr(kafka_io, "KafkaProducer", lambda **kw: FakeProducer(broker, **kw))
-    monkeypatch.setattr(kafka_io, "KafkaConsumer", lambda **kw: FakeTopicConsumer(broker, **kw))
+    monkeypatch.setattr(kafka_io, "KafkaConsumer", lambda **kw: FakeTopicConsumer(broker, hidden=hidden, **kw))
     store = TopologyStore(topology(), AuditLog(), overrides)
     book = DemandBook(max_clock_skew_s=SKEW_S, clock=lambda: clock[0])
     publisher = DecisionPublisher("127.0.0.1:9", flush_timeout_s=1.0)
     consumer = DemandConsumer("127.0.0.1:9", book, topic=DEMAND_TOPIC, deadletter=publisher.deadletter)
     recovered = recover_decisions("127.0.0.1:9", topic=WEIGHTS_TOPIC, timeout_s=5.0)
+    assert hide is None or (LISTENER, hide) not in recovered
     loop = ControlLoop(store, book, settings, publisher, recovered, clock=lambda: clock[0])
-    ctl = loop.listeners[LISTENER].controller
-    return Service(store, book, publisher, consumer, loop, ctl.weights is None)
+    missing = {e for e in EDGES if (LISTENER, e) not in recovered}
+    if missing == set(EDGES):
+        return Service(store, book, publisher, consumer, loop, set(EDGES), {})
+    starts = fresh_start(store)
+    started = {e: EdgeWeights(version=0, listener=LISTENER, edge=e, weights=starts[e], computed_at=clock[0])
+               for e in missing}
+    return Service(store, book, publisher, consumer, loop, set(), started)
 
 
 def ingest(svc: Service, broker: Broker, raws: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -295,6 +329,13 @@ def ingest(svc: Service, broker: Broker, raws: list[bytes], monkeypatch: pytest.
                         lambda **kw: FakeTopicConsumer(broker, feed=feed, stop=stop, **kw))
     svc.consumer._consume()
     stop.clear()
+
+
+def reading(rec: Any) -> tuple[Any, ...] | None:
+    """What the controller reads of a demand record (its status texts not): equal, one measurement."""
+    if rec is None:
+        return None
+    return rec.timestamp, rec.demand_rps, sorted((o, s.rps, s.up, s.rtime_ms) for o, s in rec.origins.items())
 
 
 def ticks_errored() -> float:
@@ -409,6 +450,7 @@ def run_schedule(seed: int, tmp: Path, monkeypatch: pytest.MonkeyPatch, steps: i
     world = World(rng, clock, level={e: rng.uniform(10, 90) for e in EDGES})
     seen: dict[tuple[str, int, int], dict[str, float]] = {}      # (edge, epoch, version) -> weights
     last: dict[str, EdgeWeights] = {}                               # per edge: the last record on the topic
+    decided_on: dict[str, Any] = {}                                 # per edge: the readings last stepped on
     for step in range(steps):
         ctx = f"seed {seed} step {step}"
         dt = INTERVAL_S + rng.uniform(-0.2, 0.2)
@@ -437,7 +479,11 @@ def run_schedule(seed: int, tmp: Path, monkeypatch: pytest.MonkeyPatch, steps: i
         batch: list[tuple[str, bytes, str]] = []
         for e in EDGES:
             share = last[e].weights if e in last else {"near": 1.0}
-            if not world.silent[e]:
+            held_rec = svc.book.get(BACKEND, e)
+            corrected = held_rec is not None and rng.random() < 0.08
+            if corrected:   # the interval in the book again, other readings (a round split over two batches)
+                batch.append((e, world.good(e, share, held_rec.timestamp), "corrected"))
+            if not world.silent[e] and not (corrected and rng.random() < 0.5):
                 batch.append((e, world.good(e, share, true - rng.uniform(0, 2)), "good"))
                 world.sent_good.append(batch[-1][1])
             roll = rng.random()
@@ -499,8 +545,10 @@ def run_schedule(seed: int, tmp: Path, monkeypatch: pytest.MonkeyPatch, steps: i
             prev = last.get(rec.edge)
             if prev is not None:
                 assert rec.stamp >= prev.stamp, f"{ctx}: {rec.edge} went back {prev.stamp} -> {rec.stamp}"
-            check_record(rec, prev, usable[rec.edge], reachable[rec.edge], max_step,
-                         bounded=not svc.unbounded_first, ctx=f"{ctx} {rec.edge}")
+            # an edge started fresh beside recovered ones moves from where it started, not from the topic
+            note = " (started fresh, not recovered)" if rec.edge in svc.started else ""
+            check_record(rec, svc.started.pop(rec.edge, prev), usable[rec.edge], reachable[rec.edge], max_step,
+                         bounded=rec.edge not in svc.unbounded, ctx=f"{ctx} {rec.edge}{note}")
             held_still = held_still and prev is not None and prev.epoch == rec.epoch and \
                 rec.mode is Mode.HOLD and rec.reason.startswith("stale inputs") and \
                 all(abs(rec.weights[o] - prev.weights[o]) <= EPS for o in ORIGINS)
@@ -515,7 +563,15 @@ def run_schedule(seed: int, tmp: Path, monkeypatch: pytest.MonkeyPatch, steps: i
                 f"{ctx}: a new version on stale inputs {versions} (spent {sorted(spent)}) " \
                 f"{[(r.edge, r.weights, r.reason[:120]) for r in new]}"
         if new and len({r.edge for r in new}) == len(EDGES):
-            svc.unbounded_first = False
+            svc.unbounded.clear()
+        # a decision repeated only on the readings the last step was made on: never the stored record
+        # beside a decision made on another (a corrected record of the same interval is decided on)
+        if not crashed and out[LISTENER] is not None:
+            now_reading = {e: reading(svc.book.get(BACKEND, e)) for e in EDGES}
+            if svc.loop.status()[LISTENER]["repeated"]:
+                assert now_reading == decided_on, f"{ctx}: repeated a decision made on other readings"
+            else:
+                decided_on = now_reading
         # what the API serves as published was published
         for doc in svc.loop.weights(LISTENER):
             rec = EdgeWeights.model_validate(doc)
@@ -529,7 +585,10 @@ def run_schedule(seed: int, tmp: Path, monkeypatch: pytest.MonkeyPatch, steps: i
                 assert out[LISTENER] is not None and {r.edge for r in new} == set(EDGES), f"{ctx}: no decision"
         if crashed or rng.random() < 0.02:   # a restart: what the topic holds is all that is left
             old_topology = svc.store.topology()
-            svc = start(broker, clock, settings, overrides, monkeypatch)
+            hide = rng.choice(EDGES) if rng.random() < 0.3 else None   # ... less an edge's records
+            if hide is not None:
+                ctx += f" recovered without {hide}"
+            svc = start(broker, clock, settings, overrides, monkeypatch, hide)
             assert svc.store.topology() == old_topology, f"{ctx}: API changes lost in the restart"
             on_topic = {r.epoch for r in (EdgeWeights.decode(v) for _, v in broker.topic(WEIGHTS_TOPIC))}
             assert svc.loop.epoch > max(on_topic, default=-1), f"{ctx}: a restart reused epoch {svc.loop.epoch}"

@@ -2,7 +2,9 @@
 for the weights in force (the controller then damped from weights no actuator got, and the next decision
 moved an edge two steps at once; the publisher never said it failed), and an origin drained by an
 operator, or seen DOWN by an edge whose telemetry is fresh, kept its traffic while another edge's demand
-was stale (the whole decision held, health with it)."""
+was stale (the whole decision held, health with it). And what was left open after them: ``/v1/status`` silent
+about a failed publish, a corrected demand record for an interval already decided on half-taken (stored, not
+decided on), and a restart missing one edge's record recovering no weights at all."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from prometheus_client import REGISTRY
 
 from opsloop.audit.trail import AuditLog
 from opsloop.controllers.edge.service import kafka_io
+from opsloop.controllers.edge.service.api import EdgeApi
 from opsloop.controllers.edge.service.config import TopologySpec
 from opsloop.controllers.edge.service.inputs import DemandBook
 from opsloop.controllers.edge.service.kafka_io import DecisionPublisher, PublishError
@@ -30,24 +33,27 @@ class Rig:
     """One listener, edges ``e1``/``e2``, origins near (2 ms) / mid (5 ms) / far (30 ms); a publish that
     fails while ``fail`` is set, the broker having taken only the records of the edges in it."""
 
-    def __init__(self, name: str, max_step: float = 0.1) -> None:
+    def __init__(self, name: str, max_step: float = 0.1,
+                 recovered: dict[tuple[str, str], EdgeWeights] | None = None, store: TopologyStore | None = None,
+                 t: float = T0) -> None:
         self.name = name
         spec = TopologySpec.model_validate({"listeners": [{
             "name": name, "backend": f"be_{name}", "edges": [{"name": "e1"}, {"name": "e2"}],
             "origins": [{"name": "near", "capacity_rps": 1000}, {"name": "mid", "capacity_rps": 1000},
                         {"name": "far", "capacity_rps": 1000}],
             "latency_ms": {e: {"near": 2, "mid": 5, "far": 30} for e in ("e1", "e2")}}]})
-        self.t = T0
-        self.store = TopologyStore(spec, AuditLog())
+        self.t = t
+        self.store = store if store is not None else TopologyStore(spec, AuditLog())
         self.book = DemandBook(clock=lambda: self.t)
         self.published: list[EdgeWeights] = []
         self.findings: list[Finding] = []
         self.offered: list[EdgeWeights] = []      # every record handed to publish, taken or not
         self.fail: set[str] | None = None
+        self.error = "broker away"
         self.max_step = max_step
         settings = ControllerSettings(interval_s=10.0, stale_after_s=STALE_S, max_step=max_step,
                                       relax_step=min(0.2, max_step), elasticity=0.0)
-        self.loop = ControlLoop(self.store, self.book, settings, self.publish, clock=lambda: self.t)
+        self.loop = ControlLoop(self.store, self.book, settings, self.publish, recovered, clock=lambda: self.t)
 
     def publish(self, records: list[EdgeWeights], findings: list[Finding]) -> None:
         self.offered += records
@@ -57,7 +63,7 @@ class Rig:
             return
         taken = [r for r in records if r.edge in self.fail]
         self.published += taken
-        raise PublishError("broker away", {f"{r.listener}|{r.edge}" for r in taken})
+        raise PublishError(self.error, {f"{r.listener}|{r.edge}" for r in taken})
 
     def demand(self, edge: str, rps: float = 50.0, down: tuple[str, ...] = (), ts: float | None = None) -> None:
         self.book.update(EdgeDemand(edge=edge, backend=f"be_{self.name}", demand_rps=rps,
@@ -227,3 +233,120 @@ def test_a_record_stamped_beyond_the_clock_skew_ahead_of_a_clock_stepped_back_is
         assert r.mode is Mode.HOLD and r.reason.startswith("stale inputs"), r
         assert (r.version, r.weights) == (held[e].version, held[e].weights), r
     assert any(f.detector == "edge.weights_held" and not f.cleared for f in rig.findings[-2:])
+
+
+SECRET = "s3cret-pw"
+TOKEN = "a-test-token-for-the-edge-api"
+
+
+def test_the_status_shows_a_failed_publish_until_one_succeeds() -> None:
+    """Before: a publish that failed (the loop keeps the weights the topic carries, counts
+    ``publish_failed``) left ``/v1/status`` as it was: the last good decision, nothing wrong to see. Now
+    ``publish_failure`` says when it failed, since when, how many times in a row, which version and why
+    (no credentials), the fields already there unchanged, and goes back to null at the next publish."""
+    rig = Rig("status_failed")
+    for _ in range(3):
+        rig.tick("e1", "e2")
+    ok = rig.loop.status()[rig.name]
+    assert ok.get("publish_failure", "missing") is None
+    rig.store.set_capacity(rig.name, "near", 10.0)       # a new decision, a new version: refused below
+    rig.fail = set()
+    rig.error = (f"2 of 2 edge.weights record(s) not acknowledged (status_failed|e1, status_failed|e2); flush: "
+                 f"KafkaTimeoutError: kafka://edge:{SECRET}@kafka-1:9093 timed out")
+    rig.tick("e1", "e2")
+    since = rig.t
+    rig.tick("e1", "e2")
+    status = rig.loop.status()[rig.name]
+    failure = status["publish_failure"]
+    assert failure is not None, status
+    assert (failure["consecutive"], failure["since"], failure["at"]) == (2, since, rig.t), failure
+    assert failure["version"] > ok["version"], failure
+    assert "KafkaTimeoutError" in failure["error"] and "not acknowledged" in failure["error"], failure
+    assert SECRET not in str(status) and "edge:" not in failure["error"], failure
+    # the fields that were there: all still there, still naming the decision in force
+    assert set(ok) <= set(status) and (status["version"], status["weights"]) == (ok["version"], ok["weights"])
+    # through the API, behind its token as every /v1 route
+    api = EdgeApi(rig.store, TOKEN, rig.loop.status, rig.loop.weights)
+    code, doc = api.dispatch("GET", "/v1/status", f"Bearer {TOKEN}", b"")
+    assert code == 200 and doc[rig.name]["publish_failure"]["consecutive"] == 2 and SECRET not in str(doc)
+    assert api.dispatch("GET", "/v1/status", None, b"")[0] == 401
+    rig.fail = None
+    rig.tick("e1", "e2")
+    status = rig.loop.status()[rig.name]
+    assert status["publish_failure"] is None and status["version"] > failure["version"], status
+    # a repeat that fails shows too, and clears the same way
+    rig.fail = set()
+    rig.tick()
+    assert rig.loop.status()[rig.name]["publish_failure"]["consecutive"] == 1
+    rig.fail = None
+    rig.tick()
+    assert rig.loop.status()[rig.name]["publish_failure"] is None
+
+
+def measured(rig: Rig, edge: str, rps: float, ts: float, status: str = "") -> None:
+    rig.book.update(EdgeDemand(edge=edge, backend=f"be_{rig.name}", demand_rps=rps, timestamp=ts,
+                               origins={o: OriginState(rps=rps if o == "near" else 0.0, status=status)
+                                        for o in ("near", "mid", "far")}))
+
+
+def test_a_corrected_record_for_an_interval_already_decided_on_is_decided_on() -> None:
+    """A collection round split over two stream batches gives two records of one interval (one
+    timestamp): the second has the servers the first lacked. Before, the book kept the second but the
+    loop took the same timestamp for no new measurement and repeated the decision made on the first:
+    the status showed 300 req/s at e1 next to a decision planned on 50 (near at 350/200, not shed). Now
+    other readings under the same timestamp are a new measurement; a re-send of the same readings is not
+    (at-least-once), nor one whose only difference is the servers' status text."""
+    rig = Rig("corrected")
+    rig.store.set_capacity(rig.name, "near", 200.0)
+    for _ in range(4):
+        rig.t += 10.0
+        for e in ("e1", "e2"):
+            measured(rig, e, 50.0, rig.t)
+        rig.loop.tick()
+    decided = {e: rig.last(e) for e in ("e1", "e2")}
+    assert decided["e1"].weights["near"] == pytest.approx(1.0)
+    stamp = rig.t
+    measured(rig, "e1", 300.0, stamp)                   # the same interval, the round complete: 350 onto 200
+    rig.t += 10.0
+    d = rig.loop.tick()[rig.name]
+    status = rig.loop.status()[rig.name]
+    assert status["demand_rps"]["e1"] == 300.0 and status["repeated"] is False, status
+    assert d is not None and d.version > decided["e1"].version, d
+    near = sum(rig.last(e).weights["near"] * rps for e, rps in (("e1", 300.0), ("e2", 50.0)))
+    assert near < 350.0 - 1.0, [rig.last(e).weights for e in ("e1", "e2")]   # shedding off near
+    stepped = len(rig.published)
+    for status_text in ("", "UP 1/3"):                  # the same readings again: no new measurement
+        measured(rig, "e1", 300.0, stamp, status=status_text)
+        rig.t += 5.0
+        again = rig.loop.tick()[rig.name]
+        assert again is not None and again.version == d.version
+        assert rig.loop.status()[rig.name]["repeated"] is True
+    assert [r.version for r in rig.published[stepped:]] == [d.version] * 4
+
+
+def test_a_restart_missing_one_edges_record_recovers_the_others_and_starts_that_edge_as_a_fresh_one() -> None:
+    """An edge just added to the topology (or its record lost) has nothing on ``edge.weights``. Before,
+    recovery then took no weights at all: the first decision was the plan's initial assignment, bounded
+    only by the actuators' own max_step (e1 from near 0.14 to 1.0 in one step with max_step 0.1). Now the
+    edges with a record resume from it, and the missing one starts as a fresh edge does (as in the
+    simulator and the final guard): all on its nearest healthy origin; the first decision is within
+    max_step of both."""
+    before = Rig("restart_missing")
+    before.store.set_capacity(before.name, "near", 60.0)   # 100 req/s onto 60: shed
+    for _ in range(10):
+        before.tick("e1", "e2")
+    held = before.last("e1")
+    assert held.weights["near"] < 0.8, held
+    before.store.set_capacity(before.name, "near", 1000.0)  # room again: all of it belongs on near
+    rig = Rig("restart_missing", recovered={(before.name, "e1"): held}, store=before.store, t=before.t)
+    rig.tick("e1", "e2")
+    first = {e: rig.last(e) for e in ("e1", "e2")}
+    for o in ("near", "mid", "far"):
+        assert abs(first["e1"].weights[o] - held.weights[o]) <= rig.max_step + 1e-9, (held.weights, first["e1"])
+    assert first["e2"].weights["near"] >= 1.0 - rig.max_step - 1e-9, first["e2"]
+    assert first["e1"].version > held.version and first["e1"].epoch > held.epoch, first["e1"]
+    rig.store.set_capacity(rig.name, "near", 60.0)   # the edge started fresh is damped as any other
+    rig.tick("e1", "e2")
+    for e in ("e1", "e2"):
+        moved = max(abs(rig.last(e).weights[o] - first[e].weights[o]) for o in ("near", "mid", "far"))
+        assert moved <= rig.max_step + 1e-9, (first[e], rig.last(e))
