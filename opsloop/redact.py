@@ -12,7 +12,7 @@ import re
 
 # The userinfo runs to the *last* "@" before the host: a password may itself contain "@".
 # It never contains "/", whitespace or quotes, so the match cannot run across a JSON string's end.
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/\s\"'<>?#\\]+)@")
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+._\-]*://)(?P<userinfo>[^/\s\"'<>?#\\]+)@")
 MASK = "***"
 
 
