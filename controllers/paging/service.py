@@ -11,7 +11,6 @@ is retried with exponential back-off.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import orjson
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from opsloop.atomic_file import replace_file
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
 from opsloop.kafka_clients import (client_options, connect_with_retry, kafka_settings, preflight_or_exit,
@@ -97,17 +97,7 @@ class PagingService:
     def save_state(self) -> None:
         path: Path = self.config.state_file
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps(self.book.to_dict()))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic: a crash leaves the old or the new state, never half of one
-        fd = os.open(path.parent, os.O_RDONLY)   # and the rename itself survives a power cut
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        replace_file(path, orjson.dumps(self.book.to_dict()))   # a crash leaves the old or the new, never half
         self._dirty = False
 
     # -- one step -------------------------------------------------------------------------

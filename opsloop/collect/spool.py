@@ -4,7 +4,7 @@ Layout: one immutable segment file per spooled round (``<seq>.jsonl``, one recor
 arrival order. The drain takes the oldest segment, sends it, and deletes it, or rewrites it with
 only the records that failed, so the spool never loses an unsent record and replays in order.
 
-Crash safety: a segment is written to ``<seq>.tmp``, fsync'ed, renamed to its final name and the
+Crash safety: a segment is written to ``<seq>.jsonl.tmp``, fsync'ed, renamed to its final name and the
 directory fsync'ed, so a collector killed mid-write leaves the old spool plus a temp file (removed
 at the next start), never a torn segment. A segment that is damaged anyway (a disk error, a file
 from elsewhere) does not stop the collector: each line that does not decode is moved to
@@ -27,6 +27,7 @@ from typing import Iterable
 
 import orjson
 
+from opsloop.atomic_file import replace_file, sync_dir
 from opsloop.log import get_logger
 
 log = get_logger("spool")
@@ -114,7 +115,7 @@ class Spool:
                 seq = self._next_seq
                 self._next_seq += 1
             path = self.dir / f"{seq:012d}.jsonl"
-            _replace_durably(path, data)
+            _replace_segment(path, data)
             self._records += len(lines)
             self._bytes += len(data)
             self._enforce_bound()
@@ -172,10 +173,10 @@ class Spool:
         old_bytes = path.stat().st_size
         data = b"".join(r.to_line() for r in keep)
         if keep:
-            _replace_durably(path, data)
+            _replace_segment(path, data)
         else:
             path.unlink(missing_ok=True)
-            _fsync_dir(self.dir)
+            sync_dir(self.dir)
         self._records += len(keep) - old_records
         self._bytes += len(data) - old_bytes
 
@@ -234,28 +235,8 @@ def _count_lines(path: Path) -> int:
         return sum(1 for _ in f)
 
 
-def _replace_durably(path: Path, data: bytes) -> None:
-    """Write ``path`` as a whole or not at all: temp file, fsync, rename, fsync the directory."""
-    tmp = path.with_suffix(".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        # a full disk: a half-written temporary file per round would keep eating what space is left
-        tmp.unlink(missing_ok=True)
-        raise
-    try:
-        _fsync_dir(path.parent)
-    except OSError as e:   # the segment is in place, its data synced: raising would leave it uncounted
-        log.error("spool_dir_fsync_failed", segment=path.name, error=str(e))
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _replace_segment(path: Path, data: bytes) -> None:
+    """Write a segment as a whole or not at all; a failing directory fsync is logged, not raised (the
+    segment is in place, its data synced: raising would leave it uncounted)."""
+    replace_file(path, data, dir_sync_failed=lambda e: log.error(
+        "spool_dir_fsync_failed", segment=path.name, error=str(e)))

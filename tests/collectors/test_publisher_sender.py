@@ -26,7 +26,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from opsloop.collect import publisher as publisher_module
-from opsloop.collect import spool as spool_module
+from opsloop import atomic_file
 from opsloop.collect.publisher import Publisher
 from opsloop.collect.spool import Record, Spool
 from tests.faults.test_spool_disk_full import FullDisk
@@ -134,7 +134,7 @@ def fast(monkeypatch: pytest.MonkeyPatch) -> FullDisk:
     monkeypatch.setattr(publisher_module, "MAX_BACKOFF_S", 0.004)
     disk = FullDisk()
     disk.full = False
-    monkeypatch.setattr(spool_module, "open", disk, raising=False)
+    monkeypatch.setattr(atomic_file, "open", disk, raising=False)
     return disk
 
 
@@ -331,7 +331,7 @@ def test_spool_totals_that_drift_do_not_spin_the_sender(tmp_path: Path, monkeypa
     broker = FakeBroker(0)
     use_broker(monkeypatch, broker)
     pub = Publisher("127.0.0.1:9", tmp_path, collector=f"drift-{uuid.uuid4().hex[:8]}", send_timeout_s=5.0)
-    real_fsync_dir = spool_module._fsync_dir
+    real_fsync_dir = atomic_file.sync_dir
     fails = [1]
 
     def fsync_dir_once(directory: Path) -> None:
@@ -352,7 +352,7 @@ def test_spool_totals_that_drift_do_not_spin_the_sender(tmp_path: Path, monkeypa
         broker.set_mode("hang")
         pub.publish([record("a", 0)])                   # in flight
         assert broker.hanging.wait(10)
-        monkeypatch.setattr(spool_module, "_fsync_dir", fsync_dir_once)
+        monkeypatch.setattr(atomic_file, "sync_dir", fsync_dir_once)
         pub.publish([record("a", 1)])                   # renamed into place, then the fsync fails: held too
         broker.set_mode("ok")
         wait_until(lambda: pub.flush(0.05), timeout=10, interval=0.005, what="rounds 0 and 1 sent")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -81,33 +82,40 @@ def test_property_nothing_lost_order_kept(tmp_path_factory, rounds: list[list[in
 # ------------------------------------------------------------------------------ torn and damaged segments
 def test_a_write_torn_by_a_crash_leaves_no_torn_segment(tmp_path: Path, monkeypatch) -> None:
     """The collector is killed half-way through writing a segment: the spool it restarts with is whole."""
-    import opsloop.collect.spool as spool_mod
+    from opsloop import atomic_file
+    from opsloop.atomic_file import temporary_path
 
     sp = Spool(tmp_path, 1 << 20)
     sp.append(recs(1, 2))
     real_open = open
+    torn: dict[Path, bytes] = {}
 
     class Killed(BaseException):
         pass
 
-    def tearing_open(path, mode="r", *a, **kw):  # type: ignore[no-untyped-def]
-        f = real_open(path, mode, *a, **kw)
+    def tearing_open(fd, mode="r", *a, **kw):  # type: ignore[no-untyped-def]
+        f = real_open(fd, mode, *a, **kw)
         if "w" in mode:
             real_write = f.write
 
             def write(data: bytes) -> int:
                 real_write(data[: len(data) // 2])   # half the bytes reach the disk, then the process dies
                 f.flush()
+                torn[Path(os.readlink(f"/proc/self/fd/{f.fileno()}"))] = data[: len(data) // 2]
                 raise Killed()
             f.write = write  # type: ignore[method-assign]
         return f
 
-    monkeypatch.setattr(spool_mod, "open", tearing_open, raising=False)
+    monkeypatch.setattr(atomic_file, "open", tearing_open, raising=False)
     try:
         sp.append(recs(3, 4, 5))
     except Killed:
         pass
     monkeypatch.undo()
+    # a SIGKILL runs no cleanup: the half-written temporary file stays as it was (an exception removes it)
+    (path, half), = torn.items()
+    assert path.name.endswith(".tmp") and path == temporary_path(path.with_suffix(""))
+    path.write_bytes(half)
     restarted = Spool(tmp_path, 1 << 20)
     assert drain_all(restarted) == recs(1, 2)
     assert restarted.quarantined_lines == 0 and not list(tmp_path.glob("*.tmp"))

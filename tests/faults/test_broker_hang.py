@@ -25,7 +25,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from opsloop.collect import Round
-from opsloop.collect import spool as spool_module
+from opsloop import atomic_file
 from opsloop.collect.publisher import Publisher
 from opsloop.collect.runner import run_loop
 from opsloop.records import metric
@@ -138,7 +138,7 @@ def test_rounds_the_spool_disk_refuses_wait_in_memory_in_order(stack, tmp_path: 
     try:
         publisher.publish_metrics(collector.collect().metrics)
         assert publisher.flush(60)
-        monkeypatch.setattr(spool_module, "open", FullDisk(), raising=False)
+        monkeypatch.setattr(atomic_file, "open", FullDisk(), raising=False)
         with frozen(stack):
             for _ in range(4):                       # seq 1 in flight; the disk refuses 2..4
                 publisher.publish_metrics(collector.collect().metrics)

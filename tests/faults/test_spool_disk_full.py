@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from opsloop.collect import spool as spool_module
+from opsloop import atomic_file
 from opsloop.collect.spool import Record, Spool
 
 
@@ -48,7 +48,7 @@ def test_a_full_disk_leaves_no_temporary_files_and_the_spool_recovers(tmp_path: 
     sp = Spool(tmp_path, max_bytes=1 << 20)
     sp.append(recs(0))
     disk = FullDisk()
-    monkeypatch.setattr(spool_module, "open", disk, raising=False)
+    monkeypatch.setattr(atomic_file, "open", disk, raising=False)
     for v in range(1, 6):
         with pytest.raises(OSError, match="No space left"):
             sp.append(recs(v))

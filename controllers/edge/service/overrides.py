@@ -15,13 +15,12 @@ failing every controller tick after it.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from opsloop.atomic_file import replace_file
 from opsloop.controllers.edge.model import check_capacity, check_latency
 from opsloop.validation import describe_validation_error
 
@@ -83,13 +82,4 @@ def load_overrides(path: Path) -> Overrides:
 def save_overrides(path: Path, overrides: Overrides) -> None:
     """Atomic: a crash leaves the previous file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(overrides.model_dump_json(indent=2))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_file(path, overrides.model_dump_json(indent=2).encode())
