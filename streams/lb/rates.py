@@ -19,8 +19,15 @@ The last server rows of a batch, by the same (shortened) key as their rates, are
 :attr:`LbRates.server_rows` for a handler running after this one.
 
 Rate = Δcount / Δt between two samples of the same series, using event timestamps. A counter
-that goes down means the load balancer restarted (or was reloaded): that interval is skipped, never
-reported as a negative rate. A sample whose timestamp does not advance (a duplicate from an
+that goes down is never reported as a negative rate: that interval is skipped, and the next reading
+tells what the drop was. Back at or above the reading before the drop, it was a glitch (a stats read
+during a reload, HAProxy nbproc with its processes answering the stats socket in turn): the rate runs
+across it from that reading, counted in ``opsloop_lb_glitches_total``. Still below it, the load balancer
+restarted (or was reloaded, or a 32-bit counter wrapped): counted in ``opsloop_lb_resets_total``, the
+rate taken from the low reading on. Before, every drop was a restart and a glitch's next reading a rate
+of the whole counter over one interval (a spike of 100x sent to the edge controller as demand). A
+restart whose counter regains its old value within one interval reads as a glitch: its rate is then
+under the true one, never above it. A sample whose timestamp does not advance (a duplicate from an
 at-least-once replay) is ignored. Series silent for ``ttl_s`` (receive time: a sample stamped in
 the future stops refreshing its series, so it cannot pin it) are forgotten and removed from the
 gauges, and so are the least recently seen beyond ``max_series`` (the worker's ``stream.max_state_keys``); both counted in
@@ -56,8 +63,11 @@ FRONTEND_RATE = Gauge("opsloop_lb_frontend_requests_per_second", "Requests per s
                       ["lb", "frontend"])
 SERVER_WEIGHT = Gauge("opsloop_lb_server_weight", "Current effective weight of a server", ["lb", "backend", "server"])
 SERVER_UP = Gauge("opsloop_lb_server_up", "1 when the load balancer considers the server UP", ["lb", "backend", "server"])
-COUNTER_RESETS = Counter("opsloop_lb_resets_total", "Times an LB's request counters went down (LB restart)",
-                         ["lb"])
+COUNTER_RESETS = Counter("opsloop_lb_resets_total", "Times an LB's request counters went down and stayed down "
+                         "(LB restart or reload, a 32-bit wrap): counted at the reading after the drop", ["lb"])
+GLITCHES = Counter("opsloop_lb_glitches_total", "Times an LB's request counter read low once and was back at "
+                   "the next reading (a stats read during a reload, nbproc processes answering in turn): "
+                   "rated across, no restart", ["lb"])
 REJECTED = Counter("opsloop_lb_samples_rejected_total",
                    "haproxy samples refused by the LB rates (an empty proxy tag, an unknown type, a request "
                    "counter that is no count): skipped, dead-lettered", ["reason"])
@@ -75,6 +85,8 @@ class _Last:
     count: float
     seen_at: float
     basis: int = 0   # which counters made ``count`` (see count_basis): another set is another sum
+    # (ts, count) of the reading before a drop, until the next reading tells a glitch from a restart
+    before_drop: tuple[float, float] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -85,7 +97,9 @@ class Rate:
     server: str
     rate: float
     timestamp: float
-    interval: float = 0.0   # seconds between the two samples it comes from: the collection interval
+    # the collection interval: seconds since the series' previous reading (across a glitch the rate
+    # itself spans two; the demand's staleness is measured in collection intervals)
+    interval: float = 0.0
 
 
 COUNTER_FIELDS = (*HRSP_FIELDS, *TELEGRAF_HRSP_FIELDS, "req_tot", "stot")
@@ -250,7 +264,7 @@ class LbRates:
             self._last[key] = _Last(m.timestamp, count, now, basis)
             self._recent.seen(key, now)
             return None
-        prev_ts, prev_count, prev_basis = prev.ts, prev.count, prev.basis
+        prev_ts, prev_count, prev_basis, held = prev.ts, prev.count, prev.basis, prev.before_drop
         if m.timestamp <= prev_ts:
             return None
         # in place: no object per sample
@@ -259,12 +273,28 @@ class LbRates:
         if basis != prev_basis:
             # other counters, another sum (a torn row without its hrsp_4xx/5xx, stot standing in):
             # their difference is no traffic, nor a restart; the series starts again from this row
+            if held is not None:   # a drop this row cannot tell: counted a restart, as every drop was
+                prev.before_drop = None
+                COUNTER_RESETS.labels(lb).inc()
             return None
         if count < prev_count:
-            COUNTER_RESETS.labels(lb).inc()
+            # a restart, a wrap or a glitch: the next reading tells. A second drop in a row keeps the
+            # first one's reading (the highest): a glitch is back above that one
+            if held is None:
+                prev.before_drop = (prev_ts, prev_count)
             return None
         dt = m.timestamp - prev_ts
-        rate = (count - prev_count) / dt
+        if held is not None:
+            # A 32-bit wrap grows from small values again, far below the reading before the drop: a
+            # restart here (that interval skipped, not rated across). Were wraps ever rated across, that
+            # would have to come after this test: a zero read of a counter near 2^32 would pass for one.
+            prev.before_drop = None
+            if count >= held[1]:
+                GLITCHES.labels(lb).inc()
+                prev_ts, prev_count = held   # the low reading was none: rate from the one before it
+            else:
+                COUNTER_RESETS.labels(lb).inc()
+        rate = (count - prev_count) / (m.timestamp - prev_ts)
         r = Rate(lb, kind, proxy, sv, rate, m.timestamp, dt)
         self.latest[key] = r
         if kind == "server":
@@ -288,7 +318,9 @@ class LbRates:
         STATE_KEYS.labels(self.name).set(len(self._recent))
         for key, _ in expired:
             self.dropped.append(key)
-            self._last.pop(key, None)
+            last = self._last.pop(key, None)
+            if last is not None and last.before_drop is not None:
+                COUNTER_RESETS.labels(key[0]).inc()   # a drop never told apart: a restart, as every drop was
             self.latest.pop(key, None)
             lb, kind, proxy, sv = key
             servers = self._servers.get((lb, proxy))

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import attrgetter
-from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import orjson
 from prometheus_client import Counter
@@ -213,14 +213,18 @@ class Handler(Protocol):
     # refused (a wrong type, a value out of range) since the last call, counted and skipped by the
     # handler, dead-lettered by the runtime like a failure's samples (at most
     # MAX_ISOLATED_FAILURES and one summary per batch, kept so by the handler).
+    # Optional ``isolation_key(sample) -> Hashable``: the samples it reads as one whole (a hypervisor's
+    # round of port and ruleset samples) share a key; after a failure :func:`isolate` hands them back
+    # together, not one at a time (alone, a ruleset sample would read as a round without ports).
 
     def handle(self, metrics: Sequence[Metric], now: float) -> None: ...
 
 
-# A handler that fails on a batch is given its samples again one at a time, so only the samples it
-# cannot handle are dead-lettered (with their record's topic, partition and offset) and it still
-# handles the rest. A handler that fails on every sample is not retried past this many failures per
-# batch: the rest of its part is dead-lettered in one summary record.
+# A handler that fails on a batch is given its samples again one at a time (or one unit at a time: see
+# ``isolation_key``), so only the samples it cannot handle are dead-lettered (with their record's topic,
+# partition and offset) and it still handles the rest. A handler that fails on every sample is not
+# retried past this many failures per batch: the rest of its part is dead-lettered in one summary record.
+# No more than this many failed samples are dead-lettered one by one either (a failed unit may hold many).
 MAX_ISOLATED_FAILURES = 20
 
 
@@ -270,32 +274,78 @@ class HandlerFailed(RuntimeError):
 
 
 def isolate(handler: Handler, part: Sequence[Metric], now: float, error: str) -> list[HandlerFailure]:
-    """After ``handler`` raised ``error`` on ``part``: hand it the samples one at a time; the failures.
+    """After ``handler`` raised ``error`` on ``part``: hand it the samples again a unit at a time; the failures.
+
+    A unit is one sample, or, for a handler with an ``isolation_key``, the samples of one key, in the
+    order of each key's first sample: what the handler reads as one whole, which handed a sample at a
+    time it would read as a whole of its own (a hypervisor's ruleset without its ports: every port
+    gone, its findings cleared). A poison sample then costs its unit: every sample of a unit that
+    fails is a failure. At most MAX_ISOLATED_FAILURES samples are named one by one; past that many
+    failed units the rest of the part is not retried; what is neither is counted in one summary.
 
     The samples it had handled before it raised are handed to it again: handlers are expected to
     treat a sample they have seen (same series, same time) as a repeat, which the stream's
     at-least-once delivery asks of them anyway."""
     name = getattr(handler, "name", type(handler).__name__)
+    key_of: Callable[[Metric], Hashable] | None = getattr(handler, "isolation_key", None)
+    units: Iterable[list[Metric]] = ([m] for m in part) if key_of is None else _units(part, key_of)
     failures: list[HandlerFailure] = []
-    for i, m in enumerate(part):
+    failed_units = 0
+    unnamed = 0   # samples of failed units beyond the MAX_ISOLATED_FAILURES named
+    done = 0      # samples handed again so far
+    for unit in units:
+        done += len(unit)
         try:
-            handler.handle([m], now)
-        except Exception as e:  # noqa: BLE001 - the sample is dead-lettered with the reason
-            failures.append(HandlerFailure(name, f"{type(e).__name__}: {e}", m))
-            if len(failures) >= MAX_ISOLATED_FAILURES and i + 1 < len(part):
-                failures.append(HandlerFailure(name, f"failed on {len(failures)} samples of this batch; the "
-                                               f"next {len(part) - i - 1} were not retried", None,
-                                               len(part) - i - 1))
+            handler.handle(unit, now)
+        except Exception as e:  # noqa: BLE001 - the samples are dead-lettered with the reason
+            failed_units += 1
+            why = f"{type(e).__name__}: {e}"
+            if len(unit) > 1:
+                why += f" (with the {len(unit) - 1} other samples it reads as one unit)"
+            for m in unit:
+                if len(failures) < MAX_ISOLATED_FAILURES:
+                    failures.append(HandlerFailure(name, why, m))
+                else:
+                    unnamed += 1
+            if failed_units >= MAX_ISOLATED_FAILURES and done < len(part):
                 break
+    rest = len(part) - done
+    if unnamed or rest:
+        what = f"failed on {len(failures) + unnamed} samples of this batch"
+        if unnamed:
+            what += f", {unnamed} of them not dead-lettered one by one"
+        if rest:
+            what += f"; the next {rest} were not retried"
+        failures.append(HandlerFailure(name, what, None, unnamed + rest))
     return failures or [HandlerFailure(name, error)]   # no single sample fails: the batch as a whole did
+
+
+def _units(part: Sequence[Metric], key_of: Callable[[Metric], Hashable]) -> list[list[Metric]]:
+    """``part`` by ``key_of``, each unit in batch order, units in the order of their first sample; a
+    sample whose key cannot be had (the hook raised, an unhashable key) is a unit of its own."""
+    out: list[list[Metric]] = []
+    by_key: dict[Hashable, list[Metric]] = {}
+    for m in part:
+        try:
+            key = key_of(m)
+            unit = by_key.get(key)
+            if unit is None:
+                unit = by_key[key] = []
+                out.append(unit)
+        except Exception:  # noqa: BLE001 - a bug of the hook must not stop the isolation
+            out.append([m])
+            continue
+        unit.append(m)
+    return out
 
 
 class FanOut:
     """Several handlers on one topic's batches, in order: a record is fetched and decoded once.
 
     A failing handler does not keep the later ones from the batch. It is given its part again one sample
-    at a time (:func:`isolate`), and the samples it still fails on are raised together afterwards
-    (:class:`HandlerFailed`), so :func:`process_batch` dead-letters those samples only, naming the handler.
+    (or one unit: ``isolation_key``) at a time (:func:`isolate`), and the samples it still fails on are
+    raised together afterwards (:class:`HandlerFailed`), so :func:`process_batch` dead-letters those
+    samples only, naming the handler.
     """
 
     def __init__(self, name: str, handlers: Sequence[Handler]) -> None:

@@ -889,7 +889,8 @@ class StreamingDetector:
 
     # ------------------------------------------------------------------------------------- state
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able state (infinities encoded as None)."""
+        """JSON-able state (infinities encoded as None), sharing nothing the detector goes on changing
+        in place: the dict stays the state taken (a table's in-memory value) as later points are learned."""
         out: dict[str, Any] = {"version": STATE_VERSION, "config": dict(_config_doc(self.cfg))}
         for name in self.__slots__:
             if name == "cfg":
@@ -897,6 +898,8 @@ class StreamingDetector:
             v = getattr(self, name)
             if isinstance(v, list):
                 v = [None if (isinstance(e, float) and math.isinf(e)) else e for e in v]
+            elif isinstance(v, dict):
+                v = dict(v)   # the value histogram (at most novelty_bins entries), counted in place
             elif isinstance(v, tuple):
                 v = list(v)
             elif isinstance(v, float) and math.isinf(v):
@@ -906,6 +909,9 @@ class StreamingDetector:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "StreamingDetector":
+        """The detector of a :meth:`to_dict` state. Its lists and histogram are copies: learning changes
+        them in place, and ``doc`` (a table's in-memory value, perhaps restored from again) must stay
+        the state it was. One copy per restore (a few hundred numbers), none per point."""
         if not isinstance(doc, dict) or doc.get("version") not in (1, 2, STATE_VERSION):
             raise ValueError(f"detector state: unsupported or missing version (got {doc.get('version')!r}"
                              if isinstance(doc, dict) else "detector state: expected a JSON object")
@@ -928,6 +934,12 @@ class StreamingDetector:
                 v = math.inf if v is None else float(v)
             elif name == "last":
                 v = tuple(v)
+            elif name == "wbuf":
+                v = [list(e) for e in v]
+            elif isinstance(v, list):
+                v = list(v)
+            elif isinstance(v, dict):
+                v = dict(v)
             setattr(det, name, v)
         if det.log_mode == 1 and not (isinstance(det.lo, (int, float)) and det.lo >= MIN_LOG_FLOOR):
             det.lo = MIN_LOG_FLOOR   # a state saved with lo 0.0 (from a subnormal minimum): log(0) raised

@@ -8,6 +8,10 @@ report and the findings about it). Gauges, per hypervisor, for the firewall dash
 * ``opsloop_firewall_drift{hypervisor, role, kind="ruleset"|"package"}``: 1 while drifting;
 * ``opsloop_firewall_report_timestamp_seconds{hypervisor}``: event time of the last round.
 
+A round is read as one whole (only a round with its host-level sample clears the findings of ports
+missing from it), so the handler names it to the runtime (``isolation_key``: hypervisor and time): after
+a failure the samples are handed back a round at a time, and a poison sample costs its round only.
+
 Drift compares the hypervisors whose partitions this worker holds: all of them with one worker
 (the deployment here). With several workers, drift would need the reports re-keyed by role
 (a repartition topic); unprotected ports, the page that matters, are per hypervisor and exact.
@@ -15,7 +19,7 @@ Drift compares the hypervisors whose partitions this worker holds: all of them w
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 from prometheus_client import Gauge
 
@@ -50,6 +54,14 @@ class FirewallHandler(DetectorHandler):
 
     def _new_detector(self) -> FirewallDetector:
         return FirewallDetector(self.settings.min_role_size, book=FindingBook(self.refresh_s))
+
+    @staticmethod
+    def isolation_key(m: Metric) -> Hashable:
+        """The round a sample belongs to, as ``report_from_metrics`` groups them: after a failure the
+        runtime hands a round back whole (handed a sample at a time, a ruleset sample read as a complete
+        round without ports: every unprotected-port finding of its hypervisor cleared, and the last
+        sample alone became the hypervisor's report, drift findings cleared with its fingerprint)."""
+        return m.tags.get("hypervisor") or m.tags.get("host"), m.timestamp
 
     def process(self, metrics: Sequence[Metric], now: float) -> None:
         roles: dict[str, float] = {}   # role -> event time of its newest report in this batch

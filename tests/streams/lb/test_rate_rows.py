@@ -77,6 +77,9 @@ def test_a_real_reset_of_the_same_counters_is_still_counted() -> None:
     lr = LbRates()
     lr.handle([_row("be", "a", _full(5), T0, host="reload")], T0)
     assert lr.handle([_row("be", "a", _full(0), T0 + 10, host="reload")], T0 + 10) == []
+    # counted once the next reading stays below the one before the drop (not a glitch: test_rate_glitch.py)
+    (r,) = lr.handle([_row("be", "a", _full(1), T0 + 20, host="reload")], T0 + 20)
+    assert r.rate == pytest.approx(10.0)
     assert REGISTRY.get_sample_value("opsloop_lb_resets_total", {"lb": "reload"}) == resets + 1
 
 
