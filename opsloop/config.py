@@ -143,6 +143,14 @@ class StreamSettings(_Section):
     # recently seen are dropped and counted, as are keys silent for state_ttl_s.
     max_state_keys: int = Field(default=20_000, ge=1)
     state_ttl_s: float = Field(default=3600.0, gt=0)
+    # Findings to Kafka (streams/agents/findings_sink.py): a batch waits at most this long for the broker
+    # to acknowledge its findings (the agent waits meanwhile: an outage of the findings topic slows each
+    # batch with findings by up to this); what is not acknowledged waits in an outbox, sent again at the
+    # next batch and every findings_retry_interval_s, in order per finding; past findings_outbox_max
+    # events the oldest are dropped, counted and logged.
+    findings_delivery_timeout_s: float = Field(default=5.0, gt=0, le=30)
+    findings_retry_interval_s: float = Field(default=5.0, ge=0.1, le=300)
+    findings_outbox_max: int = Field(default=10_000, ge=1, le=1_000_000)
 
     @model_validator(mode="after")
     def _ports(self) -> "StreamSettings":

@@ -14,28 +14,82 @@ Prometheus (the worker's /metrics):
 The where labels differ per detector (hypervisor/port/vm, host/generation, ...), so the gauges are
 exported by a custom collector whose samples carry each finding's own label set: an alert rule can
 then say *which* VM port is open without parsing an id.
+
+**Delivery: at-least-once within a running worker, in order per finding id.** Faust's ``topic.send``
+only appends to the producer and returns the delivery future; a finding the broker never acknowledged
+used to be lost unseen, and a send that raised was counted and never retried while the detector state
+had moved on (a lost ``cleared`` kept its page open for good). Now every event goes through an outbox:
+
+* ``publish`` appends the batch's events, then sends what can go and awaits the delivery futures of
+  all of them together, bounded by ``stream.findings_delivery_timeout_s`` for the whole call (the send
+  calls included: aiokafka's ``send`` itself waits while the topic's metadata or buffer space is
+  missing). An event whose send raised, whose delivery failed or did not complete in time stays in the
+  outbox (``opsloop_findings_send_errors_total`` counts each such attempt; one error line per event).
+* **Order per id**: only the oldest waiting event of an id is ever in flight; the next one of that id is
+  sent once it is acknowledged (a second *wave* within the same call and deadline; in practice an id
+  has one event per batch, so one round-trip per call). So a ``cleared`` never reaches the topic ahead
+  of the ``opened`` it follows, and a re-send never lands after a newer event. Other ids go on.
+* **Retry**: the outbox is sent again first at every ``publish`` and every
+  ``stream.findings_retry_interval_s`` by :class:`FindingsRetry` (a service started with the app, for
+  when no batch comes). An attempt still in flight is looked at again (and waited for beside the
+  call's own sends, never alone: an outage must not cost every batch the whole timeout), not sent a
+  second time: a second copy would queue behind it in the same producer partition and change nothing
+  but the duplicates (Faust's producer resolves every delivery by its request timeout,
+  ``producer_request_timeout``). A failed one is sent again (``opsloop_findings_send_retries_total``).
+  An event may therefore reach the topic more than once (a late acknowledgement after a re-send):
+  consumers already take findings at-least-once.
+* **Bounded**: past ``stream.findings_outbox_max`` events the oldest are dropped (counted in
+  ``opsloop_findings_dropped_total``, one error line each naming detector and id: as rare as the
+  publications themselves, which are logged one line each anyway). The oldest event of an id is the one
+  a newer event of it supersedes; a lone dropped ``cleared`` is the one to repair by hand.
+  ``opsloop_findings_outbox_events`` is the outbox's size.
+* ``ActiveFindings`` and ``opsloop_findings_total`` follow ``publish`` at once, once per event, whether
+  or not the broker has it yet.
+
+The outbox is memory only: its events are the worker's own decided facts and stay through a rebalance;
+**a worker that exits with events pending loses them** (``findings_unsent_at_stop`` logs how many). Their
+batches' offsets may be committed by then (the state moved on), so a restart does not publish them again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import re
 import threading
 import time
-from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable, Iterator
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Iterator, cast
 
-from prometheus_client import REGISTRY, Counter
+import mode
+from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.metrics_core import Metric as PromMetric
 
+from opsloop.config import StreamSettings
 from opsloop.records import Finding
-from opsloop.log import get_logger
+from opsloop.log import Sampled, get_logger
 from opsloop.streams.agents.base import Publication
 
 log = get_logger("stream.findings")
 
 FINDINGS_TOTAL = Counter("opsloop_findings_total", "Finding lifecycle events published to the findings topic",
                          ["detector", "severity", "event"])
-SEND_ERRORS = Counter("opsloop_findings_send_errors_total", "Findings that could not be sent to Kafka", ["detector"])
+SEND_ERRORS = Counter("opsloop_findings_send_errors_total",
+                      "Finding sends that raised, failed or were not acknowledged in time (kept, sent again)",
+                      ["detector"])
+RETRIES = Counter("opsloop_findings_send_retries_total",
+                  "Finding events sent again after a failed or unacknowledged send", ["detector"])
+DROPPED = Counter("opsloop_findings_dropped_total",
+                  "Finding events dropped unsent: the outbox was full (stream.findings_outbox_max)", ["detector"])
+OUTBOX = Gauge("opsloop_findings_outbox_events", "Finding events waiting for Kafka to acknowledge them")
+
+_DEFAULTS = StreamSettings()   # one source of the defaults: the stream section's
+DELIVERY_TIMEOUT_S = _DEFAULTS.findings_delivery_timeout_s
+MAX_OUTBOX = _DEFAULTS.findings_outbox_max
+RETRY_INTERVAL_S = _DEFAULTS.findings_retry_interval_s
+# an outage fails every retry of every waiting event: one line a minute per detector (the counter counts each)
+RETRY_FAILED_LOG = Sampled(60.0)
 
 _LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 _RESERVED = frozenset({"detector", "severity", "id", "job", "instance", "__name__"})
@@ -116,34 +170,233 @@ ACTIVE = ActiveFindings()
 REGISTRY.register(ACTIVE)
 
 Send = Callable[[bytes, bytes, list[tuple[str, bytes]]], Awaitable[object]]
+"""``send(key, value, headers)``: hands one record to the producer and returns its delivery, an awaitable
+(Faust's ``topic.send`` result, resolved when the broker acknowledges, failed if it never does), or
+anything else to say it is delivered already."""
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """One finding event in the outbox, until the broker acknowledges it (or the cap drops it)."""
+
+    seq: int                      # publication order: the outbox's age order
+    event: str
+    finding: Finding
+    fid: str
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    delivery: asyncio.Future[Any] | None = None   # the last attempt, while it may still succeed
+    attempts: int = 0
+    late: bool = False            # the last attempt ran out of time once already (counted once)
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Look at an abandoned delivery's outcome, so asyncio does not log it as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _failure(fut: asyncio.Future[Any]) -> BaseException | None:
+    if fut.cancelled():
+        return asyncio.CancelledError("delivery cancelled")
+    return fut.exception()
 
 
 class FindingsSink:
-    """Publishes findings through ``send(key, value, headers)`` and keeps the gauges in step."""
+    """Publishes findings through ``send(key, value, headers)`` and keeps the gauges in step; events not
+    acknowledged wait in an outbox and are sent again, in order per finding id (module docstring)."""
 
-    def __init__(self, send: Send | None, active: ActiveFindings = ACTIVE) -> None:
+    def __init__(self, send: Send | None, active: ActiveFindings = ACTIVE, *,
+                 delivery_timeout_s: float = DELIVERY_TIMEOUT_S, max_outbox: int = MAX_OUTBOX) -> None:
         self.send = send
         self.active = active
+        self.delivery_timeout_s = delivery_timeout_s
+        self.max_outbox = max_outbox
+        self._queues: dict[str, deque[_Pending]] = {}               # finding id -> its events, oldest first
+        self._by_age: OrderedDict[int, _Pending] = OrderedDict()    # every waiting event, oldest first
+        self._seq = 0
+        self._lock = asyncio.Lock()   # one flush at a time: the agent's and the retry service's
+        self.dropped = 0
+
+    @property
+    def pending(self) -> int:
+        """Events in the outbox (not yet acknowledged)."""
+        return len(self._by_age)
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def bound_delivery(self, *, delivery_timeout_s: float, max_outbox: int) -> None:
+        """Apply the stream section's bounds (``stream.findings_delivery_timeout_s``, ``findings_outbox_max``)."""
+        self.delivery_timeout_s, self.max_outbox = delivery_timeout_s, max_outbox
 
     async def publish(self, publications: Iterable[Publication]) -> int:
-        """Send every publication in order; a failed send is counted and logged, never raised."""
-        sent = 0
+        """Show, count and log every publication, then send the outbox (older events first) and wait for
+        the broker's acknowledgements, at most ``delivery_timeout_s``. Never raises; returns how many events
+        the broker acknowledged during the call, the outbox's included."""
         for event, finding in publications:
             self.active.update(finding)
             FINDINGS_TOTAL.labels(finding.detector, finding.severity.value, event).inc()
             log.info("finding", kind=event, detector=finding.detector, id=finding.id,
                      severity=finding.severity.value, where=finding.where, observed=finding.observed)
-            if self.send is None:
-                continue
-            headers = [("event", event.encode()), ("detector", finding.detector.encode())]
-            try:
-                await self.send(finding.id.encode(), finding.encode(), headers)
-                sent += 1
-            except Exception as e:  # noqa: BLE001 - a broker hiccup must not stop the detectors
-                SEND_ERRORS.labels(finding.detector).inc()
-                log.error("finding_send_failed", detector=finding.detector, id=finding.id,
-                          error=f"{type(e).__name__}: {e}")
-        return sent
+            if self.send is not None:
+                self._enqueue(event, finding)
+        return await self.retry()
+
+    async def retry(self) -> int:
+        """Send the outbox now (the retry service's call; ``publish`` ends with it). Never raises."""
+        if self.send is None or not self._by_age:
+            return 0
+        delivered = 0
+        try:
+            delivered = await self._flush(self.send)
+        except Exception as e:  # noqa: BLE001 - a bug here must not stop the detectors; the events stay
+            log.error("findings_flush_failed", pending=len(self._by_age), error=f"{type(e).__name__}: {e}",
+                      exc_info=True)
+        finally:
+            self._cap()
+            OUTBOX.set(len(self._by_age))
+        return delivered
+
+    def _enqueue(self, event: str, finding: Finding) -> None:
+        fid = finding.id
+        try:
+            value = finding.encode()
+        except Exception as e:  # noqa: BLE001 - would fail again: counted and logged, not kept
+            SEND_ERRORS.labels(finding.detector).inc()
+            log.error("finding_send_failed", detector=finding.detector, id=fid, kind=event,
+                      error=f"{type(e).__name__}: {e}")
+            return
+        self._seq += 1
+        entry = _Pending(self._seq, event, finding, fid, fid.encode(), value,
+                         [("event", event.encode()), ("detector", finding.detector.encode())])
+        self._queues.setdefault(fid, deque()).append(entry)
+        self._by_age[entry.seq] = entry
+
+    async def _flush(self, send: Send) -> int:
+        """Waves of the oldest waiting event of each id: sent (or, in flight already, looked at again), their
+        deliveries awaited together; an id whose event got through has its next one in the next wave. One
+        deadline for the whole call. An id whose event failed or is still in flight waits for the next call."""
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.delivery_timeout_s
+            held: set[str] = set()   # ids done for this call
+            delivered = 0
+            while True:
+                wave = sorted((q[0] for fid, q in self._queues.items() if fid not in held), key=lambda e: e.seq)
+                if not wave:
+                    return delivered
+                waiting: list[_Pending] = []
+                fresh = False   # an attempt made by this wave: worth waiting for
+                for entry in wave:
+                    if entry.delivery is not None and not entry.delivery.done():
+                        waiting.append(entry)     # in flight since an earlier call: looked at, not sent twice
+                    elif entry.delivery is not None and _failure(entry.delivery) is None:
+                        delivered += self._delivered(entry)   # acknowledged since the last look
+                    elif loop.time() >= deadline:
+                        held.add(entry.fid)       # no time left this call
+                    elif await self._send(send, entry, deadline):
+                        if entry.delivery is None:
+                            delivered += self._delivered(entry)   # a send that says delivered at once
+                        else:
+                            waiting.append(entry)
+                            fresh = True
+                    else:
+                        held.add(entry.fid)
+                if fresh:
+                    # Earlier calls' attempts still in flight are not waited for alone: during an outage
+                    # every batch would wait the whole timeout for them, with nothing new to send.
+                    await asyncio.wait([e.delivery for e in waiting if e.delivery is not None],
+                                       timeout=max(0.0, deadline - loop.time()))
+                for entry in waiting:
+                    fut = cast(asyncio.Future[Any], entry.delivery)   # set: an entry waits on its delivery
+                    if not fut.done():
+                        if not entry.late:
+                            entry.late = True
+                            self._failed(entry, TimeoutError(
+                                f"not acknowledged within {self.delivery_timeout_s} s (awaited again)"))
+                        held.add(entry.fid)
+                    elif (error := _failure(fut)) is None:
+                        delivered += self._delivered(entry)
+                    else:
+                        self._failed(entry, error)
+                        held.add(entry.fid)
+
+    async def _send(self, send: Send, entry: _Pending, deadline: float) -> bool:
+        """One attempt: False if ``send`` raised or did not return by ``deadline`` (nothing handed over)."""
+        f = entry.finding
+        if entry.attempts:
+            RETRIES.labels(f.detector).inc()
+        entry.attempts += 1
+        entry.delivery, entry.late = None, False
+        limit = asyncio.timeout_at(deadline)
+        try:
+            async with limit:
+                result = await send(entry.key, entry.value, entry.headers)
+        except Exception as e:  # noqa: BLE001 - a broker hiccup must not stop the detectors
+            if limit.expired():   # ours: aiokafka's send waits for metadata and buffer space
+                e = TimeoutError(f"send did not return within {self.delivery_timeout_s} s")
+            self._failed(entry, e)
+            return False
+        if inspect.isawaitable(result):
+            fut = asyncio.ensure_future(result)
+            fut.add_done_callback(_retrieve)
+            entry.delivery = fut
+        return True
+
+    def _delivered(self, entry: _Pending) -> int:
+        self._remove(entry)
+        if entry.attempts > 1 or entry.late:
+            log.info("finding_sent_after_retry", detector=entry.finding.detector, id=entry.fid, kind=entry.event,
+                     attempts=entry.attempts)
+        return 1
+
+    def _failed(self, entry: _Pending, error: BaseException) -> None:
+        f = entry.finding
+        SEND_ERRORS.labels(f.detector).inc()
+        text = f"{type(error).__name__}: {error}"
+        if entry.attempts <= 1:   # one error line per event; its retries are sampled
+            log.error("finding_send_failed", detector=f.detector, id=entry.fid, kind=entry.event, error=text,
+                      outbox=len(self._by_age))
+        else:
+            RETRY_FAILED_LOG.warning(log, "finding_send_retry_failed", key=f.detector, detector=f.detector,
+                                     id=entry.fid, kind=entry.event, attempts=entry.attempts, error=text,
+                                     outbox=len(self._by_age))
+
+    def _remove(self, entry: _Pending) -> None:
+        q = self._queues[entry.fid]
+        if q[0] is entry:
+            q.popleft()   # always, by construction: only an id's oldest event is sent, and the oldest overall
+        else:             # is the oldest of its id; never raise from here (publish must not)
+            q.remove(entry)
+        if not q:
+            del self._queues[entry.fid]
+        del self._by_age[entry.seq]
+
+    def _cap(self) -> None:
+        """Drop the oldest events beyond ``max_outbox`` (the oldest overall is the oldest of its id)."""
+        while len(self._by_age) > self.max_outbox:
+            _, entry = next(iter(self._by_age.items()))
+            self._remove(entry)
+            self.dropped += 1
+            f = entry.finding
+            DROPPED.labels(f.detector).inc()
+            log.error("finding_dropped", detector=f.detector, id=entry.fid, kind=entry.event,
+                      severity=f.severity.value, where=f.where, attempts=entry.attempts,
+                      findings_outbox_max=self.max_outbox)
+
+    def log_unsent(self) -> int:
+        """Log the events still waiting (the worker is stopping: they are lost); how many."""
+        n = len(self._by_age)
+        if n:
+            by_detector: dict[str, int] = {}
+            for e in self._by_age.values():
+                by_detector[e.finding.detector] = by_detector.get(e.finding.detector, 0) + 1
+            log.error("findings_unsent_at_stop", events=n, findings=len(self._queues), by_detector=by_detector,
+                      oldest_id=next(iter(self._by_age.values())).fid)
+        return n
 
     def restore(self, open_findings: Iterable[Finding]) -> None:
         """Show the findings recovered from detector state as active (nothing is re-published): these and
@@ -155,3 +408,22 @@ class FindingsSink:
             log.info("findings_handed_over", findings=gone)
         for f in restored:
             self.active.update(f)
+
+
+class FindingsRetry(mode.Service):
+    """Sends the sink's outbox every ``interval_s`` when no batch does (a quiet topic after an outage),
+    and logs what is left unsent when the worker stops. Started with the app (``app.add_dependency``)."""
+
+    def __init__(self, sink: FindingsSink, interval_s: float = RETRY_INTERVAL_S, **kwargs: Any) -> None:
+        self.sink, self.interval_s = sink, interval_s
+        super().__init__(**kwargs)
+
+    @mode.Service.task
+    async def _retry(self) -> None:
+        while not self.should_stop:
+            await self.sleep(self.interval_s)
+            if self.sink.pending and not self.sink.busy:   # busy: a batch is sending it right now
+                await self.sink.retry()
+
+    async def on_stop(self) -> None:
+        self.sink.log_unsent()

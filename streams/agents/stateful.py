@@ -27,10 +27,13 @@ its state and send its findings, both async. This loop follows the same pattern 
    resumes without a second warm-up and without re-opening open findings. After a rebalance only
    the keys of the worker's partitions stay in memory and are restored (``assign``): not the keys
    of a partition that left, nor the standby copies Faust applies to the same store.
-3. **Findings** drained from the handler are sent before the state is written, both before the
+3. **Findings** drained from the handlers are sent, and their delivery awaited (one bounded wait per
+   batch, ``stream.findings_delivery_timeout_s``), before the state is written, both before the
    offsets of the batch can be committed by the next commit interval (at-least-once: a crash in
    between replays the batch; a finding's ``first_seen`` is event time, so a replay yields the
-   same finding).
+   same finding). What the broker did not acknowledge in time waits in the sink's outbox and is
+   sent again, in order per finding, at the next batch and by the sink's retry service
+   (:mod:`opsloop.streams.agents.findings_sink`); lost if the worker exits first.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from opsloop.log import get_logger
 from opsloop.records import Finding
 from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler
-from opsloop.streams.agents.findings_sink import FindingsSink
+from opsloop.streams.agents.findings_sink import FindingsRetry, FindingsSink
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.app import raw_topic
 from opsloop.streams.runtime.batch import DeadLetter, FanOut, gc_paused, process_batch
@@ -103,6 +106,9 @@ class StatefulAgent:
         self.name = name
         self.table = table
         self.sink = sink
+        sink.bound_delivery(delivery_timeout_s=settings.stream.findings_delivery_timeout_s,
+                            max_outbox=settings.stream.findings_outbox_max)
+        self.retry_interval_s = settings.stream.findings_retry_interval_s
         self.size = settings.stream.batch_size
         self.within = settings.stream.batch_within_s
         self.backlog_within = settings.stream.batch_backlog_within_s
@@ -154,6 +160,8 @@ class StatefulAgent:
         self.app.on_partitions_assigned.connect(on_assigned, weak=False)
         self.app.on_partitions_revoked.connect(on_revoked, weak=False)
         self.app.agent(source, name=self.name)(agent)
+        # the findings outbox sent again when no batch comes; its leftovers logged at stop
+        self.app.add_dependency(FindingsRetry(self.sink, self.retry_interval_s))
 
     async def _send_deadletter(self, dl: DeadLetter) -> None:
         await self.deadletter.send(key=dl.key, value=dl.encode())
@@ -292,8 +300,8 @@ class StatefulAgent:
                     home[key] = partition
                 for key in h.touched():
                     touched[(h, key)] = group[-1]
-        for h in self.handlers:
-            await self.sink.publish(h.drain_outbox())
+        # one publish for every handler: one bounded wait for the broker's acknowledgements per batch
+        await self.sink.publish([p for h in self.handlers for p in h.drain_outbox()])
         unknown: list[str] = []
         with gc_paused():   # synchronous: a state dict per touched key, all alive until written
             for (h, key), fallback in touched.items():

@@ -18,11 +18,11 @@ unpublished (its records are the new owner's, which replays them from the last c
 ``batch_dropped`` (the pause itself: ``worker_paused``); no answer from the coordinator for a session
 timeout counts as not a member (the broker has not heard from us for as long either).
 
-The verdict holds for the consumer generation the batch was taken under, not for one batch: every agent
-has its own take loop and one guard, and after the freeze the consumer thread goes on fetching for the
-assignment it had until the rejoin reaches Faust (about a second). Once the first agent's batch was
-dropped, the next one (another agent's, 10 ms later) found the pause already confirmed and was handed
-over: a CI run published two ``cleared`` findings from the stale view. So a generation found lost stays
+The verdict holds for the consumer generation the batch was taken under, not for one batch: after the
+freeze the consumer thread goes on fetching for the assignment it had until the rejoin reaches Faust
+(about a second), and every agent's take loop asks the one guard. Once the first batch was dropped,
+the next one (10 ms later in a local run) found the pause already confirmed and was handed over: a CI
+run published two ``cleared`` findings from the stale view. So a generation found lost stays
 lost (every later batch of it is dropped without asking again), and a coordinator that has already
 rejoined under a newer generation than the batch's is a verdict of "out" as well.
 
