@@ -299,6 +299,11 @@ class EdgeActuator:
                                                                  f"weights (fail static): {error}", before=before,
                                                 after=after, stale=True, error=str(error)[:1000]))
 
+    def fail(self, decision: EdgeWeights, reason: str, error: str | None = None) -> ApplyResult:
+        """Audit and count ``decision`` as ``failed`` for what the service found outside :meth:`apply`
+        (an internal error that broke it off, or giving the decision up after its attempts)."""
+        return self._done(decision, ApplyResult("failed", decision.version, reason, error=(error or reason)[:1000]))
+
     def _publish_weights(self, ints: dict[str, int], version: int) -> None:
         metrics.set_family(metrics.WEIGHT, (self.edge, self.listener), ints)
         metrics.VERSION.labels(self.edge, self.listener).set(version)

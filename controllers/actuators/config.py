@@ -7,6 +7,7 @@
         stale_after_s: 60          # decisions older than this (computed_at) are held (fail static)
         max_clock_skew_s: 5        # decisions computed further in the future are refused
         store_dir: .run/actuator   # versioned history of applied weights (JSON lines)
+        max_apply_attempts: 5      # a decision whose apply mismatches / hits a bug this often is given up
         targets:
           - {edge: ams1, listener: web, kind: haproxy, socket: /run/haproxy/admin.sock,
              backend: be_web, servers: {eu: eu1, us-east: use1}}
@@ -115,6 +116,9 @@ class ActuatorConfig(BaseModel):
     start_offset: Literal["earliest", "latest"] = "earliest"
     backoff_initial_s: float = Field(default=0.5, gt=0)
     backoff_max_s: float = Field(default=30.0, gt=0)
+    # applies of one decision that may end in a read-back mismatch or an internal error before it is given
+    # up (audited failed, counted; an unreachable LB is retried without a bound: a newer decision replaces it)
+    max_apply_attempts: int = Field(default=5, ge=1, le=1000)
     # re-read the LB this often and put the last applied weights back if they drifted (None: never)
     reconcile_interval_s: float | None = Field(default=30.0, gt=0)
     poll_timeout_s: float = Field(default=0.5, gt=0, le=30)

@@ -21,6 +21,17 @@ REFUSED_IN_A_ROW = Gauge("opsloop_actuator_refused_decisions",
                          "Decisions refused in a row (stale version, clock skew, all-zero, only DOWN origins) since "
                          "the last one applied or found already live; alerted by EdgeWeightActuatorRefusedInARow",
                          ["edge", "listener"])
+GIVEN_UP = Counter("opsloop_actuator_decisions_given_up_total",
+                   "Decisions given up after max_apply_attempts applies ended in a read-back mismatch or an internal "
+                   "error (audited failed; an internal error's record dead-lettered)", ["edge", "listener", "reason"])
+FINDING_SEND_FAILURES = Counter("opsloop_actuator_finding_send_failures_total",
+                                "Sends of a finding (edge.fail_static) the broker did not take; each is retried",
+                                ["edge", "listener"])
+FINDINGS_QUEUED = Gauge("opsloop_actuator_findings_queued",
+                        "Finding states waiting for the broker (retried in order per finding id)", ["edge", "listener"])
+FINDINGS_DROPPED = Counter("opsloop_actuator_findings_dropped_total",
+                           "Older finding states dropped unsent: more than the bound waited for the broker",
+                           ["edge", "listener"])
 REJECTED = Counter("opsloop_actuator_rejected_records_total", "edge.weights records that are not a valid decision")
 ASSIGNED = Gauge("opsloop_actuator_assigned_partitions", "edge.weights partitions assigned to this actuator")
 

@@ -7,6 +7,16 @@ skipped without decoding. Per (listener, edge) only the newest decision of a pol
 * a failed apply (target unreachable) keeps the decision pending and retries it with exponential
   back-off; ``opsloop_actuator_errors_total{edge,kind}`` counts every failure; offsets are committed
   only when nothing is pending, so a restart re-reads what was not applied (replays are no-ops);
+* an apply that ends in a read-back ``mismatch`` (audited by the applier) or an internal error (an
+  exception out of the apply: a bug; audited ``failed``, ``errors_total{kind="internal"}``) keeps the
+  decision pending too, retried with the same back-off (never hot), at most ``max_apply_attempts``
+  times in a row: then it is given up -- audited ``failed`` ("gave up"), counted in
+  ``opsloop_actuator_decisions_given_up_total{reason}``, an internal error's record dead-lettered --
+  and the controller's re-sends of that version are skipped for ``stale_after_s`` (its next version
+  applies as usual); a re-send after that gets a new budget (the cause may be gone: another writer,
+  an LB state), so a version the controller keeps is retried once per ``stale_after_s``, never hot. A
+  poison decision cannot wedge the slot, and none is committed as done while nothing handled it.
+  Giving up applies nothing, so a controller stuck on it ends in fail static (no fresh decision);
 * drift: every ``reconcile_interval_s`` the LB is read and the last applied weights are put back if
   they differ (HAProxy restarted with its config weights), audited ``edge.weights.reconcile``;
 * fail static: a decision older than ``stale_after_s``, none *applied or already live* for
@@ -16,6 +26,9 @@ skipped without decoding. Per (listener, edge) only the newest decision of a pol
   finding; a decision applied (or found live) clears both. The state is kept next to the weight
   history (``<listener>.fail_static.json``): a restarted service still fails static, says the open
   finding once more (same incident) and clears it when fresh decisions return;
+* findings go through an outbox (``outbox.py``): a send that raises or whose future fails is retried
+  with back-off, in order per finding id, until the broker takes it. The state file says
+  ``cleared`` until the clear is delivered, so a restart sends an undelivered clear again;
 * refusals in a row are exported as ``opsloop_actuator_refused_decisions{edge,listener}`` (alert
   ``EdgeWeightActuatorRefusedInARow``): a controller restarted at a lower version without a new
   epoch, or one with a wrong clock, is visible at once instead of leaving old weights silently;
@@ -34,7 +47,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 from opsloop.audit.trail import AuditLog
@@ -50,15 +63,27 @@ from opsloop.controllers.actuators.base import ApplyResult, Target
 from opsloop.controllers.actuators.config import ActuatorConfig, HaproxyTargetConfig, LvsTargetConfig
 from opsloop.controllers.actuators.haproxy import HaproxyTarget
 from opsloop.controllers.actuators.lvs import LvsTarget
-from opsloop.controllers.actuators.store import StoreError, WeightStore
+from opsloop.controllers.actuators.outbox import FindingOutbox
+from opsloop.controllers.actuators.store import Stamp, StoreError, WeightStore
 from opsloop.records import EdgeWeights
 
 log = get_logger("actuator.service")
 REJECT_LOG = Sampled(60.0)   # a poison stream: one line a minute (the counter counts each)
+SKIP_LOG = Sampled(60.0)     # re-sends of a given-up version: one line a minute per slot
+# explanations of what a restarted service says again (its state file says it may not be delivered)
+RESTATED_OPEN = "fail static since before this actuator started"
+RESTATED_CLEAR = "fresh decisions came back before this actuator restarted"
 FAIL_STATIC_DETECTOR = "edge.fail_static"
+FAIL_STATIC_WHAT = "edge weights held (fail static)"
 # Results that show the controller's decisions reach the LB: only these refresh freshness.
 FRESH_RESULTS = frozenset({"applied", "noop", "dry_run", "shadow"})
 REFUSALS = frozenset({"refused", "stale_version"})
+
+
+def fail_static_finding_id(listener: str, edge: str) -> str:
+    """The id of a slot's ``edge.fail_static`` finding (by detector and labels: one per slot)."""
+    return Finding(detector=FAIL_STATIC_DETECTOR, what=FAIL_STATIC_WHAT, where={"listener": listener, "edge": edge},
+                   first_seen=0.0, last_seen=0.0).id
 
 
 def make_target(cfg: HaproxyTargetConfig | LvsTargetConfig) -> Target:
@@ -86,6 +111,15 @@ class _Slot:
     next_reconcile: float = 0.0          # monotonic
     refused_in_a_row: int = 0
     republish: bool = False              # fail static carried over from a previous run: say so once
+    owed_clears: list[float] = field(default_factory=list)   # a previous run's clears (first_seen) maybe undelivered
+    finding_id: str = ""                 # of this slot's edge.fail_static finding
+    recorded: tuple[float, bool] | None = None   # (since, cleared) as the state file says (without ``owed``)
+    # the pending decision's record (key, value, (partition, offset)): dead-lettered if it is given up
+    pending_record: tuple[bytes | None, bytes | None, tuple[int | None, int | None]] | None = None
+    attempts: int = 0                    # applies of the pending decision ended by a mismatch or an internal error
+    applying: bool = False               # inside the apply of ``pending`` (an exception then counts as an attempt)
+    given_up: Stamp | None = None        # the last decision given up: its re-sends are skipped until ...
+    given_up_until: float = 0.0          # ... this (monotonic)
 
 
 class ActuatorService:
@@ -103,13 +137,22 @@ class ActuatorService:
         self.group_id = self.kafka.group(f"{config.group_prefix}-{'+'.join(self.edges)}")
         self._consumer = consumer
         self._producer = producer
+        self._uncommitted = False    # records handled since the last commit
+        self._outbox = FindingOutbox(self._send_finding, self._finding_delivered,
+                                     backoff_initial_s=config.backoff_initial_s, backoff_max_s=config.backoff_max_s)
         now = time.monotonic()
         self.slots: dict[tuple[str, str], _Slot] = {
             (t.listener, t.edge): _Slot(make_actuator(config, t, audit), last_fresh=now)
             for t in config.targets if t.edge in self.edges}
         for (listener, edge), slot in self.slots.items():
-            # a previous run's open finding is ours to clear (else it stays open, paging, for good)
-            slot.fail_static_since = slot.actuator.store.fail_static_since()
+            # a previous run's open finding is ours to clear (else it stays open, paging, for good), and
+            # so is a clear it could not deliver
+            slot.finding_id = fail_static_finding_id(listener, edge)
+            state = slot.actuator.store.fail_static_state()
+            if state is not None:
+                slot.owed_clears = state.owed + ([state.since] if state.cleared else [])
+                slot.fail_static_since = None if state.cleared else state.since
+                slot.recorded = (state.since, state.cleared)
             slot.republish = slot.fail_static_since is not None
             metrics.FAIL_STATIC.labels(listener, edge).set(1 if slot.republish else 0)
             metrics.REFUSED_IN_A_ROW.labels(edge, listener).set(0)
@@ -134,17 +177,21 @@ class ActuatorService:
         A record of ours that is no valid decision is counted and dead-lettered (``origins``: each
         record's partition and offset, for the dead letter)."""
         queued = 0
+        now = time.monotonic()
         for i, (key, value) in enumerate(records):
             if key:
                 _, _, key_edge = key.decode("utf-8", "replace").rpartition("|")
                 if key_edge and key_edge not in self.edges:
                     continue  # another edge's decision: not ours to decode
+            origin = origins[i] if origins else (None, None)
             try:
                 d = EdgeWeights.decode(value)
-            except ValueError as e:
+            except Exception as e:  # noqa: BLE001 - ValueError: no decision; else a decoder bug: the same bytes
+                # fail the same way every time, so retrying cannot help: rejected like a bad record
+                why = str(e) if isinstance(e, ValueError) else f"internal error decoding: {type(e).__name__}: {e}"
                 metrics.REJECTED.inc()
-                REJECT_LOG.warning(log, "decision_rejected", reason=str(e)[:300])
-                self._deadletter(key, value, str(e), origins[i] if origins else (None, None))
+                REJECT_LOG.warning(log, "decision_rejected", reason=why[:300])
+                self._deadletter(key, value, why, origin)
                 continue
             if d.edge not in self.edges:
                 continue
@@ -152,8 +199,15 @@ class ActuatorService:
             if slot is None:
                 log.warning("decision_without_target", listener=d.listener, edge=d.edge, version=d.version)
                 continue
+            if d.stamp == slot.given_up and now < slot.given_up_until:
+                SKIP_LOG.warning(log, "decision_given_up_skipped", key=f"{d.listener}|{d.edge}", edge=d.edge,
+                                 listener=d.listener, version=d.version, epoch=d.epoch)
+                continue
             if slot.pending is None or d.stamp >= slot.pending.stamp:
+                if slot.pending is None or d.stamp != slot.pending.stamp:
+                    slot.attempts = 0   # a re-sent copy keeps its attempts (else a poison one never ends)
                 slot.pending = d
+                slot.pending_record = (key, value, origin)
                 queued += 1
         return queued
 
@@ -165,29 +219,57 @@ class ActuatorService:
                             log=log)
 
     def tick(self, now: float) -> None:
-        """Apply what is pending (when its back-off allows), then check for fail static. One slot's
-        error holds that slot (fail static, counted) and never stops the others. ``now`` is
+        """Apply what is pending (when its back-off allows), then check for fail static, then send the
+        findings that wait. One slot's error holds that slot (fail static, counted) and never stops the
+        others; the decision it was applying stays pending (bounded retries). ``now`` is
         ``time.monotonic()``: every comparison here is of elapsed time."""
         for slot in self.slots.values():
             try:
                 self._tick_slot(slot, now)
             except Exception as e:  # noqa: BLE001 - isolate the listeners of this edge
-                metrics.ERRORS.labels(slot.actuator.edge, "internal").inc()
-                log.error("slot_failed", edge=slot.actuator.edge, listener=slot.actuator.listener,
+                self._slot_failed(slot, e, now)
+        try:
+            self._outbox.pump(now)
+        except Exception as e:  # noqa: BLE001 - a bug here must not stop the applies (the findings wait)
+            log.error("finding_outbox_failed", error=f"{type(e).__name__}: {e}"[:500], exc_info=True)
+
+    def _slot_failed(self, slot: _Slot, error: Exception, now: float) -> None:
+        """An exception out of a slot's tick (a bug): counted, logged; if it broke off the apply of the
+        pending decision, that is an attempt (retried, then given up); the slot fails static."""
+        a = slot.actuator
+        text = f"internal error: {type(error).__name__}: {error}"[:500]
+        metrics.ERRORS.labels(a.edge, "internal").inc()
+        log.error("slot_failed", edge=a.edge, listener=a.listener, error=text, exc_info=True)   # (in its except)
+        decision = slot.pending if slot.applying else None
+        slot.applying = False
+        steps: list[Callable[[], None]] = []
+        if decision is not None:
+            steps.append(lambda: self._apply_went_wrong(slot, decision, "internal", text, now))
+        # with a decision, its ``failed`` record says why; without one the hold is audited
+        steps.append(lambda: self._enter_fail_static(slot, now, f"actuator {text}", audit=decision is None))
+        for handle in steps:   # each on its own: an audit sink that raises must not keep the slot from failing static
+            try:
+                handle()
+            except Exception as e:  # noqa: BLE001 - the handler of a bug may meet the same bug: the others go on
+                log.error("slot_failure_not_handled", edge=a.edge, listener=a.listener,
                           error=f"{type(e).__name__}: {e}"[:500], exc_info=True)
-                slot.pending = None   # the next decision tries again
-                self._enter_fail_static(slot, now, f"actuator error: {type(e).__name__}: {e}"[:500], audit=False)
 
     def _tick_slot(self, slot: _Slot, now: float) -> None:
+        while slot.owed_clears:
+            # the previous run left fail static but its clear may not have reached the broker (a clear
+            # delivered twice, or of an open never delivered, is harmless: a lost one pages for good)
+            self._finding(slot, now, RESTATED_CLEAR, cleared=True, first_seen=slot.owed_clears.pop(0))
         if slot.republish:
             # the previous run may have died between recording the state and publishing the finding;
             # the same id and first_seen again is no new page
             slot.republish = False
             if slot.fail_static_since is not None:
-                self._finding(slot, now, "fail static since before this actuator started", cleared=False)
+                self._finding(slot, now, RESTATED_OPEN, cleared=False)
         if slot.pending is not None and now >= slot.retry_at:
+            slot.applying = True
             res = slot.actuator.apply(slot.pending)
             self._after_apply(slot, res, now)
+            slot.applying = False
         elif slot.pending is None and self.config.reconcile_interval_s and now >= slot.next_reconcile:
             slot.next_reconcile = now + self.config.reconcile_interval_s
             slot.actuator.reconcile()
@@ -202,9 +284,11 @@ class ActuatorService:
             log.warning("apply_retry", edge=slot.actuator.edge, listener=slot.actuator.listener,
                         retry_in_s=slot.delay_s, error=(res.error or "")[:300])
             return
-        slot.pending = None
-        slot.delay_s = 0.0
-        slot.retry_at = 0.0
+        if res.result == "mismatch" and slot.pending is not None:
+            # the LB holds weights nobody chose (another writer, a batch half taken): apply again, bounded
+            self._apply_went_wrong(slot, slot.pending, "mismatch", res.reason, now)
+            return
+        self._drop_pending(slot)
         a = slot.actuator
         if res.result in REFUSALS:
             slot.refused_in_a_row += 1
@@ -217,19 +301,73 @@ class ActuatorService:
             metrics.REFUSED_IN_A_ROW.labels(a.edge, a.listener).set(0)
             self._leave_fail_static(slot, now)
 
-    def _finding(self, slot: _Slot, now: float, reason: str, cleared: bool) -> None:
+    def _apply_went_wrong(self, slot: _Slot, decision: EdgeWeights, why: str, text: str, now: float) -> None:
+        """This apply of ``decision`` ended in a read-back mismatch or an internal error (``why``): retried
+        after the back-off, given up after ``max_apply_attempts`` (audited failed, counted; the record of a
+        poison decision dead-lettered). The state changes first: an audit that raises must not make it loop."""
+        a = slot.actuator
+        limit = self.config.max_apply_attempts
+        slot.attempts += 1
+        if slot.attempts < limit:
+            slot.delay_s = min(self.config.backoff_max_s, max(self.config.backoff_initial_s, slot.delay_s * 2))
+            slot.retry_at = now + slot.delay_s
+            log.warning("apply_retry", edge=a.edge, listener=a.listener, version=decision.version, why=why,
+                        attempt=slot.attempts, retry_in_s=slot.delay_s, error=text[:300])
+            if why == "internal":   # a mismatch has its record from the applier
+                a.fail(decision, f"{text}; attempt {slot.attempts} of {limit}, retried in {slot.delay_s:g}s", text)
+            return
+        record = slot.pending_record
+        self._drop_pending(slot)
+        # the controller re-sends its version every interval: a burst of attempts per re-send would be a
+        # loop; one budget per stale_after_s (by then fail static has said nothing fresh reaches the LB)
+        slot.given_up, slot.given_up_until = decision.stamp, now + self.config.stale_after_s
+        metrics.GIVEN_UP.labels(a.edge, a.listener, why).inc()
+        reason = (f"gave up after {limit} attempt(s) ended in {why} ({text[:300]}); version {decision.version} "
+                  f"(epoch {decision.epoch}): its re-sends are skipped for {self.config.stale_after_s:g}s, the "
+                  "controller's next version applies as usual")
+        log.error("decision_given_up", edge=a.edge, listener=a.listener, version=decision.version,
+                  epoch=decision.epoch, why=why, error=text[:300])
+        if why == "internal":   # kept for a post-mortem / replay once the bug is fixed
+            key, value, origin = record or (None, decision.encode(), (None, None))
+            self._deadletter(key, value, reason, origin)
+        a.fail(decision, reason, text)
+
+    @staticmethod
+    def _drop_pending(slot: _Slot) -> None:
+        slot.pending = None
+        slot.pending_record = None
+        slot.attempts = 0
+        slot.delay_s = 0.0
+        slot.retry_at = 0.0
+
+    def _finding(self, slot: _Slot, now: float, reason: str, cleared: bool, first_seen: float | None = None) -> None:
+        f = self._new_finding(slot, now, reason, cleared, first_seen)
+        self._outbox.put(f, now)   # sent now if the broker takes it, else retried in order (outbox.py)
+
+    def _new_finding(self, slot: _Slot, now: float, reason: str, cleared: bool,
+                     first_seen: float | None = None) -> Finding:
         a = slot.actuator
         wall = time.time()   # dates of the finding; ``now`` (monotonic) only measures the time since fresh
-        first = slot.fail_static_since or wall
-        f = Finding(detector=FAIL_STATIC_DETECTOR, what="edge weights held (fail static)",
-                    where={"listener": a.listener, "edge": a.edge}, observed=round(now - slot.last_fresh, 1),
-                    expected=self.config.stale_after_s, severity=Severity.WARNING, explanation=reason[:1000],
-                    first_seen=first, last_seen=wall, cleared=cleared,
-                    runbook="edge-weights#fail-static")
-        try:
-            self._producer.send(self.kafka.topic(self.config.findings_topic), key=f.id.encode(), value=f.encode())
-        except Exception as e:  # noqa: BLE001 - a broker hiccup must not stop the actuator
-            log.error("finding_publish_failed", error=str(e)[:300])
+        first = first_seen or slot.fail_static_since or wall
+        return Finding(detector=FAIL_STATIC_DETECTOR, what=FAIL_STATIC_WHAT,
+                       where={"listener": a.listener, "edge": a.edge}, observed=round(now - slot.last_fresh, 1),
+                       expected=self.config.stale_after_s, severity=Severity.WARNING, explanation=reason[:1000],
+                       first_seen=first, last_seen=wall, cleared=cleared,
+                       runbook="edge-weights#fail-static")
+
+    def _send_finding(self, f: Finding) -> Any:
+        return self._producer.send(self.kafka.topic(self.config.findings_topic), key=f.id.encode(), value=f.encode())
+
+    def _finding_delivered(self, f: Finding, left: int) -> None:
+        """A clear reached the broker: the state file owes it no more (gone once nothing is owed). Kept exact:
+        a clear said again after a restart while a newer incident is open would resolve that one's page."""
+        slot = self.slots.get((f.where.get("listener", ""), f.where.get("edge", "")))
+        if not f.cleared or slot is None or slot.recorded is None:
+            return
+        if not left and not slot.owed_clears and slot.fail_static_since is None:
+            self._record_fail_static(slot, None)
+        else:
+            self._record_fail_static(slot, *slot.recorded)
 
     def _enter_fail_static(self, slot: _Slot, now: float, reason: str, audit: bool) -> None:
         if slot.fail_static_since is not None:
@@ -237,23 +375,30 @@ class ActuatorService:
         slot.fail_static_since = time.time()   # a date (the finding's first_seen), not a timer
         self._record_fail_static(slot, slot.fail_static_since)   # before the finding: a restart clears it
         metrics.FAIL_STATIC.labels(slot.actuator.listener, slot.actuator.edge).set(1)
+        self._finding(slot, now, reason, cleared=False)   # before the audit: a sink that raises leaves no gauge alone
         if audit:
             slot.actuator.hold(reason)
-        self._finding(slot, now, reason, cleared=False)
         log.warning("fail_static", edge=slot.actuator.edge, listener=slot.actuator.listener, reason=reason)
 
     def _leave_fail_static(self, slot: _Slot, now: float) -> None:
-        if slot.fail_static_since is None:
+        since = slot.fail_static_since
+        if since is None:
             return
-        self._finding(slot, now, "fresh decisions are back", cleared=True)
         slot.fail_static_since = None
-        self._record_fail_static(slot, None)
+        # kept (as cleared) until the clear reaches the broker: a restart before that sends it again
+        self._record_fail_static(slot, since, cleared=True)
         metrics.FAIL_STATIC.labels(slot.actuator.listener, slot.actuator.edge).set(0)
+        self._finding(slot, now, "fresh decisions are back", cleared=True, first_seen=since)
         log.info("fail_static_cleared", edge=slot.actuator.edge, listener=slot.actuator.listener)
 
-    def _record_fail_static(self, slot: _Slot, since: float | None) -> None:
+    def _record_fail_static(self, slot: _Slot, since: float | None, cleared: bool = False) -> None:
+        # earlier incidents' clears still waiting for the broker (or to be said again) are owed too: a
+        # restart sends them first
+        owed = [x for x in slot.owed_clears + self._outbox.queued_clears(slot.finding_id) if x != since] \
+            if since is not None else []
+        slot.recorded = (since, cleared) if since is not None else None
         try:
-            slot.actuator.store.set_fail_static(since)
+            slot.actuator.store.set_fail_static(since, cleared, owed)
         except StoreError as e:  # the finding still goes out; only a restart would not know of it
             metrics.ERRORS.labels(slot.actuator.edge, "store").inc()
             log.error("fail_static_state_not_recorded", edge=slot.actuator.edge, listener=slot.actuator.listener,
@@ -264,14 +409,17 @@ class ActuatorService:
         waits = [max(0.0, s.retry_at - now) for s in self.slots.values() if s.pending is not None]
         timeout = min([self.config.poll_timeout_s, *waits])
         polled = self._consumer.poll(timeout_ms=max(10, int(timeout * 1000)))
-        metrics.ASSIGNED.set(len(self._consumer.assignment()))
         polled_records = [r for recs in polled.values() for r in recs]
         records = [(r.key, r.value) for r in polled_records]
         if records:
             self.handle_records(records, [(r.partition, r.offset) for r in polled_records])
+            self._uncommitted = True
+        metrics.ASSIGNED.set(len(self._consumer.assignment()))   # after: polled records are never left unhandled
         self.tick(time.monotonic())
-        if records and all(s.pending is None for s in self.slots.values()):
+        # committed once nothing is pending, with or without new records (a retried decision done later too)
+        if self._uncommitted and all(s.pending is None for s in self.slots.values()):
             self._consumer.commit()
+            self._uncommitted = False
 
     def run(self, stop: threading.Event) -> None:
         if self._consumer is None:
@@ -292,6 +440,12 @@ class ActuatorService:
             self.close()
 
     def close(self) -> None:
+        if self._producer is not None:
+            # a last try for the findings that wait (the producer's close flushes it); the state file keeps the rest
+            try:
+                self._outbox.pump(float("inf"))
+            except Exception:  # noqa: BLE001
+                pass
         for closer in (getattr(self._consumer, "close", None), getattr(self._producer, "close", None),
                        self.audit.close):
             if closer is not None:

@@ -16,7 +16,9 @@ weights (fail static) rather than guess which version is live.
 
 Next to it, ``<listener>.fail_static.json`` says the slot is failing static and since when (the
 ``first_seen`` of its open ``edge.fail_static`` finding), so a restarted service clears the finding a
-previous run opened instead of leaving it open for good; absent when the slot is not failing static.
+previous run opened instead of leaving it open for good. When the slot leaves fail static the file
+says ``"cleared": true`` until the clear has reached the broker (a restart sends it again), and
+``"owed"`` lists earlier incidents whose clear had not reached it either; absent when nothing is owed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any, Iterator
 
 import orjson
 
+from opsloop.atomic_file import replace_file
 from opsloop.log import get_logger
 
 log = get_logger("actuator.store")
@@ -84,22 +87,22 @@ class Entry:
 ACTIONS = frozenset({"apply", "manual", "rollback"})
 
 
+@dataclass
+class FailStaticState:
+    """A slot's ``<listener>.fail_static.json``: failing static since ``since`` (the open finding's
+    ``first_seen``), or (``cleared``) left but that clear not known to be delivered; ``owed``: the
+    ``first_seen`` of earlier incidents whose clear was not delivered either (a restart sends them first)."""
+    since: float
+    cleared: bool = False
+    owed: list[float] = field(default_factory=list)
+
+
 def _int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-
-
-def _replace(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file, fsync, rename): the old or the new, never half."""
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _safe(name: str) -> str:
@@ -194,28 +197,45 @@ class WeightStore:
     def fail_static_path(self) -> Path:
         return self.path.with_suffix(".fail_static.json")
 
-    def fail_static_since(self) -> float | None:
-        """When the open fail-static finding of this slot was first seen (a date), None when none is open.
-        An unreadable or damaged file counts as open since now: a stray clear is harmless, a lost one pages."""
+    def fail_static_state(self) -> FailStaticState | None:
+        """What this slot owes of its ``edge.fail_static`` finding (see :class:`FailStaticState`); None when
+        nothing. An unreadable or damaged file counts as open since now: a stray clear is harmless, a lost
+        one pages."""
         try:
             doc = orjson.loads(self.fail_static_path.read_bytes())
         except FileNotFoundError:
             return None
         except (OSError, orjson.JSONDecodeError) as e:
             log.warning("fail_static_state_unreadable", file=str(self.fail_static_path), error=str(e)[:300])
-            return time.time()
+            return FailStaticState(time.time())
         since = doc.get("since") if isinstance(doc, dict) else None
-        return float(since) if _number(since) else time.time()
+        if not _number(since):
+            return FailStaticState(time.time())
+        owed = doc.get("owed")
+        owed = [float(x) for x in owed if _number(x)] if isinstance(owed, list) else []
+        return FailStaticState(float(since), doc.get("cleared") is True, owed)
 
-    def set_fail_static(self, since: float | None) -> None:
-        """Record (atomically) that the slot fails static since ``since``, or that it does not (None)."""
+    def fail_static_since(self) -> float | None:
+        """When the open fail-static finding of this slot was first seen (a date), None when none is open."""
+        state = self.fail_static_state()
+        return state.since if state is not None and not state.cleared else None
+
+    def set_fail_static(self, since: float | None, cleared: bool = False, owed: list[float] | None = None) -> None:
+        """Record (atomically) that the slot fails static since ``since``, or that it left it (``cleared``)
+        and that clear is not delivered yet, with the earlier clears not delivered (``owed``); None: nothing
+        is owed (the file goes)."""
         path = self.fail_static_path
         try:
             if since is None:
                 path.unlink(missing_ok=True)
                 return
             path.parent.mkdir(parents=True, exist_ok=True)
-            _replace(path, orjson.dumps({"since": since}))
+            doc: dict[str, Any] = {"since": since}
+            if cleared:
+                doc["cleared"] = True
+            if owed:
+                doc["owed"] = owed
+            replace_file(path, orjson.dumps(doc))
         except OSError as e:
             raise StoreError(f"{path}: cannot record the fail-static state ({e.strerror or e})") from None
 
@@ -238,4 +258,4 @@ class WeightStore:
         log.warning("history_torn_tail_cut", file=str(self.path), bytes_dropped=size - keep)
 
     def _rewrite(self, entries: list[Entry]) -> None:
-        _replace(self.path, b"".join(orjson.dumps(asdict(e)) + b"\n" for e in entries))
+        replace_file(self.path, b"".join(orjson.dumps(asdict(e)) + b"\n" for e in entries))
