@@ -17,7 +17,9 @@ Order of the checks for ``apply(decision)`` (each outcome audited, counted, logg
    released at once), integer mapping. A quiescing target (LVS: keepalived/ldirectord set a dead real
    to weight 0; live 0 where the stored weight is above 0) reports those origins DOWN; they are
    stepped from their stored weight and written as 0 whatever the decision gives them (reconcile and
-   rollback too), so only the health checker revives them; the intended weight is stored;
+   rollback too), so only the health checker revives them; the intended weight is stored. A 0 that a
+   write of ours may have set (one not read back and recorded: a ``mismatch``, a torn batch, a crash
+   before the entry; noted in the store before the write starts) is no quiesce: that origin is not DOWN;
 6. dry-run -> ``dry_run`` (nothing written); shadow -> ``shadow`` and ``opsloop_actuator_shadow_diff``;
 7. write as one batch (a failed write whose read-back leaves nothing serving puts the weights read
    before back, best effort, said in the ``failed`` record), read back, compare (different ->
@@ -182,6 +184,10 @@ class EdgeActuator:
         assert before is not None
         if writes != before:
             try:
+                self._note_write(writes, quiesced, stored)
+            except StoreError as e:   # unnoted, a 0 this write leaves could pass for a quiesce for good
+                return self._store_failed(decision, e, before=before)
+            try:
                 self._write(writes, before, down)
             except ActuatorError as e:
                 return self._failed(decision, e, before, writes)
@@ -197,6 +203,7 @@ class EdgeActuator:
                                     reason=(decision.reason + note + released)[:500]))
         except StoreError as e:  # the weights are live; without a record the next decision cannot be ordered
             return self._store_failed(decision, e, before=before, after=writes)
+        self._recorded()
         self._publish_weights(writes, decision.version)
         why = decision.reason or "decision"
         if writes == before:
@@ -238,8 +245,39 @@ class EdgeActuator:
         """The target's DOWN origins; ActuatorError when its health view cannot be read (not "none DOWN")."""
         # only a quiescing target needs the stored weights (and older targets take no argument)
         if _quiesces(self.target):
-            return self.target.down(stored)
+            return self.target.down(self._not_ours(stored))
         return self.target.down()
+
+    def _not_ours(self, stored: dict[str, int] | None) -> dict[str, int] | None:
+        """``stored`` without the origins a write of ours not yet read back and recorded may have set to 0:
+        a live 0 there may be ours, and only a 0 nothing of ours can have set is a health checker's quiesce
+        (else every later decision feeding that real is refused or held at 0 for good). Unreadable: none."""
+        if not stored:
+            return stored
+        zeroed = self.store.unverified_zeroed()
+        if zeroed is None:
+            return {}
+        return {o: w for o, w in stored.items() if o not in zeroed}
+
+    def _note_write(self, writes: dict[str, int], quiesced: set[str], stored: dict[str, int] | None) -> None:
+        """Write-ahead (quiescing target): note the origins this write sets to 0 over a stored weight above 0,
+        except those held at the health checker's 0, before writing. StoreError: do not write."""
+        if not _quiesces(self.target) or not stored:
+            return
+        zeroed = {o for o, w in writes.items() if w == 0 and o not in quiesced and stored.get(o, 0) > 0}
+        if zeroed:
+            self.store.note_unverified(zeroed, writes)
+
+    def _recorded(self) -> None:
+        """A write read back equal and its weights are the history's (or the history's put back): what an
+        unverified write may have left is moot. Not cleared: some 0s stay counted as ours until the next."""
+        if not _quiesces(self.target):
+            return
+        try:
+            self.store.clear_unverified()
+        except StoreError as e:
+            metrics.ERRORS.labels(self.edge, "store").inc()
+            log.warning("unverified_writes_not_cleared", edge=self.edge, listener=self.listener, error=str(e)[:300])
 
     def _stored(self) -> dict[str, int] | None:
         """The weights last applied, for a quiescing target's DOWN test; None if none or unreadable."""
@@ -299,10 +337,14 @@ class EdgeActuator:
                                                                  f"weights (fail static): {error}", before=before,
                                                 after=after, stale=True, error=str(error)[:1000]))
 
-    def fail(self, decision: EdgeWeights, reason: str, error: str | None = None) -> ApplyResult:
+    def fail(self, decision: EdgeWeights | None, reason: str, error: str | None = None,
+             action: str = "edge.weights.apply") -> ApplyResult:
         """Audit and count ``decision`` as ``failed`` for what the service found outside :meth:`apply`
-        (an internal error that broke it off, or giving the decision up after its attempts)."""
-        return self._done(decision, ApplyResult("failed", decision.version, reason, error=(error or reason)[:1000]))
+        (an internal error that broke it off, or giving the decision up after its attempts); without a
+        decision, an internal error that broke off ``action`` (a reconcile) or the service's tick."""
+        version = decision.version if decision is not None else None
+        return self._done(decision, ApplyResult("failed", version, reason, error=(error or reason)[:1000]),
+                          action=action)
 
     def _publish_weights(self, ints: dict[str, int], version: int) -> None:
         metrics.set_family(metrics.WEIGHT, (self.edge, self.listener), ints)
@@ -338,12 +380,19 @@ class EdgeActuator:
         if live == writes or _serving(want, down) <= 0:
             return None
         try:
+            self._note_write(writes, quiesced, want)
+        except StoreError as e:
+            metrics.ERRORS.labels(self.edge, "store").inc()
+            log.warning("reconcile_skipped", edge=self.edge, listener=self.listener, error=str(e)[:300])
+            return None
+        try:
             self._write(writes, live, down)
         except ActuatorError as e:
             return self._failed(None, e, live, writes, version=last.version)
         bad = self._verify(None, live, writes, last.shares, True, version=last.version)
         if bad is not None:
             return bad
+        self._recorded()
         self._publish_weights(writes, last.version)
         held = f"; quiesced origin(s) {sorted(quiesced)} left at 0" if quiesced else ""
         return self._done(None, ApplyResult("applied", last.version, f"drift: live weights {live} differ from the "
@@ -386,8 +435,9 @@ class EdgeActuator:
                                   action="edge.weights.rollback")
             entry = found[-1]
         ints = {o: int(entry.weights.get(o, 0)) for o in self.target.origins}
+        stored = {o: int(w) for o, w in history[-1].weights.items()}
         try:
-            down = self._down({o: int(w) for o, w in history[-1].weights.items()})
+            down = self._down(stored)
         except ActuatorError as e:
             return self._failed(None, e, None, version=entry.version)
         if _serving(ints, down) <= 0:
@@ -407,6 +457,7 @@ class EdgeActuator:
         except ActuatorError as e:
             return self._failed(None, e, None, writes, version=entry.version)
         if before != writes:
+            self._note_write(writes, quiesced, stored)   # StoreError: nothing written (as an append failing)
             try:
                 self._write(writes, before, down)
             except ActuatorError as e:
@@ -416,6 +467,7 @@ class EdgeActuator:
             return bad
         self.store.append(Entry(version=entry.version, epoch=entry.epoch, weights=ints, shares=entry.shares,
                                 decision=entry.decision, complete=True, action="rollback", reason=why[:500]))
+        self._recorded()
         self._publish_weights(writes, entry.version)
         return self._done(None, ApplyResult("rolled_back", entry.version, why, before=before, after=writes,
                                             shares=entry.shares), action="edge.weights.rollback")

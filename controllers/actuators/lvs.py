@@ -148,7 +148,8 @@ class LvsTarget:
 
         ipvsadm has no health view; a health checker with quiescent mode sets a dead real's weight to 0
         (and back to its own configured weight when it recovers). Without stored weights (nothing applied
-        yet) a quiesced real cannot be told from one set to 0, so nothing is reported."""
+        yet) a quiesced real cannot be told from one set to 0, so nothing is reported. The applier leaves
+        out of ``stored`` the reals a write of its own, not read back and recorded, may have set to 0."""
         if not stored:
             return set()
         return {o for o, w in self.read().items() if w == 0 and stored.get(o, 0) > 0}

@@ -16,7 +16,9 @@ skipped without decoding. Per (listener, edge) only the newest decision of a pol
   applies as usual); a re-send after that gets a new budget (the cause may be gone: another writer,
   an LB state), so a version the controller keeps is retried once per ``stale_after_s``, never hot. A
   poison decision cannot wedge the slot, and none is committed as done while nothing handled it.
-  Giving up applies nothing, so a controller stuck on it ends in fail static (no fresh decision);
+  Giving up applies nothing, so a controller stuck on it ends in fail static (no fresh decision); a
+  decision given up after internal errors puts the slot in fail static at once (a bug that outlived its
+  retries pages), an internal error before that does not (the retry a back-off later usually succeeds);
 * drift: every ``reconcile_interval_s`` the LB is read and the last applied weights are put back if
   they differ (HAProxy restarted with its config weights), audited ``edge.weights.reconcile``;
 * fail static: a decision older than ``stale_after_s``, none *applied or already live* for
@@ -32,8 +34,11 @@ skipped without decoding. Per (listener, edge) only the newest decision of a pol
 * refusals in a row are exported as ``opsloop_actuator_refused_decisions{edge,listener}`` (alert
   ``EdgeWeightActuatorRefusedInARow``): a controller restarted at a lower version without a new
   epoch, or one with a wrong clock, is visible at once instead of leaving old weights silently;
-* slots are isolated: an error in one listener's apply (a damaged history, a bug) holds that
-  listener and is counted; the other listeners go on.
+* slots are isolated: an error in one listener's tick (a bug) is counted, logged and audited there
+  (``failed``: of the decision it broke off, of the reconcile, or of the tick) and the other listeners
+  go on. It does not fail static by itself: its decision is retried as above, a reconcile runs again
+  next interval, and the staleness check the broken tick did not reach is made after it, so a slot
+  whose every tick raises still fails static after ``stale_after_s``.
 
 Clocks: the service's timers (freshness since the last applied decision, back-off, reconcile) are
 elapsed times on ``time.monotonic()``, so a wall-clock step (NTP, a wrong RTC fixed by hand) neither
@@ -118,6 +123,7 @@ class _Slot:
     pending_record: tuple[bytes | None, bytes | None, tuple[int | None, int | None]] | None = None
     attempts: int = 0                    # applies of the pending decision ended by a mismatch or an internal error
     applying: bool = False               # inside the apply of ``pending`` (an exception then counts as an attempt)
+    reconciling: bool = False            # inside a reconcile (an exception then is audited as its failure)
     given_up: Stamp | None = None        # the last decision given up: its re-sends are skipped until ...
     given_up_until: float = 0.0          # ... this (monotonic)
 
@@ -220,9 +226,9 @@ class ActuatorService:
 
     def tick(self, now: float) -> None:
         """Apply what is pending (when its back-off allows), then check for fail static, then send the
-        findings that wait. One slot's error holds that slot (fail static, counted) and never stops the
-        others; the decision it was applying stays pending (bounded retries). ``now`` is
-        ``time.monotonic()``: every comparison here is of elapsed time."""
+        findings that wait. One slot's error (counted, logged, audited) never stops the others; the
+        decision it was applying stays pending (bounded retries). ``now`` is ``time.monotonic()``: every
+        comparison here is of elapsed time."""
         for slot in self.slots.values():
             try:
                 self._tick_slot(slot, now)
@@ -234,19 +240,29 @@ class ActuatorService:
             log.error("finding_outbox_failed", error=f"{type(e).__name__}: {e}"[:500], exc_info=True)
 
     def _slot_failed(self, slot: _Slot, error: Exception, now: float) -> None:
-        """An exception out of a slot's tick (a bug): counted, logged; if it broke off the apply of the
-        pending decision, that is an attempt (retried, then given up); the slot fails static."""
+        """An exception out of a slot's tick (a bug): counted, logged, audited. If it broke off the apply of
+        the pending decision, that is an attempt (retried, then given up: only then does the slot fail
+        static). It does not fail static at once: the retry a back-off later usually succeeds, and a page
+        opened and cleared within seconds for a one-off bug helps nobody (the errors metric and its alert
+        say a bug that lasts). The staleness check the tick did not reach is made here, so a slot whose
+        every tick raises still fails static after ``stale_after_s``."""
         a = slot.actuator
         text = f"internal error: {type(error).__name__}: {error}"[:500]
         metrics.ERRORS.labels(a.edge, "internal").inc()
         log.error("slot_failed", edge=a.edge, listener=a.listener, error=text, exc_info=True)   # (in its except)
         decision = slot.pending if slot.applying else None
-        slot.applying = False
+        reconciling = slot.reconciling
+        slot.applying = slot.reconciling = False
         steps: list[Callable[[], None]] = []
         if decision is not None:
             steps.append(lambda: self._apply_went_wrong(slot, decision, "internal", text, now))
-        # with a decision, its ``failed`` record says why; without one the hold is audited
-        steps.append(lambda: self._enter_fail_static(slot, now, f"actuator {text}", audit=decision is None))
+        elif reconciling:   # tried again next reconcile_interval_s
+            steps.append(lambda: a.fail(None, f"reconcile broken off by an {text}; tried again in "
+                                              f"{self.config.reconcile_interval_s:g}s", text,
+                                        action="edge.weights.reconcile"))
+        else:   # outside any action on the LB (restating findings, the fail-static check): nothing to retry
+            steps.append(lambda: a.fail(None, f"tick broken off by an {text}", text))
+        steps.append(lambda: self._check_stale(slot, now, f"; the slot's tick failed: {text}"))
         for handle in steps:   # each on its own: an audit sink that raises must not keep the slot from failing static
             try:
                 handle()
@@ -272,10 +288,16 @@ class ActuatorService:
             slot.applying = False
         elif slot.pending is None and self.config.reconcile_interval_s and now >= slot.next_reconcile:
             slot.next_reconcile = now + self.config.reconcile_interval_s
+            slot.reconciling = True
             slot.actuator.reconcile()
+            slot.reconciling = False
+        self._check_stale(slot, now)
+
+    def _check_stale(self, slot: _Slot, now: float, cause: str = "") -> None:
+        """Fail static when no decision was applied for ``stale_after_s`` (audited ``held``)."""
         if slot.fail_static_since is None and now - slot.last_fresh > self.config.stale_after_s:
             self._enter_fail_static(slot, now, f"no decision applied for {now - slot.last_fresh:.1f}s "
-                                               f"> stale_after_s {self.config.stale_after_s}", audit=True)
+                                               f"> stale_after_s {self.config.stale_after_s}{cause}", audit=True)
 
     def _after_apply(self, slot: _Slot, res: ApplyResult, now: float) -> None:
         if res.retry:
@@ -327,7 +349,11 @@ class ActuatorService:
                   "controller's next version applies as usual")
         log.error("decision_given_up", edge=a.edge, listener=a.listener, version=decision.version,
                   epoch=decision.epoch, why=why, error=text[:300])
-        if why == "internal":   # kept for a post-mortem / replay once the bug is fixed
+        if why == "internal":
+            # a bug that outlived its retries: fail static (a page) now, not when staleness says so; the
+            # failed record below says why (a mismatch -- another writer -- is left to staleness)
+            self._enter_fail_static(slot, now, reason, audit=False)
+            # kept for a post-mortem / replay once the bug is fixed
             key, value, origin = record or (None, decision.encode(), (None, None))
             self._deadletter(key, value, reason, origin)
         a.fail(decision, reason, text)

@@ -19,6 +19,13 @@ Next to it, ``<listener>.fail_static.json`` says the slot is failing static and 
 previous run opened instead of leaving it open for good. When the slot leaves fail static the file
 says ``"cleared": true`` until the clear has reached the broker (a restart sends it again), and
 ``"owed"`` lists earlier incidents whose clear had not reached it either; absent when nothing is owed.
+
+And ``<listener>.unverified.json``, written ahead of an LB write (atomically, before the write starts):
+the origins that write may set to 0 over a weight the history gives them, while no write since has
+been read back and recorded (a ``mismatch``, a torn batch whose undo failed, a crash between the write
+and its entry leave it). A quiescing target (LVS) takes a live 0 under a stored weight above 0 for its
+health checker's doing; an origin named here may be at 0 by our own write, so it is not (see
+``EdgeActuator._down``). Gone once a write is read back and recorded; absent when nothing is owed.
 """
 
 from __future__ import annotations
@@ -238,6 +245,50 @@ class WeightStore:
             replace_file(path, orjson.dumps(doc))
         except OSError as e:
             raise StoreError(f"{path}: cannot record the fail-static state ({e.strerror or e})") from None
+
+    @property
+    def unverified_path(self) -> Path:
+        return self.path.with_suffix(".unverified.json")
+
+    def unverified_zeroed(self) -> set[str] | None:
+        """The origins a write not yet read back and recorded may have set to 0 (see the module docstring);
+        None when the file cannot be read: then any 0 may be ours."""
+        try:
+            doc = orjson.loads(self.unverified_path.read_bytes())
+        except FileNotFoundError:
+            return set()
+        except (OSError, orjson.JSONDecodeError) as e:
+            log.warning("unverified_writes_unreadable", file=str(self.unverified_path), error=str(e)[:300])
+            return None
+        zeroed = doc.get("zeroed") if isinstance(doc, dict) else None
+        if not isinstance(zeroed, list) or not all(isinstance(o, str) for o in zeroed):
+            log.warning("unverified_writes_unreadable", file=str(self.unverified_path), error="no zeroed list")
+            return None
+        return set(zeroed)
+
+    def note_unverified(self, zeroed: set[str], weights: dict[str, int]) -> None:
+        """Before a write of ``weights``: record (atomically, durably) that it may set ``zeroed`` to 0, added
+        to what earlier unverified writes may have. StoreError when it cannot: the write must not start."""
+        with self._locked():
+            known = self.unverified_zeroed()
+            if known is None or zeroed <= known:   # unreadable: "any 0 may be ours" says more already
+                return
+            doc = {"zeroed": sorted(zeroed | known), "weights": weights, "at": time.time()}
+            try:
+                replace_file(self.unverified_path, orjson.dumps(doc))
+            except OSError as e:
+                raise StoreError(f"{self.unverified_path}: cannot record the write about to be made "
+                                 f"({e.strerror or e})") from None
+
+    def clear_unverified(self) -> None:
+        """A write was read back and its weights recorded: nothing is owed (no-op when nothing was)."""
+        if not self.unverified_path.exists():
+            return
+        with self._locked():
+            try:
+                self.unverified_path.unlink(missing_ok=True)
+            except OSError as e:
+                raise StoreError(f"{self.unverified_path}: cannot remove ({e.strerror or e})") from None
 
     def _cut_torn_tail(self) -> None:
         """Under the lock: drop bytes after the last newline (a crash mid-append) before appending."""

@@ -164,10 +164,13 @@ def serving(weights: dict[str, int], down: set[str]) -> int:
     return sum(w for o, w in weights.items() if o not in down)
 
 
-def lb_down(lb: FakeRuntime | FakeLvs, stored: dict[str, int] | None) -> set[str]:
+def lb_down(lb: FakeRuntime | FakeLvs, stored: dict[str, int] | None, ours: set[str] | None = frozenset()) -> set[str]:
+    """What the LB reports DOWN; LVS: a live 0 under a stored weight above 0 that no unverified write of
+    ours (``ours``, None: unknown, any) may have set."""
     if isinstance(lb, FakeRuntime):
         return lb.down()
-    return {o for o, w in lb.weights.items() if w == 0 and (stored or {}).get(o, 0) > 0}
+    return {o for o, w in lb.weights.items()
+            if w == 0 and (stored or {}).get(o, 0) > 0 and ours is not None and o not in ours}
 
 
 def make(kind: str, tmp: Path, rng: random.Random, max_step: float
@@ -248,7 +251,7 @@ def run_schedule(kind: str, seed: int, steps: int = 100) -> None:
             stored_before = history[-1] if history else None
             high_before = max((e.stamp for e in history if e.action == "apply"), default=None)
             before = dict(lb.weights)
-            down_before = lb_down(lb, stored_before.weights if stored_before else None)
+            down_before = lb_down(lb, stored_before.weights if stored_before else None, act.store.unverified_zeroed())
             n_sets, n_audit = len(lb.sets), len(sink.records)
             mode = act.mode
             if kind_of == "reconcile":
@@ -304,7 +307,7 @@ def run_schedule(kind: str, seed: int, steps: int = 100) -> None:
                     check_bound(stored_after.weights, lb, before, stored_before.weights if stored_before else None, down_before,
                                 d.weights, max_step, total, ctx)
             # never all-zero: whatever happened, an LB that served still serves
-            down_after = lb_down(lb, stored_after.weights if stored_after else None)
+            down_after = lb_down(lb, stored_after.weights if stored_after else None, act.store.unverified_zeroed())
             if serving(before, down_before) > 0 and serving(after, down_after | down_before) <= 0:
                 # only a wedged LB may be left so, and then the record must say the repair failed
                 assert lb.plan.dead_from is not None and r.result == "failed" \

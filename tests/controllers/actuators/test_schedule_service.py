@@ -11,21 +11,22 @@ steps) and a new one is built over the same weight store with the consumer rewou
 offset. Findings and dead letters land on a fake producer; the findings topic goes away now and then
 (a send raises, or its future fails a step later) and its acks may come a step late. The applier meets
 bugs: an apply raises (before doing anything, or after it applied), a reconcile raises, and now and then
-a *poison* decision makes every apply of it raise; another writer meddles with an LB right after a write
-(the read-back mismatches).
+a *poison* decision makes every apply of it raise; another writer meddles with an LB (HAProxy and LVS)
+right after a write (the read-back mismatches; on LVS the unrecorded write may leave a real at 0).
 
 After every step: no exception out of ``step``; offsets never committed past the newest decision of a
 slot that is not handled yet; the applied history never goes back in ``(epoch, version)`` nor applies a
 complete version twice; the newest decision of a poll is the one applied; a garbage record is counted
 and dead-lettered; a slot whose LB answers is never held by another's; back-off bounded; fail static
-entered only when no fresh decision for ``stale_after_s`` (or a held decision / unusable history) and
-left only by a fresh one (or entered on an internal error); the ``edge.fail_static`` finding open exactly
-while the gauge says so once nothing is owed to the broker (across restarts too), open and clear
-alternating in order, never re-opened per tick; a decision whose applies mismatch or raise is retried
-after a back-off and given up (audited ``failed``, "gave up"; a poison one dead-lettered) after
-``max_apply_attempts``, never committed before either. At the end (LBs up, broker up, controllers fresh):
-every slot applies its controller's newest decision, the last state of every finding reached the broker
-and nothing is left open or owed.
+entered only when no fresh decision for ``stale_after_s`` (or a held decision / unusable history, or a
+decision given up after internal errors: an internal error alone does not) and left only by a fresh
+one; the ``edge.fail_static`` finding open exactly while the gauge says so once nothing is owed to the
+broker (across restarts too), open and clear alternating in order, never re-opened per tick; a decision
+whose applies mismatch or raise is retried after a back-off and given up (audited ``failed``, "gave
+up"; a poison one dead-lettered) after ``max_apply_attempts``, never committed before either. At the
+end (LBs up, broker up, controllers fresh): every slot applies its controller's newest decision and its
+LB carries those weights (no health checker here: a real left at 0 by a write of ours is no quiesce),
+the last state of every finding reached the broker and nothing is left open or owed.
 
 ``OPSLOOP_SCHEDULE_SEED=N`` runs another block of seeds; a failure names its seed and step.
 """
@@ -208,6 +209,24 @@ class MeddlingRuntime(FakeRuntime):
         return reply
 
 
+class MeddlingLvs(FakeLvs):
+    """LVS with another writer: right after each ``ipvsadm -R`` the reals of ``meddle`` get its weight."""
+
+    def __init__(self, config: LvsTargetConfig, weights: dict[str, int]) -> None:
+        super().__init__(config, weights)
+        self.meddle: dict[str, int] = {}
+
+    def _run(self, args: list[str], stdin: str | None = None) -> str:
+        out = super()._run(args, stdin)
+        if args == ["-R"]:
+            for origin, weight in self.meddle.items():
+                self.set_live(origin, weight)
+        return out
+
+
+MEDDLING = (MeddlingRuntime, MeddlingLvs)
+
+
 @dataclass
 class Controller:
     """One listener's edge controller: its stamp and what it sent."""
@@ -269,7 +288,7 @@ class World:
             if isinstance(t, HaproxyTargetConfig):
                 self.lbs[t.listener] = MeddlingRuntime(start)
             else:
-                self.lbs[t.listener] = FakeLvs(t, start)
+                self.lbs[t.listener] = MeddlingLvs(t, start)
         self.targets = {t.listener: t for t in targets[:3]}
         self.svc: ActuatorService
         self.runs = 0
@@ -311,8 +330,8 @@ class World:
             truth.calls.append((decision.stamp, res.result))
             if res.result not in ("failed", "mismatch"):   # retried: not handled yet
                 self._handled(truth, decision.stamp)
-            if res.result in FRESH_RESULTS:
-                truth.last_fresh = self.clock.mono
+            if res.result in FRESH_RESULTS and truth.bug != "after":   # (a result the service never sees is
+                truth.last_fresh = self.clock.mono                       # not fresh to it)
             if truth.bug == "after":   # the apply did its work, then the bug: a retry finds it done
                 truth.bug = None
                 truth.internal = True
@@ -321,8 +340,8 @@ class World:
         return recorded
 
     def _recording_fail(self, listener: str, fail: Any) -> Any:
-        def recorded(decision: EdgeWeights, reason: str, error: str | None = None) -> ApplyResult:
-            res = fail(decision, reason, error)
+        def recorded(decision: EdgeWeights | None, reason: str, error: str | None = None, **kw: Any) -> ApplyResult:
+            res = fail(decision, reason, error, **kw)
             if reason.startswith("gave up"):
                 truth = self.truth[listener]
                 truth.given_up.add(decision.stamp)
@@ -417,12 +436,11 @@ class World:
             roll = rng.random()
             self.truth[listener].bug = "before" if roll < 0.04 else "after" if roll < 0.06 else \
                 "reconcile" if roll < 0.08 else None
-            # another writer for a step, now and then for several (the decision is given up). HAProxy only:
-            # on LVS a write not recorded (a mismatch) that zeroed a real makes the applier take it for
-            # quiesced (live 0, stored > 0) until its health checker "restores" it, which here never comes
-            # (known, left to the applier: not what this schedule is about)
+            # another writer for a step, now and then for several (the decision is given up). On LVS a
+            # mismatched write may leave a real at 0 under a stored weight: ours, not a quiesce (no health
+            # checker here), so the end still finds every real at the stored weight
             lb = self.lbs[listener]
-            if isinstance(lb, MeddlingRuntime) and self.meddle_steps[listener] <= 0 and rng.random() < 0.08:
+            if isinstance(lb, MEDDLING) and self.meddle_steps[listener] <= 0 and rng.random() < 0.08:
                 self.meddle[listener] = {rng.choice(ORIGINS): rng.choice([3, 7, 50])}
                 self.meddle_steps[listener] = 1 if rng.random() < 0.5 else rng.randint(4, 8)
                 trace.append(f"meddle {listener} {self.meddle[listener]} x{self.meddle_steps[listener]}")
@@ -453,7 +471,7 @@ class World:
         self.crash = crash if crash != "between" else None
         self.lb_plans(crash)
         for listener, lb in self.lbs.items():
-            if isinstance(lb, MeddlingRuntime):
+            if isinstance(lb, MEDDLING):
                 lb.meddle = self.meddle[listener] if self.meddle_steps[listener] > 0 else {}
             self.meddle_steps[listener] -= 1
         for truth in self.truth.values():
@@ -472,7 +490,7 @@ class World:
             self.crash = None
             for lb in self.lbs.values():
                 lb.plan = Plan()
-                if isinstance(lb, MeddlingRuntime):
+                if isinstance(lb, MEDDLING):
                     lb.meddle = {}
             for truth in self.truth.values():
                 truth.bug = None
@@ -565,8 +583,11 @@ def check(world: World, ctx: str, before: dict[str, float], crashed: bool, batch
         if gauge == 0:
             assert now - truth.last_fresh <= STALE_S, f"{where}: {now - truth.last_fresh:.1f}s without a fresh " \
                                                      f"decision, not fail static"
+        # (an internal error alone does not: only a decision given up after internal errors, a page for a
+        # bug that outlived its retries)
+        gave_up_internal = any("ended in internal" in why for _, why in truth.gave_up_now)
         if gauge == 1 and before[listener] == 0 and not crashed:
-            assert now - truth.last_fresh > STALE_S or "held" in results or truth.internal, \
+            assert now - truth.last_fresh > STALE_S or "held" in results or gave_up_internal, \
                 f"{where}: fail static {now - truth.last_fresh:.1f}s after a fresh decision, results {results}"
         if gauge == 0 and before[listener] == 1:
             assert any(r in FRESH_RESULTS for r in results), f"{where}: fail static left without a fresh " \
@@ -620,6 +641,9 @@ def run_schedule(seed: int, tmp: Path, monkeypatch: pytest.MonkeyPatch, steps: i
         last = WeightStore(world.config.store_dir, world.edge, name).last()
         assert last is not None and last.stamp == stamp and last.complete, \
             f"seed {seed} end [{name}]: controller at {stamp}, history at {last and last.stamp}"
+        # no health checker here (nothing DOWN or quiesced): the LB carries the decision, every real of it
+        assert world.lbs[name].weights == last.weights, \
+            f"seed {seed} end [{name}]: live {world.lbs[name].weights}, history {last.weights}"
         assert fail_static(name, world.edge) == 0, f"seed {seed} end [{name}]: still fail static"
         # the broker is back: the last state of the finding reached it, nothing is owed
         slot, truth = world.svc.slots[(name, world.edge)], world.truth[name]

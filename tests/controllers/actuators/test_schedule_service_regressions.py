@@ -403,3 +403,85 @@ def test_a_poison_decision_is_given_up_dead_lettered_and_the_next_one_applied(
     consumer.records += _records(edge, _decision(edge, 2, clock, {"a": 0.25, "b": 0.75}))
     svc.step()
     assert sink.results[-1] == "applied" and sink.records[-1].version == 2 and consumer.committed == 2
+
+
+# -- an internal error pages only when it outlives its retries (or the slot goes stale) ----------------------
+# Before, the first exception out of a slot's tick put the slot in fail static: an edge.fail_static finding
+# (a page) opened, and the retry a second later cleared it. A one-off bug paged on-call.
+
+def _fail_static_findings(producer: Producer, edge: str) -> list[Finding]:
+    return [f for f in _findings(producer) if f.where.get("edge") == edge]
+
+
+def test_a_one_off_internal_error_is_audited_and_retried_without_a_page(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer, producer = ListConsumer([]), Producer()
+    svc, lb, clock, sink, edge = _service(tmp_path, monkeypatch, "oneoff", producer, consumer)
+    gauge = metrics.FAIL_STATIC.labels("web", edge)
+    lb.buggy = 1
+    consumer.records += _records(edge, _decision(edge, 1, clock, {"a": 0.25, "b": 0.75}))
+    svc.step()
+    assert sink.results == ["failed"] and "attempt 1 of" in sink.records[-1].reason   # audited
+    assert metrics.ERRORS.labels(edge, "internal")._value.get() == 1                    # counted
+    assert gauge._value.get() == 0 and _fail_static_findings(producer, edge) == [], "a one-off bug paged"
+    assert not svc.slots[("web", edge)].actuator.store.fail_static_path.exists()
+    clock.advance(1.0)
+    svc.step()
+    assert sink.results[-1] == "applied" and consumer.committed == 1
+    assert gauge._value.get() == 0 and _fail_static_findings(producer, edge) == []
+
+
+def test_a_decision_given_up_after_internal_errors_fails_static_until_one_applies(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer, producer = ListConsumer([]), Producer()
+    svc, lb, clock, sink, edge = _service(tmp_path, monkeypatch, "givenup", producer, consumer,
+                                          max_apply_attempts=3, stale_after_s=1000.0)
+    gauge = metrics.FAIL_STATIC.labels("web", edge)
+    lb.buggy = 10 ** 6
+    consumer.records += _records(edge, _decision(edge, 1, clock))
+    while "gave up" not in (sink.records[-1].reason if sink.records else ""):
+        assert gauge._value.get() == 0 and _fail_static_findings(producer, edge) == [], sink.results
+        svc.step()
+        clock.advance(0.5)
+    assert sink.results == ["failed"] * 3
+    [opened] = _fail_static_findings(producer, edge)           # the bug outlived its retries: a page
+    assert not opened.cleared and "gave up" in opened.explanation and "internal" in opened.explanation
+    assert gauge._value.get() == 1
+    lb.buggy = 0
+    consumer.records += _records(edge, _decision(edge, 2, clock, {"a": 0.25, "b": 0.75}))
+    svc.step()
+    assert sink.results[-1] == "applied" and gauge._value.get() == 0
+    *_, cleared = _fail_static_findings(producer, edge)
+    assert cleared.cleared and cleared.first_seen == opened.first_seen
+
+
+def test_a_tick_that_raises_outside_an_apply_fails_static_only_when_stale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in reconcile (no decision to retry; it runs again next interval): audited and counted, no page;
+    if every tick raises, the staleness check the tick never reaches still puts the slot in fail static."""
+    consumer, producer = ListConsumer([]), Producer()
+    svc, lb, clock, sink, edge = _service(tmp_path, monkeypatch, "reconcilebug", producer, consumer,
+                                          reconcile_interval_s=0.5)
+    gauge = metrics.FAIL_STATIC.labels("web", edge)
+    consumer.records += _records(edge, _decision(edge, 1, clock))
+    svc.step()
+    assert sink.results == ["applied"]
+    fresh = clock.mono
+    act = svc.slots[("web", edge)].actuator
+
+    def buggy_reconcile() -> None:
+        raise ZeroDivisionError("a bug in reconcile")
+
+    act.reconcile = buggy_reconcile  # type: ignore[method-assign]
+    errors = metrics.ERRORS.labels(edge, "internal")._value.get()
+    while clock.mono - fresh <= STALE_S:
+        assert gauge._value.get() == 0 and _fail_static_findings(producer, edge) == [], sink.results[-3:]
+        clock.advance(0.5)
+        svc.tick(clock.mono)
+    assert metrics.ERRORS.labels(edge, "internal")._value.get() - errors >= STALE_S / 0.5 - 1
+    failed = [r for r in sink.records if r.result == "failed"]
+    assert failed and all(r.action == "edge.weights.reconcile" and "ZeroDivisionError" in r.reason for r in failed)
+    assert gauge._value.get() == 1                              # stale: every tick raised before its own check
+    [opened] = _fail_static_findings(producer, edge)
+    assert not opened.cleared and "no decision applied" in opened.explanation
+    assert sink.records[-1].result == "held" and "ZeroDivisionError" in sink.records[-1].reason

@@ -37,3 +37,24 @@ def test_torn_last_line_is_ignored_damage_elsewhere_is_named(tmp_path: Path) -> 
     s.path.write_bytes(b"\n".join([lines[0], b"not json", lines[1]]) + b"\n")
     with pytest.raises(StoreError, match="line 2"):
         s.history()
+
+
+def test_unverified_writes_add_up_until_cleared_and_a_damaged_note_means_any(tmp_path: Path) -> None:
+    """``<listener>.unverified.json``: the origins unverified writes may have set to 0, added up; gone once a
+    write is verified; unreadable -> None (any 0 may be ours), and not overwritten by a narrower note."""
+    s = WeightStore(tmp_path, "e", "l")
+    assert s.unverified_zeroed() == set()
+    s.clear_unverified()                                  # nothing owed: a no-op
+    s.note_unverified({"a"}, {"a": 0, "b": 10})
+    s.note_unverified({"b"}, {"a": 5, "b": 0})
+    assert s.unverified_zeroed() == {"a", "b"} and s.unverified_path.stat().st_mode & 0o777 == 0o600
+    assert s.history() == []                              # the history itself is untouched
+    s.clear_unverified()
+    assert s.unverified_zeroed() == set() and not s.unverified_path.exists()
+    for damage in (b"{not json", b'{"zeroed": "a"}', b"[1]"):
+        s.unverified_path.write_bytes(damage)
+        assert s.unverified_zeroed() is None
+        s.note_unverified({"a"}, {"a": 0})
+        assert s.unverified_zeroed() is None
+        s.clear_unverified()
+        assert s.unverified_zeroed() == set()
