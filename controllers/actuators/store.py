@@ -222,11 +222,6 @@ class WeightStore:
         owed = [float(x) for x in owed if _number(x)] if isinstance(owed, list) else []
         return FailStaticState(float(since), doc.get("cleared") is True, owed)
 
-    def fail_static_since(self) -> float | None:
-        """When the open fail-static finding of this slot was first seen (a date), None when none is open."""
-        state = self.fail_static_state()
-        return state.since if state is not None and not state.cleared else None
-
     def set_fail_static(self, since: float | None, cleared: bool = False, owed: list[float] | None = None) -> None:
         """Record (atomically) that the slot fails static since ``since``, or that it left it (``cleared``)
         and that clear is not delivered yet, with the earlier clears not delivered (``owed``); None: nothing

@@ -19,7 +19,7 @@ def usable_mask(latency: np.ndarray, healthy: np.ndarray) -> np.ndarray:
     return np.isfinite(latency) & np.asarray(healthy, dtype=bool)[None, :]
 
 
-def _nearest_rows(latency: np.ndarray, usable: np.ndarray) -> np.ndarray:
+def nearest_rows(latency: np.ndarray, usable: np.ndarray) -> np.ndarray:
     """[E, O]: each row all on its nearest usable origin (all-zero for a row with none)."""
     rows = np.zeros(latency.shape)
     has = usable.any(axis=1)
@@ -42,7 +42,7 @@ def strip_unusable(previous: np.ndarray, proposal: np.ndarray, usable: np.ndarra
         return out
     dest = np.where(usable, np.clip(proposal, 0.0, None), 0.0)
     empty = dest.sum(axis=1) <= _EPS
-    dest[empty] = _nearest_rows(latency, usable)[empty]
+    dest[empty] = nearest_rows(latency, usable)[empty]
     dest /= np.where(dest.sum(axis=1, keepdims=True) > 0, dest.sum(axis=1, keepdims=True), 1.0)
     mass = np.where(bad, out, 0.0).sum(axis=1)
     out[bad] = 0.0
@@ -68,7 +68,7 @@ def enforce_safety(previous: np.ndarray, proposal: np.ndarray, latency: np.ndarr
     prop = np.clip(np.nan_to_num(np.asarray(proposal, dtype=float)), 0.0, None)
     usable = usable_mask(latency, healthy)
     has_usable = usable.any(axis=1)
-    nearest = _nearest_rows(latency, usable)
+    nearest = nearest_rows(latency, usable)
     # a previous row that is all-zero is not a decision: start from the nearest usable origin
     prev_empty = prev.sum(axis=1) <= _EPS
     prev[prev_empty & has_usable] = nearest[prev_empty & has_usable]

@@ -77,6 +77,7 @@ from opsloop.controllers.edge.settings import ControllerSettings
 from opsloop.controllers.edge.base import Decision, Observation
 from opsloop.controllers.edge.controller import EdgeController
 from opsloop.controllers.edge.findings import decision_findings
+from opsloop.controllers.edge.safety import nearest_rows, usable_mask
 from opsloop.records import EdgeWeights, Mode
 from opsloop.controllers.edge.service import metrics as M
 from opsloop.controllers.edge.service.inputs import DemandBook
@@ -123,15 +124,11 @@ def start_weights(latency: np.ndarray, healthy: np.ndarray) -> np.ndarray:
     """[E, O]: each edge all on its nearest healthy reachable origin, else its nearest reachable one,
     else spread evenly: how a fresh edge starts (the simulator's default, the final guard's start for
     an edge without weights)."""
-    out = np.zeros(latency.shape)
-    for i, row in enumerate(latency):
-        reachable = np.isfinite(row)
-        pool = reachable & healthy if (reachable & healthy).any() else reachable
-        if pool.any():
-            out[i, int(np.argmin(np.where(pool, row, np.inf)))] = 1.0
-        else:
-            out[i] = 1.0 / len(row)
-    return out
+    rows = nearest_rows(latency, usable_mask(latency, healthy))
+    none = ~rows.any(axis=1)
+    rows[none] = nearest_rows(latency, np.isfinite(latency))[none]
+    rows[~rows.any(axis=1)] = 1.0 / latency.shape[1]
+    return rows
 
 
 def origin_response_ms(records: list[tuple[int, EdgeDemand]], origins: list[str],
