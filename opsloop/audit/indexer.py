@@ -25,15 +25,22 @@
   ``max_buffered`` records plus one batch in flight.
 
 The index template (``templates/audit.json``) is installed before the first bulk request and
-again after every failed one (Elasticsearch may have come back empty).
+again after every failed one (Elasticsearch may have come back empty). A cluster may also restart empty
+*between* two requests (the audit trail is idle for minutes at a time): the next bulk would then
+auto-create the stream as a plain index with dynamic mapping, for good. So a bulk request sent more than
+``template_check_s`` (5 s) after the last check first checks that the template is still there (one HEAD
+request, at most one per 5 s, none while idle) and installs it again if not. That covers every restart:
+one that no request of ours saw fail happened wholly between two requests, so the gap before the next
+one is longer than the restart itself, which takes a node longer than 5 s.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from elastic_transport import TransportError
 from elasticsearch import ApiError, Elasticsearch, helpers
@@ -51,6 +58,8 @@ RETRYABLE_STATUS = (429, 502, 503, 504)
 # parsing error). 401/403/404 say the API key or the cluster is wrong, not the record: kept and retried.
 REJECTED_STATUS = 400
 TOO_LARGE_STATUS = 413   # the request, not its records: sent again in smaller requests
+# the template is checked again before a bulk this long after the last check: below any node's restart time
+TEMPLATE_CHECK_S = 5.0
 
 RECORDS = Counter("opsloop_audit_records_total", "Audit records handled by the Elasticsearch indexer, by outcome "
                   "(indexed, duplicate: already stored, rejected: refused by Elasticsearch)", ["stream", "outcome"])
@@ -80,7 +89,8 @@ class ElasticsearchIndexer:
 
     def __init__(self, client: Elasticsearch, stream: str = DEFAULT_STREAM, max_buffered: int = 10_000,
                  batch_size: int = 500, bulk_retries: int = 3, initial_backoff_s: float = 0.5,
-                 max_backoff_s: float = 30.0, flush_interval_s: float = 1.0) -> None:
+                 max_backoff_s: float = 30.0, flush_interval_s: float = 1.0,
+                 template_check_s: float = TEMPLATE_CHECK_S, clock: Callable[[], float] = time.monotonic) -> None:
         if max_buffered < 1 or batch_size < 1:
             raise ValueError(f"max_buffered and batch_size must be >= 1 (got {max_buffered}, {batch_size})")
         if not stream.startswith(DEFAULT_STREAM):
@@ -93,6 +103,8 @@ class ElasticsearchIndexer:
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
         self.flush_interval_s = flush_interval_s
+        self.template_check_s = template_check_s
+        self.clock = clock
         self._buffer: deque[AuditRecord] = deque()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()   # one bulk request at a time (thread and explicit flush)
@@ -101,6 +113,7 @@ class ElasticsearchIndexer:
         self._thread: threading.Thread | None = None
         self._template_ok = False
         self._in_flight: list[AuditRecord] = []
+        self._template_checked = 0.0   # clock() of the last install or check that went through
         self._limit = batch_size      # records per request: halved by a 413, grown back by successes
         self._split = False           # the last flush halved the limit: flush_all goes on at once
         self._closed = False
@@ -145,9 +158,8 @@ class ElasticsearchIndexer:
             error: str | None = None
             self._split = False
             try:
-                if not self._template_ok:
-                    install_template(self.client, AUDIT_TEMPLATE)
-                    self._template_ok = True
+                if not self._template_ok or self.clock() - self._template_checked >= self.template_check_s:
+                    self._ensure_template()
                 for ok, item in helpers.streaming_bulk(
                         self.client, self._actions(batch), chunk_size=len(batch),
                         max_retries=self.bulk_retries, initial_backoff=self.initial_backoff_s,
@@ -246,6 +258,19 @@ class ElasticsearchIndexer:
             self.backoff_s = min(self.backoff_s * 2, self.max_backoff_s)
 
     # ------------------------------------------------------------------------------ internals
+    def _ensure_template(self) -> None:
+        """Install the index template, or, once installed, check it is still there and install it again
+        if the cluster lost it (module docstring). Raises like a bulk request: the caller keeps the batch."""
+        started = self.clock()
+        if self._template_ok and not self.client.indices.exists_index_template(name=AUDIT_TEMPLATE):
+            self._template_ok = False
+            log.warning("audit_template_missing", stream=self.stream, template=AUDIT_TEMPLATE,
+                        action="installed again before the next bulk request (the cluster restarted empty?)")
+        if not self._template_ok:
+            install_template(self.client, AUDIT_TEMPLATE)
+            self._template_ok = True
+        self._template_checked = started
+
     def _too_large(self, batch: list[AuditRecord], pending: dict[str, AuditRecord]) -> int:
         """A 413 for ``batch``: halve the records per request (the batch stays pending), or, for a batch
         of one, reject that record (nothing smaller can be sent). How many were rejected."""

@@ -75,7 +75,9 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/topology": {"get": {"summary": "the whole topology with health overrides",
                                      "responses": {"200": {"description": "topology"}, **common}}},
             "/v1/status": {"get": {"summary": "last decision per listener: mode, reason, version, inputs; "
-                                              "publish_failure: the last failed publish until one succeeds",
+                                              "publish_failure: the last failed publish until one succeeds; "
+                                              "last_tick: the last tick attempted (outcome, error); "
+                                              "decision_age_s: seconds since the decision in force",
                                    "responses": {"200": {"description": "status"}, **common}}},
             "/v1/listeners/{listener}/weights": {"get": {
                 "summary": "current published weights (EdgeWeights records)", "parameters": lo[:1],

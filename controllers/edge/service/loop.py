@@ -48,7 +48,11 @@ on -- the book keeps it, so a repeat would show the stored record beside a decis
 
 A publish that failed is shown in the status until one succeeds (``publish_failure``: when, since
 when, how many in a row, the version refused and the error, credentials masked); the other fields
-stay those of the decision in force.
+stay those of the decision in force. So that a failing loop does not read as a fresh one, the status
+also shows every listener's last attempted tick (``last_tick``: when, its outcome as counted in
+``opsloop_edge_ticks_total``, the exception of a tick that raised, credentials masked; a failed
+publish's error is in ``publish_failure``) and ``decision_age_s``, the seconds since the decision in
+force was computed, taken when the status is read: it grows while the ticks fail.
 
 Every record carries this instance's ``epoch`` (its start time in ms, above every epoch recovered
 from ``edge.weights``): actuators order decisions by ``(epoch, version)``, so a restart that lost
@@ -111,6 +115,7 @@ class ListenerState:
     stepped: tuple[Any, ...] | None = None  # ... and of the last one the controller stepped on
     spent: int | None = None   # the highest version a failed publish may still deliver (at-least-once)
     publish_failure: dict[str, Any] | None = None   # the last failed publish, until one succeeds (status)
+    last_tick: dict[str, Any] | None = None   # the last tick attempted, whatever its outcome (status)
 
 
 def measurement(rec: EdgeDemand) -> tuple[Any, ...]:
@@ -286,24 +291,26 @@ class ControlLoop:
         control_now = self.control_time(now)
         for state in self.listeners.values():
             t0 = time.perf_counter()
+            with self.lock:
+                state.ticks += 1   # every attempt, one whose inputs could not be read too (``last_tick``)
             try:
                 out[state.name] = self._tick_listener(state, now, control_now)
             except Exception as e:  # noqa: BLE001 - keep controlling the other listeners
                 M.TICKS.labels(state.name, "error").inc()
                 log.error("tick_failed", listener=state.name, error=f"{type(e).__name__}: {e}", exc_info=True)
+                self._attempted(state, now, "error", redact_credentials(f"{type(e).__name__}: {e}")[:500])
                 out[state.name] = None
             M.TICK_SECONDS.observe(time.perf_counter() - t0)
         return out
 
     def _tick_listener(self, state: ListenerState, now: float, control_now: float) -> Decision | None:
         obs, status = self.observe(state, now, control_now)
-        with self.lock:
-            state.ticks += 1
         if obs is None:
             M.TICKS.labels(state.name, "waiting").inc()
             with self.lock:
                 state.last_status = {**status, "mode": "waiting", "reason": "waiting for demand from every edge",
                                      "tick": state.ticks, "version": state.controller.version}
+            self._attempted(state, now, "waiting")
             return None
         if state.last is not None and state.observed == state.stepped \
                 and obs.inputs_age_s <= self.settings.stale_after_s and not _returning(state.controller, control_now):
@@ -340,6 +347,7 @@ class ControlLoop:
                                  "computed_at": now,
                                  "weights": {r.edge: r.weights for r in records},
                                  "shed_rps": float(decision.shed_rps.sum())}
+        self._attempted(state, now, decision.mode.value)
         if decision.changed:
             log.info("weights_changed", listener=state.name, version=decision.version, mode=decision.mode.value,
                      reason=decision.reason[:300])
@@ -362,7 +370,14 @@ class ControlLoop:
             state.last_records, state.publish_failure = records, None
             state.last_status = {**state.last_status, **status, "tick": state.ticks, "computed_at": now,
                                  "changed": False, "repeated": True}
+        self._attempted(state, now, "repeated")
         return state.last
+
+    def _attempted(self, state: ListenerState, now: float, outcome: str, error: str | None = None) -> None:
+        """The status's ``last_tick``: ``outcome`` as counted in ``opsloop_edge_ticks_total``; ``error`` (masked)
+        only for a tick that raised, a failed publish's being in ``publish_failure``."""
+        with self.lock:
+            state.last_tick = {"at": now, "tick": state.ticks, "outcome": outcome, "error": error}
 
     def _unpublished(self, state: ListenerState, decision: Decision, error: Exception, now: float) -> None:
         """A publish that failed: not the weights in force. Its version is spent all the same (records
@@ -385,6 +400,7 @@ class ControlLoop:
             state.publish_failure = {"at": now, "since": now if last is None else last["since"],
                                      "consecutive": 1 if last is None else last["consecutive"] + 1,
                                      "version": decision.version, "error": text}
+        self._attempted(state, now, "publish_failed")
 
     def _findings(self, state: ListenerState, decision: Decision, now: float) -> list[Finding]:
         found = decision_findings(decision, state.name, state.edges, now, include_cleared=True)
@@ -411,9 +427,16 @@ class ControlLoop:
         M.SHED.labels(state.name).set(float(decision.shed_rps.sum()))
 
     def status(self) -> dict[str, Any]:
+        """Per listener: the decision in force (or the wait), ``publish_failure``, ``last_tick`` and
+        ``decision_age_s`` (module docstring); the age is taken now, so it grows while no tick succeeds."""
+        now = self.clock()
         with self.lock:
-            return {name: {**s.last_status, "publish_failure": None if s.publish_failure is None
-                           else dict(s.publish_failure)} for name, s in self.listeners.items()}
+            return {name: {**s.last_status,
+                           "decision_age_s": None if "computed_at" not in s.last_status
+                           else max(0.0, now - s.last_status["computed_at"]),
+                           "last_tick": None if s.last_tick is None else dict(s.last_tick),
+                           "publish_failure": None if s.publish_failure is None else dict(s.publish_failure)}
+                    for name, s in self.listeners.items()}
 
     def weights(self, listener: str) -> list[dict[str, Any]]:
         with self.lock:

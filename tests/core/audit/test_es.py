@@ -22,9 +22,10 @@ from elasticsearch import Elasticsearch
 from prometheus_client import REGISTRY
 
 from opsloop.audit.trail import AuditLog
-from opsloop.audit.indexer import ElasticsearchIndexer, client_for
+from opsloop.audit.indexer import TEMPLATE_CHECK_S, ElasticsearchIndexer, client_for
 from opsloop.audit.kafka import KafkaAuditPublisher
 from opsloop.audit.search import parse_time, render, why_weights_changed
+from opsloop.audit.templates import AUDIT_TEMPLATE, install_template, load_template
 from opsloop.stack import ManagedProcess, free_port
 from opsloop.topics import Topic
 from tests.helpers import REPO, read_topic, unique, wait_until
@@ -171,6 +172,61 @@ def test_a_document_elasticsearch_refuses_is_counted_and_dropped_not_retried(es_
     assert (result.indexed, result.rejected, result.remaining, result.ok) == (2, 1, 0, True)
     assert _metric("opsloop_audit_records_total", stream=stream, outcome="rejected") == 1
     assert _count(Elasticsearch(es_url), stream) == 2
+
+
+KEPT = "opsloop-test-kept-streams"
+
+
+def _without_audit_template(es: Elasticsearch) -> None:
+    """Delete the audit template. Elasticsearch refuses while a data stream uses it and this distribution
+    has no API to delete a data stream: the other tests' streams are handed to a template of their own."""
+    streams = [d["name"] for d in es.indices.resolve_index(name="opsloop-audit*")["data_streams"]]
+    if streams:
+        es.indices.put_index_template(name=KEPT, index_patterns=streams, data_stream={}, priority=100)
+    if es.indices.exists_index_template(name=AUDIT_TEMPLATE):
+        es.indices.delete_index_template(name=AUDIT_TEMPLATE)
+
+
+def test_a_cluster_restarted_empty_between_two_requests_gets_the_template_before_the_stream(es_url: str) -> None:
+    """Before: the template went in before the first bulk request and again only after a failed one. A
+    cluster restarted empty between two requests (none failed) had the next bulk auto-create the stream as
+    a plain index with dynamic mapping (``version`` a long, ``mode`` text), for good. Now the next bulk
+    request, later than a restart takes, checks the template first and installs it again.
+
+    A data stream cannot be deleted here (no API in this distribution), so the records before the "restart"
+    go to a plain index made with the template's mapping: the indexer does not tell them apart."""
+    stream = unique("opsloop-audit-wiped")
+    es = Elasticsearch(es_url)
+    body = load_template(AUDIT_TEMPLATE)["template"]
+    clock = [1000.0]
+    indexer = ElasticsearchIndexer(client_for(es_url), stream, clock=lambda: clock[0])
+    audit = AuditLog([indexer])
+    try:
+        _without_audit_template(es)
+        es.indices.create(index=stream, mappings=body["mappings"], settings=body["settings"])
+        _push(audit, "ams", T0, 1, {"eu": 1.0}, {"eu": 0.5, "us": 0.5}, "before the restart", mode="shadow")
+        assert indexer.flush_all().indexed == 1
+        assert es.indices.exists_index_template(name=AUDIT_TEMPLATE)     # installed by the indexer
+        # the restart: the stream and the template gone, between two requests (none of the indexer's failed)
+        es.indices.delete(index=stream)
+        _without_audit_template(es)
+        clock[0] += TEMPLATE_CHECK_S       # the next request comes later than a node takes to restart
+        _push(audit, "ams", T0 + 1, 2, {"eu": 0.5, "us": 0.5}, {"eu": 1.0}, "after the restart", mode="shadow")
+        result = indexer.flush_all()
+        assert result.ok and result.indexed == 1, result
+        assert [d["name"] for d in es.indices.resolve_index(name=stream)["data_streams"]] == [stream]
+        (index_mapping,) = es.indices.get_mapping(index=stream).body.values()
+        mapping = index_mapping["mappings"]
+        assert mapping["dynamic"] == "strict", mapping
+        assert {f: mapping["properties"][f]["type"] for f in ("version", "mode", "edge", "@timestamp")} \
+            == {"version": "keyword", "mode": "keyword", "edge": "keyword", "@timestamp": "date"}, mapping
+        assert _count(es, stream, mode="shadow") == 1 and _count(es, stream, version="2") == 1
+    finally:
+        install_template(es, AUDIT_TEMPLATE)          # as the other tests expect it (an indexer puts it back too)
+        if es.indices.exists_index_template(name=KEPT):
+            es.indices.delete_index_template(name=KEPT)
+        if stream in [i["name"] for i in es.indices.resolve_index(name=stream)["indices"]]:
+            es.indices.delete(index=stream)           # a plain index left by a failure (a data stream cannot go)
 
 
 def test_outage_buffers_then_flushes_when_elasticsearch_is_back(es_url: str, proxy: Proxy) -> None:

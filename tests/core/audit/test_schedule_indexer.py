@@ -55,7 +55,7 @@ _streams = itertools.count()
 class Call:
     """One request the fake answered (or applied and then timed out on: ``delivered`` False)."""
 
-    kind: str                                    # "template" or "bulk"
+    kind: str                                    # "template", "template_check" or "bulk"
     items: list[tuple[str, int]] = field(default_factory=list)   # (_id, status) per document, in order
     delivered: bool = True
 
@@ -79,6 +79,11 @@ class FakeCluster:
         self.max_docs: int | None = None         # a bulk of more documents is refused as too large (413)
         self.too_large: set[str] = set()         # ids of documents too large for any request (413)
 
+    def restart_empty(self) -> None:
+        """The node came back without its data: documents and index templates gone."""
+        self.docs.clear()
+        self.templates.clear()
+
     def healthy(self) -> None:
         self.up, self.whole, self.item_fault_rate = True, None, 0.0
         self.unauthorized_items = self.timeout_before = self.timeout_after = False
@@ -93,6 +98,11 @@ class FakeCluster:
             self.templates.add(path.rsplit("/", 1)[1])
             self.calls.append(Call("template"))
             return 200, {"acknowledged": True}
+        if method == "HEAD" and path.startswith("/_index_template/"):
+            if self.whole in (401, 503):
+                return self.whole, {}
+            self.calls.append(Call("template_check"))
+            return (200 if path.rsplit("/", 1)[1] in self.templates else 404), {}
         if method in ("POST", "PUT") and path in ("/_bulk", f"/{path.strip('/').split('/')[0]}/_bulk"):
             return self._bulk(body or b"")
         self.violations.append(f"unexpected request {method} {target}")
@@ -504,6 +514,55 @@ def test_a_record_too_large_on_its_own_is_rejected_and_the_others_go_through() -
     ix.submit(record(100))                            # the limit grows back: later batches are whole again
     ix.submit(record(101))
     assert ix.flush_all().indexed == 2
+
+
+class Ticks:
+    """The indexer's monotonic clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_cluster_restarted_empty_between_two_requests_gets_the_template_again_before_the_bulk() -> None:
+    """Before: the template went in before the first bulk request and again only after a failed one; a
+    cluster that restarted empty between two requests (no request failed) had the next bulk create the stream
+    with dynamic mapping. Now a bulk more than ``TEMPLATE_CHECK_S`` after the last check checks it first
+    (HEAD), at most once per interval however many requests, and installs it again if it is gone."""
+    es = FakeCluster(random.Random(6))
+    clock = Ticks()
+    ix = ElasticsearchIndexer(fake_client(es), f"opsloop-audit-wiped-{next(_streams)}", batch_size=2,
+                              initial_backoff_s=0.0, max_backoff_s=0.0, clock=clock)
+    for i in range(6):
+        ix.submit(record(i))
+    assert ix.flush_all().indexed == 6
+    kinds = [c.kind for c in es.calls]
+    assert kinds == ["template", "bulk", "bulk", "bulk"], kinds    # installed once, no check per request
+    clock.t += indexer_module.TEMPLATE_CHECK_S - 0.1
+    ix.submit(record(6))
+    assert ix.flush().indexed == 1 and es.calls[-1].kind == "bulk" and len(es.calls) == 5
+    clock.t += 0.1                                    # the interval since the install is over: checked once
+    for i in (7, 8, 9):
+        ix.submit(record(i))
+    assert ix.flush_all().indexed == 3
+    assert [c.kind for c in es.calls[5:]] == ["template_check", "bulk", "bulk"]
+    es.restart_empty()                                # between two requests: none of ours failed
+    clock.t += indexer_module.TEMPLATE_CHECK_S
+    ix.submit(record(10))
+    assert ix.flush().indexed == 1
+    assert [c.kind for c in es.calls[8:]] == ["template_check", "template", "bulk"]
+    assert not es.violations and AUDIT_TEMPLATE in es.templates
+    es.whole = 503                                    # a check that fails is an outage: the batch is kept
+    clock.t += indexer_module.TEMPLATE_CHECK_S
+    ix.submit(record(11))
+    res = ix.flush()
+    assert (res.indexed, res.remaining, res.ok) == (0, 1, False)
+    es.whole = None
+    es.restart_empty()
+    assert ix.flush().indexed == 1 and [c.kind for c in es.calls[11:]] == ["template", "bulk"]
+    assert not es.violations
 
 
 def test_a_record_submitted_after_close_is_dropped_and_counted_not_buffered_for_ever() -> None:

@@ -357,3 +357,72 @@ def test_a_tick_without_a_new_measurement_repeats_the_last_decision_instead_of_s
     for a, b in zip(plain, repeated):
         np.testing.assert_allclose(b.weights, a.weights, atol=1e-12)
     assert len({round(float(d.weights[0, 0]), 6) for d in plain}) > 3   # the weights did move on the noise
+
+
+def test_the_status_of_a_listener_whose_ticks_fail_says_so_and_ages() -> None:
+    """Before: a tick that raised (inputs unreadable, the controller's step) or whose publish failed left
+    ``tick``, ``computed_at`` and ``inputs_age_s`` of the last good one: ``/v1/status`` read as a fresh
+    listener. Now ``last_tick`` names the last attempt (when, outcome, the error masked) and
+    ``decision_age_s`` grows from the decision in force, also between two reads with no tick at all;
+    the decision's own fields are unchanged, a failed publish's error stays in ``publish_failure`` only."""
+    secret = "s3cret-pw"
+    h = Harness("failing", stale_after_s=30.0)
+    waiting = Harness("failing_wait", edges=("e1", "e2"))
+    waiting.demand("e1", 20.0)
+    waiting.step()
+    w = waiting.loop.status()["failing_wait"]
+    assert w["mode"] == "waiting" and w["decision_age_s"] is None
+    assert w["last_tick"] == {"at": waiting.clock.t, "tick": 1, "outcome": "waiting", "error": None}
+    for _ in range(2):
+        h.demand("e1", 20.0)
+        h.step()
+    good = h.loop.status()["failing"]
+    assert good["last_tick"] == {"at": h.clock.t, "tick": good["tick"], "outcome": good["mode"], "error": None}
+    assert good["decision_age_s"] == 0.0 and good["publish_failure"] is None
+    decided_at = h.clock.t
+
+    def unreadable(*_: object) -> None:
+        raise RuntimeError(f"demand book unreadable at kafka://edge:{secret}@kafka-1:9093")
+
+    get, h.book.get = h.book.get, unreadable          # the inputs cannot be read
+    for _ in range(3):
+        h.demand("e1", 20.0)
+        assert h.step() is None
+    status = h.loop.status()["failing"]
+    last = status["last_tick"]
+    assert (last["at"], last["tick"], last["outcome"]) == (h.clock.t, good["tick"] + 3, "error"), last
+    assert "RuntimeError: demand book unreadable" in last["error"] and secret not in str(status), last
+    assert status["decision_age_s"] == pytest.approx(h.clock.t - decided_at) == 3.0
+    # the decision in force as it was
+    assert {k: status[k] for k in good if k not in ("last_tick", "decision_age_s")} \
+        == {k: good[k] for k in good if k not in ("last_tick", "decision_age_s")}
+    h.clock.t += 5.0                                   # no tick at all (a stuck loop): still older when read
+    assert h.loop.status()["failing"]["decision_age_s"] == pytest.approx(8.0)
+    h.book.get = get
+
+    state = h.loop.listeners["failing"]
+    step, state.controller.step = state.controller.step, lambda obs: 1 / 0   # the controller's step raises
+    h.demand("e1", 25.0)
+    h.step()
+    status = h.loop.status()["failing"]
+    assert status["last_tick"]["outcome"] == "error" and "ZeroDivisionError" in status["last_tick"]["error"]
+    assert status["tick"] == good["tick"] and status["decision_age_s"] == pytest.approx(9.0)
+    del state.controller.step
+
+    def refused(recs: list[EdgeWeights], finds: list) -> None:
+        raise RuntimeError(f"broker away: kafka://edge:{secret}@kafka-1:9093")
+
+    publish, h.loop.publish = h.loop.publish, refused   # the publish fails
+    h.demand("e1", 30.0)
+    h.step()
+    status = h.loop.status()["failing"]
+    assert status["last_tick"] == {"at": h.clock.t, "tick": good["tick"] + 5, "outcome": "publish_failed",
+                                   "error": None}, status   # the error: in publish_failure, not twice
+    assert status["publish_failure"]["at"] == h.clock.t and secret not in str(status)
+    assert status["decision_age_s"] == pytest.approx(10.0) and status["computed_at"] == decided_at
+    h.loop.publish = publish
+    h.demand("e1", 30.0)
+    d = h.step()
+    status = h.loop.status()["failing"]
+    assert status["last_tick"] == {"at": h.clock.t, "tick": status["tick"], "outcome": d.mode.value, "error": None}
+    assert status["decision_age_s"] == 0.0 and status["publish_failure"] is None and status["tick"] == good["tick"] + 6
