@@ -27,7 +27,10 @@ and the older generic shape ``firewall_port{hypervisor,port,vm}`` field ``chain_
 ``firewall_host{hypervisor,role}`` fields ``ruleset_fingerprint`` and ``pkg_<name>``. The role comes
 from a ``role`` tag (Telegraf ``[inputs.iptables.tags]``) or the ``roles`` map given to the adapter,
 else ``default``. Only a *complete* round (one that carries the host-level sample) clears the
-findings of ports missing from it: a partial report must not read as "port gone".
+findings of ports missing from it: a partial report must not read as "port gone". A round may come in
+parts (its records cut across two batches, in order: ports first, then the ruleset and the packages):
+a later part of the hypervisor's last round is added to it (``HypervisorReport.merged``), and a newer
+round keeps the previous round's fingerprint and package versions until it brings its own (``carrying``).
 
 For the stream agent the detector's state splits per hypervisor (``state_of``/``restore_part``):
 its last report and the findings about it, so each part lives with that hypervisor's partition.
@@ -36,7 +39,7 @@ its last report and the findings about it, so each part lives with that hypervis
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from opsloop.records import Finding, Severity
@@ -62,6 +65,8 @@ class HypervisorReport:
     packages: dict[str, str] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)              # port -> why it is unprotected
     complete: bool = True        # carries the host-level sample: ports missing from it are gone
+    # packages whose version is the previous round's, not re-reported by this round yet (``carrying``)
+    carried: set[str] = field(default_factory=set)
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "HypervisorReport":
@@ -81,7 +86,8 @@ class HypervisorReport:
         return cls(hypervisor=hv, role=str(doc.get("role", "default")), timestamp=ts, ports=ports,
                    ruleset_fingerprint=str(doc.get("ruleset_fingerprint", "")),
                    packages={str(k): str(v) for k, v in dict(doc.get("packages", {})).items()},
-                   reasons=reasons, complete=bool(doc.get("complete", True)))
+                   reasons=reasons, complete=bool(doc.get("complete", True)),
+                   carried={str(p) for p in doc.get("carried", ())})
 
     def to_dict(self) -> dict[str, Any]:
         ports = []
@@ -90,9 +96,38 @@ class HypervisorReport:
             if p in self.reasons:
                 doc["reason"] = self.reasons[p]
             ports.append(doc)
-        return {"hypervisor": self.hypervisor, "role": self.role, "timestamp": self.timestamp, "ports": ports,
-                "ruleset_fingerprint": self.ruleset_fingerprint, "packages": dict(self.packages),
-                "complete": self.complete}
+        out: dict[str, Any] = {"hypervisor": self.hypervisor, "role": self.role, "timestamp": self.timestamp,
+                               "ports": ports, "ruleset_fingerprint": self.ruleset_fingerprint,
+                               "packages": dict(self.packages), "complete": self.complete}
+        if self.carried:   # only while a split round's package samples are due: a whole round's state as before
+            out["carried"] = sorted(self.carried)
+        return out
+
+    def merged(self, later: "HypervisorReport") -> "HypervisorReport":
+        """This round with a later part of it added (same hypervisor and time: the collector's records
+        of one round cut across two batches): ports and packages added, the later part's value winning,
+        its fingerprint once it has one, complete once a part carried the host-level sample."""
+        reasons = {p: r for p, r in self.reasons.items() if p not in later.ports}
+        reasons.update(later.reasons)
+        return HypervisorReport(self.hypervisor, later.role, self.timestamp, {**self.ports, **later.ports},
+                                later.ruleset_fingerprint or self.ruleset_fingerprint,
+                                {**self.packages, **later.packages}, reasons, self.complete or later.complete,
+                                self.carried - later.packages.keys())
+
+    def carrying(self, prev: "HypervisorReport") -> "HypervisorReport":
+        """This (first part of a) newer round with the host-level facts it has no sample of yet taken
+        from the hypervisor's previous round, so drift does not read a partial round as "no ruleset, no
+        packages" (cleared, re-opened by the rest of the round): the fingerprint until the round's
+        host-level sample comes, the version of each package until the round's own (package samples
+        come last). A package is carried one round at most: one the collector no longer reports goes."""
+        fingerprint = self.ruleset_fingerprint
+        if not self.complete:   # no host-level sample yet: no fingerprint of its own
+            fingerprint = fingerprint or prev.ruleset_fingerprint
+        carried = {p for p in prev.packages if p not in prev.carried and p not in self.packages}
+        if fingerprint == self.ruleset_fingerprint and not carried:
+            return self
+        return replace(self, ruleset_fingerprint=fingerprint, carried=carried,
+                       packages={**{p: prev.packages[p] for p in carried}, **self.packages})
 
     @property
     def unprotected(self) -> int:
@@ -176,6 +211,13 @@ class FirewallDetector:
         """Take one report; ``drift=False`` leaves the role comparison to a later :meth:`drift` call
         (a stream handler compares each role once per batch: comparing per report is quadratic)."""
         rep = report if isinstance(report, HypervisorReport) else HypervisorReport.from_dict(report)
+        prev = self.latest.get(rep.hypervisor)
+        if prev is not None and rep.timestamp == prev.timestamp:
+            # a later part of the same round (split across batches, or handed again): added to it, so the
+            # part with the host-level sample does not read the earlier part's ports as gone
+            rep = prev.merged(rep)
+        elif prev is not None and rep.timestamp > prev.timestamp:
+            rep = rep.carrying(prev)
         self.latest[rep.hypervisor] = rep
         out = self._ports(rep)
         if drift:

@@ -10,7 +10,10 @@ report and the findings about it). Gauges, per hypervisor, for the firewall dash
 
 A round is read as one whole (only a round with its host-level sample clears the findings of ports
 missing from it), so the handler names it to the runtime (``isolation_key``: hypervisor and time): after
-a failure the samples are handed back a round at a time, and a poison sample costs its round only.
+a failure the samples are handed back a round at a time, and a poison sample costs its round only. A
+round whose records two batches share comes as two parts: the detector adds the later part to the
+hypervisor's report of that round (kept in its state, so across a restart too); a part handed again
+after a failure is added alike and changes nothing.
 
 Drift compares the hypervisors whose partitions this worker holds: all of them with one worker
 (the deployment here). With several workers, drift would need the reports re-keyed by role
@@ -60,7 +63,8 @@ class FirewallHandler(DetectorHandler):
         """The round a sample belongs to, as ``report_from_metrics`` groups them: after a failure the
         runtime hands a round back whole (handed a sample at a time, a ruleset sample read as a complete
         round without ports: every unprotected-port finding of its hypervisor cleared, and the last
-        sample alone became the hypervisor's report, drift findings cleared with its fingerprint)."""
+        sample alone became the hypervisor's report, drift findings cleared with its fingerprint). Of a
+        round split across batches, the unit is this batch's part, added to the earlier part as ever."""
         return m.tags.get("hypervisor") or m.tags.get("host"), m.timestamp
 
     def process(self, metrics: Sequence[Metric], now: float) -> None:
@@ -71,7 +75,7 @@ class FirewallHandler(DetectorHandler):
                 continue   # an older round replayed after a newer one: it says nothing new
             self.detector.update(report, drift=False)
             self.touch(report.hypervisor)
-            self._show(report)
+            self._show(self.detector.latest[report.hypervisor])   # the round so far: a part is added to it
             roles[report.role] = max(roles.get(report.role, report.timestamp), report.timestamp)
         # Each role compared once per batch, after all its reports (as the power handler does per
         # generation): per report it would walk every member of the role for each of them.
