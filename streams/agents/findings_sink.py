@@ -46,30 +46,52 @@ had moved on (a lost ``cleared`` kept its page open for good). Now every event g
 * ``ActiveFindings`` and ``opsloop_findings_total`` follow ``publish`` at once, once per event, whether
   or not the broker has it yet.
 
-The outbox is memory only: its events are the worker's own decided facts and stay through a rebalance;
-**a worker that exits with events pending loses them** (``findings_unsent_at_stop`` logs how many). Their
-batches' offsets may be committed by then (the state moved on), so a restart does not publish them again.
+**Kept across a stop or a crash**: the outbox's events are the worker's own decided facts (they stay
+through a rebalance), and their batches' offsets may be committed (the state moved on), so a restart does
+not publish them again: lost, a ``cleared`` kept its page open for good. So whenever events are still
+waiting after a call's bounded wait (a batch's, a retry round's), the outbox is saved to
+``<stream.data_dir>/findings-outbox.json`` (``OUTBOX_FILE``; ``opsloop.atomic_file.replace_file``: whole or
+not at all, 0600, fsync'ed); rewritten only when its events changed since, removed once it drains. Normal
+operation (every event acknowledged within the wait) writes nothing. A crash during a call's wait replays
+that batch (its offsets are not committed before its findings are sent). At start the sink loads the file
+and sends its events first, oldest first (per id in order), ahead of anything new; the cap applies to them
+(log ``findings_outbox_restored``; ``findings_unsent_at_stop`` says where they were saved). Format: an
+object ``{"format": "opsloop.findings-outbox", "version": 1, "saved_at": <s>, "events": [{"event": <kind>,
+"finding": <the record's value, Finding.encode()>}, ...]}``. A file that cannot be read as a whole (torn,
+damaged, another format or version) is logged (``findings_outbox_unreadable``, naming the file and what was
+wrong), counted and moved aside (``<file>.corrupt-<unix time>``): the worker starts with an empty outbox;
+an event that no longer parses is skipped and counted, the others kept
+(``opsloop_findings_outbox_file_errors_total{reason}``). Restored events skip ``ActiveFindings`` and
+``opsloop_findings_total`` (the run that published them did both; :meth:`FindingsSink.restore` shows what the
+detector state holds open). One whose id's partition went to another worker is still sent: the paging book
+ignores a record older than what it applied for the id (``controllers/paging/book.py``). Each worker needs
+its own ``stream.data_dir`` (docs/operations.md), so the file has a single writer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import re
 import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Iterator, cast
 
 import mode
+import orjson
 from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.metrics_core import Metric as PromMetric
 
+from opsloop.atomic_file import replace_file
 from opsloop.config import StreamSettings
 from opsloop.records import Finding
 from opsloop.log import Sampled, get_logger
 from opsloop.streams.agents.base import Publication
+from opsloop.streams.detectors.findingbook import CLEARED, OPENED, REFRESHED, UPDATED
 
 log = get_logger("stream.findings")
 
@@ -83,6 +105,9 @@ RETRIES = Counter("opsloop_findings_send_retries_total",
 DROPPED = Counter("opsloop_findings_dropped_total",
                   "Finding events dropped unsent: the outbox was full (stream.findings_outbox_max)", ["detector"])
 OUTBOX = Gauge("opsloop_findings_outbox_events", "Finding events waiting for Kafka to acknowledge them")
+OUTBOX_FILE_ERRORS = Counter("opsloop_findings_outbox_file_errors_total",
+                             "Trouble with the saved findings outbox: a file unreadable (moved aside), an event in it "
+                             "that no longer parses (skipped), a save or removal that failed", ["reason"])
 
 _DEFAULTS = StreamSettings()   # one source of the defaults: the stream section's
 DELIVERY_TIMEOUT_S = _DEFAULTS.findings_delivery_timeout_s
@@ -90,6 +115,14 @@ MAX_OUTBOX = _DEFAULTS.findings_outbox_max
 RETRY_INTERVAL_S = _DEFAULTS.findings_retry_interval_s
 # an outage fails every retry of every waiting event: one line a minute per detector (the counter counts each)
 RETRY_FAILED_LOG = Sampled(60.0)
+# a full or read-only disk fails every save of an outage: one line a minute (the counter counts each)
+SAVE_FAILED_LOG = Sampled(60.0)
+
+OUTBOX_FILE = "findings-outbox.json"   # in stream.data_dir (module docstring)
+OUTBOX_FORMAT = "opsloop.findings-outbox"
+OUTBOX_VERSION = 1
+KINDS = frozenset({OPENED, UPDATED, REFRESHED, CLEARED})
+MAX_SKIPPED_LOGGED = 5   # skipped events named in the log line (all counted)
 
 _LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 _RESERVED = frozenset({"detector", "severity", "id", "job", "instance", "__name__"})
@@ -189,6 +222,55 @@ class _Pending:
     delivery: asyncio.Future[Any] | None = None   # the last attempt, while it may still succeed
     attempts: int = 0
     late: bool = False            # the last attempt ran out of time once already (counted once)
+    restored: bool = False        # loaded from the outbox file: left unsent by an earlier run
+
+
+class OutboxFileError(ValueError):
+    """The outbox file as a whole is not one (empty, torn, not JSON, another format or version)."""
+
+
+def _dump_outbox(entries: Iterable[_Pending]) -> bytes:
+    """The outbox file's bytes: each event with its record's value as sent (``Finding.encode()``), oldest first."""
+    return orjson.dumps({"format": OUTBOX_FORMAT, "version": OUTBOX_VERSION, "saved_at": time.time(),
+                         "events": [{"event": e.event, "finding": orjson.Fragment(e.value)} for e in entries]})
+
+
+def _parse_event(item: Any) -> tuple[str, Finding]:
+    if not isinstance(item, dict):
+        raise ValueError(f"not an object but {type(item).__name__}")
+    event = item.get("event")
+    if event not in KINDS:
+        raise ValueError(f"event {event!r} is not one of {sorted(KINDS)}")
+    doc = item.get("finding")
+    if not isinstance(doc, dict):
+        raise ValueError(f"finding: not an object but {type(doc).__name__}")
+    return event, Finding.decode(orjson.dumps(doc))   # the topic's own decoding: schema version, fields
+
+
+def parse_outbox(data: bytes) -> tuple[list[tuple[str, Finding]], list[str]]:
+    """The events of an outbox file, oldest first, and why each one that no longer parses was skipped;
+    :class:`OutboxFileError` when the file as a whole is not an outbox file."""
+    if not data:
+        raise OutboxFileError("empty file")
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise OutboxFileError(f"not JSON: torn or damaged ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != OUTBOX_FORMAT:
+        raise OutboxFileError(f"not a findings outbox (no \"format\": \"{OUTBOX_FORMAT}\")")
+    if doc.get("version") != OUTBOX_VERSION:
+        raise OutboxFileError(f"version {doc.get('version')!r} unknown (this worker reads {OUTBOX_VERSION})")
+    items = doc.get("events")
+    if not isinstance(items, list):
+        raise OutboxFileError(f"events: not a list but {type(items).__name__}")
+    events: list[tuple[str, Finding]] = []
+    skipped: list[str] = []
+    for i, item in enumerate(items):
+        try:
+            events.append(_parse_event(item))
+        except (ValueError, TypeError) as e:   # RecordError is a ValueError naming field and value
+            skipped.append(f"events[{i}]: {e}")
+    return events, skipped
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:
@@ -205,19 +287,30 @@ def _failure(fut: asyncio.Future[Any]) -> BaseException | None:
 
 class FindingsSink:
     """Publishes findings through ``send(key, value, headers)`` and keeps the gauges in step; events not
-    acknowledged wait in an outbox and are sent again, in order per finding id (module docstring)."""
+    acknowledged wait in an outbox and are sent again, in order per finding id, saved to ``outbox_path``
+    while they wait and loaded from it first at start (module docstring)."""
 
     def __init__(self, send: Send | None, active: ActiveFindings = ACTIVE, *,
-                 delivery_timeout_s: float = DELIVERY_TIMEOUT_S, max_outbox: int = MAX_OUTBOX) -> None:
+                 delivery_timeout_s: float = DELIVERY_TIMEOUT_S, max_outbox: int = MAX_OUTBOX,
+                 outbox_path: Path | None = None) -> None:
         self.send = send
         self.active = active
         self.delivery_timeout_s = delivery_timeout_s
         self.max_outbox = max_outbox
+        self.outbox_path = outbox_path   # None: memory only
         self._queues: dict[str, deque[_Pending]] = {}               # finding id -> its events, oldest first
         self._by_age: OrderedDict[int, _Pending] = OrderedDict()    # every waiting event, oldest first
         self._seq = 0
         self._lock = asyncio.Lock()   # one flush at a time: the agent's and the retry service's
         self.dropped = 0
+        self.restored = 0   # events loaded from the outbox file at start
+        # The outbox's events change (added, removed) -> _version; the file holds _version's events when
+        # _on_disk == _version, none when None, something else when -1 (to rewrite or remove).
+        self._version = 0
+        self._on_disk: int | None = None
+        if outbox_path is not None and send is not None:   # without a producer the file waits for one
+            self._load(outbox_path)
+        OUTBOX.set(len(self._by_age))   # the worker's one sink: the gauge is its outbox from the start
 
     @property
     def pending(self) -> int:
@@ -229,8 +322,13 @@ class FindingsSink:
         return self._lock.locked()
 
     def bound_delivery(self, *, delivery_timeout_s: float, max_outbox: int) -> None:
-        """Apply the stream section's bounds (``stream.findings_delivery_timeout_s``, ``findings_outbox_max``)."""
+        """Apply the stream section's bounds (``stream.findings_delivery_timeout_s``, ``findings_outbox_max``);
+        the cap at once: the restored events are loaded before it is known."""
         self.delivery_timeout_s, self.max_outbox = delivery_timeout_s, max_outbox
+        if len(self._by_age) > max_outbox:
+            self._cap()
+            OUTBOX.set(len(self._by_age))
+            self._persist()
 
     async def publish(self, publications: Iterable[Publication]) -> int:
         """Show, count and log every publication, then send the outbox (older events first) and wait for
@@ -247,7 +345,10 @@ class FindingsSink:
 
     async def retry(self) -> int:
         """Send the outbox now (the retry service's call; ``publish`` ends with it). Never raises."""
-        if self.send is None or not self._by_age:
+        if self.send is None:
+            return 0
+        if not self._by_age:
+            self._persist()   # a file left to remove (a failed removal, only skipped events restored)
             return 0
         delivered = 0
         try:
@@ -258,9 +359,81 @@ class FindingsSink:
         finally:
             self._cap()
             OUTBOX.set(len(self._by_age))
+            self._persist()   # after the bounded wait: what is still waiting survives a stop or a crash
         return delivered
 
-    def _enqueue(self, event: str, finding: Finding) -> None:
+    def _persist(self) -> None:
+        """Bring the outbox file in step: written when events wait and changed since the last save, removed
+        when none wait. Nothing to do in the normal case (no file, nothing waiting). Never raises."""
+        path = self.outbox_path
+        if path is None or (self._on_disk == self._version if self._by_age else self._on_disk is None):
+            return
+        try:
+            if self._by_age:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                replace_file(path, _dump_outbox(self._by_age.values()))
+                self._on_disk = self._version
+            else:
+                # no directory fsync: a removal lost to a power cut re-sends delivered events (at-least-once)
+                path.unlink(missing_ok=True)
+                self._on_disk = None
+        except OSError as e:   # the events stay in memory and are sent all the same; saved at the next call
+            OUTBOX_FILE_ERRORS.labels("write").inc()
+            SAVE_FAILED_LOG.warning(log, "findings_outbox_save_failed", key="save", path=str(path),
+                                    events=len(self._by_age), error=f"{type(e).__name__}: {e}")
+
+    def _load(self, path: Path) -> None:
+        """Put the events of the outbox file left by an earlier run first in the (empty) outbox. Never raises:
+        a file that cannot be read as a whole is moved aside, an event that no longer parses skipped."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            self._set_aside(path, f"cannot read: {type(e).__name__}: {e}")
+            return
+        try:
+            events, skipped = parse_outbox(data)
+        except OutboxFileError as e:
+            self._set_aside(path, str(e))
+            return
+        for event, finding in events:   # first in the outbox, oldest first: per id in publication order
+            self._enqueue(event, finding, restored=True)
+        self.restored = len(self._by_age)
+        # the file holds exactly the outbox, or (events skipped) something to rewrite or remove
+        self._on_disk = self._version if not skipped and self._by_age else -1
+        if skipped:
+            OUTBOX_FILE_ERRORS.labels("event").inc(len(skipped))
+            log.error("findings_outbox_events_skipped", path=str(path), skipped=len(skipped), kept=self.restored,
+                      errors=skipped[:MAX_SKIPPED_LOGGED])
+        if self._by_age:
+            log.warning("findings_outbox_restored", path=str(path), events=self.restored, **self._summary())
+        self._cap()
+        OUTBOX.set(len(self._by_age))
+
+    def _set_aside(self, path: Path, why: str) -> None:
+        """Move an unreadable outbox file out of the way (kept for a look), so that the next start does not
+        trip over it again, and say so."""
+        OUTBOX_FILE_ERRORS.labels("unreadable").inc()
+        aside = path.with_name(f"{path.name}.corrupt-{time.time():.3f}")
+        try:
+            os.replace(path, aside)
+        except OSError as e:
+            log.error("findings_outbox_unreadable", path=str(path), error=why, moved_to=None,
+                      move_error=f"{type(e).__name__}: {e}", events_lost="unknown: starting with an empty outbox")
+            return
+        log.error("findings_outbox_unreadable", path=str(path), error=why, moved_to=str(aside),
+                  events_lost="unknown: starting with an empty outbox")
+
+    def _summary(self) -> dict[str, Any]:
+        """What the outbox holds, for a log line (not empty)."""
+        by_detector: dict[str, int] = {}
+        for e in self._by_age.values():
+            by_detector[e.finding.detector] = by_detector.get(e.finding.detector, 0) + 1
+        return {"findings": len(self._queues), "by_detector": by_detector,
+                "oldest_id": next(iter(self._by_age.values())).fid}
+
+    def _enqueue(self, event: str, finding: Finding, restored: bool = False) -> None:
         fid = finding.id
         try:
             value = finding.encode()
@@ -271,9 +444,10 @@ class FindingsSink:
             return
         self._seq += 1
         entry = _Pending(self._seq, event, finding, fid, fid.encode(), value,
-                         [("event", event.encode()), ("detector", finding.detector.encode())])
+                         [("event", event.encode()), ("detector", finding.detector.encode())], restored=restored)
         self._queues.setdefault(fid, deque()).append(entry)
         self._by_age[entry.seq] = entry
+        self._version += 1
 
     async def _flush(self, send: Send) -> int:
         """Waves of the oldest waiting event of each id: sent (or, in flight already, looked at again), their
@@ -327,7 +501,7 @@ class FindingsSink:
     async def _send(self, send: Send, entry: _Pending, deadline: float) -> bool:
         """One attempt: False if ``send`` raised or did not return by ``deadline`` (nothing handed over)."""
         f = entry.finding
-        if entry.attempts:
+        if entry.attempts or entry.restored:   # a restored event: left unacknowledged by an earlier run
             RETRIES.labels(f.detector).inc()
         entry.attempts += 1
         entry.delivery, entry.late = None, False
@@ -348,16 +522,16 @@ class FindingsSink:
 
     def _delivered(self, entry: _Pending) -> int:
         self._remove(entry)
-        if entry.attempts > 1 or entry.late:
+        if entry.attempts > 1 or entry.late or entry.restored:
             log.info("finding_sent_after_retry", detector=entry.finding.detector, id=entry.fid, kind=entry.event,
-                     attempts=entry.attempts)
+                     attempts=entry.attempts, restored=entry.restored)
         return 1
 
     def _failed(self, entry: _Pending, error: BaseException) -> None:
         f = entry.finding
         SEND_ERRORS.labels(f.detector).inc()
         text = f"{type(error).__name__}: {error}"
-        if entry.attempts <= 1:   # one error line per event; its retries are sampled
+        if entry.attempts <= 1 and not entry.restored:   # one error line per event; retries (and restored) sampled
             log.error("finding_send_failed", detector=f.detector, id=entry.fid, kind=entry.event, error=text,
                       outbox=len(self._by_age))
         else:
@@ -374,6 +548,7 @@ class FindingsSink:
         if not q:
             del self._queues[entry.fid]
         del self._by_age[entry.seq]
+        self._version += 1
 
     def _cap(self) -> None:
         """Drop the oldest events beyond ``max_outbox`` (the oldest overall is the oldest of its id)."""
@@ -388,20 +563,25 @@ class FindingsSink:
                       findings_outbox_max=self.max_outbox)
 
     def log_unsent(self) -> int:
-        """Log the events still waiting (the worker is stopping: they are lost); how many."""
+        """Save and log the events still waiting (the worker is stopping): with an outbox file the next start
+        sends them first (a warning), without one, or its save failing, they are lost (an error); how many."""
         n = len(self._by_age)
         if n:
-            by_detector: dict[str, int] = {}
-            for e in self._by_age.values():
-                by_detector[e.finding.detector] = by_detector.get(e.finding.detector, 0) + 1
-            log.error("findings_unsent_at_stop", events=n, findings=len(self._queues), by_detector=by_detector,
-                      oldest_id=next(iter(self._by_age.values())).fid)
+            self._persist()
+            saved = self.outbox_path is not None and self._on_disk == self._version
+            fields = {"events": n, **self._summary(), "saved": saved,
+                      "path": str(self.outbox_path) if self.outbox_path is not None else None}
+            if saved:
+                log.warning("findings_unsent_at_stop", **fields)
+            else:
+                log.error("findings_unsent_at_stop", **fields)
         return n
 
     def restore(self, open_findings: Iterable[Finding]) -> None:
         """Show the findings recovered from detector state as active (nothing is re-published): these and
         no others, of every handler at once. One shown open but not recovered belongs to a partition that
-        went to another worker, which shows it now (and clears it): left here, it stayed 1 for good."""
+        went to another worker, which shows it now (and clears it): left here, it stayed 1 for good. The
+        outbox (its events loaded from the file included) is not touched: it is what the topic still lacks."""
         restored = [f for f in open_findings if not f.cleared]
         gone = self.active.only_open({f.id for f in restored})
         if gone:
@@ -412,7 +592,7 @@ class FindingsSink:
 
 class FindingsRetry(mode.Service):
     """Sends the sink's outbox every ``interval_s`` when no batch does (a quiet topic after an outage),
-    and logs what is left unsent when the worker stops. Started with the app (``app.add_dependency``)."""
+    and saves and logs what is left unsent when the worker stops. Started with the app (``app.add_dependency``)."""
 
     def __init__(self, sink: FindingsSink, interval_s: float = RETRY_INTERVAL_S, **kwargs: Any) -> None:
         self.sink, self.interval_s = sink, interval_s

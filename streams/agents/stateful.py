@@ -33,13 +33,15 @@ its state and send its findings, both async. This loop follows the same pattern 
    between replays the batch; a finding's ``first_seen`` is event time, so a replay yields the
    same finding). What the broker did not acknowledge in time waits in the sink's outbox and is
    sent again, in order per finding, at the next batch and by the sink's retry service
-   (:mod:`opsloop.streams.agents.findings_sink`); lost if the worker exits first.
+   (:mod:`opsloop.streams.agents.findings_sink`); saved in ``stream.data_dir`` meanwhile, so a worker that
+   stops or crashes sends them first when it starts again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
+from pathlib import Path
 from typing import Any, Iterator, Mapping, MutableMapping, Sequence
 
 import faust
@@ -51,7 +53,7 @@ from opsloop.log import get_logger
 from opsloop.records import Finding
 from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler
-from opsloop.streams.agents.findings_sink import FindingsRetry, FindingsSink
+from opsloop.streams.agents.findings_sink import OUTBOX_FILE, FindingsRetry, FindingsSink
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.app import raw_topic
 from opsloop.streams.runtime.batch import DeadLetter, FanOut, gc_paused, process_batch
@@ -79,7 +81,8 @@ def findings_sink(app: faust.App) -> FindingsSink:
     async def send(key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> object:
         return await topic.send(key=key, value=value, headers=headers)
 
-    return FindingsSink(send)
+    # the outbox survives a stop or a crash in the worker's data dir (stream.data_dir: create_app's datadir)
+    return FindingsSink(send, outbox_path=Path(app.conf.datadir) / OUTBOX_FILE)
 
 
 @contextlib.contextmanager
