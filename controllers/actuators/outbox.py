@@ -18,7 +18,7 @@ open for good. So:
 * a future not resolved yet is waited for (kafka-python resolves each within ``delivery_timeout_ms``);
   a send that returns no future (a test double) counts as delivered.
 
-The outbox is pumped by the caller (``put`` and each tick): no thread of its own.
+The outbox is pumped by the caller (``put`` and each tick; ``add`` only queues): no thread of its own.
 """
 
 from __future__ import annotations
@@ -90,6 +90,12 @@ class FindingOutbox:
 
     def put(self, finding: Finding, now: float) -> None:
         """Queue ``finding`` behind its id's earlier states and send what is due now."""
+        self.add(finding)
+        self._pump_one(finding.id, self._queues[finding.id], now)
+
+    def add(self, finding: Finding) -> None:
+        """Queue ``finding`` behind its id's earlier states without sending it (the next ``put`` or ``pump``
+        does): from its return on it is in ``queued_clears`` until delivered (or dropped over the bound)."""
         q = self._queues.get(finding.id)
         if q is None:
             q = self._queues[finding.id] = _Queue(_labels(finding))
@@ -105,7 +111,6 @@ class FindingOutbox:
             metrics.FINDINGS_DROPPED.labels(*q.labels).inc()
             log.error("finding_dropped", id=finding.id, first_seen=dropped.first_seen, cleared=dropped.cleared,
                       queued=len(q.items), why=f"more than {self.max_per_id} states waiting for the broker")
-        self._pump_one(finding.id, q, now)
 
     def pump(self, now: float) -> None:
         """Collect the answers of sends in flight, deliver in order, retry what is due."""

@@ -271,10 +271,7 @@ class ActuatorService:
                           error=f"{type(e).__name__}: {e}"[:500], exc_info=True)
 
     def _tick_slot(self, slot: _Slot, now: float) -> None:
-        while slot.owed_clears:
-            # the previous run left fail static but its clear may not have reached the broker (a clear
-            # delivered twice, or of an open never delivered, is harmless: a lost one pages for good)
-            self._finding(slot, now, RESTATED_CLEAR, cleared=True, first_seen=slot.owed_clears.pop(0))
+        self._queue_owed_clears(slot, now)
         if slot.republish:
             # the previous run may have died between recording the state and publishing the finding;
             # the same id and first_seen again is no new page
@@ -367,8 +364,21 @@ class ActuatorService:
         slot.retry_at = 0.0
 
     def _finding(self, slot: _Slot, now: float, reason: str, cleared: bool, first_seen: float | None = None) -> None:
+        # a previous run's clears first, even when the tick's own restating raised: an older incident's clear
+        # said after a newer open would resolve the newer page
+        self._queue_owed_clears(slot, now)
         f = self._new_finding(slot, now, reason, cleared, first_seen)
         self._outbox.put(f, now)   # sent now if the broker takes it, else retried in order (outbox.py)
+
+    def _queue_owed_clears(self, slot: _Slot, now: float) -> None:
+        """The previous run left fail static but its clears may not have reached the broker (a clear delivered
+        twice, or of an open never delivered, is harmless: a lost one pages for good). Each leaves
+        ``owed_clears`` only once queued (from then on ``queued_clears`` owes it, in the state file too): one
+        whose finding cannot be built or queued (a bug, raised: the tick is broken off) is tried again."""
+        while slot.owed_clears:
+            f = self._new_finding(slot, now, RESTATED_CLEAR, cleared=True, first_seen=slot.owed_clears[0])
+            self._outbox.add(f)   # sent by this tick's pump, or a put of the slot's next finding before it
+            slot.owed_clears.pop(0)
 
     def _new_finding(self, slot: _Slot, now: float, reason: str, cleared: bool,
                      first_seen: float | None = None) -> Finding:
@@ -420,8 +430,9 @@ class ActuatorService:
     def _record_fail_static(self, slot: _Slot, since: float | None, cleared: bool = False) -> None:
         # earlier incidents' clears still waiting for the broker (or to be said again) are owed too: a
         # restart sends them first
-        owed = [x for x in slot.owed_clears + self._outbox.queued_clears(slot.finding_id) if x != since] \
-            if since is not None else []
+        # (dict.fromkeys: one queued but not yet popped, the queuing having raised, is listed once)
+        owed = list(dict.fromkeys(x for x in slot.owed_clears + self._outbox.queued_clears(slot.finding_id)
+                                  if x != since)) if since is not None else []
         slot.recorded = (since, cleared) if since is not None else None
         try:
             slot.actuator.store.set_fail_static(since, cleared, owed)

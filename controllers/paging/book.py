@@ -24,7 +24,10 @@ Pure state, no I/O (the service posts and persists). Rules:
   record of an incident (id and ``first_seen``) already cleared, a duplicate clear included. A clear of
   the current incident always applies; of two paging records of one instant the higher severity
   stands, whatever their order. The newest record of ids not open here is remembered for the
-  ``MAX_CLOSED`` ids closed last.
+  ``MAX_CLOSED`` ids closed last, and the ``first_seen`` of the last ``MAX_CLEARED_PER_ID`` incidents
+  cleared per id (a newer one open or not): an incident never comes back after its clear, so its records
+  are stale whatever their stamps (``last_seen`` orders the incidents of an id only while the producer's
+  clock does not step back, and an actuator's clear said again after a restart carries a new one).
 * A finding stamped more than ``MAX_CLOCK_SKEW_S`` ahead of ``now`` is refused (ValueError): it would be
   the newest of its id for good and hide every later record.
 """
@@ -43,6 +46,7 @@ from opsloop.controllers.paging.mapping import SEVERITY_RANK, Links, annotations
 STATE_VERSION = 1
 DEFAULT_MAX_PENDING_RESOLVES = 10_000
 MAX_CLOSED = 10_000        # ids not open whose newest record is kept (about 60 bytes each in the state file)
+MAX_CLEARED_PER_ID = 4     # incidents cleared last per id (a replay or a re-sent clear reaches a few back at most)
 MAX_CLOCK_SKEW_S = 300.0   # stream.max_clock_skew_s: samples further ahead never made it into a finding
 
 
@@ -89,6 +93,8 @@ class PagingBook:
     resolves: dict[str, list[PendingResolve]] = field(default_factory=dict)
     # Ids not open here: (first_seen, last_seen, cleared) of the newest record applied, oldest first.
     closed: dict[str, tuple[float, float, bool]] = field(default_factory=dict)
+    # Ids with incidents cleared: first_seen of the last ``MAX_CLEARED_PER_ID`` each, the id cleared last last.
+    cleared: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # Ids with a best-effort resolve queued, oldest first: the cap finds its victim without a scan.
     _best_effort: dict[str, None] = field(default_factory=dict, init=False, repr=False, compare=False)
     _queued: int = field(default=0, init=False, repr=False, compare=False)
@@ -117,6 +123,8 @@ class PagingBook:
         if finding.cleared or not pages:
             why = "finding cleared" if finding.cleared else f"severity {finding.severity.value} below paging threshold"
             self._close(fid, finding)
+            if finding.cleared:
+                self._mark_cleared(fid, finding.first_seen)
             if current is not None:
                 self._resolve(current, now, finding)
                 return [Action("resolve", fid, current.labels, why)]
@@ -145,6 +153,11 @@ class PagingBook:
 
     def _stale(self, finding: Finding, current: OpenAlert | None) -> str:
         """Why ``finding`` is older than the newest record applied for its id ("" when it is not)."""
+        if finding.first_seen in self.cleared.get(finding.id, ()) and (
+                current is None or finding.first_seen != current.first_seen):   # (the open one: the rules below)
+            # whatever its last_seen: a clock stepped back, or a clear said again, must not resolve (or re-open)
+            # the page of another incident
+            return "stale: its incident is already cleared"
         if current is not None:
             first, last, cleared = current.first_seen, current.last_seen, False
         elif finding.id in self.closed:
@@ -173,6 +186,12 @@ class PagingBook:
         self.closed[fid] = (finding.first_seen, finding.last_seen, finding.cleared)
         while len(self.closed) > MAX_CLOSED:
             del self.closed[next(iter(self.closed))]
+
+    def _mark_cleared(self, fid: str, first_seen: float) -> None:
+        marks = self.cleared.pop(fid, ())   # re-inserted: now the newest
+        self.cleared[fid] = (*(m for m in marks if m != first_seen), first_seen)[-MAX_CLEARED_PER_ID:]
+        while len(self.cleared) > MAX_CLOSED:
+            del self.cleared[next(iter(self.cleared))]
 
     def _resolve(self, alert: OpenAlert, now: float, finding: Finding) -> None:
         del self.open[alert.finding_id]
@@ -261,7 +280,8 @@ class PagingBook:
         return {"version": STATE_VERSION,
                 "open": [asdict(a) for a in self.open.values()],
                 "resolves": [asdict(r) for q in self.resolves.values() for r in q],
-                "closed": [[fid, *mark] for fid, mark in self.closed.items()]}
+                "closed": [[fid, *mark] for fid, mark in self.closed.items()],
+                "cleared": [[fid, *marks] for fid, marks in self.cleared.items()]}
 
     def restore(self, doc: dict[str, Any]) -> None:
         """Load saved state. Restored alerts are re-sent at once (same labels: no new page)."""
@@ -278,7 +298,10 @@ class PagingBook:
             opened[alert.finding_id] = alert
         pending = [_checked(PendingResolve, r, f"resolves[{i}]") for i, r in enumerate(_entries(doc, "resolves"))]
         closed = dict(_closed_mark(m, f"closed[{i}]") for i, m in enumerate(_entries(doc, "closed")))
+        # absent from a file from before it: then only the newest closed incident is known cleared
+        cleared = dict(_cleared_marks(m, f"cleared[{i}]") for i, m in enumerate(_entries(doc, "cleared")))
         self.open, self.resolves, self.closed = opened, {}, dict(list(closed.items())[-MAX_CLOSED:])
+        self.cleared = dict(list(cleared.items())[-MAX_CLOSED:])
         self._best_effort, self._queued = {}, 0
         for r in pending:   # the bound applies to a saved queue too (a state file from before it, a lower bound)
             self._queue_resolve(r)
@@ -322,6 +345,14 @@ def _closed_mark(doc: Any, where: str) -> tuple[str, tuple[float, float, bool]]:
             or not isinstance(doc[3], bool)):
         raise ValueError(f"paging state: {where} is not [finding_id, first_seen, last_seen, cleared]")
     return doc[0], (float(doc[1]), float(doc[2]), doc[3])
+
+
+def _cleared_marks(doc: Any, where: str) -> tuple[str, tuple[float, ...]]:
+    """One saved ``[finding_id, first_seen, ...]`` of cleared incidents, or ValueError naming it."""
+    if (not isinstance(doc, list) or len(doc) < 2 or not isinstance(doc[0], str)
+            or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) for t in doc[1:])):
+        raise ValueError(f"paging state: {where} is not [finding_id, first_seen, ...]")
+    return doc[0], tuple(float(t) for t in doc[1:])[-MAX_CLEARED_PER_ID:]
 
 
 def _rank(severity: str | None) -> int:

@@ -485,3 +485,46 @@ def test_a_tick_that_raises_outside_an_apply_fails_static_only_when_stale(
     [opened] = _fail_static_findings(producer, edge)
     assert not opened.cleared and "no decision applied" in opened.explanation
     assert sink.records[-1].result == "held" and "ZeroDivisionError" in sink.records[-1].reason
+
+
+# -- a clear owed by a previous run left the list before it was queued -------------------------------------------
+# Before, ``owed_clears.pop(0)`` ran before the clear's finding was built and queued: an exception there (a
+# bug) lost it, the next write of the state file left it out, and the page of that incident stayed open for good.
+
+def test_an_owed_clear_whose_restating_raised_is_still_owed_and_said_before_the_newer_incident(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    producer = FlakyProducer()
+    first, lb, clock, sink, edge = _service(tmp_path, monkeypatch, "owedraise", producer)
+    clock.advance(STALE_S + 1)
+    first.tick(clock.mono)
+    [one] = _findings(producer)
+    producer.down = True
+    first.handle_records(_records(edge, _decision(edge, 1, clock)))
+    clock.advance(0.5)
+    first.tick(clock.mono)                               # incident 1 cleared, not delivered; the process dies
+    producer.down = False
+    second = _run(first.config, edge, lb, clock, producer)
+    store = second.slots[("web", edge)].actuator.store
+    build = second._new_finding
+    broken = [1]
+
+    def new_finding(slot: Any, now: float, reason: str, cleared: bool, first_seen: float | None = None) -> Finding:
+        if reason == service_mod.RESTATED_CLEAR and broken:
+            broken.pop()
+            raise ZeroDivisionError("a bug building the restated clear")
+        return build(slot, now, reason, cleared, first_seen)
+
+    monkeypatch.setattr(second, "_new_finding", new_finding)
+    producer.down = True                                 # what the restarted run says waits for the broker
+    clock.advance(STALE_S + 1)                           # and nothing fresh since its start: incident 2 opens
+    second.tick(clock.mono)                              # the restating raises: the tick is broken off
+    assert not broken and metrics.FAIL_STATIC.labels("web", edge)._value.get() == 1
+    state = store.fail_static_state()
+    assert state is not None and not state.cleared and state.since > one.first_seen
+    assert state.owed == [one.first_seen], "the clear of incident 1 left the state file before it was delivered"
+    producer.down = False
+    _until(second, clock, lambda: len(_findings(producer)) >= 3, limit_s=10)
+    said = [(f.cleared, f.first_seen) for f in _findings(producer)[1:]]
+    assert said == [(True, one.first_seen), (False, state.since)], said   # the old clear first, once
+    state = store.fail_static_state()
+    assert state is not None and state.owed == [] and (state.since, state.cleared) == (said[1][1], False)
