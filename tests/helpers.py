@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Coroutine, Iterator, TypeVar
 
 import requests
 import yaml
@@ -50,6 +51,52 @@ class SimTime:
     @staticmethod
     def perf_counter() -> float:
         return time.perf_counter()
+
+
+class _IdleJumpSelector:
+    """The loop's selector, except that a wait for the next timer takes no wall time: the loop's clock jumps
+    to the timer instead (ready I/O is still taken first; with no timer at all it blocks as before)."""
+
+    def __init__(self, real: Any, loop: "VirtualClockLoop") -> None:
+        self._real, self._loop = real, loop
+
+    def select(self, timeout: float | None = None) -> Any:
+        events = self._real.select(0)
+        if events or timeout == 0:
+            return events
+        if timeout is None:
+            return self._real.select(None)
+        self._loop.advance(timeout)
+        return []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose ``time()`` moves only while every task waits for a timer, straight to that timer.
+    Deadlines read off the loop (``loop.time()``, ``asyncio.timeout``, ``wait_for``, ``asyncio.wait``) then
+    depend on what the code awaits, never on how long the machine took to run it: a loaded machine's
+    scheduling delay can no longer make a deadline pass between two steps. For code whose I/O is in memory
+    (fakes): a thread's work or a socket's answer is not waited for before the clock jumps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._now = 0.0
+        self._selector = _IdleJumpSelector(self._selector, self)  # type: ignore[has-type]
+
+    def time(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += max(0.0, seconds)
+
+
+def run_on_virtual_clock(coro: Coroutine[Any, Any, T], limit_s: float = 20.0) -> T:
+    """Run ``coro`` on a :class:`VirtualClockLoop`, failing (not hanging) if it waits longer than ``limit_s``
+    of that clock (a deadline for a hang; a task that never waits is left to pytest's timeout)."""
+    with asyncio.Runner(loop_factory=VirtualClockLoop) as runner:
+        return runner.run(asyncio.wait_for(coro, limit_s))
 
 
 def wait_until(fn: Callable[[], T], timeout: float = 60.0, interval: float = 0.5, what: str = "condition") -> T:
