@@ -73,7 +73,12 @@ class RuntimeSocket:
                 cmd = conn.recv(1024).decode().strip()
                 if self.dead:
                     self.log.append(f"{cmd} -> no answer")
-                    self._stop.wait(1.0)  # past the client's timeout: it gives up first
+                    # held until the client gives up and closes (a fixed wait raced the client's timeout)
+                    conn.settimeout(30.0)
+                    try:
+                        conn.recv(1)
+                    except OSError:
+                        pass
                     continue
                 self.log.append(cmd)
                 try:
@@ -100,9 +105,9 @@ def runtime(tmp_path: Path) -> Iterator[RuntimeSocket]:
 def test_a_socket_dying_after_the_first_write_never_leaves_the_backend_all_zero(runtime: RuntimeSocket,
                                                                                tmp_path: Path) -> None:
     cfg = HaproxyTargetConfig(kind="haproxy", edge="ams1", listener="web", socket=str(runtime.path),
-                              backend=BACKEND, servers={"near": "near", "far": "far"}, timeout_s=0.3)
+                              backend=BACKEND, servers={"near": "near", "far": "far"}, timeout_s=1.0)
     sink = ListSink()
-    act = EdgeActuator(HaproxyTarget(cfg, api=HaproxyAPI(runtime.path, timeout_s=0.3)), "ams1", "web",
+    act = EdgeActuator(HaproxyTarget(cfg, api=HaproxyAPI(runtime.path, timeout_s=1.0)), "ams1", "web",
                        WeightStore(tmp_path / "store", "ams1", "web"), AuditLog([sink]), max_step=1.0)
     r = act.apply(decision(1, {"near": 0.0, "far": 1.0}))
     assert r.result == "failed"
