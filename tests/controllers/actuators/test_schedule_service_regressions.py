@@ -196,17 +196,26 @@ def _until(svc: ActuatorService, clock: Clock, done: Any, limit_s: float = 120.0
         svc.tick(clock.mono)
 
 
-def test_a_clear_whose_send_failed_reaches_the_broker_once_it_is_back(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _cleared_while_the_broker_is_away(tmp: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> tuple[
+        ActuatorService, MeddlingRuntime, Clock, ListSink, str, FlakyProducer, Finding]:
+    """A slot fails static (its open delivered); then, with the broker away, a fresh decision is applied:
+    its clear waits for the broker. The service, its parts, the producer and the delivered open."""
     producer = FlakyProducer()
-    svc, lb, clock, sink, edge = _service(tmp_path, monkeypatch, "lostclear", producer)
+    svc, lb, clock, sink, edge = _service(tmp, monkeypatch, name, producer)
     clock.advance(STALE_S + 1)
     svc.tick(clock.mono)
     [opened] = _findings(producer)
-    producer.down = True                                 # the broker goes away; the slot recovers meanwhile
+    producer.down = True
     svc.handle_records(_records(edge, _decision(edge, 1, clock)))
     clock.advance(0.5)
     svc.tick(clock.mono)
+    return svc, lb, clock, sink, edge, producer, opened
+
+
+def test_a_clear_whose_send_failed_reaches_the_broker_once_it_is_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the broker goes away; the slot recovers meanwhile
+    svc, lb, clock, sink, edge, producer, opened = _cleared_while_the_broker_is_away(tmp_path, monkeypatch, "lostclear")
     assert sink.results[-1] == "applied" and metrics.FAIL_STATIC.labels("web", edge)._value.get() == 0
     _until(svc, clock, lambda: False, limit_s=10)        # retried meanwhile (counted), never raised
     assert len(_findings(producer)) == 1
@@ -250,15 +259,9 @@ def test_findings_lost_while_the_broker_was_away_arrive_in_order(
 
 def test_a_clear_not_yet_delivered_when_the_process_dies_is_sent_by_the_next(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    producer = FlakyProducer()
-    first, lb, clock, sink, edge = _service(tmp_path, monkeypatch, "clearrestart", producer)
-    clock.advance(STALE_S + 1)
-    first.tick(clock.mono)
-    [opened] = _findings(producer)
-    producer.down = True
-    first.handle_records(_records(edge, _decision(edge, 1, clock)))
-    clock.advance(0.5)
-    first.tick(clock.mono)                               # cleared, not delivered; then the process dies
+    # cleared, not delivered; then the process dies
+    first, lb, clock, sink, edge, producer, opened = _cleared_while_the_broker_is_away(
+        tmp_path, monkeypatch, "clearrestart")
     assert metrics.FAIL_STATIC.labels("web", edge)._value.get() == 0
     producer.down = False
     second = _run(first.config, edge, lb, clock, producer)
@@ -279,15 +282,8 @@ def test_clears_owed_across_a_restart_come_before_the_newer_incident_and_only_on
     """Incident 1 opened (delivered), then while the broker is away: cleared, and incident 2 opened;
     the process dies. The next one sends the clear of 1, then says 2 is open; the one after that says
     2 is open only: a clear of 1 said again after the open of 2 would resolve 2's page."""
-    producer = FlakyProducer()
-    first, lb, clock, sink, edge = _service(tmp_path, monkeypatch, "owed", producer)
-    clock.advance(STALE_S + 1)
-    first.tick(clock.mono)
-    [one] = _findings(producer)
-    producer.down = True
-    first.handle_records(_records(edge, _decision(edge, 1, clock)))
-    clock.advance(0.5)
-    first.tick(clock.mono)                               # incident 1 cleared: not delivered
+    # incident 1 cleared: not delivered
+    first, lb, clock, sink, edge, producer, one = _cleared_while_the_broker_is_away(tmp_path, monkeypatch, "owed")
     clock.advance(STALE_S + 1)
     first.tick(clock.mono)                               # incident 2 opened: not delivered; the process dies
     assert metrics.FAIL_STATIC.labels("web", edge)._value.get() == 1 and len(_findings(producer)) == 1
@@ -493,15 +489,9 @@ def test_a_tick_that_raises_outside_an_apply_fails_static_only_when_stale(
 
 def test_an_owed_clear_whose_restating_raised_is_still_owed_and_said_before_the_newer_incident(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    producer = FlakyProducer()
-    first, lb, clock, sink, edge = _service(tmp_path, monkeypatch, "owedraise", producer)
-    clock.advance(STALE_S + 1)
-    first.tick(clock.mono)
-    [one] = _findings(producer)
-    producer.down = True
-    first.handle_records(_records(edge, _decision(edge, 1, clock)))
-    clock.advance(0.5)
-    first.tick(clock.mono)                               # incident 1 cleared, not delivered; the process dies
+    # incident 1 cleared, not delivered; the process dies
+    first, lb, clock, sink, edge, producer, one = _cleared_while_the_broker_is_away(
+        tmp_path, monkeypatch, "owedraise")
     producer.down = False
     second = _run(first.config, edge, lb, clock, producer)
     store = second.slots[("web", edge)].actuator.store
