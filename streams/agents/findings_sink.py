@@ -408,8 +408,7 @@ class FindingsSink:
                       errors=skipped[:MAX_SKIPPED_LOGGED])
         if self._by_age:
             log.warning("findings_outbox_restored", path=str(path), events=self.restored, **self._summary())
-        self._cap()
-        OUTBOX.set(len(self._by_age))
+        self._cap()   # (the gauge is set by the constructor, after the load)
 
     def _set_aside(self, path: Path, why: str) -> None:
         """Move an unreadable outbox file out of the way (kept for a look), so that the next start does not
