@@ -83,8 +83,11 @@ def lifecycles(bootstrap: str, hvs: list[str]) -> dict[str, list[str]]:
     return dict(out)
 
 
-def opened_once(events: dict[str, list[str]], hvs: list[str]) -> bool:
-    return all(events.get(hv, []).count("opened") == 1 for hv in hvs)
+def opened_once(events: dict[str, list[str]], hvs: list[str],
+                replayed: set[str] | frozenset[str] = frozenset()) -> bool:
+    """Each of ``hvs`` opened once; those in ``replayed`` (sent by a worker just before it froze) once or twice:
+    the new owner replaying that batch sends them again (at-least-once, the final check's one allowance)."""
+    return all(events.get(hv, []).count("opened") in ((1, 2) if hv in replayed else (1,)) for hv in hvs)
 
 
 def shown_open(ports: list[int], hvs: list[str]) -> dict[str, int]:
@@ -207,13 +210,17 @@ def test_frozen_worker_neither_stalls_the_stage_nor_repeats_findings_after_it_re
             raise AssertionError(f"{e}; group {group_assignment(bootstrap, app_id)}; {log_tails()}") from None
         assert alone == {(t.value, p) for t in TOPICS for p in range(PARTITIONS)}
 
-        # the stage goes on without the frozen worker: every LB's new rate, new findings, clears
+        # the stage goes on without the frozen worker: every LB's new rate, new findings, clears. What the
+        # frozen worker published before the freeze (its log: stopped, nothing more is written) may come again
+        # from the survivor replaying that batch (the freeze can land after its publish, before its commit)
+        before_freeze = opened_in(logged(w2))
+
         def survivor_serves() -> bool:
             sup.check()
             tel.send(early + during)
             events = lifecycles(bootstrap, early + during)
             return (not tel.lagging(ports[0], tel.rounds - 1).keys() & set(lbs)
-                    and opened_once(events, during)
+                    and opened_once(events, during, replayed=before_freeze)
                     and all(events.get(hv, [])[-1:] == ["cleared"] for hv in fixed))
         try:
             wait_until(survivor_serves, timeout=90, interval=1, what="the survivor serving every partition")
@@ -223,7 +230,6 @@ def test_frozen_worker_neither_stalls_the_stage_nor_repeats_findings_after_it_re
 
         # --- the frozen worker resumes: it must find its generation stale, rejoin, and share again
         frozen_at = w2.logfile.stat().st_size   # stopped: nothing more is written until SIGCONT
-        before_freeze = opened_in(logged(w2))
         frozen.resume()
 
         def rejoined() -> list[set[tuple[str, int]]] | None:
