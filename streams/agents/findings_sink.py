@@ -59,8 +59,8 @@ and sends its events first, oldest first (per id in order), ahead of anything ne
 object ``{"format": "opsloop.findings-outbox", "version": 1, "saved_at": <s>, "events": [{"event": <kind>,
 "finding": <the record's value, Finding.encode()>}, ...]}``. A file that cannot be read as a whole (torn,
 damaged, another format or version) is logged (``findings_outbox_unreadable``, naming the file and what was
-wrong), counted and moved aside (``<file>.corrupt-<unix time>``): the worker starts with an empty outbox;
-an event that no longer parses is skipped and counted, the others kept
+wrong), counted and moved aside (``<file>.corrupt-<unix time>``, the newest three kept): the worker starts
+with an empty outbox; an event that no longer parses is skipped and counted, the others kept
 (``opsloop_findings_outbox_file_errors_total{reason}``). Restored events skip ``ActiveFindings`` and
 ``opsloop_findings_total`` (the run that published them did both; :meth:`FindingsSink.restore` shows what the
 detector state holds open). One whose id's partition went to another worker is still sent: the paging book
@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import os
 import re
 import threading
@@ -123,6 +124,9 @@ OUTBOX_FORMAT = "opsloop.findings-outbox"
 OUTBOX_VERSION = 1
 KINDS = frozenset({OPENED, UPDATED, REFRESHED, CLEARED})
 MAX_SKIPPED_LOGGED = 5   # skipped events named in the log line (all counted)
+# unreadable outbox files set aside and kept for a look: the newest few (a disk that tears the file at every
+# start must not fill the data directory with copies)
+KEEP_SET_ASIDE = 3
 
 _LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 _RESERVED = frozenset({"detector", "severity", "id", "job", "instance", "__name__"})
@@ -271,6 +275,28 @@ def parse_outbox(data: bytes) -> tuple[list[tuple[str, Finding]], list[str]]:
         except (ValueError, TypeError) as e:   # RecordError is a ValueError naming field and value
             skipped.append(f"events[{i}]: {e}")
     return events, skipped
+
+
+def _prune_set_aside(path: Path) -> None:
+    """Remove all but the newest ``KEEP_SET_ASIDE`` copies of ``path`` set aside as unreadable (by the time in
+    their name); a copy that cannot be removed is logged and left."""
+    prefix = f"{path.name}.corrupt-"
+
+    def set_aside_at(p: Path) -> float:
+        try:
+            return float(p.name[len(prefix):])
+        except ValueError:
+            return math.inf   # not named by us: never the oldest, never removed
+    try:
+        copies = sorted((p for p in path.parent.iterdir() if p.name.startswith(prefix)), key=set_aside_at)
+    except OSError as e:
+        log.warning("findings_outbox_set_aside_not_pruned", path=str(path), error=f"{type(e).__name__}: {e}")
+        return
+    for old in [p for p in copies if set_aside_at(p) != math.inf][:-KEEP_SET_ASIDE]:
+        try:
+            old.unlink()
+        except OSError as e:
+            log.warning("findings_outbox_set_aside_not_pruned", path=str(old), error=f"{type(e).__name__}: {e}")
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:
@@ -423,6 +449,7 @@ class FindingsSink:
             return
         log.error("findings_outbox_unreadable", path=str(path), error=why, moved_to=str(aside),
                   events_lost="unknown: starting with an empty outbox")
+        _prune_set_aside(path)
 
     def _summary(self) -> dict[str, Any]:
         """What the outbox holds, for a log line (not empty)."""

@@ -276,6 +276,27 @@ def test_a_file_that_is_not_an_outbox_is_moved_aside(tmp_path: Path, caplog: pyt
     assert [p.name.split(".corrupt-")[0] for p in tmp_path.iterdir()] == [OUTBOX_FILE]
 
 
+def test_only_the_newest_copies_set_aside_are_kept(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A disk that tears the file at every start must not fill the data directory with copies: the newest
+    KEEP_SET_ASIDE are kept, a file of the same prefix not named by us is left alone."""
+    path = tmp_path / OUTBOX_FILE
+    stranger = tmp_path / f"{OUTBOX_FILE}.corrupt-by-hand"
+    stranger.write_bytes(b"an operator's copy")
+    old = [tmp_path / f"{OUTBOX_FILE}.corrupt-{1000.0 + i:.3f}" for i in range(5)]
+    for i, p in enumerate(old):
+        p.write_bytes(b"torn %d" % i)
+    path.write_bytes(b'{"format": "opsloop.findings-outbox", "ver')
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        broker, _ = run(deliver_new(path))
+    assert handed(broker) == [("n", "opened", 9)]
+    [error] = events_of(caplog, "findings_outbox_unreadable")
+    moved = Path(error.fields["moved_to"])       # type: ignore[attr-defined]
+    kept = {p.name for p in tmp_path.iterdir()}
+    assert kept == {moved.name, old[-1].name, old[-2].name, stranger.name}, kept
+    assert moved.read_bytes().endswith(b'"ver') and stranger.read_bytes() == b"an operator's copy"
+    assert sink_module.KEEP_SET_ASIDE == 3
+
+
 def test_an_unreadable_path_does_not_stop_the_worker(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / OUTBOX_FILE
     path.mkdir()                                   # read_bytes raises IsADirectoryError
