@@ -22,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from opsloop.argtypes import integer
 from opsloop.controllers.edge.sim import load_scenario, run_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "controllers" / "edge" / "scenarios"
@@ -68,11 +69,13 @@ def known_misses() -> dict[str, set[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("Examples:")[1],
+    ap = argparse.ArgumentParser(prog="python -m bench.sim_sweep", description=__doc__.split("\n\n")[0],
+                                 epilog="examples:" + __doc__.split("Examples:")[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
+    ap.add_argument("--seeds", type=integer(0, 2 ** 32 - 1), nargs="+", default=list(DEFAULT_SEEDS),
+                    help=f"seeds beside each file's own (default {' '.join(map(str, DEFAULT_SEEDS))})")
     ap.add_argument("--only", nargs="+", help="substrings of scenario names to run")
-    ap.add_argument("--jobs", type=int, default=1, help="processes (default 1)")
+    ap.add_argument("--jobs", type=integer(1, 64), default=1, help="processes (default 1)")
     ap.add_argument("--json", action="store_true", help="one JSON document instead of lines")
     args = ap.parse_args(argv)
     results = sweep(args.seeds, args.only, args.jobs)

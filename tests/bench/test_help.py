@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import REPO
 
-MODULES = sorted(p.stem for p in (REPO / "bench").glob("bench_*.py"))
+MODULES = sorted(p.stem for pattern in ("bench_*.py", "sim_*.py") for p in (REPO / "bench").glob(pattern))
 
 
 def test_the_benchmarks_were_found() -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -186,12 +187,14 @@ class Plant:
         return self.loads.copy(), failed, latency
 
 
-def simulate(scn: Scenario, kind: str) -> Run:
-    """Run one controller against the plant."""
+def simulate(scn: Scenario, kind: str,
+             build: Callable[[Scenario, np.ndarray], Controller] | None = None) -> Run:
+    """Run one controller against the plant: ``kind``'s, or the one ``build`` makes from the scenario and the
+    initial weights (a reference policy of a benchmark; ``kind`` then only names the run)."""
     plant = Plant(scn)
     weights = _initial_weights(scn, plant.latency, plant.healthy)
     plant.settle_clients(weights)
-    ctrl = make_controller(kind, scn, weights)
+    ctrl = make_controller(kind, scn, weights) if build is None else build(scn, weights)
     rng = np.random.default_rng(scn.seed)
     n_steps = int(round(scn.duration_s / scn.dt_s))
     per_tick = int(round(scn.interval_s / scn.dt_s))
