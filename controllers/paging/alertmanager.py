@@ -1,8 +1,10 @@
 """``POST /api/v2/alerts`` to every configured Alertmanager, and the back-off while none answers.
 
 Alertmanager deduplicates by label set, so sending the same alert again (to the same or to every
-member of an HA pair) is safe; that is what makes the retry loop simple. A 400 rejects the whole
-body: the batch is then sent alert by alert, so one malformed alert cannot block the others.
+member of an HA pair) is safe; that is what makes the retry loop simple. A 400 (its validation: label
+names, startsAt after endsAt ...) or a 422 (its API schema: a generatorURL that is no URI) rejects the
+whole body: the batch is then sent alert by alert, so one malformed alert cannot block the others. A 422
+was taken for an outage: the batch holding the alert was retried whole, with back-off, for ever.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ log = get_logger("paging.alertmanager")
 
 MAX_REPLY_BYTES = 1024 * 1024  # Alertmanager answers a post with a few bytes (an error: a line)
 MAX_ALERTS_PER_POST = 250   # 0.5-1 s of a real Alertmanager's work (2 shared cores): inside request_timeout_s
+REFUSED = (400, 422)        # the alert, not Alertmanager: sending it again gets the same answer
 
 
 class AlertmanagerError(RuntimeError):
@@ -77,19 +80,19 @@ class AlertmanagerClient:
         resp = self._post_json(endpoint, alerts)
         if resp.status_code == 200:
             return PostResult(accepted=len(alerts))
-        if resp.status_code == 400 and len(alerts) > 1:
+        if resp.status_code in REFUSED and len(alerts) > 1:
             # One bad alert spoils the batch: find it by sending one at a time.
             out = PostResult()
             for a in alerts:
                 single = self._post_json(endpoint, [a])
                 if single.status_code == 200:
                     out.accepted += 1
-                elif single.status_code == 400:
+                elif single.status_code in REFUSED:
                     out.rejected.append((a, single.text.strip()[:300]))
                 else:
                     raise AlertmanagerError(f"HTTP {single.status_code}: {single.text.strip()[:200]}")
             return out
-        if resp.status_code == 400:
+        if resp.status_code in REFUSED:
             return PostResult(rejected=[(alerts[0], resp.text.strip()[:300])])
         raise AlertmanagerError(f"HTTP {resp.status_code}: {resp.text.strip()[:200]}")
 

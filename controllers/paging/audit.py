@@ -7,6 +7,10 @@ into Elasticsearch), keyed by finding id on the topic::
      "target": "alert:FirewallUnprotectedPort", "mode": "live", "result": "sent",
      "reason": "...", "labels": {"finding_id": "...", "alertname": "...", "severity": "critical", ...}, "id": "..."}
 
+Actions: page_opened, page_delivered, page_resolved, page_severity_changed, and page_rejected (Alertmanager
+refused an alert: result ``sent`` when its ``OpsloopPageRejected`` fallback went in its place, ``failed``
+when that was refused too and the page is lost; the reason says why).
+
 The audit topic must never stop paging: a failed write is logged and counted, not retried.
 """
 
@@ -30,7 +34,8 @@ class _Producer(Protocol):
 
 
 RESULTS = {"page_opened": "sent", "page_delivered": "sent", "page_resolved": "resolved",
-           "page_severity_changed": "sent"}
+           "page_severity_changed": "sent",
+           "page_rejected": "failed"}   # "sent" when its OpsloopPageRejected fallback was sent in its place
 
 
 MAX_AUDIT_LABELS = 31    # AuditRecord holds 32 labels; one is the finding id
@@ -38,14 +43,14 @@ MAX_TARGET = 300
 
 
 def audit_record(action: str, finding_id: str, labels: dict[str, str], detail: str = "",
-                 now: float | None = None) -> AuditRecord:
+                 now: float | None = None, result: str | None = None) -> AuditRecord:
     """The audit record of one paging action; labels and target cut to the record's bounds, saying so."""
     kept = dict(list(labels.items())[:MAX_AUDIT_LABELS])
     if len(kept) < len(labels):
         detail = f"{detail} [audit labels cut: {len(labels) - len(kept)} of {len(labels)} left out]".strip()
     target = f"alert:{labels.get('alertname') or finding_id}"[:MAX_TARGET]
     return AuditRecord.build(time=time.time() if now is None else now, actor=ACTOR, action=action, target=target,
-                 mode="live", result=RESULTS.get(action, "sent"), reason=detail[:4000],
+                 mode="live", result=result or RESULTS.get(action, "sent"), reason=detail[:4000],
                  labels={**{str(k)[:200]: str(v)[:1000] for k, v in kept.items()}, "finding_id": finding_id})
 
 
@@ -54,11 +59,12 @@ class Auditor:
         self.producer = producer
         self.topic = topic
 
-    def record(self, action: str, finding_id: str, labels: dict[str, str], detail: str = "") -> None:
+    def record(self, action: str, finding_id: str, labels: dict[str, str], detail: str = "",
+               result: str | None = None) -> None:
         log.info("audit", action=action, finding_id=finding_id, alertname=labels.get("alertname", ""),
                  severity=labels.get("severity", ""), detail=detail)
         try:
-            rec = audit_record(action, finding_id, labels, detail)
+            rec = audit_record(action, finding_id, labels, detail, result=result)
         except Exception as e:  # noqa: BLE001 - a record we cannot build must not stop paging
             metrics.AUDIT_FAILURES.inc()
             log.error("audit_record_invalid", error=str(e)[:500], action=action, finding_id=finding_id)

@@ -30,6 +30,12 @@ Pure state, no I/O (the service posts and persists). Rules:
   clock does not step back, and an actuator's clear said again after a restart carries a new one).
 * A finding stamped more than ``MAX_CLOCK_SKEW_S`` ahead of ``now`` is refused (ValueError): it would be
   the newest of its id for good and hide every later record.
+* An alert Alertmanager refuses (400/422, see ``mapping``) is replaced, never dropped: :meth:`PagingBook.rejected`
+  gives the fallback to post in its place (``OpsloopPageRejected``, ``mapping.fallback_labels``). An open
+  alert refused is marked (``OpenAlert.rejected``, in the state file): it is re-sent, and resolved, as its
+  fallback until it resolves or its labels change (then the new labels are tried as they are). A refused
+  resolve is replaced by the fallback's resolve (the same fallback labels: they derive from the refused
+  labels and the finding id alone, so this holds across a restart that lost the mark).
 """
 
 from __future__ import annotations
@@ -37,11 +43,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 from opsloop.records import Finding, Severity
 
-from opsloop.controllers.paging.mapping import SEVERITY_RANK, Links, annotations_for, labels_for, postable
+from opsloop.controllers.paging.mapping import (MAX_REJECTION_REASON, SEVERITY_RANK, Links, annotations_for,
+                                                fallback_annotations, fallback_labels, is_fallback, labels_for,
+                                                postable)
 
 STATE_VERSION = 1
 DEFAULT_MAX_PENDING_RESOLVES = 10_000
@@ -69,6 +78,15 @@ class OpenAlert:
     delivered_once: bool = False
     first_seen: float = 0.0           # of the newest record applied: which incident (stale records are ignored)
     last_seen: float = 0.0
+    rejected: str = ""                # why Alertmanager refused it: its fallback is sent instead (book docstring)
+
+    def outgoing(self, annotations: dict[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+        """The labels and annotations (its own unless given) sent for this alert: the fallback's once refused."""
+        annotations = self.annotations if annotations is None else annotations
+        if not self.rejected:
+            return self.labels, annotations
+        return (fallback_labels(self.labels, self.finding_id),
+                fallback_annotations(self.labels, annotations, self.finding_id, self.rejected))
 
 
 @dataclass(slots=True)
@@ -198,9 +216,10 @@ class PagingBook:
         annotations = dict(alert.annotations)
         if finding.cleared and finding.explanation:
             annotations["explanation"] = finding.explanation
+        labels, annotations = alert.outgoing(annotations)   # a refused alert: Alertmanager holds its fallback
         # Never delivered (opened and cleared during a catch-up replay, or while Alertmanager was down):
         # Alertmanager would drop this resolve as it would one for an id never open here.
-        self._queue_resolve(PendingResolve(alert.finding_id, alert.labels, annotations, alert.starts_at, now,
+        self._queue_resolve(PendingResolve(alert.finding_id, labels, annotations, alert.starts_at, now,
                                            best_effort=not alert.delivered_once))
 
     def _queue_resolve(self, r: PendingResolve) -> None:
@@ -245,8 +264,36 @@ class PagingBook:
                for queue in self.resolves.values() for r in queue]
         for a in self.open.values():
             if a.last_sent is None or now - a.last_sent >= self.resend_interval_s:
-                out.append(postable(a.labels, a.annotations, a.starts_at, now + self.alert_ttl_s))
+                out.append(self._firing(a, now))
         return out
+
+    def _firing(self, a: OpenAlert, now: float) -> dict[str, Any]:
+        # started by now at the latest: a producer's clock ahead of ours (or ours stepped back by more than
+        # alert_ttl_s) made startsAt later than endsAt, which Alertmanager refuses
+        return postable(*a.outgoing(), min(a.starts_at, now), now + self.alert_ttl_s)
+
+    def rejected(self, alert: dict[str, Any], reason: str, now: float) -> dict[str, Any] | None:
+        """Alertmanager refused ``alert`` (one of ``due(now)``'s) for ``reason``: the alert to post in its place.
+
+        None when ``alert`` is a fallback itself (nothing simpler is left to try: the page is lost). The open
+        alert refused is sent as its fallback from now on; a refused resolve is replaced by its fallback's.
+        """
+        labels = alert.get("labels") or {}
+        if is_fallback(labels):
+            return None
+        annotations = alert.get("annotations") or {}
+        fid = str(annotations.get("finding_id") or "")
+        current = self.open.get(fid)
+        if current is None or current.labels != labels:   # a state file from before the finding_id annotation
+            current = next((a for a in self.open.values() if a.labels == labels), None)
+        if current is not None and _ends(alert) > now:   # the firing alert (its resolve ends by now)
+            current.rejected = str(reason)[:MAX_REJECTION_REASON]
+            return self._firing(current, now)
+        fid = fid or (current.finding_id if current is not None else "")
+        starts = _time(alert.get("startsAt"), now)
+        ends = _time(alert.get("endsAt"), now)
+        return postable(fallback_labels(labels, fid), fallback_annotations(labels, annotations, fid, str(reason)),
+                        starts, ends)
 
     def next_due(self, now: float) -> float:
         """Seconds until something is due (0 when something is due now)."""
@@ -278,7 +325,7 @@ class PagingBook:
     # -- persistence ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION,
-                "open": [asdict(a) for a in self.open.values()],
+                "open": [_open_entry(a) for a in self.open.values()],
                 "resolves": [asdict(r) for q in self.resolves.values() for r in q],
                 "closed": [[fid, *mark] for fid, mark in self.closed.items()],
                 "cleared": [[fid, *marks] for fid, marks in self.cleared.items()]}
@@ -305,6 +352,25 @@ class PagingBook:
         self._best_effort, self._queued = {}, 0
         for r in pending:   # the bound applies to a saved queue too (a state file from before it, a lower bound)
             self._queue_resolve(r)
+
+
+def _open_entry(a: OpenAlert) -> dict[str, Any]:
+    entry = asdict(a)
+    if not entry["rejected"]:   # written only when set: a file without refused alerts still loads in older versions
+        del entry["rejected"]
+    return entry
+
+
+def _time(value: Any, default: float) -> float:
+    """An alert's ``startsAt``/``endsAt`` (RFC 3339, as ``postable`` writes it) as Unix seconds, else ``default``."""
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return default
+
+
+def _ends(alert: dict[str, Any]) -> float:
+    return _time(alert.get("endsAt"), math.inf)
 
 
 def _entries(doc: dict[str, Any], key: str) -> list[Any]:
@@ -335,6 +401,8 @@ def _checked(cls: type[Any], doc: Any, where: str) -> Any:
     if not isinstance(entry.finding_id, str) or not all(
             isinstance(getattr(entry, flag, False), bool) for flag in ("delivered_once", "best_effort")):
         raise ValueError(f"paging state: {where}: finding_id must be a string, delivered_once and best_effort booleans")
+    if not isinstance(getattr(entry, "rejected", ""), str):
+        raise ValueError(f"paging state: {where}.rejected is not a string")
     return entry
 
 

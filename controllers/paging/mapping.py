@@ -11,6 +11,17 @@ Sizes are bounded so that a finding with many labels or very long names still pa
 ``MAX_WHERE_LABELS`` where-labels (the rest dropped), names and values shortened with a hash of the
 full text (so two findings that differ only past the cut stay two alerts); the annotation
 ``labels_truncated`` says what was cut, and the dropped labels are still in the description.
+
+What Alertmanager refuses is not built (it answers 400 to a label set or times it does not take, 422 to
+a ``generatorURL`` it cannot parse, and drops the alert): where-keys become valid label names (above),
+``startsAt`` is never after ``endsAt`` (a producer's clock ahead, or ours stepped back: the finding's own
+``first_seen`` stays in the annotation of that name), times are RFC 3339 with a four-digit year, and the
+``generatorURL`` is the dashboard link only when it is an absolute http(s) URL Alertmanager parses (else
+empty; the ``dashboard_url`` annotation keeps the link as given).
+
+An alert Alertmanager still refuses (a state file written by an older version, a stricter Alertmanager)
+is replaced by its fallback (:func:`fallback_labels`, :func:`fallback_annotations`): alertname
+``OpsloopPageRejected``, the same routing labels cleaned, the finding id and the rejection reason.
 """
 
 from __future__ import annotations
@@ -32,7 +43,17 @@ MAX_LABEL_NAME = 100
 MAX_ALERTNAME = 120
 MAX_WHERE_LABELS = 20     # plus the five we set: well inside the audit record's 32 labels
 MAX_ANNOTATION = 2048
+MAX_REJECTION_REASON = 500
+FALLBACK_ALERTNAME = "OpsloopPageRejected"
 _LABEL_NAME_BAD = re.compile(r"[^A-Za-z0-9_]")
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# An absolute http(s) URL Alertmanager's API takes as generatorURL (Go's url.ParseRequestURI): a plain host
+# (or [IPv6]), digits after its colon, printable ASCII after it; every % starts an escape (checked apart).
+# Narrower than what Go accepts: a link left out costs nothing (the dashboard_url annotation keeps it),
+# one Go refuses costs the whole POST (422).
+_GENERATOR_URL = re.compile(r"https?://(?:[A-Za-z0-9\-._~!$&'()*+,;=]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]*)?"
+                            r"(?:[/?#][\x21-\x7e]*)?", re.ASCII)
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 # Dashboard UID per signal (dashboards/ provisions them); unknown signals go to the pipeline board.
 DASHBOARDS = {
@@ -162,14 +183,81 @@ def annotations_for(finding: Finding, links: Links) -> dict[str, str]:
 
 
 def iso(ts: float) -> str:
-    """RFC 3339 in UTC with milliseconds, as Alertmanager's API expects."""
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    """RFC 3339 in UTC with milliseconds, as Alertmanager's API expects (a four-digit year: strftime wrote
+    year 68 as ``68``, which Alertmanager refuses)."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def generator_url(url: str) -> str:
+    """``url`` when Alertmanager takes it as an alert's generatorURL, else "" (see ``_GENERATOR_URL``)."""
+    return url if _GENERATOR_URL.fullmatch(url) and not _BAD_ESCAPE.search(url) else ""
 
 
 def postable(labels: dict[str, str], annotations: dict[str, str], starts_at: float, ends_at: float) -> dict[str, Any]:
-    """One element of the ``POST /api/v2/alerts`` body."""
-    return {"labels": labels, "annotations": annotations, "startsAt": iso(starts_at), "endsAt": iso(ends_at),
-            "generatorURL": annotations.get("dashboard_url", "")}
+    """One element of the ``POST /api/v2/alerts`` body.
+
+    ``startsAt`` is at most ``endsAt`` (Alertmanager refuses an alert ending before it starts: a resolve of a
+    finding stamped by a clock ahead of ours was dropped, and the page stayed open until it expired).
+    """
+    return {"labels": labels, "annotations": annotations, "startsAt": iso(min(starts_at, ends_at)),
+            "endsAt": iso(ends_at), "generatorURL": generator_url(annotations.get("dashboard_url", ""))}
+
+
+# -- the fallback of an alert Alertmanager refused ----------------------------------------------------
+def _text(value: object, limit: int) -> str:
+    """``value`` as valid UTF-8 text of at most ``limit`` characters."""
+    return str(value).encode("utf-8", "replace").decode("utf-8")[:limit]
+
+
+def is_fallback(labels: dict[str, str]) -> bool:
+    return labels.get("alertname") == FALLBACK_ALERTNAME and "rejected_alertname" in labels
+
+
+def fallback_labels(labels: dict[str, str], finding_id: str) -> dict[str, str]:
+    """The labels of the alert sent in place of one with ``labels`` that Alertmanager refused.
+
+    Alertname ``OpsloopPageRejected``; severity copied when it is one of ours, else ``critical``; ``source``,
+    ``finding_id`` and ``rejected_alertname``; the other labels (signal, detector, where-labels: the same
+    routes, inhibitions and mute times) with names made valid and values bounded. A function of the refused
+    labels and the finding id only: the fallback of a firing alert and of its resolve are one alert.
+    """
+    own = {"alertname", "severity", "source", "finding_id", "rejected_alertname"}
+    out: dict[str, str] = {}
+    for key, value in sorted(labels.items(), key=lambda kv: str(kv[0])):
+        key = _text(key, 10 * MAX_LABEL_NAME)
+        if key in ("alertname", "severity", "source"):
+            continue
+        name = shorten(key if _LABEL_NAME.fullmatch(key) else label_name(key), MAX_LABEL_NAME)
+        if name in own:
+            name = "where_" + name
+        text = shorten(_text(value, 10 * MAX_LABEL_VALUE), MAX_LABEL_VALUE)
+        if text and name not in out and len(out) < MAX_WHERE_LABELS + 2:   # + signal, detector
+            out[name] = text
+    severity = labels.get("severity")
+    out.update(alertname=FALLBACK_ALERTNAME,
+               severity=severity if severity in {s.value for s in Severity} else Severity.CRITICAL.value,
+               source=SOURCE, finding_id=shorten(_text(finding_id, 1000), MAX_LABEL_VALUE) or "unknown",
+               rejected_alertname=shorten(_text(labels.get("alertname", ""), 1000), MAX_LABEL_VALUE) or "unknown")
+    return out
+
+
+def fallback_annotations(labels: dict[str, str], annotations: dict[str, str], finding_id: str,
+                         reason: str) -> dict[str, str]:
+    """The annotations of the fallback: what the refused alert said, why Alertmanager refused it."""
+    name = labels.get("alertname", "")
+    reason = _text(reason, MAX_REJECTION_REASON)
+    doc = {
+        "summary": f"Alertmanager rejected the page {name} of finding {finding_id}: "
+                   f"{annotations.get('summary') or 'see the finding'}",
+        "description": f"{annotations.get('description', '')} This alert stands in for {name}, which "
+                       f"Alertmanager rejected ({reason}); it resolves when the finding clears.".strip(),
+        "rejection_reason": reason,
+        "rejected_alertname": name,
+        "finding_id": finding_id,
+    }
+    for key in ("what", "observed", "expected", "explanation", "runbook_url", "dashboard_url", "first_seen"):
+        doc[key] = annotations.get(key, "")
+    return {k: _text(v, MAX_ANNOTATION) for k, v in doc.items() if v}
 
 
 SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}

@@ -10,7 +10,10 @@ POSTS = Counter("opsloop_paging_posts_total", "Successful POST /api/v2/alerts ba
 SENT = Counter("opsloop_paging_alerts_sent_total", "Alerts delivered to Alertmanager", ["state"])
 DELIVERY_FAILURES = Counter("opsloop_paging_delivery_failures_total",
                             "POST attempts no Alertmanager accepted (retried with back-off)")
-DROPPED = Counter("opsloop_paging_alerts_dropped_total", "Alerts Alertmanager rejected as invalid (not retried)")
+REPLACED = Counter("opsloop_paging_alerts_replaced_total",
+                   "Alerts Alertmanager rejected as invalid, sent as an OpsloopPageRejected fallback instead")
+DROPPED = Counter("opsloop_paging_alerts_dropped_total",
+                  "Alerts Alertmanager rejected as invalid and not replaced: their fallback was rejected too")
 RESOLVES_DROPPED = Counter("opsloop_paging_resolves_dropped_total",
                            "Queued resolves dropped over max_pending_resolves, by kind: best_effort (alert never "
                            "delivered from here), paged (an alert we sent; it ends at its endsAt instead)", ["kind"])

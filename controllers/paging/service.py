@@ -7,6 +7,13 @@ twice. Alertmanager being down does not stop consumption: the book keeps the lat
 finding and a queue of resolves bounded by ``max_pending_resolves`` (beyond it the oldest are
 dropped, best-effort ones first, counted in ``opsloop_paging_resolves_dropped_total``), and delivery
 is retried with exponential back-off.
+
+An alert Alertmanager rejects as invalid (400/422) is never dropped in silence: its fallback
+(``OpsloopPageRejected``, same severity and routing labels, the finding id, the reason) is posted in its
+place at once and follows the finding (re-sent while it is open, resolved when it clears); each rejection
+is logged (``alert_rejected``), audited (``page_rejected``) and counted: replaced
+(``opsloop_paging_alerts_replaced_total``) or, the fallback rejected too, lost
+(``opsloop_paging_alerts_dropped_total``).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from opsloop.controllers.paging.alertmanager import AlertmanagerClient, Alertman
 from opsloop.controllers.paging.audit import Auditor
 from opsloop.controllers.paging.book import Action, PagingBook, PendingResolve
 from opsloop.controllers.paging.config import PagingConfig
-from opsloop.controllers.paging.mapping import Links
+from opsloop.controllers.paging.mapping import FALLBACK_ALERTNAME, Links
 
 log = get_logger("paging")
 REJECT_LOG = Sampled(60.0)   # a poison stream: one line a minute (the counter counts each)
@@ -159,9 +166,21 @@ class PagingService:
             self._update_gauges(now)
             return 0
         self.backoff.succeeded()
-        for alert, reason in result.rejected:
-            metrics.DROPPED.inc()
-            log.error("alert_rejected", alertname=alert["labels"].get("alertname"), reason=reason)
+        fallbacks = self._replace_rejected(result.rejected, now)
+        if fallbacks:
+            try:
+                again = self.client.post(fallbacks)
+            except AlertmanagerError as e:
+                # Nothing marked delivered: the next attempt sends the open alerts' fallbacks (the book holds
+                # the mark) and the refused resolves again, refused and replaced again.
+                delay = self.backoff.failed(now)
+                metrics.DELIVERY_FAILURES.inc()
+                log.warning("alertmanager_unreachable", error=str(e)[:500], alerts=len(fallbacks),
+                            retry_in_s=round(delay, 2))
+                self._update_gauges(now)
+                return 0
+            for alert, reason in again.rejected:
+                self._lost(alert, reason)
         first, resolved = self.book.delivered(now)
         metrics.POSTS.inc()
         metrics.LAST_DELIVERY.set(time.time())
@@ -171,10 +190,38 @@ class PagingService:
             latency = max(0.0, time.time() - a.event_time)
             metrics.PAGE_LATENCY.observe(latency)
             self.auditor.record("page_delivered", a.finding_id, a.labels,
-                                f"delivered to Alertmanager {latency:.3f}s after the finding")
+                                f"delivered to Alertmanager {latency:.3f}s after the finding"
+                                + (f" as {FALLBACK_ALERTNAME} (the alert was rejected)" if a.rejected else ""))
         self._dirty = True
         self._update_gauges(now)
         return len(alerts)
+
+    def _replace_rejected(self, rejected: list[tuple[dict[str, Any], str]], now: float) -> list[dict[str, Any]]:
+        """The fallbacks to post in place of the alerts Alertmanager rejected (a rejected fallback: lost)."""
+        fallbacks: list[dict[str, Any]] = []
+        for alert, reason in rejected:
+            fallback = self.book.rejected(alert, reason, now)
+            if fallback is None:
+                self._lost(alert, reason)
+                continue
+            self._dirty = True   # an open alert refused is sent as its fallback from now on: the state says so
+            fallbacks.append(fallback)
+            metrics.REPLACED.inc()
+            labels, fid = _who(alert)
+            log.error("alert_rejected", alertname=labels.get("alertname"), finding_id=fid, reason=reason,
+                      replaced_by=FALLBACK_ALERTNAME)
+            self.auditor.record("page_rejected", fid, labels, f"Alertmanager rejected the alert ({reason}); "
+                                f"{FALLBACK_ALERTNAME} sent in its place", result="sent")
+        return fallbacks
+
+    def _lost(self, alert: dict[str, Any], reason: str) -> None:
+        """A rejected alert nothing replaces (its fallback was rejected too): logged, audited, counted."""
+        metrics.DROPPED.inc()
+        labels, fid = _who(alert)
+        log.error("alert_rejected", alertname=labels.get("alertname"), finding_id=fid, reason=reason,
+                  replaced_by=None, page_lost=True)
+        self.auditor.record("page_rejected", fid, labels, f"Alertmanager rejected the alert ({reason}), "
+                            f"{FALLBACK_ALERTNAME} fallback included: this page is lost", result="failed")
 
     def _update_gauges(self, now: float) -> None:
         metrics.ACTIVE.set(len(self.book.open))
@@ -248,3 +295,9 @@ class PagingService:
                 except Exception:  # noqa: BLE001
                     pass
         self.client.close()
+
+
+def _who(alert: dict[str, Any]) -> tuple[dict[str, str], str]:
+    """A posted alert's labels and finding id."""
+    labels = alert.get("labels") or {}
+    return labels, str((alert.get("annotations") or {}).get("finding_id") or labels.get("finding_id") or "")
