@@ -53,6 +53,7 @@ from opsloop.controllers.paging.mapping import (MAX_REJECTION_REASON, SEVERITY_R
                                                 postable)
 
 STATE_VERSION = 1
+LAST_WRITABLE_TIME = 253402300799.0   # 9999-12-31T23:59:59Z: the last second an alert's startsAt/endsAt can hold
 DEFAULT_MAX_PENDING_RESOLVES = 10_000
 MAX_CLOSED = 10_000        # ids not open whose newest record is kept (about 60 bytes each in the state file)
 MAX_CLEARED_PER_ID = 4     # incidents cleared last per id (a replay or a re-sent clear reaches a few back at most)
@@ -333,7 +334,8 @@ class PagingBook:
     def restore(self, doc: dict[str, Any]) -> None:
         """Load saved state. Restored alerts are re-sent at once (same labels: no new page)."""
         if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
-            raise ValueError(f"paging state: unsupported version {doc.get('version') if isinstance(doc, dict) else doc!r}")
+            found = doc.get("version") if isinstance(doc, dict) else doc
+            raise ValueError(f"paging state: unsupported version {found!r}")
         # Built aside and checked entry by entry: a file that is JSON but holds wrong types is refused
         # whole (ValueError, a re-page at worst) instead of failing every delivery after it loads.
         opened: dict[str, OpenAlert] = {}
@@ -396,7 +398,8 @@ def _checked(cls: type[Any], doc: Any, where: str) -> Any:
         value = getattr(entry, name, 0.0)
         if value is None and name == "last_sent":
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        # within what an alert's RFC 3339 stamps can say: a finite -1e13 loaded, and every due() after it raised
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= LAST_WRITABLE_TIME:
             raise ValueError(f"paging state: {where}.{name} is {value!r}, not a time")
     if not isinstance(entry.finding_id, str) or not all(
             isinstance(getattr(entry, flag, False), bool) for flag in ("delivered_once", "best_effort")):

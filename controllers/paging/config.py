@@ -44,7 +44,8 @@ class PagingConfig(BaseModel):
     request_timeout_s: float = Field(default=5.0, gt=0, le=120)
     backoff_initial_s: float = Field(default=0.5, gt=0)
     backoff_max_s: float = Field(default=30.0, gt=0)
-    dashboard_base_url: str = Field(default_factory=dashboard_base_url)    # opsloop.runbooks: one base per deployment
+    # opsloop.runbooks: one base per deployment (from the environment: a bad one is logged, the default used)
+    dashboard_base_url: str = Field(default_factory=dashboard_base_url)
     runbook_base_url: str = Field(default_factory=runbook_base_url)
     metrics_bind: str = LOOPBACK
     metrics_port: int = Field(default=29103, ge=0, le=65535)
@@ -61,6 +62,14 @@ class PagingConfig(BaseModel):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"Alertmanager URL {url!r} must start with http:// or https://")
         return [u.rstrip("/") for u in v]
+
+    @field_validator("dashboard_base_url", "runbook_base_url")
+    @classmethod
+    def _link_base(cls, v: str) -> str:
+        # every alert's links start with it: without a scheme Alertmanager refused each alert's generatorURL
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} must start with http:// or https:// (it begins every alert's links)")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> "PagingConfig":

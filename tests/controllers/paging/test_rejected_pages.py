@@ -9,7 +9,8 @@ book built and Alertmanager refused:
   the 300 s the book takes) cleared with ``endsAt`` = now, or opened with ``endsAt`` = now + ttl short
   of its start; ours stepping back did the same.
 * a ``generatorURL`` that is no URI to Go (422): a finding's own dashboard link with a ``%`` that starts
-  no escape, or a ``dashboard_base_url`` without its scheme (then every alert).
+  no escape (a ``dashboard_base_url`` without its scheme, which did it to every alert, is refused by the
+  config: ``test_a_link_base_without_a_scheme_is_refused_by_the_config``).
 * a start before the year 1000 (400): strftime wrote the year in fewer than four digits.
 * label names it refuses (400): the mapping makes where-keys valid names, but a state file written
   before that (or edited) still holds them; such an alert now pages as its fallback, ``OpsloopPageRejected``.
@@ -29,11 +30,12 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
+from pydantic import ValidationError
 
 from opsloop.controllers.paging.alertmanager import AlertmanagerClient, PostResult
 from opsloop.controllers.paging.book import PagingBook
 from opsloop.controllers.paging.config import PagingConfig
-from opsloop.controllers.paging.mapping import Links, annotations_for, iso, labels_for
+from opsloop.controllers.paging.mapping import Links, annotations_for, generator_url, iso, labels_for
 from opsloop.controllers.paging.service import PagingService
 from opsloop.records import Finding, Severity
 from opsloop.stack import ManagedProcess
@@ -125,7 +127,6 @@ def test_a_finding_stamped_ahead_of_our_clock_pages_and_resolves(services, test_
 @pytest.mark.integration
 @pytest.mark.parametrize("bad", [
     pytest.param({"dashboard": "https://grafana.example/d/cpu-100%/hosts"}, id="link-with-a-bare-percent"),
-    pytest.param({"config": {"dashboard_base_url": "grafana.corp"}}, id="dashboard-base-url-without-scheme"),
     pytest.param({"first_seen": -6e10}, id="started-before-the-year-1000"),
 ])
 def test_a_finding_alertmanager_refused_pages_as_itself_with_the_rest_of_its_batch(
@@ -148,6 +149,17 @@ def test_a_finding_alertmanager_refused_pages_as_itself_with_the_rest_of_its_bat
                              dashboard=bad.get("dashboard", "")).encode()], later)
     svc.deliver(later)
     assert am_alerts(test_alertmanager, hypervisor=hv) == []
+
+
+@pytest.mark.parametrize("field", ["dashboard_base_url", "runbook_base_url"])
+def test_a_link_base_without_a_scheme_is_refused_by_the_config(field: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every alert's links start with it: without a scheme Alertmanager refused each alert's generatorURL. From
+    the environment (read by opsloop.runbooks for the detectors too) a bad base is logged and the default used."""
+    with pytest.raises(ValidationError, match=f"{field}(.|\n)*must start with http"):
+        PagingConfig(**{field: "grafana.corp"})
+    monkeypatch.setenv(f"OPSLOOP_{field.upper()}", "grafana.corp")
+    assert getattr(PagingConfig(), field).startswith(("http://", "https://"))
+    assert generator_url("grafana.corp/d/x") == "" and generator_url("https://grafana.corp/d/x") != ""
 
 
 @pytest.mark.integration

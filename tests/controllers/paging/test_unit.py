@@ -185,6 +185,28 @@ def test_state_round_trip_resends_at_once_without_a_new_page() -> None:
         restored.restore({"version": 99})
 
 
+@pytest.mark.parametrize("entry, field, value", [
+    ("open", "starts_at", -1e13), ("open", "event_time", 1e15), ("open", "last_seen", -1.0),
+    ("resolves", "ends_at", 3e11), ("resolves", "starts_at", float("inf")),
+])
+def test_a_saved_time_no_alert_can_carry_is_refused_by_name(entry: str, field: str, value: float) -> None:
+    """A finite time outside what RFC 3339 stamps hold loaded, and every due() after it raised: paging stalled."""
+    b = book()
+    b.apply(finding(), T0)
+    b.delivered(T0)
+    b.apply(finding(hypervisor="hv-9"), T0)
+    b.apply(finding(hypervisor="hv-9", cleared=True), T0 + 1)
+    doc = orjson.loads(orjson.dumps(b.to_dict()))
+    doc[entry][0][field] = value
+    restored = book()
+    with pytest.raises(ValueError, match=rf"{entry}\[0\]\.{field} is .*not a time"):
+        restored.restore(doc)
+    assert restored.due(T0 + 2) == [] and not restored.open   # refused whole: the book as it was, still working
+    doc[entry][0][field] = T0                                  # the same file with a time an alert can carry
+    restored.restore(doc)
+    assert len(restored.due(T0 + 2)) == 2
+
+
 # -- decoding --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("raw,message", [
     (b"", "empty record"),
