@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.sim_bound import StaticOracle, main
+from bench.sim_bound import LearnedStatic, StaticOracle, main
 from bench.sim_kinds import generate
 from opsloop.controllers.edge.scheduler import solve
 from opsloop.controllers.edge.sim import simulate
@@ -27,6 +27,26 @@ def test_the_oracle_holds_the_initial_weights_then_the_static_target() -> None:
     assert not np.allclose(target, weights[0])    # the noise kind starts above 0.9 of the near origin
     for later in weights[3:]:
         np.testing.assert_allclose(later, target, atol=1e-9)
+
+
+def test_the_learned_policy_holds_the_target_on_the_mean_of_its_own_readings() -> None:
+    scn, _ = generate("noise", 1, 2)
+    policy: list[LearnedStatic] = []
+
+    def build(s, w):  # type: ignore[no-untyped-def]
+        policy.append(LearnedStatic(s, w, 0.1, warmup=2))
+        return policy[0]
+    run = simulate(scn, "learned-static", build)
+    weights = np.array(run.tick_weights)
+    np.testing.assert_array_equal(weights[1], weights[0])
+    np.testing.assert_array_equal(weights[2], weights[0])
+    readings = np.array(policy[0]._readings)
+    assert len(readings) == len(weights) - 1
+    np.testing.assert_allclose(policy[0].mean_demand, readings[:3].mean(axis=0))   # the 3 read by its tick
+    true_mean = np.array([e.base_rps for e in scn.edges])
+    assert not np.allclose(policy[0].mean_demand, true_mean)   # a noisy estimate, not the oracle's knowledge
+    for later in weights[4:]:
+        np.testing.assert_array_equal(later, weights[3])
 
 
 def test_more_headroom_moves_more_traffic_off_the_near_origin() -> None:
