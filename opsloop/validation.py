@@ -17,6 +17,11 @@ from pydantic import ValidationError
 from opsloop.redact import redact_credentials
 
 MAX_SHOWN = 80
+# 9999-12-31T23:59:59Z: the last time a four-digit year (RFC 3339, ISO 8601) can say, in s and in ms. A saved
+# or recovered time beyond it (or before 1970) is damage: it loaded, and then every step that formatted or
+# out-stamped it failed (paging's state, the actuators' history, the edge controller's recovered epoch)
+LAST_TIME_S = 253_402_300_799.0
+LAST_TIME_MS = 253_402_300_799_999
 
 
 class WireError(ValueError):

@@ -99,8 +99,10 @@ def make_target(cfg: HaproxyTargetConfig | LvsTargetConfig) -> Target:
 
 def make_actuator(config: ActuatorConfig, cfg: HaproxyTargetConfig | LvsTargetConfig, audit: AuditLog,
                   mode: str | None = None) -> EdgeActuator:
-    store = WeightStore(config.store_dir, cfg.edge, cfg.listener, config.history_max)
-    return EdgeActuator(make_target(cfg), cfg.edge, cfg.listener, store, audit, mode=mode or config.mode,
+    target = make_target(cfg)
+    # a stored weight above what the target takes is damage: reconcile and rollback could never write it
+    store = WeightStore(config.store_dir, cfg.edge, cfg.listener, config.history_max, target.max_weight)
+    return EdgeActuator(target, cfg.edge, cfg.listener, store, audit, mode=mode or config.mode,
                         max_step=config.max_step, stale_after_s=config.stale_after_s, weight_total=cfg.weight_total,
                         max_clock_skew_s=config.max_clock_skew_s)
 
@@ -155,6 +157,8 @@ class ActuatorService:
             # so is a clear it could not deliver
             slot.finding_id = fail_static_finding_id(listener, edge)
             state = slot.actuator.store.fail_static_state()
+            if state is not None and state.problem:   # logged by the store, naming the file and the field
+                metrics.ERRORS.labels(edge, "store").inc()
             if state is not None:
                 slot.owed_clears = state.owed + ([state.since] if state.cleared else [])
                 slot.fail_static_since = None if state.cleared else state.since

@@ -14,11 +14,24 @@ append cuts it off first, so the new entry starts on a line of its own. A comple
 entry is damage: :class:`StoreError` names the file and the line, and the service holds the live
 weights (fail static) rather than guess which version is live.
 
+Every value of an entry is checked as it loads, its range too, not only its type: a value no apply could
+have written (a version or epoch beyond what a decision carries, a weight below 0 or above what the
+target takes, a date before 1970 or after 9999, weights too many to audit) is damage like a wrong type. Such
+values loaded, and then every decision was refused for good (an epoch of 2**63), every reconcile wrote
+a batch and undid it (a weight of -5), every re-sent decision raised (thousands of weights: no audit
+record holds them) or `weights history` died (applied_at 1e20), naming neither file nor line.
+
 Next to it, ``<listener>.fail_static.json`` says the slot is failing static and since when (the
 ``first_seen`` of its open ``edge.fail_static`` finding), so a restarted service clears the finding a
 previous run opened instead of leaving it open for good. When the slot leaves fail static the file
 says ``"cleared": true`` until the clear has reached the broker (a restart sends it again), and
 ``"owed"`` lists earlier incidents whose clear had not reached it either; absent when nothing is owed.
+Its times are checked like the history's: a ``since`` that is no date between 1970 and 9999 makes the file
+damaged (logged naming the file and field, counted; open since now, as for an unreadable file: a stray
+clear is harmless, a lost one pages); an ``owed`` time that is none is dropped, named, and so are owed
+clears beyond the newest :data:`MAX_OWED` (with the file's own incident, what the outbox keeps per finding:
+5000 owed clears were 4968 ``finding_dropped`` errors at start). A ``since`` of -1e13
+loaded, and the finding the service restated carried it to the paging service.
 
 And ``<listener>.unverified.json``, written ahead of an LB write (atomically, before the write starts):
 the origins that write may set to 0 over a weight the history gives them, while no write since has
@@ -41,13 +54,26 @@ from typing import Any, Iterator
 
 import orjson
 
+from opsloop.argtypes import INT64_MAX
 from opsloop.atomic_file import replace_file
 from opsloop.log import get_logger
+from opsloop.records.audit import MAX_STATE_BYTES
+from opsloop.validation import LAST_TIME_MS, LAST_TIME_S, shown
+
+from opsloop.controllers.actuators.mapping import IPVS_MAX_WEIGHT
+from opsloop.controllers.actuators.outbox import MAX_PER_ID
 
 log = get_logger("actuator.store")
 _SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 Stamp = tuple[int, int]   # (epoch, version): the order of decisions
+# The ranges of a stamp: a version as `weights rollback --to` takes it (a longer one broke every JSON log line),
+# an epoch (a controller's start time in ms) up to 9999-12-31T23:59:59.999Z. The actuator refuses a decision
+# outside them (the store would refuse its entry); the edge controller recovers none beyond them.
+MAX_VERSION = INT64_MAX
+LAST_EPOCH = LAST_TIME_MS
+# owed clears kept from the fail-static state file: with the file's own incident, what the outbox keeps per finding
+MAX_OWED = MAX_PER_ID - 1
 
 
 class StoreError(ValueError):
@@ -72,22 +98,42 @@ class Entry:
         return (self.epoch, self.version)
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "Entry":
+    def from_dict(cls, doc: dict[str, Any], max_weight: int = IPVS_MAX_WEIGHT) -> "Entry":
+        """The entry of a history line; TypeError or ValueError naming the field and its value.
+
+        Every field checked, not only the three that order versions: a weight "lots" or applied_at
+        "yesterday" (a hand edit, disk damage) loaded, then every apply, rollback and `weights history`
+        failed on it with an error naming neither the file nor the line. Ranges too (module docstring)."""
         entry = cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
-        # Every field checked, not only the three that order versions: a weight "lots" or applied_at
-        # "yesterday" (a hand edit, disk damage) loaded, then every apply, rollback and `weights history`
-        # failed on it with an error naming neither the file nor the line.
-        if not _int(entry.version) or not _int(entry.epoch) or not isinstance(entry.weights, dict) \
-                or not all(isinstance(k, str) and _int(v) for k, v in entry.weights.items()):
-            raise TypeError("version/epoch must be integers and weights an object of integers")
+        if not _int(entry.version) or not 0 <= entry.version <= MAX_VERSION:
+            raise ValueError(f"version is {shown(entry.version)}, not an integer in 0..{MAX_VERSION}")
+        if not _int(entry.epoch) or not 0 <= entry.epoch <= LAST_EPOCH:
+            raise ValueError(f"epoch is {shown(entry.epoch)}, not an integer in 0..{LAST_EPOCH} (a start time in "
+                             "ms up to the year 9999)")
+        if not isinstance(entry.weights, dict):
+            raise TypeError(f"weights is {shown(entry.weights)}, not an object of integers")
+        for origin, w in entry.weights.items():
+            if not isinstance(origin, str) or not _int(w) or not 0 <= w <= max_weight:
+                raise ValueError(f"weights[{shown(origin)}] is {shown(w)}, not an integer weight in 0..{max_weight} "
+                                 "(what this target takes)")
+        size = len(orjson.dumps(entry.weights))
+        if size > MAX_STATE_BYTES:   # no target has that many origins, and no audit record holds them
+            raise ValueError(f"weights: {len(entry.weights)} origins ({size} bytes), more than an audit record "
+                             f"holds ({MAX_STATE_BYTES} bytes)")
         for name in ("shares", "decision"):
             value = getattr(entry, name)
             if not isinstance(value, dict) or not all(isinstance(k, str) and _number(v) for k, v in value.items()):
                 raise TypeError(f"{name} must be an object of numbers")
-        if not _number(entry.applied_at) or not (entry.computed_at is None or _number(entry.computed_at)):
-            raise TypeError("applied_at/computed_at must be numbers (seconds)")
-        if not isinstance(entry.complete, bool) or entry.action not in ACTIONS or not isinstance(entry.reason, str):
-            raise TypeError(f"complete must be true/false, action one of {sorted(ACTIONS)}, reason a string")
+        for name in ("applied_at", "computed_at"):
+            value = getattr(entry, name)
+            if not (value is None and name == "computed_at") and not _time(value):
+                raise ValueError(f"{name} is {shown(value)}, not a time (seconds since 1970 up to the year 9999)")
+        if not isinstance(entry.complete, bool):
+            raise TypeError(f"complete is {shown(entry.complete)}, not true/false")
+        if not isinstance(entry.action, str) or entry.action not in ACTIONS:   # a list: "unhashable type", unnamed
+            raise ValueError(f"action is {shown(entry.action)}, not one of {sorted(ACTIONS)}")
+        if not isinstance(entry.reason, str):
+            raise TypeError(f"reason is {shown(entry.reason)}, not a string")
         return entry
 
 
@@ -102,6 +148,7 @@ class FailStaticState:
     since: float
     cleared: bool = False
     owed: list[float] = field(default_factory=list)
+    problem: str = ""    # what was wrong with the file (it was unreadable or damaged), for the service to count
 
 
 def _int(v: object) -> bool:
@@ -110,6 +157,16 @@ def _int(v: object) -> bool:
 
 def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def _time(v: object) -> bool:
+    """A date as seconds since the epoch, within what a four-digit year says (1970 to 9999)."""
+    return _number(v) and 0 <= v <= LAST_TIME_S   # type: ignore[operator]
+
+
+def _date(v: object) -> bool:
+    """A finding's first_seen: a :func:`_time` after the epoch itself (a first_seen of 0 is taken for "now")."""
+    return _time(v) and v > 0   # type: ignore[operator]
 
 
 def _safe(name: str) -> str:
@@ -122,9 +179,11 @@ def _complete_part(data: bytes) -> bytes:
 
 
 class WeightStore:
-    def __init__(self, root: Path, edge: str, listener: str, max_entries: int = 200) -> None:
+    def __init__(self, root: Path, edge: str, listener: str, max_entries: int = 200,
+                 max_weight: int = IPVS_MAX_WEIGHT) -> None:
         self.path = Path(root) / _safe(edge) / f"{_safe(listener)}.jsonl"
         self.max_entries = max_entries
+        self.max_weight = max_weight   # the largest weight the target takes: a stored one above it is damage
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -156,8 +215,8 @@ class WeightStore:
                 doc = orjson.loads(line)
                 if not isinstance(doc, dict):
                     raise TypeError(f"a JSON {type(doc).__name__}, not an object")
-                entries.append(Entry.from_dict(doc))
-            except (orjson.JSONDecodeError, TypeError, KeyError) as e:
+                entries.append(Entry.from_dict(doc, self.max_weight))
+            except (orjson.JSONDecodeError, TypeError, KeyError, ValueError) as e:
                 raise StoreError(f"{self.path} line {i}: not a history entry ({e}); move the file aside to "
                                  "start a fresh history (the live weights are held until then)") from None
         return entries
@@ -206,21 +265,46 @@ class WeightStore:
 
     def fail_static_state(self) -> FailStaticState | None:
         """What this slot owes of its ``edge.fail_static`` finding (see :class:`FailStaticState`); None when
-        nothing. An unreadable or damaged file counts as open since now: a stray clear is harmless, a lost
-        one pages."""
+        nothing. An unreadable or damaged file counts as open since now (``problem`` says why): a stray clear
+        is harmless, a lost one pages. The owed clears that are times are kept (module docstring)."""
+        path = self.fail_static_path
         try:
-            doc = orjson.loads(self.fail_static_path.read_bytes())
+            doc = orjson.loads(path.read_bytes())
         except FileNotFoundError:
             return None
         except (OSError, orjson.JSONDecodeError) as e:
-            log.warning("fail_static_state_unreadable", file=str(self.fail_static_path), error=str(e)[:300])
-            return FailStaticState(time.time())
-        since = doc.get("since") if isinstance(doc, dict) else None
-        if not _number(since):
-            return FailStaticState(time.time())
-        owed = doc.get("owed")
-        owed = [float(x) for x in owed if _number(x)] if isinstance(owed, list) else []
-        return FailStaticState(float(since), doc.get("cleared") is True, owed)
+            log.warning("fail_static_state_unreadable", file=str(path), error=str(e)[:300])
+            return FailStaticState(time.time(), problem=f"{path}: unreadable ({str(e)[:300]})")
+        if not isinstance(doc, dict):
+            return self._fail_static_damaged(f"a JSON {type(doc).__name__}, not an object", [])
+        problems = []
+        owed = doc.get("owed", [])
+        if not isinstance(owed, list):
+            problems.append(f"owed is {shown(owed)}, not a list of times: dropped")
+            owed = []
+        bad = [x for x in owed if not _date(x)]
+        if bad:
+            problems.append(f"owed holds {shown(bad)}, not times (seconds since 1970 up to the year 9999): dropped")
+        times = [float(x) for x in owed if _date(x)]
+        if len(times) > MAX_OWED:
+            problems.append(f"owed holds {len(times)} clears, more than the {MAX_OWED} kept: the oldest "
+                            f"{len(times) - MAX_OWED} dropped")
+            times = times[-MAX_OWED:]
+        since = doc.get("since")
+        if not _date(since):
+            problems.insert(0, f"since is {shown(since)}, not a time (seconds since 1970 up to the year 9999)")
+            return self._fail_static_damaged("; ".join(problems), times)
+        state = FailStaticState(float(since), doc.get("cleared") is True, times)
+        if problems:
+            state.problem = self._fail_static_problem("; ".join(problems))
+        return state
+
+    def _fail_static_damaged(self, why: str, owed: list[float]) -> FailStaticState:
+        return FailStaticState(time.time(), owed=owed, problem=self._fail_static_problem(f"{why}; open since now"))
+
+    def _fail_static_problem(self, why: str) -> str:
+        log.warning("fail_static_state_damaged", file=str(self.fail_static_path), error=why[:500])
+        return f"{self.fail_static_path}: {why}"[:1000]
 
     def set_fail_static(self, since: float | None, cleared: bool = False, owed: list[float] | None = None) -> None:
         """Record (atomically) that the slot fails static since ``since``, or that it left it (``cleared``)

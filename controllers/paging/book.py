@@ -47,13 +47,13 @@ from datetime import datetime
 from typing import Any
 
 from opsloop.records import Finding, Severity
+from opsloop.validation import LAST_TIME_S
 
 from opsloop.controllers.paging.mapping import (MAX_REJECTION_REASON, SEVERITY_RANK, Links, annotations_for,
                                                 fallback_annotations, fallback_labels, is_fallback, labels_for,
                                                 postable)
 
 STATE_VERSION = 1
-LAST_WRITABLE_TIME = 253402300799.0   # 9999-12-31T23:59:59Z: the last second an alert's startsAt/endsAt can hold
 DEFAULT_MAX_PENDING_RESOLVES = 10_000
 MAX_CLOSED = 10_000        # ids not open whose newest record is kept (about 60 bytes each in the state file)
 MAX_CLEARED_PER_ID = 4     # incidents cleared last per id (a replay or a re-sent clear reaches a few back at most)
@@ -399,7 +399,7 @@ def _checked(cls: type[Any], doc: Any, where: str) -> Any:
         if value is None and name == "last_sent":
             continue
         # within what an alert's RFC 3339 stamps can say: a finite -1e13 loaded, and every due() after it raised
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= LAST_WRITABLE_TIME:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= LAST_TIME_S:
             raise ValueError(f"paging state: {where}.{name} is {value!r}, not a time")
     if not isinstance(entry.finding_id, str) or not all(
             isinstance(getattr(entry, flag, False), bool) for flag in ("delivered_once", "best_effort")):

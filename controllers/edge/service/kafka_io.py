@@ -5,7 +5,12 @@ keys that were), so the loop keeps what was published, not what it meant to publ
 
 Restart recovery reads ``edge.weights`` from the beginning and keeps the highest ``(epoch, version)``
 per ``listener|edge`` key, so a restarted controller continues the version sequence (actuators refuse
-older versions) and damps from the weights in force, not from scratch.
+older versions) and damps from the weights in force, not from scratch. A record the service could not
+continue from is skipped like one that does not decode (logged with its offset, naming the field): an
+epoch of :data:`LAST_EPOCH` or more (this instance takes one more than the highest recovered, and the
+actuators refuse an epoch beyond it) or a version above :data:`MAX_RECOVERED_VERSION`. Such a record
+recovered (2**64 - 1, valid to the schema), every record the service made after it carried 2**64 and
+failed to encode: every publish failed, for good.
 """
 
 from __future__ import annotations
@@ -22,8 +27,15 @@ from opsloop.records import Finding
 from opsloop.kafka_clients import client_options, kafka_settings, send_deadletter
 from opsloop.log import get_logger
 from opsloop.topics import Topic
+from opsloop.validation import LAST_TIME_MS
 
 log = get_logger("controller.edge.kafka")
+# The epoch a record can carry: a controller's start time in ms, up to 9999-12-31T23:59:59.999Z (the actuators'
+# history keeps no later one)
+LAST_EPOCH = LAST_TIME_MS
+# The largest version recovered: one a second for 285 million years, and far enough below the 2**63 - 1 the
+# actuators keep for the sequence to go on from it (every JSON reader holds it exactly, a double's 2**53).
+MAX_RECOVERED_VERSION = 2 ** 53
 
 
 class PublishError(RuntimeError):
@@ -109,8 +121,12 @@ def recover_decisions(kafka: KafkaSettings | str, topic: str = Topic.EDGE_WEIGHT
                 for r in records:
                     try:
                         rec = EdgeWeights.decode(r.value)
+                        unusable = not_recoverable(rec)
                     except ValueError as e:
-                        log.warning("recover_record_rejected", offset=r.offset, error=str(e)[:200])
+                        unusable = str(e)
+                    if unusable:
+                        log.warning("recover_record_rejected", topic=topic, partition=r.partition, offset=r.offset,
+                                    error=unusable[:300])
                         continue
                     key = (rec.listener, rec.edge)
                     if key not in out or rec.stamp >= out[key].stamp:
@@ -118,3 +134,14 @@ def recover_decisions(kafka: KafkaSettings | str, topic: str = Topic.EDGE_WEIGHT
         return out
     finally:
         consumer.close()
+
+
+def not_recoverable(rec: EdgeWeights) -> str:
+    """Why the service cannot continue from ``rec`` (its stamp: module docstring), or "" when it can."""
+    if rec.epoch >= LAST_EPOCH:
+        return (f"edge weights record {rec.listener}|{rec.edge}: epoch {rec.epoch} leaves no later epoch for this "
+                f"instance (the last is {LAST_EPOCH}: 9999-12-31 in ms)")
+    if rec.version > MAX_RECOVERED_VERSION:
+        return (f"edge weights record {rec.listener}|{rec.edge}: version {rec.version} is above "
+                f"{MAX_RECOVERED_VERSION}: no controller counted that far")
+    return ""

@@ -9,7 +9,9 @@ naming the file, because starting without it could, for example, send traffic to
 operator had drained. Values are validated by the same functions as the topology file and the API
 (:func:`opsloop.controllers.edge.model.check_capacity`, :func:`~opsloop.controllers.edge.model.check_latency`): a NaN,
 negative, infinite or absurd capacity in the file stops the start naming the field, instead of
-failing every controller tick after it.
+failing every controller tick after it. Types are strict, as the API's: a capacity ``true`` or ``"5"``,
+a pin ``"false"`` or ``0``, a version ``"1"`` stop the start too (read leniently they were a capacity of
+1 and 5 req/s and a drained origin, which no API call could have saved).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class OverridesError(ValueError):
 
 
 class Overrides(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: what the API refuses (a bool capacity, a pin that is no bool) is refused here too, not converted
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     version: int = VERSION
     capacity_rps: dict[str, dict[str, float]] = Field(default_factory=dict)          # listener -> origin -> rps
