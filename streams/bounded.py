@@ -15,8 +15,9 @@ from typing import Collection, Generic, Hashable, TypeVar
 from prometheus_client import Counter, Gauge
 
 STATE_DROPPED = Counter("opsloop_stream_state_dropped_total",
-                        "State keys a stream handler dropped (ttl: silent too long; cap: too many keys)",
-                        ["handler", "reason"])
+                        "State keys a stream handler dropped (ttl: silent too long; cap: too many keys; "
+                        "unreadable: its stored state refused at a restore)", ["handler", "reason"])
+UNREADABLE = "unreadable"   # the reason of a stored state a handler refused (opsloop.streams.agents.base)
 STATE_KEYS = Gauge("opsloop_stream_state_keys", "State keys a stream handler holds", ["handler"])
 
 # Defaults of the stream section (opsloop.config.StreamSettings), for handlers built without settings.

@@ -20,6 +20,12 @@ findings cleared, at the event time each was last seen), deleted from the table 
 ``opsloop_stream_state_dropped_total{handler, reason="ttl"|"cap"}``. A replay guard (the last event
 time of a series) never blocks a series when it lies beyond the clock skew: one sample with a
 broken clock, or a state restored from one, must not make every later reading look like a replay.
+
+A stored state is checked field by field as it is restored (``restore_key``, the detectors' ``from_dict``
+with :mod:`opsloop.streams.detectors.state_check`): a key whose state a handler cannot use (an older
+version's, a bug's, a damaged one: a time before 1970, 1e308 for a count, a string for a number, a field
+missing) is refused, logged (``state_restore_failed`` naming handler, key and field), counted in
+``opsloop_stream_state_dropped_total{reason="unreadable"}``, and starts afresh; the other keys are restored.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ from opsloop.records import Finding
 from opsloop.log import Sampled, get_logger
 from opsloop.records import Metric
 from opsloop.topics import Topic
-from opsloop.streams.bounded import STATE_KEYS, Recency, count_dropped, drop_children
+from opsloop.streams.bounded import STATE_DROPPED, STATE_KEYS, UNREADABLE, Recency, count_dropped, drop_children
 from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.state_check import StateError
 from opsloop.streams.runtime.batch import DEFAULT_MAX_CLOCK_SKEW_S, HandlerFailure, Refusals
 
 __all__ = ["DetectorHandler", "Publication", "drop_children", "log", "number"]
@@ -205,11 +212,29 @@ class DetectorHandler:
             if self._bounded:
                 self._seen.seen(key, now)   # restored keys age from the restore
             try:
+                if not isinstance(state, Mapping):   # (the table's codec gives bytes it cannot read so)
+                    raise StateError("state", f"expected an object, got {state!r:.200}")
                 self.restore_key(key, state)
-            except (KeyError, TypeError, ValueError) as e:
-                # A state written by an incompatible version: start that key afresh, say so.
-                log.error("state_restore_failed", handler=self.name, key=key, error=f"{type(e).__name__}: {e}")
+            except Exception as e:  # noqa: BLE001 - one key's state must not cost the others theirs
+                self._refuse(key, e)
         self.after_restore()
+
+    def _refuse(self, key: str, error: Exception) -> None:
+        """A key whose stored state cannot be used (written by an older version, by a bug, or damaged):
+        logged naming the field, counted (``reason="unreadable"``), and the key starts afresh. Any
+        exception, not only the checks' :class:`StateError`: before, one the restore did not expect
+        escaped it and failed every batch of the worker, and a value taken unchecked made every later
+        sample of the key raise."""
+        field = error.field if isinstance(error, StateError) else None
+        log.error("state_restore_failed", handler=self.name, key=key, field=field,
+                  error=f"{type(error).__name__}: {error}"[:500])
+        STATE_DROPPED.labels(self.name, UNREADABLE).inc()
+        # still seen as restored: a key that never comes back is dropped by the TTL, its table entry with it
+        if self._bounded:
+            try:
+                self.forget({key})   # whatever of it was restored before the error
+            except Exception as e:  # noqa: BLE001 - a forget bug must not stop the restore
+                log.error("state_forget_failed", handler=self.name, keys=1, error=f"{type(e).__name__}: {e}")
 
     # ---------------------------------------------------------------------- for subclasses
     def process(self, metrics: Sequence[Metric], now: float) -> None:

@@ -60,10 +60,10 @@ object ``{"format": "opsloop.findings-outbox", "version": 1, "saved_at": <s>, "e
 "finding": <the record's value, Finding.encode()>}, ...]}``. A file that cannot be read as a whole (torn,
 damaged, another format or version) is logged (``findings_outbox_unreadable``, naming the file and what was
 wrong), counted and moved aside (``<file>.corrupt-<unix time>``, the newest three kept): the worker starts
-with an empty outbox; an event that no longer parses is skipped and counted, the others kept
-(``opsloop_findings_outbox_file_errors_total{reason}``). Restored events skip ``ActiveFindings`` and
-``opsloop_findings_total`` (the run that published them did both; :meth:`FindingsSink.restore` shows what the
-detector state holds open). One whose id's partition went to another worker is still sent: the paging book
+with an empty outbox; an event that no longer parses (or stamped at a time no finding has: before 1970,
+after 9999) is skipped and counted, the others kept (``opsloop_findings_outbox_file_errors_total{reason}``).
+Restored events skip ``ActiveFindings`` and ``opsloop_findings_total`` (the run that published them did
+both; :meth:`FindingsSink.restore` shows what the detector state holds open). One whose id's partition went to another worker is still sent: the paging book
 ignores a record older than what it applied for the id (``controllers/paging/book.py``). Each worker needs
 its own ``stream.data_dir`` (docs/operations.md), so the file has a single writer.
 """
@@ -93,6 +93,7 @@ from opsloop.records import Finding
 from opsloop.log import Sampled, get_logger
 from opsloop.streams.agents.base import Publication
 from opsloop.streams.detectors.findingbook import CLEARED, OPENED, REFRESHED, UPDATED
+from opsloop.streams.detectors.state_check import event_time
 
 log = get_logger("stream.findings")
 
@@ -248,7 +249,12 @@ def _parse_event(item: Any) -> tuple[str, Finding]:
     doc = item.get("finding")
     if not isinstance(doc, dict):
         raise ValueError(f"finding: not an object but {type(doc).__name__}")
-    return event, Finding.decode(orjson.dumps(doc))   # the topic's own decoding: schema version, fields
+    finding = Finding.decode(orjson.dumps(doc))   # the topic's own decoding: schema version, fields
+    # ... and times a detector can have stamped: a finite -1e13 decoded, and went to the topic, whose
+    # consumers could not write it as a time (the paging actuator's alert)
+    event_time(finding.first_seen, "finding.first_seen")
+    event_time(finding.last_seen, "finding.last_seen")
+    return event, finding
 
 
 def parse_outbox(data: bytes) -> tuple[list[tuple[str, Finding]], list[str]]:

@@ -23,7 +23,10 @@ its state and send its findings, both async. This loop follows the same pattern 
    host) moves there and is deleted from the old one (``_delete_copy``), so it keeps one copy.
 2. **Restore**: at the first batch after start or after a partition assignment, the handler's
    state is replaced by the table's (already recovered by Faust: consumption of an assigned
-   partition resumes only after its table partitions are recovered). A killed worker therefore
+   partition resumes only after its table partitions are recovered). A value a handler cannot use
+   is refused, that key alone (``DetectorHandler.restore``: logged, counted ``reason="unreadable"``);
+   bytes that are no JSON reach it as :class:`UnreadableState` (the table's codec, :class:`StateCodec`),
+   not as an error inside Faust's recovery. A killed worker therefore
    resumes without a second warm-up and without re-opening open findings. After a rebalance only
    the keys of the worker's partitions stay in memory and are restored (``assign``): not the keys
    of a partition that left, nor the standby copies Faust applies to the same store.
@@ -45,6 +48,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, MutableMapping, Sequence
 
 import faust
+from faust.serializers import codecs
 from faust.streams import _current_event
 from faust.types import TP, EventT
 
@@ -54,6 +58,7 @@ from opsloop.records import Finding
 from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler
 from opsloop.streams.agents.findings_sink import OUTBOX_FILE, FindingsRetry, FindingsSink
+from opsloop.streams.bounded import STATE_DROPPED, UNREADABLE
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.app import raw_topic
 from opsloop.streams.runtime.batch import DeadLetter, FanOut, gc_paused, process_batch
@@ -66,13 +71,55 @@ AGENT_NAME = "detectors"
 KEY_SEP = "|"
 
 
+class UnreadableState:
+    """A ``detector-state`` value whose bytes are no JSON (torn, or damaged on the way): what
+    :class:`StateCodec` gives instead of raising. Its handler refuses it at the restore like any state it
+    cannot use (logged naming the key, counted ``reason="unreadable"``), and the key starts afresh."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"unreadable value ({self.error})"
+
+
+class StateCodec(codecs.Codec):
+    """Faust's ``json`` codec, except that a value it cannot read decodes to :class:`UnreadableState`.
+
+    With the ``json`` codec such a changelog record raised inside Faust's recovery: skipped without a word
+    of which key (the key kept an older value, or none), and, the last record of its partition, the
+    recovery waited for it until the watchdog gave up on it as a gap (``streams/runtime/watchdog.py``)."""
+
+    _JSON = codecs.get_codec("json")
+
+    def _dumps(self, obj: Any) -> bytes:
+        return self._JSON.dumps(obj)
+
+    def _loads(self, s: bytes) -> Any:
+        try:
+            return self._JSON.loads(s)
+        except Exception as e:  # noqa: BLE001 - whatever the bytes, the key is refused, not the recovery
+            return UnreadableState(f"{type(e).__name__}: {e}"[:200])
+
+
+STATE_CODEC = StateCodec()
+
+
 def state_table(app: faust.App) -> faust.Table:
     """The one state table of all detector agents (create once per app)."""
     existing = app.tables.get(STATE_TABLE)
     if existing is not None:
         return existing  # type: ignore[return-value]
-    return app.Table(STATE_TABLE, default=None, schema=faust.Schema(key_serializer="json", value_serializer="json"),
-                     help="Detector state per agent and state key (JSON), for restarts and rebalances")
+    table = app.Table(STATE_TABLE, default=None, schema=faust.Schema(key_serializer="json", value_serializer="json"),
+                      help="Detector state per agent and state key (JSON), for restarts and rebalances")
+    # Faust's table and its changelog topic take their serializers from the value type (json for none) over
+    # the schema's: set after (writes go through the table's, reads through the topic's schema, which each
+    # clone of the topic, the recovery's among them, sets from the topic's)
+    topic = table.changelog_topic
+    table.value_serializer = topic.value_serializer = topic.schema.value_serializer = STATE_CODEC
+    return table
 
 
 def findings_sink(app: faust.App) -> FindingsSink:
@@ -248,8 +295,8 @@ class StatefulAgent:
     def restore(self) -> None:
         by_handler: dict[str, dict[str, Any]] = {h.name: {} for h in self.handlers}
         for k, v in self.table.items():
-            if not isinstance(k, str) or not isinstance(v, dict) or KEY_SEP not in k:
-                continue
+            if not isinstance(k, str) or v is None or KEY_SEP not in k:
+                continue   # (a value not an object goes to its handler, which refuses it: logged, counted)
             handler, key = k.split(KEY_SEP, 1)
             p = self._partition_of(k)
             if self._assigned is not None and p is not None and p not in self._assigned:
@@ -262,15 +309,33 @@ class StatefulAgent:
                     self._home[handler].setdefault(key, p)
         restored: list[Finding] = []
         for h in self.handlers:
-            h.restore(by_handler[h.name])
-            h.touched()          # restoring is not a change to write back
-            h.fed()
-            h.drain_outbox()
-            found = h.open_findings()
+            try:
+                found = self._restore_handler(h, by_handler[h.name])
+            except Exception as e:  # noqa: BLE001 - a handler's restore bug must not fail every batch for good
+                # Before, it escaped: this restore was tried again (and failed) at every batch, none handled.
+                # The handler starts empty instead, its keys counted as unreadable.
+                log.error("state_restore_failed", handler=h.name, keys=len(by_handler[h.name]),
+                          error=f"{type(e).__name__}: {e}"[:500], exc_info=True)
+                STATE_DROPPED.labels(h.name, UNREADABLE).inc(len(by_handler[h.name]))
+                try:
+                    found = self._restore_handler(h, {})
+                except Exception as e:  # noqa: BLE001 - it fails even empty: it goes on as reset, shows nothing
+                    log.error("state_restore_failed", handler=h.name, keys=0, error=f"{type(e).__name__}: {e}"[:500])
+                    found = []
             restored += found
-            log.info("state_restored", agent=h.name, keys=len(by_handler[h.name]), open_findings=len(found))
         self.sink.restore(restored)   # all at once: the findings shown are exactly those held now
         self.needs_restore = False
+
+    @staticmethod
+    def _restore_handler(h: DetectorHandler, states: dict[str, Any]) -> list[Finding]:
+        """Restore ``h`` from ``states``; its open findings."""
+        h.restore(states)
+        h.touched()          # restoring is not a change to write back
+        h.fed()
+        h.drain_outbox()
+        found = h.open_findings()
+        log.info("state_restored", agent=h.name, keys=len(states), open_findings=len(found))
+        return found
 
     async def run_batch(self, events: Sequence[EventT]) -> None:
         """Handle one batch: handlers called per source partition, findings sent, touched keys written.

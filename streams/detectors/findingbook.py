@@ -16,11 +16,16 @@ neither re-announces an open finding as new nor heartbeats it early.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Mapping
+
+from pydantic import ValidationError
 
 from opsloop.records import Finding, Severity
 from opsloop.labels import label_string
 from opsloop.runbooks import finding_runbook_url
+from opsloop.validation import describe_validation_error
+from opsloop.streams.detectors.state_check import StateError, event_time, obj
 
 DEFAULT_REFRESH_S = 300.0
 # Offline users (replay, evaluation) never drain the outbox: keep only the newest events.
@@ -28,6 +33,9 @@ MAX_OUTBOX = 10_000
 
 # Outbox events (sent as the ``event`` header of the findings record).
 OPENED, UPDATED, REFRESHED, CLEARED = "opened", "updated", "refreshed", "cleared"
+# The largest magnitude of a number a restored finding may carry (observed, expected): the anomaly
+# detector's values go up to 1e50 (its MAX_ABS_VALUE); anything beyond is a damaged state.
+MAX_FINDING_NUMBER = 1e60
 
 
 def where_key(detector: str, where: dict[str, str]) -> str:
@@ -127,11 +135,29 @@ class FindingBook:
         return {"open": dict(self.open), "published": dict(self.published)}
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any], refresh_s: float = DEFAULT_REFRESH_S) -> "FindingBook":
+    def from_dict(cls, doc: Any, refresh_s: float = DEFAULT_REFRESH_S, field: str = "book") -> "FindingBook":
+        """The book of a stored state, every entry checked (:mod:`~opsloop.streams.detectors.state_check`):
+        StateError naming ``field`` and the entry when an open finding is not one a book holds (a wrong type,
+        a time that is no event time, a number that is not finite, kept under another finding's key). Before,
+        such an entry loaded, and building the finding raised at every restore and batch after it."""
+        doc = obj(doc, field)
         book = cls(refresh_s)
-        book.open = {k: dict(v) for k, v in doc.get("open", {}).items()}
-        book.published = {k: float(v) for k, v in doc.get("published", {}).items() if k in book.open}
+        for key, entry in obj(doc.get("open", {}), f"{field}.open").items():
+            book.open[key] = _open_entry(key, entry, f"{field}.open[{key!r}]")
+        for key, t in obj(doc.get("published", {}), f"{field}.published").items():
+            if key in book.open:
+                book.published[key] = event_time(t, f"{field}.published[{key!r}]")
         return book
+
+    def check_about(self, labels: Mapping[str, str], field: str = "book") -> None:
+        """StateError unless every open finding carries ``labels`` (a state key's findings are about it:
+        its handler clears them with its key, by these labels)."""
+        for key, doc in self.open.items():
+            where = doc["where"]
+            for label, value in labels.items():
+                if where.get(label) != value:
+                    raise StateError(f"{field}.open[{key!r}].where.{label}",
+                                     f"{where.get(label)!r:.60} in the state of {value!r:.60}")
 
     def split(self, label: str) -> dict[str, "FindingBook"]:
         """One book per value of the ``where`` label ``label`` (entries without it go under "").
@@ -154,3 +180,25 @@ class FindingBook:
         self.open.update(other.open)
         self.published.update(other.published)
         self._version += 1
+
+
+def _open_entry(key: str, entry: Any, field: str) -> dict[str, Any]:
+    """One stored open finding as :meth:`FindingBook.raise_` writes it, or StateError naming ``field``."""
+    try:
+        finding = Finding.model_validate(obj(entry, field))
+    except ValidationError as e:
+        raise StateError(field, describe_validation_error(e)) from None
+    event_time(finding.first_seen, f"{field}.first_seen")
+    event_time(finding.last_seen, f"{field}.last_seen")
+    if finding.last_seen < finding.first_seen:
+        raise StateError(f"{field}.last_seen", f"{finding.last_seen!r} is before first_seen {finding.first_seen!r}")
+    for name in ("observed", "expected"):
+        v = getattr(finding, name)
+        if isinstance(v, float) and not (math.isfinite(v) and abs(v) <= MAX_FINDING_NUMBER):
+            raise StateError(f"{field}.{name}", f"{v!r} is not a finite number a detector reports")
+    if finding.cleared:
+        raise StateError(f"{field}.cleared", "an open finding marked cleared")
+    if where_key(finding.detector, finding.where) != key:
+        raise StateError(field, f"kept under the key of another finding (its own is "
+                                f"{where_key(finding.detector, finding.where)!r:.100})")
+    return finding.model_dump(mode="json")

@@ -15,6 +15,15 @@ from __future__ import annotations
 import math
 from typing import Any, Hashable
 
+from opsloop.streams.detectors.state_check import MAX_EVENT_TIME, StateError, count, get, items, obj, real
+
+# Bounds of a stored sketch (a larger one is a damaged state): counters per sketch, panes per window,
+# the histogram's bucket growth, and the log of the largest value a bucket bound may reach.
+MAX_CAPACITY = 1_000_000
+MAX_PANES = 100_000
+MAX_GAMMA = 2.0
+MAX_LOG_VALUE = 709.0
+
 
 class SpaceSaving:
     def __init__(self, capacity: int = 64) -> None:
@@ -46,10 +55,23 @@ class SpaceSaving:
         return {"capacity": self.capacity, "counts": self.counts, "total": self.total}
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "SpaceSaving":
-        s = cls(int(doc["capacity"]))
-        s.counts = {k: [int(v[0]), int(v[1])] for k, v in doc["counts"].items()}
-        s.total = int(doc["total"])
+    def from_dict(cls, doc: Any, field: str = "sketch") -> "SpaceSaving":
+        """The sketch of a :meth:`to_dict` state, every field checked (StateError naming it): counts whole and
+        >= 0, each error bound within its count, no more items than the capacity, and a total no smaller than
+        the counts it holds (else a share came out above 1 or below 0)."""
+        doc = obj(doc, field)
+        s = cls(count(get(doc, "capacity", field), f"{field}.capacity", 1, MAX_CAPACITY))
+        counts = obj(get(doc, "counts", field), f"{field}.counts")
+        if len(counts) > s.capacity:
+            raise StateError(f"{field}.counts", f"{len(counts)} items, more than its capacity {s.capacity}")
+        for k, v in counts.items():
+            where = f"{field}.counts[{k!r}]"
+            c, e = items(v, where, length=2)
+            c = count(c, f"{where}[0]")
+            s.counts[k] = [c, count(e, f"{where}[1]", 0, c)]
+        s.total = count(get(doc, "total", field), f"{field}.total")
+        if s.total < sum(c - e for c, e in s.counts.values()):
+            raise StateError(f"{field}.total", f"{s.total} is less than the counts it holds")
         return s
 
 
@@ -97,9 +119,21 @@ class PanedHeavyHitters:
                 "panes": [[p, s.to_dict()] for p, s in self.panes]}
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "PanedHeavyHitters":
-        h = cls(float(doc["window_s"]), float(doc["pane_s"]), int(doc["capacity"]))
-        h.panes = [(int(p), SpaceSaving.from_dict(s)) for p, s in doc["panes"]]
+    def from_dict(cls, doc: Any, field: str = "window") -> "PanedHeavyHitters":
+        """The window of a :meth:`to_dict` state, every field checked (StateError naming it): panes in order,
+        numbered as event times divide into them, no more than the window holds."""
+        doc = obj(doc, field)
+        pane_s = real(get(doc, "pane_s", field), f"{field}.pane_s", 0.0, MAX_EVENT_TIME, above=True)
+        window_s = real(get(doc, "window_s", field), f"{field}.window_s", pane_s, pane_s * MAX_PANES)
+        h = cls(window_s, pane_s, count(get(doc, "capacity", field), f"{field}.capacity", 1, MAX_CAPACITY))
+        last = -1
+        for i, entry in enumerate(items(get(doc, "panes", field), f"{field}.panes",
+                                        int(math.ceil(window_s / pane_s)) + 1)):
+            where = f"{field}.panes[{i}]"
+            p, sketch = items(entry, where, length=2)
+            p = count(p, f"{where}[0]", last + 1, int(MAX_EVENT_TIME // pane_s) + 1)
+            h.panes.append((p, SpaceSaving.from_dict(sketch, f"{where}[1]")))
+            last = p
         return h
 
 
@@ -143,9 +177,25 @@ class LogHistogram:
                 "zeros": self.zeros, "count": self.count}
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "LogHistogram":
-        h = cls(float(doc["gamma"]))
-        h.buckets = {int(k): int(v) for k, v in doc["buckets"].items()}
-        h.zeros = int(doc["zeros"])
-        h.count = int(doc["count"])
+    def from_dict(cls, doc: Any, field: str = "hist") -> "LogHistogram":
+        """The histogram of a :meth:`to_dict` state, every field checked (StateError naming it): buckets whose
+        bounds are finite floats (a larger index raised OverflowError at every quantile), whole counts that
+        add up to ``count`` (a count above them read past the last bucket, ``max()`` of none raised)."""
+        doc = obj(doc, field)
+        h = cls(real(get(doc, "gamma", field), f"{field}.gamma", 1.0, MAX_GAMMA, above=True))
+        top = int(MAX_LOG_VALUE / h._log_gamma)   # gamma ** top is still a finite float
+        for k, v in obj(get(doc, "buckets", field), f"{field}.buckets").items():
+            where = f"{field}.buckets[{k!r}]"
+            try:
+                i = int(k)
+            except ValueError:
+                raise StateError(where, "not a bucket index") from None
+            if not -top <= i <= top:
+                raise StateError(where, f"bucket index beyond a float's range (at most {top})")
+            h.buckets[i] = count(v, where, 1)
+        h.zeros = count(get(doc, "zeros", field), f"{field}.zeros")
+        h.count = count(get(doc, "count", field), f"{field}.count")
+        if h.count != h.zeros + sum(h.buckets.values()):
+            raise StateError(f"{field}.count", f"{h.count} is not the {h.zeros + sum(h.buckets.values())} "
+                                               "values its buckets hold")
         return h

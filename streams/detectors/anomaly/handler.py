@@ -31,6 +31,7 @@ from opsloop.streams.agents.base import DetectorHandler, log, number
 from opsloop.streams.detectors.anomaly.settings import AnomalySettings, SeriesSpec
 from opsloop.streams.detectors.anomaly.model import MAX_ABS_VALUE, DetectorConfig, StreamingDetector
 from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.state_check import count, event_time, get, text, texts
 from opsloop.streams.runtime.gauges import bounded_tags, child, label_value
 
 LABELS = ["metric", "field", "series"]
@@ -203,12 +204,16 @@ class AnomalyHandler(DetectorHandler):
         self.series = {}
 
     def restore_key(self, key: str, state: Mapping[str, Any]) -> None:
-        # the replay guard as the other handlers restore theirs: one beyond the skew would skip every point
+        # every field checked before the series is taken (StateError naming it)
         last_ts = state.get("last_ts")
-        last = None if last_ts is None else self.trusted_time(float(last_ts), f"last point of {key}")
-        s = Series(str(state["metric"]), str(state["field"]), {str(k): str(v) for k, v in state["tags"].items()},
-                   StreamingDetector.from_dict(dict(state["detector"])),
-                   FindingBook.from_dict(state.get("book", {}), self.refresh_s), last, int(state.get("calm", 0)))
+        last = None if last_ts is None else event_time(last_ts, "last_ts")
+        s = Series(text(get(state, "metric", ""), "metric"), text(get(state, "field", ""), "field"),
+                   texts(get(state, "tags", ""), "tags"), StreamingDetector.from_dict(get(state, "detector", "")),
+                   FindingBook.from_dict(state.get("book", {}), self.refresh_s),
+                   None, count(state.get("calm", 0), "calm"))
+        s.book.check_about(s.where)   # its one finding is about the series (else never cleared: not is_open)
+        # the replay guard as the other handlers restore theirs: one beyond the skew would skip every point
+        s.last_ts = None if last is None else self.trusted_time(last, f"last point of {key}")
         self.series[key] = s
 
     def after_restore(self) -> None:

@@ -118,7 +118,9 @@ import math
 import operator
 import sys
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Mapping
+
+from opsloop.streams.detectors.state_check import MAX_COUNT, StateError, count, flag, get, items, obj, real, text
 
 DAY_S = 86400.0
 WEEK_S = 7 * DAY_S
@@ -908,16 +910,22 @@ class StreamingDetector:
         return out
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "StreamingDetector":
+    def from_dict(cls, doc: Any, field: str = "detector") -> "StreamingDetector":
         """The detector of a :meth:`to_dict` state. Its lists and histogram are copies: learning changes
         them in place, and ``doc`` (a table's in-memory value, perhaps restored from again) must stay
-        the state it was. One copy per restore (a few hundred numbers), none per point."""
+        the state it was. One copy per restore (a few hundred numbers), none per point.
+
+        Every field is checked before the detector takes it (:func:`_checked_state`; StateError naming
+        it): its type, a finite value in the range learning keeps it in, the lengths its bucket counts
+        say. Before, a damaged state loaded as it was, and every later point of the series raised (a
+        string where a number goes, a list cut short, a negative variance's square root) or scored
+        from a level of 1e308."""
         if not isinstance(doc, dict) or doc.get("version") not in (1, 2, STATE_VERSION):
-            raise ValueError(f"detector state: unsupported or missing version (got {doc.get('version')!r}"
+            raise StateError(f"{field}.version", f"unsupported or missing version (got {doc.get('version')!r:.60})"
                              if isinstance(doc, dict) else "detector state: expected a JSON object")
-        known = {f.name for f in fields(DetectorConfig)}
-        cfg = DetectorConfig(**{k: v for k, v in doc.get("config", {}).items() if k in known})
+        cfg = _checked_config(obj(doc.get("config", {}), f"{field}.config"), f"{field}.config")
         det = cls(cfg)
+        values: dict[str, Any] = {}
         for name in cls.__slots__:
             if name == "cfg":
                 continue
@@ -925,28 +933,183 @@ class StreamingDetector:
                 continue     # a version-1 state: the long window starts from the fast model's level
             if name not in doc and name in NEW_IN_V3 and doc["version"] < 3:
                 continue     # an older state: the new parts start empty
-            if name not in doc:
-                raise ValueError(f"detector state: missing field {name!r}")
-            v = doc[name]
-            if name in ("d_last", "w_last"):
-                v = [-math.inf if e is None else float(e) for e in v]
-            elif name in ("quantum", "q_cand"):
-                v = math.inf if v is None else float(v)
-            elif name == "last":
-                v = tuple(v)
-            elif name == "wbuf":
-                v = [list(e) for e in v]
-            elif isinstance(v, list):
-                v = list(v)
-            elif isinstance(v, dict):
-                v = dict(v)
+            values[name] = get(doc, name, field)
+        for name, v in _checked_state(det, values, field).items():
             setattr(det, name, v)
-        if det.log_mode == 1 and not (isinstance(det.lo, (int, float)) and det.lo >= MIN_LOG_FLOOR):
+        if det.log_mode == 1 and det.lo < MIN_LOG_FLOOR:
             det.lo = MIN_LOG_FLOOR   # a state saved with lo 0.0 (from a subnormal minimum): log(0) raised
         if doc["version"] == 1:
             det.l_mean = det.s_mean = det.m_mean = det.level0
             det.l_var = det.scale0 * det.scale0
         return det
+
+
+# ------------------------------------------------------------------------------- a stored state, checked
+# The bounds a stored state is checked against: what learning from values within ±MAX_ABS_VALUE keeps the
+# state in, with a wide margin (a state beyond them was damaged, not learned).
+VALUE_SPAN = MAX_ABS_VALUE * 100    # a level, an offset, a step: in the series' units ...
+LOG_SPAN = 1000.0                   # ... or in log space (log of 1e50 is 115, of the smallest float -708)
+MAX_CLOCK = 1e18                    # t_first/t_last: seconds, or sample numbers times index_step_s
+MAX_ERR = 1e12                      # a model's smoothed error, in scales
+MAX_Z = 1e100
+MAX_BUCKETS = 1_000_000             # daily/weekly buckets, a short period's phases
+# DetectorConfig: (low, high, low excluded) per field; a value outside divided by zero, took log(0) or
+# sqrt of a negative at every point (mean_rate 0, flat_p 1, z_width 0 ...). Types as the defaults'.
+_UNIT = (0.0, 1.0, False)
+_RATE = (0.0, 1.0, True)
+_POS = (0.0, 1e9, True)
+_NONNEG = (0.0, 1e9, False)
+_CONFIG_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "warmup_points": _NONNEG, "alpha": _RATE, "scale_rate": _RATE, "clip": _POS, "season_gamma": _UNIT,
+    "min_bucket_s": _POS, "z0": _NONNEG, "z_width": _POS, "tail_quantile": (0.0, 0.5, True), "tail_ref": _POS,
+    "shift_z": _NONNEG, "shift_points": (1, 1e9, False), "index_step_s": _POS, "error_rate": _RATE,
+    "rel_floor": _NONNEG, "long_rate": _RATE, "short_rate": _RATE, "long_z0": _NONNEG, "long_clip": _POS,
+    "event_score": _NONNEG, "calm_points": _NONNEG, "band_z": _NONNEG, "refractory": _NONNEG, "mean_rate": _RATE,
+    "mean_z0": _NONNEG, "novelty_p": _NONNEG, "novelty_bins": _NONNEG, "flat_min": (1, 1e9, False),
+    "flat_p": (0.0, 0.5, True), "spike_share": _NONNEG, "spike_min": _NONNEG, "spike_after": _NONNEG,
+    "spike_evt": _NONNEG, "spike_skip": _NONNEG, "spike_rate": (0.0, 0.5, False), "period_points": (1, 1e9, False),
+    "period_max": (1, 1e9, False), "period_acf": (-1.0, 1.0, False), "period_prominence": (0.0, 2.0, False),
+    "period_gamma": _UNIT, "slope_rate": _UNIT, "slope_long": _RATE, "slope_z0": _POS, "trend_beta": _NONNEG,
+    "trend_phi": _UNIT, "log_points": _NONNEG, "log_skew": (-1e9, 1e9, False),
+}
+
+
+def _checked_config(doc: Mapping[str, Any], field: str) -> DetectorConfig:
+    """The stored config (names it does not know are left out: a newer version's), each value checked."""
+    kw: dict[str, Any] = {}
+    for f in fields(DetectorConfig):
+        if f.name not in doc:
+            continue
+        lo, hi, above = _CONFIG_BOUNDS[f.name]
+        where = f"{field}.{f.name}"
+        kw[f.name] = (count(doc[f.name], where, int(lo), int(hi)) if isinstance(f.default, int)
+                      else real(doc[f.name], where, lo, hi, above=above))
+    return DetectorConfig(**kw)
+
+
+def _checked_state(det: StreamingDetector, doc: Mapping[str, Any], field: str) -> dict[str, Any]:
+    """The stored fields of ``det``'s state as it takes them (copies), each checked; StateError naming one.
+    ``det`` carries the checked config and its fresh values (for the fields an older version lacks)."""
+    cfg = det.cfg
+    out: dict[str, Any] = {}
+
+    def take(name: str, check: Any, *args: Any, **kw: Any) -> Any:
+        v = out[name] = check(doc[name], f"{field}.{name}", *args, **kw) if name in doc else getattr(det, name)
+        return v
+
+    n = take("n", count)
+    log_mode = take("log_mode", count, -1, 1) if "log_mode" in doc else det.log_mode
+    span = LOG_SPAN if log_mode == 1 else VALUE_SPAN
+
+    def value(v: Any, where: str) -> float:
+        return real(v, where, -span, span)
+
+    def scale(v: Any, where: str) -> float:
+        return real(v, where, 0.0, span)
+
+    def square(v: Any, where: str) -> float:
+        return real(v, where, 0.0, span * span)
+
+    def clock(v: Any, where: str) -> float:
+        return real(v, where, -MAX_CLOCK, MAX_CLOCK)
+
+    def when(v: Any, where: str) -> float:   # a bucket's last visit: -inf (None) before the first
+        return -math.inf if v is None else clock(v, where)
+
+    def resolution(v: Any, where: str) -> float:   # inf (None) until learned
+        return math.inf if v is None else real(v, where, 0.0, span, above=True)
+
+    def tail(v: Any, where: str) -> float:
+        return real(v, where, 0.5, max(11.0, cfg.tail_ref))
+
+    def each(name: str, check: Any, length: int | None = None, max_len: int | None = None) -> list[Any]:
+        if name not in doc:
+            return list(getattr(det, name))
+        where = f"{field}.{name}"
+        out[name] = [check(e, f"{where}[{i}]") for i, e in enumerate(items(doc[name], where, max_len, length))]
+        return out[name]
+
+    for name in ("t_first", "t_last"):
+        take(name, clock)
+    take("index_clock", flag)
+    each("steps", lambda v, w: real(v, w, 0.0, MAX_CLOCK), max_len=max(n, 1))
+    width = take("width", real, 0.0, MAX_CLOCK)
+    n_daily = take("n_daily", count, 0, MAX_BUCKETS)
+    n_weekly = take("n_weekly", count, 0, MAX_BUCKETS)
+    if n_daily and not width:
+        raise StateError(f"{field}.width", f"0 with {n_daily} daily buckets")
+    for name in ("gamma", "w_gamma", "p_same"):
+        take(name, real, 0.0, 1.0)
+    take("err_rate", real, 0.0, 1.0, above=True)
+    for name in ("level0", "level1", "level2", "x_prev", "l_mean", "s_mean", "m_mean", "d_ms", "d_ml", "trend0"):
+        if name in doc:
+            take(name, value)
+    for name in ("scale0", "scale1", "scale2", "h_width", "d_abs"):
+        if name in doc:
+            take(name, scale)
+    for name in ("l_var", "d_var"):
+        if name in doc:
+            take(name, square)
+    for name in ("err0", "err1", "err2"):
+        if name in doc:
+            take(name, real, 0.0, MAX_ERR)
+    for name in ("quantum", "q_cand"):
+        if name in doc:
+            take(name, resolution)
+    for name in ("tail_q", "tail_m", "tail_d"):
+        if name in doc:
+            take(name, tail)
+    for name in ("q_hits", "same_run", "calm", "since", "h_n"):
+        if name in doc:
+            take(name, count)
+    for name in ("event", "outside"):
+        if name in doc:
+            take(name, flag)
+    # the outlier runs: signed lengths, and the sums (of squares) of the values they hold
+    for run, sums in (("run0", ("run0_x", "run0_xx")), ("run1", ("run1_x", "run1_xx")), ("run2", ("run2_x",))):
+        k = abs(take(run, count, -MAX_COUNT, MAX_COUNT)) + 1 if run in doc else 1
+        for name in sums:
+            if name in doc:
+                take(name, real, 0.0 if name.endswith("xx") else -span * k, span * span * k if name.endswith("xx")
+                     else span * k)
+    # the daily and weekly profiles: one entry per bucket
+    each("d_off", value, n_daily)
+    each("d_scale", scale, n_daily)
+    each("d_cnt", count, n_daily)
+    each("d_last", when, n_daily)
+    each("d_vis", count, n_daily)
+    each("w_off", value, n_weekly)
+    each("w_cnt", count, n_weekly)
+    each("w_last", when, n_weekly)
+    each("w_vis", count, n_weekly)
+    if "last" in doc:
+        where = f"{field}.last"
+        x, expected, band, z, model = items(doc["last"], where, length=5)
+        out["last"] = (value(x, f"{where}[0]"), value(expected, f"{where}[1]"), scale(band, f"{where}[2]"),
+                       real(z, f"{where}[3]", 0.0, MAX_Z), text(model, f"{where}[4]"))
+    if "hist" in doc:
+        where = f"{field}.hist"
+        hist = obj(doc["hist"], where)
+        if len(hist) > max(cfg.novelty_bins, 1):
+            raise StateError(where, f"{len(hist)} bins, more than novelty_bins {cfg.novelty_bins}")
+        for k, c in hist.items():
+            if not (0 < len(k) <= 400 and k.lstrip("-").isdigit()):
+                raise StateError(f"{where}[{k[:40]!r}]", "not a bin number")
+            count(c, f"{where}[{k[:40]!r}]")
+        out["hist"] = dict(hist)
+    each("zt", lambda v, w: real(v, w, 0.0), 4 * ZT_BINS)
+    if "zt_w" in doc:
+        take("zt_w", real, 0.0, 1e15, above=True)
+    if "zt_n" in doc:
+        take("zt_n", real, 0.0)
+    each("pbuf", value, max_len=cfg.period_points)
+    period = take("period", count, -1, MAX_BUCKETS) if "period" in doc else det.period
+    each("p_off", value, period if period > 0 else None)
+    if "lo" in doc:
+        take("lo", real, 0.0, VALUE_SPAN)
+    each("wbuf", lambda v, w: [clock(items(v, w, length=2)[0], f"{w}[0]"),
+                               real(v[1], f"{w}[1]", -MAX_ABS_VALUE, MAX_ABS_VALUE)], max_len=cfg.log_points)
+    return out
 
 
 @functools.lru_cache(maxsize=64)

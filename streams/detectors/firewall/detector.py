@@ -46,6 +46,8 @@ from opsloop.records import Finding, Severity
 from opsloop.records import Metric
 
 from opsloop.streams.detectors.findingbook import FindingBook, where_key as _key
+from opsloop.streams.detectors.state_check import (StateError, event_time, flag, get, items, obj, text,
+                                                  texts)
 from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, label_value
 
 UNPROTECTED = "firewall.unprotected_port"
@@ -316,7 +318,37 @@ class FirewallDetector:
         return {"report": rep.to_dict() if rep else None, "book": book.to_dict()}
 
     def restore_part(self, hypervisor: str, doc: Mapping[str, Any]) -> None:
-        if doc.get("report"):
-            self.latest[hypervisor] = HypervisorReport.from_dict(doc["report"])
-        self.book.merge(FindingBook.from_dict(doc.get("book", {})))
+        """Take back a part :meth:`state_of` wrote, every field checked first (StateError naming it: nothing
+        of the part is taken then)."""
+        report = doc.get("report")
+        rep = None if report is None else _stored_report(report, hypervisor)
+        book = FindingBook.from_dict(doc.get("book", {}), self.book.refresh_s)
+        book.check_about({"hypervisor": hypervisor})
+        if rep is not None:
+            self.latest[hypervisor] = rep
+        self.book.merge(book)
+
+
+def _stored_report(doc: Any, hypervisor: str) -> HypervisorReport:
+    """A report as :meth:`HypervisorReport.to_dict` wrote it for ``hypervisor``, or StateError naming the field
+    (``from_dict`` reads a report given as input, more leniently: ``str()`` or ``bool()`` of anything)."""
+    doc = obj(doc, "report")
+    if text(get(doc, "hypervisor", "report"), "report.hypervisor") != hypervisor:
+        raise StateError("report.hypervisor", f"{doc['hypervisor']!r:.60} in the state of {hypervisor!r:.60}")
+    event_time(get(doc, "timestamp", "report"), "report.timestamp")
+    text(doc.get("role", "default"), "report.role")
+    for i, p in enumerate(items(doc.get("ports", []), "report.ports")):
+        where = f"report.ports[{i}]"
+        p = obj(p, where)
+        text(get(p, "port", where), f"{where}.port")
+        text(p.get("vm", ""), f"{where}.vm")
+        flag(get(p, "chain_present", where), f"{where}.chain_present")
+        if p.get("reason") is not None:
+            text(p["reason"], f"{where}.reason")
+    text(doc.get("ruleset_fingerprint", ""), "report.ruleset_fingerprint")
+    texts(doc.get("packages", {}), "report.packages")
+    flag(doc.get("complete", True), "report.complete")
+    for i, c in enumerate(items(doc.get("carried", []), "report.carried")):
+        text(c, f"report.carried[{i}]")
+    return HypervisorReport.from_dict(doc)
 

@@ -36,13 +36,15 @@ has exactly their p95 and mixed rounds are weighted by their request counts.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any
 
 from opsloop.records import Finding, Severity
 from opsloop.records import Metric
 
 from opsloop.streams.detectors.findingbook import FindingBook, where_key
 from opsloop.streams.detectors.sketches import LogHistogram, PanedHeavyHitters
+from opsloop.streams.detectors.state_check import MAX_EVENT_TIME, event_time, get, items, obj, real
+from opsloop.streams.detectors.state_check import count as whole
 
 REGIME = "keystone.latency_regime"
 HEAVY = "keystone.heavy_hitter"
@@ -50,6 +52,14 @@ SMALL_P95 = "keystone.small_request_p95"
 RUNBOOK = "runbooks/keystone.md"
 SMALL_LIMIT = 65536
 OTHER_CREDENTIALS = "_other"   # the collector's bucket for credentials beyond its top-N
+# The latencies the detectors take: a round faster than 1 us is read as 1 us by the handler (MIN_LATENCY_MS
+# there is 0.1), one slower than 11.6 days is a corrupt reading (1e308 ms made the regime's ratio inf, and
+# a stored level of 1e13 raised at every later round). Their log10, the regime levels a state may hold.
+MIN_LATENCY_MS = 1e-3
+MAX_LATENCY_MS = 1e9
+LOG_MIN, LOG_MAX = math.log10(MIN_LATENCY_MS), math.log10(MAX_LATENCY_MS)
+MAX_TOP = 1000        # credentials a heavy-hitter evaluation names
+MAX_SERIES = 288      # closed p95 windows kept (a day of 5-minute windows)
 
 
 class LatencyRegimeDetector:
@@ -69,8 +79,9 @@ class LatencyRegimeDetector:
         self.book = book if book is not None else FindingBook()   # the handler's, with its refresh
 
     def update(self, timestamp: float, latency_ms: float, where: dict[str, str] | None = None) -> list[Finding]:
-        if not (latency_ms > 0.0 and math.isfinite(latency_ms)):
-            raise ValueError(f"latency_ms must be a finite number > 0 (got {latency_ms!r})")
+        if not MIN_LATENCY_MS <= latency_ms <= MAX_LATENCY_MS:   # also refuses nan
+            raise ValueError(f"latency_ms must be a number from {MIN_LATENCY_MS:g} to {MAX_LATENCY_MS:g} "
+                             f"(got {latency_ms!r})")
         y = math.log10(latency_ms)
         self.n += 1
         if self.n <= self.warmup:
@@ -128,12 +139,29 @@ class LatencyRegimeDetector:
         return state
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> "LatencyRegimeDetector":
-        det = cls(doc["regime_ratio"], doc["threshold"], doc["warmup"], doc["smoothing"],
-                  book=FindingBook.from_dict(doc.get("book", {})))
-        for k in ("n", "level", "up", "down", "up_sum", "down_sum", "up_n", "down_n"):
-            setattr(det, k, doc[k])
-        det.best = math.inf if doc.get("best") is None else float(doc["best"])
+    def from_dict(cls, doc: Any, field: str = "regime") -> "LatencyRegimeDetector":
+        """The detector of a :meth:`to_dict` state, every field checked (StateError naming it). Before, a
+        damaged one loaded: a level of 1e13 raised OverflowError out of the restore (its gauge), at every
+        batch, a string where a number goes TypeError at every round, a negative threshold divided by zero."""
+        doc = obj(doc, field)
+
+        def f(name: str, lo: float = -math.inf, hi: float = math.inf, above: bool = False) -> float:
+            return real(get(doc, name, field), f"{field}.{name}", lo, hi, above=above)
+
+        det = cls(f("regime_ratio", 1.0, 1e6, above=True), f("threshold", 0.0, 1e6, above=True),
+                  whole(get(doc, "warmup", field), f"{field}.warmup", 1), f("smoothing", 0.0, 1.0),
+                  book=FindingBook.from_dict(doc.get("book", {}), field=f"{field}.book"))
+        det.n = whole(get(doc, "n", field), f"{field}.n")
+        # levels are log10 of latencies the detector takes (MIN_LATENCY_MS .. MAX_LATENCY_MS): 10 ** level is a
+        # finite, non-zero number of milliseconds; the CUSUMs and their sums stay within what such rounds make
+        det.level = f("level", LOG_MIN, LOG_MAX)
+        det.best = math.inf if doc.get("best") is None else real(doc["best"], f"{field}.best", LOG_MIN, LOG_MAX)
+        span = LOG_MAX - LOG_MIN
+        det.up, det.down = f("up", 0.0, det.threshold + span), f("down", 0.0, det.threshold + span)
+        det.up_n = whole(get(doc, "up_n", field), f"{field}.up_n")
+        det.down_n = whole(get(doc, "down_n", field), f"{field}.down_n")
+        det.up_sum = f("up_sum", LOG_MIN * max(1, det.up_n), LOG_MAX * max(1, det.up_n))
+        det.down_sum = f("down_sum", LOG_MIN * max(1, det.down_n), LOG_MAX * max(1, det.down_n))
         return det
 
 
@@ -184,10 +212,14 @@ class HeavyHitterDetector:
                 "window": self.window.to_dict(), "book": self.book.to_dict()}
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> "HeavyHitterDetector":
-        det = cls(share=doc["share"], min_total=doc["min_total"], top=doc["top"],
-                  book=FindingBook.from_dict(doc.get("book", {})))
-        det.window = PanedHeavyHitters.from_dict(doc["window"])
+    def from_dict(cls, doc: Any, field: str = "heavy") -> "HeavyHitterDetector":
+        """The detector of a :meth:`to_dict` state, every field checked (StateError naming it)."""
+        doc = obj(doc, field)
+        det = cls(share=real(get(doc, "share", field), f"{field}.share", 0.0, 1.0, above=True),
+                  min_total=whole(get(doc, "min_total", field), f"{field}.min_total"),
+                  top=whole(get(doc, "top", field), f"{field}.top", 0, MAX_TOP),
+                  book=FindingBook.from_dict(doc.get("book", {}), field=f"{field}.book"))
+        det.window = PanedHeavyHitters.from_dict(get(doc, "window", field), f"{field}.window")
         return det
 
 
@@ -246,7 +278,7 @@ class SmallRequestP95Detector:
             return []
         p95 = hist.quantile(0.95) or 0.0
         self.series.append((self.window_start, p95))
-        del self.series[:-288]
+        del self.series[:-MAX_SERIES]
         if p95 > self.p95_limit_ms:
             return [self.book.raise_(
                 detector=SMALL_P95, what="p95 latency of small requests is high", where=where,
@@ -265,12 +297,23 @@ class SmallRequestP95Detector:
                 "series": [list(p) for p in self.series], "book": self.book.to_dict()}
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> "SmallRequestP95Detector":
-        det = cls(doc["window_s"], doc["p95_limit_ms"], doc["min_requests"],
-                  book=FindingBook.from_dict(doc.get("book", {})))
-        det.window_start = doc["window_start"]
-        det.hist = LogHistogram.from_dict(doc["hist"])
-        det.series = [(float(a), float(b)) for a, b in doc["series"]]
+    def from_dict(cls, doc: Any, field: str = "p95") -> "SmallRequestP95Detector":
+        """The detector of a :meth:`to_dict` state, every field checked (StateError naming it). Before, a
+        damaged one loaded: a window of 0 s raised ZeroDivisionError at every later round, a window start
+        that was no number TypeError."""
+        doc = obj(doc, field)
+        det = cls(real(get(doc, "window_s", field), f"{field}.window_s", 0.0, MAX_EVENT_TIME, above=True),
+                  real(get(doc, "p95_limit_ms", field), f"{field}.p95_limit_ms", 0.0, MAX_LATENCY_MS, above=True),
+                  whole(get(doc, "min_requests", field), f"{field}.min_requests", 1),
+                  book=FindingBook.from_dict(doc.get("book", {}), field=f"{field}.book"))
+        start = get(doc, "window_start", field)
+        det.window_start = None if start is None else event_time(start, f"{field}.window_start")
+        det.hist = LogHistogram.from_dict(get(doc, "hist", field), f"{field}.hist")
+        for i, point in enumerate(items(get(doc, "series", field), f"{field}.series", MAX_SERIES)):
+            where = f"{field}.series[{i}]"
+            t, p95 = items(point, where, length=2)
+            # a quantile is its bucket's midpoint: up to gamma times the largest latency taken
+            det.series.append((event_time(t, f"{where}[0]"), real(p95, f"{where}[1]", 0.0, 2 * MAX_LATENCY_MS)))
         return det
 
 

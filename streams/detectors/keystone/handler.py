@@ -30,8 +30,9 @@ from opsloop.streams.agents.base import DetectorHandler, drop_children, number
 from opsloop.streams.detectors.keystone.settings import KeystoneSettings
 from opsloop.streams.detectors.findingbook import FindingBook
 from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, label_value
-from opsloop.streams.detectors.keystone.detector import (OTHER_CREDENTIALS, HeavyHitterDetector, LatencyRegimeDetector,
-                                                         SmallRequestP95Detector, probe_latency)
+from opsloop.streams.detectors.keystone.detector import (MAX_LATENCY_MS, OTHER_CREDENTIALS, HeavyHitterDetector,
+                                                         LatencyRegimeDetector, SmallRequestP95Detector, probe_latency)
+from opsloop.streams.detectors.state_check import event_time, get, obj
 
 P95_ROUND = Gauge("opsloop_keystone_small_request_p95_seconds", "p95 latency of small requests in the last round",
                   ["host"])
@@ -46,6 +47,9 @@ WINDOW_TOTAL = Gauge("opsloop_keystone_window_validations", "Keystone validation
 VALIDATION_ENDPOINTS = ("/v3/auth/tokens", "/v3/s3tokens", "/v3/ec2tokens")
 MIN_LATENCY_MS = 0.1   # a 0 ms round (sub-millisecond log resolution) is fast, not missing
 SHOWN_CREDENTIALS = 5
+# The largest count one round may report (requests, validations): beyond it a corrupt reading, whose sums
+# JSON cannot carry (an int of 1e300 made the host's state unwritable) and no restore would take.
+MAX_ROUND_COUNT = 1e12
 S_PER_MS = 1e-3   # the wire carries milliseconds (collector fields *_ms); Prometheus gets seconds
 
 
@@ -151,12 +155,19 @@ class KeystoneHandler(DetectorHandler):
         if not key or validations is None:
             raise ValueError(f"s3_frontend_credential needs an access_key tag and a numeric keystone_validations "
                              f"field (got tags {sorted(m.tags)}, fields {sorted(m.fields)})")
+        if validations > MAX_ROUND_COUNT:
+            raise ValueError(f"s3_frontend_credential: keystone_validations {validations:g} is not a round's count "
+                             f"(at most {MAX_ROUND_COUNT:g})")
         if validations > 0:
             st.heavy.update(m.timestamp, key, {"host": host}, weight=int(validations))
 
     def _small_requests(self, host: str, st: HostState, m: Metric) -> None:
         count = number(m.fields, "small_requests") or 0.0
         p50, p95 = number(m.fields, "small_p50_ms"), number(m.fields, "small_p95_ms")
+        if count > MAX_ROUND_COUNT or any(v is not None and v > MAX_LATENCY_MS
+                                          for v in (p50, p95, number(m.fields, "max_ms"))):
+            raise ValueError(f"s3_frontend_requests: a count above {MAX_ROUND_COUNT:g} or a latency above "
+                             f"{MAX_LATENCY_MS:g} ms is no round's (fields {dict(m.fields)!r:.200})")
         if count > 0 and p50 is not None and p95 is not None:
             P95_ROUND.labels(host).set(p95 * S_PER_MS)
             st.p95.update_summary(m.timestamp, int(count), p50, p95, number(m.fields, "max_ms"), {"host": host})
@@ -198,11 +209,15 @@ class KeystoneHandler(DetectorHandler):
         self.hosts = {}
 
     def restore_key(self, key: str, state: Mapping[str, Any]) -> None:
-        st = HostState({k: LatencyRegimeDetector.from_dict(v) for k, v in state["regimes"].items()},
-                       HeavyHitterDetector.from_dict(state["heavy"]), SmallRequestP95Detector.from_dict(state["p95"]),
-                       {str(k): t for k, v in state.get("last_ts", {}).items()
-                        if (t := self.trusted_time(float(v), f"last round of {k}")) is not None})
+        regimes = {k: LatencyRegimeDetector.from_dict(v, f"regimes[{k!r}]")
+                   for k, v in obj(get(state, "regimes", ""), "regimes").items()}
+        stored = {k: event_time(v, f"last_ts[{k!r}]") for k, v in obj(state.get("last_ts", {}), "last_ts").items()}
+        st = HostState(regimes, HeavyHitterDetector.from_dict(get(state, "heavy", "")),
+                       SmallRequestP95Detector.from_dict(get(state, "p95", "")),
+                       {k: t for k, v in stored.items()
+                        if (t := self.trusted_time(v, f"last round of {k}")) is not None})
         for book in st.books():
+            book.check_about({"host": key}, "book")
             book.refresh_s = self.refresh_s
         self.hosts[key] = st
 

@@ -34,12 +34,17 @@ from opsloop.labels import label_string
 from opsloop.records import Metric
 
 from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.state_check import MAX_COUNT, StateError, count, items, obj, real
 
 DROP = "netperf.throughput_drop"
 NO_SCALING = "netperf.no_queue_scaling"
 RUNBOOK = "runbooks/netperf.md"
 VALUE_FIELDS = ("throughput_gbps_mean", "throughput_gbps", "mean_gbps")
 SET_METRIC = "netperf_throughput"
+# The largest throughput a result may report: 100 Tb/s, far beyond any NIC or bond. Beyond it (1e308 is
+# valid on the wire) it is a corrupt reading: refused, or it became the baseline and every finding of the
+# series carried it.
+MAX_GBPS = 1e5
 # Tags that identify neither the configuration under test nor the series.
 _NOT_LABELS = frozenset({"host", "target_set", "queues", "label", "opsloop_topic"})
 
@@ -58,11 +63,15 @@ class NetperfResult:
         try:
             gbps = float(value)  # type: ignore[arg-type]
             q = doc.get("queues")
-            return cls(target_set=str(doc.get("target_set", "default")), label=str(doc.get("label", "")),
-                       queues=None if q in (None, "") else int(q), gbps=gbps, timestamp=float(doc["timestamp"]))
+            result = cls(target_set=str(doc.get("target_set", "default")), label=str(doc.get("label", "")),
+                         queues=None if q in (None, "") else int(q), gbps=gbps, timestamp=float(doc["timestamp"]))
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"netperf result needs timestamp and one of {VALUE_FIELDS} as numbers, "
                              f"queues as an integer (got {dict(doc)!r:.200})") from None
+        if not 0.0 <= gbps <= MAX_GBPS:   # also refuses nan
+            raise ValueError(f"netperf result: throughput {value!r:.60} Gb/s is not a plausible reading "
+                             f"(expected 0 to {MAX_GBPS:g}; got {dict(doc)!r:.200})")
+        return result
 
     @classmethod
     def from_metric(cls, m: Metric) -> "NetperfResult":
@@ -184,8 +193,47 @@ class NetperfDetector:
                 "history": self.history, "by_queues": self.by_queues, "book": self.book.to_dict()}
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> "NetperfDetector":
-        det = cls(**doc.get("config", {}), book=FindingBook.from_dict(doc.get("book", {})))
-        det.history = {k: [float(v) for v in vs] for k, vs in doc.get("history", {}).items()}
-        det.by_queues = {k: {q: float(v) for q, v in d.items()} for k, d in doc.get("by_queues", {}).items()}
+    def from_dict(cls, doc: Any, field: str = "detector") -> "NetperfDetector":
+        """The detector of a :meth:`to_dict` state, every field checked first (StateError naming it). Before,
+        a damaged one loaded: a drop ratio of 0 or a baseline length of 0.5 raised at every later result of
+        the target set, a queue count that was no integer at every speedup."""
+        doc = obj(doc, field)
+        config = obj(doc.get("config", {}), f"{field}.config")
+        unknown = sorted(set(config) - set(_CONFIG))
+        if unknown:
+            raise StateError(f"{field}.config.{unknown[0]}", "not a setting of the netperf detector")
+        checked: dict[str, Any] = {}
+        for name, value in config.items():
+            kind, lo, hi, above, below = _CONFIG[name]
+            where = f"{field}.config.{name}"
+            checked[name] = (count(value, where, int(lo), int(hi)) if kind is int
+                             else real(value, where, lo, hi, above=above, below=below))
+        det = cls(**checked, book=FindingBook.from_dict(doc.get("book", {}), field=f"{field}.book"))
+        longest = max(det.baseline_runs, det.min_baseline_runs)
+        for key, values in obj(doc.get("history", {}), f"{field}.history").items():
+            where = f"{field}.history[{key!r}]"
+            det.history[key] = [real(v, f"{where}[{i}]", 0.0, MAX_GBPS)
+                                for i, v in enumerate(items(values, where, longest))]
+        for key, latest in obj(doc.get("by_queues", {}), f"{field}.by_queues").items():
+            where = f"{field}.by_queues[{key!r}]"
+            det.by_queues[key] = {_queues(q, f"{where}[{q!r}]"): real(v, f"{where}[{q!r}]", 0.0, MAX_GBPS)
+                                  for q, v in obj(latest, where).items()}
         return det
+
+
+# the settings of a stored detector: (type, low, high, low excluded, high excluded), as NetperfSettings
+_CONFIG: dict[str, tuple[type, float, float, bool, bool]] = {
+    "drop_ratio": (float, 0.0, 1.0, True, True), "baseline_runs": (int, 1, MAX_COUNT, False, False),
+    "min_baseline_runs": (int, 1, MAX_COUNT, False, False), "min_speedup": (float, 1.0, 1e6, True, False),
+    "min_queue_ratio": (int, 2, MAX_COUNT, False, False)}
+
+
+def _queues(q: str, field: str) -> str:
+    """A queue count as ``by_queues`` keys it (``str(int)``), or StateError."""
+    try:
+        ok = str(int(q)) == q
+    except ValueError:
+        ok = False
+    if not ok or len(q) > 20:
+        raise StateError(field, "not a queue count")
+    return q

@@ -21,6 +21,7 @@ from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler, drop_children
 from opsloop.streams.detectors.netperf.settings import NetperfSettings
 from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.state_check import event_time, get, obj
 from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, label_value
 from opsloop.streams.detectors.netperf.detector import SET_METRIC, NetperfDetector, NetperfResult, result_from_metric
 
@@ -120,8 +121,10 @@ class NetperfHandler(DetectorHandler):
         self.last_ts = {}
 
     def restore_key(self, key: str, state: Mapping[str, Any]) -> None:
-        det = NetperfDetector.from_dict(state["detector"])
+        det = NetperfDetector.from_dict(get(state, "detector", ""))
+        det.book.check_about({"target_set": key}, "detector.book")
         det.book.refresh_s = self.refresh_s
+        stored = {s: event_time(v, f"last_ts[{s!r}]") for s, v in obj(state.get("last_ts", {}), "last_ts").items()}
         self.detectors[key] = det
-        self.last_ts[key] = {str(s): t for s, v in state.get("last_ts", {}).items()
-                             if (t := self.trusted_time(float(v), f"last result of {s}")) is not None}
+        self.last_ts[key] = {s: t for s, v in stored.items()
+                             if (t := self.trusted_time(v, f"last result of {s}")) is not None}

@@ -36,6 +36,7 @@ from opsloop.records import Finding, Severity
 from opsloop.records import Metric
 
 from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.state_check import StateError, count, flag, get, items, obj, real, text
 
 HOURS_PER_YEAR = 8760.0
 COST = "power.cost"
@@ -46,6 +47,8 @@ RUNBOOK = "runbooks/power.md"
 # valid on the wire) it is a corrupt reading: refused, or one such reading kept the host's mean at
 # 1e262 W for thousands of readings, and as its first reading made its yearly cost inf.
 MAX_HOST_WATTS = 1e5
+# The largest raw capacity a restored inventory entry may claim (a 1 EB server is a damaged state).
+MAX_RAW_TB = 1e6
 _EC = re.compile(r"^ec:(\d+)\+(\d+)$")
 _REPLICA = re.compile(r"^replica:(\d+)$")
 
@@ -246,13 +249,46 @@ class PowerDetector:
         self.utilisation.pop(host, None)
 
     def restore_part(self, host: str, doc: Mapping[str, Any]) -> None:
-        if doc.get("spec"):
-            self.inventory[host] = ServerSpec(**doc["spec"])
-        if doc.get("sums"):
-            self.sums[host] = [float(doc["sums"][0]), int(doc["sums"][1])]
-        if doc.get("utilisation") is not None:
-            self.utilisation[host] = float(doc["utilisation"])
-        self.book.merge(FindingBook.from_dict(doc.get("book", {})))
+        """Take back a part :meth:`state_of` wrote, every field checked first (StateError naming it: nothing
+        of the part is taken then). Before, a damaged one loaded: a negative sample count divided by zero at
+        the host's next reading, a protection that was no string raised at every cost, 1e308 W went into
+        the generation's median (every deviation finding of it absurd)."""
+        spec = None if doc.get("spec") is None else _stored_spec(doc["spec"], host)
+        sums = None
+        if doc.get("sums") is not None:
+            mean, n = items(doc["sums"], "sums", length=2)
+            sums = [real(mean, "sums[0]", 0.0, MAX_HOST_WATTS), count(n, "sums[1]")]
+        util = None if doc.get("utilisation") is None else real(doc["utilisation"], "utilisation", 0.0, 1.0)
+        book = FindingBook.from_dict(doc.get("book", {}), self.book.refresh_s)
+        book.check_about({"host": host})
+        if spec is not None:
+            self.inventory[host] = spec
+        if sums is not None:
+            self.sums[host] = sums
+        if util is not None:
+            self.utilisation[host] = util
+        self.book.merge(book)
+
+
+def _stored_spec(doc: Any, host: str) -> ServerSpec:
+    """An inventory entry as :meth:`PowerDetector.state_of` wrote it for ``host``, or StateError naming the field."""
+    doc = obj(doc, "spec")
+    unknown = sorted(set(doc) - set(_SPEC_FIELDS))
+    if unknown:
+        raise StateError(f"spec.{unknown[0]}", "not a field of an inventory entry")
+    if text(get(doc, "host", "spec"), "spec.host") != host:
+        raise StateError("spec.host", f"{doc['host']!r:.60} in the state of {host!r:.60}")
+    generation = text(get(doc, "generation", "spec"), "spec.generation")
+    if not generation:
+        raise StateError("spec.generation", "empty")
+    raw_tb = real(get(doc, "raw_tb", "spec"), "spec.raw_tb", 0.0, MAX_RAW_TB, above=True)
+    protection = text(doc.get("protection", "replica:3"), "spec.protection")
+    fill = real(doc.get("fill_ratio", 0.7), "spec.fill_ratio", 0.0, 1.0, above=True)
+    in_service = flag(doc.get("in_service", True), "spec.in_service")
+    try:
+        return ServerSpec(host, generation, raw_tb, protection, fill, in_service)
+    except ValueError as e:
+        raise StateError("spec.protection", str(e)) from None
 
 
 POWER_METRICS = frozenset({"ipmi_power", "ipmi_sensor"})

@@ -23,6 +23,7 @@ from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler, drop_children
 from opsloop.streams.detectors.power.settings import PowerSettings
 from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.state_check import event_time
 from opsloop.streams.detectors.power.detector import (POWER_METRICS, PowerDetector, ServerSpec, power_reading,
                                                       spec_from_tags)
 from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, child, label_value
@@ -196,11 +197,11 @@ class PowerHandler(DetectorHandler):
         self.last_ts = {}
 
     def restore_key(self, key: str, state: Mapping[str, Any]) -> None:
+        stored = state.get("last_ts")
+        last = None if stored is None else event_time(stored, "last_ts")   # checked before anything is taken
         self.detector.restore_part(key, state)
-        if state.get("last_ts") is not None:
-            last = self.trusted_time(float(state["last_ts"]), f"last reading of {key}")
-            if last is not None:
-                self.last_ts[key] = last
+        if last is not None and (last := self.trusted_time(last, f"last reading of {key}")) is not None:
+            self.last_ts[key] = last
 
     def after_restore(self) -> None:
         for host in self.detector.sums:
