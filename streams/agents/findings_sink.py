@@ -63,8 +63,9 @@ wrong), counted and moved aside (``<file>.corrupt-<unix time>``, the newest thre
 with an empty outbox; an event that no longer parses (or stamped at a time no finding has: before 1970,
 after 9999) is skipped and counted, the others kept (``opsloop_findings_outbox_file_errors_total{reason}``).
 Restored events skip ``ActiveFindings`` and ``opsloop_findings_total`` (the run that published them did
-both; :meth:`FindingsSink.restore` shows what the detector state holds open). One whose id's partition went to another worker is still sent: the paging book
-ignores a record older than what it applied for the id (``controllers/paging/book.py``). Each worker needs
+both; :meth:`FindingsSink.restore` shows what the detector state holds open). One whose id's partition went
+to another worker is still sent: the paging book ignores a record older than what it applied for the id
+(``controllers/paging/book.py``). Each worker needs
 its own ``stream.data_dir`` (docs/operations.md), so the file has a single writer.
 """
 
