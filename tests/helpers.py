@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -208,6 +209,29 @@ def serve_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class LogLines(logging.Handler):
+    """The ``opsloop`` loggers' warnings and errors as ``"<event> <fields>"`` lines (see :func:`captured_logs`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{getattr(record, 'event', '')} {getattr(record, 'fields', '')}")
+
+
+@contextmanager
+def captured_logs() -> Iterator[LogLines]:
+    """Collect what the ``opsloop`` loggers warn about while the block runs (no pytest fixture needed: usable
+    inside hypothesis examples)."""
+    logs, logger = LogLines(), logging.getLogger("opsloop")
+    logger.addHandler(logs)
+    try:
+        yield logs
+    finally:
+        logger.removeHandler(logs)
 
 
 def write_case_file(path: Path, content: str | bytes | None) -> Path:

@@ -1041,30 +1041,21 @@ def _checked_state(det: StreamingDetector, doc: Mapping[str, Any], field: str) -
     for name in ("gamma", "w_gamma", "p_same"):
         take(name, real, 0.0, 1.0)
     take("err_rate", real, 0.0, 1.0, above=True)
-    for name in ("level0", "level1", "level2", "x_prev", "l_mean", "s_mean", "m_mean", "d_ms", "d_ml", "trend0"):
-        if name in doc:
-            take(name, value)
-    for name in ("scale0", "scale1", "scale2", "h_width", "d_abs"):
-        if name in doc:
-            take(name, scale)
-    for name in ("l_var", "d_var"):
-        if name in doc:
-            take(name, square)
-    for name in ("err0", "err1", "err2"):
-        if name in doc:
-            take(name, real, 0.0, MAX_ERR)
-    for name in ("quantum", "q_cand"):
-        if name in doc:
-            take(name, resolution)
-    for name in ("tail_q", "tail_m", "tail_d"):
-        if name in doc:
-            take(name, tail)
-    for name in ("q_hits", "same_run", "calm", "since", "h_n"):
-        if name in doc:
-            take(name, count)
-    for name in ("event", "outside"):
-        if name in doc:
-            take(name, flag)
+    # the fields a state may lack (an older version's): checked when present, each by its kind
+    optional: tuple[tuple[tuple[str, ...], tuple[Any, ...]], ...] = (
+        (("level0", "level1", "level2", "x_prev", "l_mean", "s_mean", "m_mean", "d_ms", "d_ml", "trend0"), (value,)),
+        (("scale0", "scale1", "scale2", "h_width", "d_abs"), (scale,)),
+        (("l_var", "d_var"), (square,)),
+        (("err0", "err1", "err2"), (real, 0.0, MAX_ERR)),
+        (("quantum", "q_cand"), (resolution,)),
+        (("tail_q", "tail_m", "tail_d"), (tail,)),
+        (("q_hits", "same_run", "calm", "since", "h_n"), (count,)),
+        (("event", "outside"), (flag,)),
+    )
+    for names, check in optional:
+        for name in names:
+            if name in doc:
+                take(name, *check)
     # the outlier runs: signed lengths, and the sums (of squares) of the values they hold
     for run, sums in (("run0", ("run0_x", "run0_xx")), ("run1", ("run1_x", "run1_xx")), ("run2", ("run2_x",))):
         k = abs(take(run, count, -MAX_COUNT, MAX_COUNT)) + 1 if run in doc else 1

@@ -32,11 +32,8 @@ What failed before the store checked ranges (each kept as an example below):
 
 from __future__ import annotations
 
-import logging
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +53,7 @@ from opsloop.controllers.actuators.service import ActuatorService
 from opsloop.controllers.actuators.store import StoreError, WeightStore
 from tests.controllers.actuators.support import ListSink
 from tests.controllers.actuators.test_schedule_faults import FakeLvs, FakeRuntime
-from tests.helpers import run_cli, unique, write_config
+from tests.helpers import captured_logs, run_cli, unique, write_config
 
 # the ranges of store.py (LAST_EPOCH, LAST_TIME_S, MAX_VERSION), spelt out: these tests run on the store before them
 LAST_EPOCH = 253_402_300_799_999      # 9999-12-31T23:59:59.999Z in ms: the last epoch a controller can take
@@ -128,25 +125,6 @@ class Producer:
 
     def close(self) -> None:
         pass
-
-
-class Logs(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(f"{getattr(record, 'event', '')} {getattr(record, 'fields', '')}")
-
-
-@contextmanager
-def captured_logs() -> Iterator[Logs]:
-    logs, logger = Logs(), logging.getLogger("opsloop")
-    logger.addHandler(logs)
-    try:
-        yield logs
-    finally:
-        logger.removeHandler(logs)
 
 
 @dataclass

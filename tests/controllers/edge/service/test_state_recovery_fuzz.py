@@ -27,11 +27,8 @@ overrides file read leniently took a capacity ``true`` as 1 req/s, ``"5"`` as 5,
 from __future__ import annotations
 
 import json
-import logging
 import math
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +48,7 @@ from opsloop.controllers.edge.settings import ControllerSettings
 from opsloop.records import EdgeDemand, EdgeWeights, OriginState
 from tests.controllers.edge.service.test_schedule_loop import (BACKEND, EDGES, LISTENER, ORIGINS, T0, WEIGHTS_TOPIC,
                                                                Broker, FakeProducer, FakeTopicConsumer, topology)
+from tests.helpers import captured_logs
 
 # what the actuators take (controllers/actuators/store.py): spelt out, these tests run on the code before them
 LAST_EPOCH = 253_402_300_799_999       # 9999-12-31T23:59:59.999Z in ms
@@ -78,25 +76,6 @@ def with_raw(doc: dict[str, Any], name: str, raw: str) -> bytes:
     out = orjson.dumps({**doc, name: "\u0000hole"}).replace(HOLE, raw.encode("utf-8", "surrogatepass"))
     assert HOLE not in out
     return out
-
-
-class Logs(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(f"{getattr(record, 'event', '')} {getattr(record, 'fields', '')}")
-
-
-@contextmanager
-def captured_logs() -> Iterator[Logs]:
-    logs, logger = Logs(), logging.getLogger("opsloop")
-    logger.addHandler(logs)
-    try:
-        yield logs
-    finally:
-        logger.removeHandler(logs)
 
 
 def run_service(broker: Broker, clock: list[float], store: TopologyStore) -> dict[tuple[str, str], EdgeWeights]:
