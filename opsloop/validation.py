@@ -24,6 +24,12 @@ LAST_TIME_S = 253_402_300_799.0
 LAST_TIME_MS = 253_402_300_799_999
 
 
+def is_time(value: object) -> bool:
+    """``value`` is a time in seconds a record or a saved state may carry: a number from 1970 to the end of
+    9999 (not a bool; NaN and infinities fail the range)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= LAST_TIME_S
+
+
 class WireError(ValueError):
     """Input that does not follow the wire format or a record's schema. The message names field and value."""
 

@@ -58,7 +58,7 @@ from opsloop.argtypes import INT64_MAX
 from opsloop.atomic_file import replace_file
 from opsloop.log import get_logger
 from opsloop.records.audit import MAX_STATE_BYTES
-from opsloop.validation import LAST_TIME_MS, LAST_TIME_S, shown
+from opsloop.validation import LAST_TIME_MS, is_time, shown
 
 from opsloop.controllers.actuators.mapping import IPVS_MAX_WEIGHT
 from opsloop.controllers.actuators.outbox import MAX_PER_ID
@@ -126,7 +126,7 @@ class Entry:
                 raise TypeError(f"{name} must be an object of numbers")
         for name in ("applied_at", "computed_at"):
             value = getattr(entry, name)
-            if not (value is None and name == "computed_at") and not _time(value):
+            if not (value is None and name == "computed_at") and not is_time(value):
                 raise ValueError(f"{name} is {shown(value)}, not a time (seconds since 1970 up to the year 9999)")
         if not isinstance(entry.complete, bool):
             raise TypeError(f"complete is {shown(entry.complete)}, not true/false")
@@ -159,14 +159,9 @@ def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
-def _time(v: object) -> bool:
-    """A date as seconds since the epoch, within what a four-digit year says (1970 to 9999)."""
-    return _number(v) and 0 <= v <= LAST_TIME_S   # type: ignore[operator]
-
-
 def _date(v: object) -> bool:
-    """A finding's first_seen: a :func:`_time` after the epoch itself (a first_seen of 0 is taken for "now")."""
-    return _time(v) and v > 0   # type: ignore[operator]
+    """A finding's first_seen: an :func:`~opsloop.validation.is_time` after the epoch itself (a first_seen of 0 is taken for "now")."""
+    return is_time(v) and v > 0   # type: ignore[operator]
 
 
 def _safe(name: str) -> str:

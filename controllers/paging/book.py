@@ -47,7 +47,7 @@ from datetime import datetime
 from typing import Any
 
 from opsloop.records import Finding, Severity
-from opsloop.validation import LAST_TIME_S
+from opsloop.validation import is_time
 
 from opsloop.controllers.paging.mapping import (MAX_REJECTION_REASON, SEVERITY_RANK, Links, annotations_for,
                                                 fallback_annotations, fallback_labels, is_fallback, labels_for,
@@ -399,7 +399,7 @@ def _checked(cls: type[Any], doc: Any, where: str) -> Any:
         if value is None and name == "last_sent":
             continue
         # within what an alert's RFC 3339 stamps can say: a finite -1e13 loaded, and every due() after it raised
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= LAST_TIME_S:
+        if not is_time(value):
             raise ValueError(f"paging state: {where}.{name} is {value!r}, not a time")
     if not isinstance(entry.finding_id, str) or not all(
             isinstance(getattr(entry, flag, False), bool) for flag in ("delivered_once", "best_effort")):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from opsloop.validation import LAST_TIME_S
+from opsloop.validation import LAST_TIME_S, is_time
 
 # The last second an RFC 3339 stamp (a finding's, an alert's startsAt) can hold: 9999-12-31T23:59:59Z.
 MAX_EVENT_TIME = LAST_TIME_S
@@ -81,8 +81,7 @@ def count(value: Any, field: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
 
 def event_time(value: Any, field: str) -> float:
     """An event time: seconds since the epoch, from 1970 to the end of 9999 (what a finding can carry)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not 0.0 <= value <= MAX_EVENT_TIME:   # also refuses nan
+    if not is_time(value):
         raise StateError(field, f"{_shown(value)} is not an event time (seconds from 1970 to 9999)")
     return float(value)
 
