@@ -70,6 +70,7 @@ from opsloop.streams.lb.rates import LbRates
 from opsloop.streams.runtime import batch as runtime_batch
 from tests.e2e.pipeline import start_worker
 from tests.helpers import ConsumerMsg, SimTime, read_topic, scrape_metric, unique, wait_until
+from tests.streams.agents.test_handlers import handler_keys
 from tests.streams.agents.test_integration import detectors_config, findings_of, iptables_round, produce, \
     state_in_changelog
 
@@ -691,7 +692,7 @@ def test_a_valid_state_round_trips_for_every_seed_of_the_schedules() -> None:
             for i in range(60):
                 ts = T0 + kind.step_s * i + rng.uniform(0, 5)
                 handler.handle([m for s in kind.sources for m in kind.rounds(s, ts, rng.randrange(20))], T0 + 86_400)
-            states = {k: STATE_CODEC.loads(STATE_CODEC.dumps(v)) for k in _keys(handler)
+            states = {k: STATE_CODEC.loads(STATE_CODEC.dumps(v)) for k in handler_keys(handler)
                       if (v := handler.state_of(k)) is not None}
             fresh = kind.make()
             before = unreadable(fresh.name)
@@ -699,16 +700,6 @@ def test_a_valid_state_round_trips_for_every_seed_of_the_schedules() -> None:
                 fresh.restore(states)
             assert unreadable(fresh.name) == before, (name, log.events("state_restore_failed"))
             assert states, name
-
-
-def _keys(h: DetectorHandler) -> list[str]:
-    for attr in ("series", "hosts", "detectors"):
-        if isinstance(getattr(h, attr, None), dict):
-            return list(getattr(h, attr))
-    if isinstance(h, FirewallHandler):
-        return list(h.detector.latest)
-    assert isinstance(h, PowerHandler)
-    return list(h.detector.sums)
 
 
 # -------------------------------------------------------------------------- the real worker, the real changelog

@@ -32,14 +32,14 @@ def gauge(name: str, **labels: str) -> float | None:
 
 def restarted(h: DetectorHandler, keys: set[str] | None = None) -> DetectorHandler:
     """A fresh handler of the same kind restored from the JSON state of ``h`` (what a restart sees)."""
-    keys = keys if keys is not None else set(_all_keys(h))
+    keys = keys if keys is not None else set(handler_keys(h))
     states = {k: orjson.loads(orjson.dumps(h.state_of(k))) for k in keys if h.state_of(k) is not None}
     fresh = type(h)(h.settings, h.refresh_s)  # type: ignore[attr-defined]
     fresh.restore(states)
     return fresh
 
 
-def _all_keys(h: DetectorHandler) -> list[str]:
+def handler_keys(h: DetectorHandler) -> list[str]:
     for attr in ("series", "hosts", "detectors"):
         if isinstance(getattr(h, attr, None), dict):
             return list(getattr(h, attr))
