@@ -160,7 +160,8 @@ def _number(v: object) -> bool:
 
 
 def _date(v: object) -> bool:
-    """A finding's first_seen: an :func:`~opsloop.validation.is_time` after the epoch itself (a first_seen of 0 is taken for "now")."""
+    """A finding's first_seen: an :func:`~opsloop.validation.is_time` after the epoch itself (a first_seen of 0
+    is taken for "now")."""
     return is_time(v) and v > 0   # type: ignore[operator]
 
 
