@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
 
-from .anomaly.model import DetectorConfig, StreamingDetector
+from .anomaly.model import DetectorConfig, StreamingDetector, checked_config
 from .evaluate_windows import WindowScore, all_profiles, windows_from_labels
 from .evaluation import evaluate
 from .labelled_csv import read_labelled, read_windows_json, windows_for
@@ -105,6 +105,10 @@ def parse_overrides(pairs: Sequence[str]) -> DetectorConfig:
             kw[key] = int(text) if types[key] in ("int", int) else float(text)
         except ValueError:
             raise ValueError(f"--set {pair!r}: {text!r} is not a number") from None
+        try:
+            checked_config({key: kw[key]}, "--set")   # z_width=0 divided by zero at every point
+        except ValueError as e:
+            raise ValueError(str(e)) from None
     return DetectorConfig(**kw)
 
 

@@ -923,7 +923,7 @@ class StreamingDetector:
         if not isinstance(doc, dict) or doc.get("version") not in (1, 2, STATE_VERSION):
             raise StateError(f"{field}.version", f"unsupported or missing version (got {doc.get('version')!r:.60})"
                              if isinstance(doc, dict) else "detector state: expected a JSON object")
-        cfg = _checked_config(obj(doc.get("config", {}), f"{field}.config"), f"{field}.config")
+        cfg = checked_config(obj(doc.get("config", {}), f"{field}.config"), f"{field}.config")
         det = cls(cfg)
         values: dict[str, Any] = {}
         for name in cls.__slots__:
@@ -974,7 +974,7 @@ _CONFIG_BOUNDS: dict[str, tuple[float, float, bool]] = {
 }
 
 
-def _checked_config(doc: Mapping[str, Any], field: str) -> DetectorConfig:
+def checked_config(doc: Mapping[str, Any], field: str) -> DetectorConfig:
     """The stored config (names it does not know are left out: a newer version's), each value checked."""
     kw: dict[str, Any] = {}
     for f in fields(DetectorConfig):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from pydantic import Field, field_validator
 
 from opsloop.topics import topic_for
 from opsloop.validation import WireError
-from opsloop.streams.detectors.anomaly.model import DetectorConfig
+from opsloop.streams.detectors.anomaly.model import DetectorConfig, checked_config
 from opsloop.streams.detectors.plugin import Strict
 
 
@@ -47,8 +48,17 @@ class AnomalySettings(Strict):
     @field_validator("detector")
     @classmethod
     def _known(cls, v: dict[str, Any]) -> dict[str, Any]:
-        try:
-            DetectorConfig(**v)
-        except TypeError as e:
-            raise ValueError(f"unknown detector setting: {e}") from None
+        unknown = sorted(set(v) - {f.name for f in fields(DetectorConfig)})
+        if unknown:
+            raise ValueError(f"unknown detector setting(s): {', '.join(unknown)}")
+        # the ranges a stored state is checked against: a value outside them (z_width 0, flat_p 1, mean_rate 0)
+        # divided by zero or took log(0) at every point, so every sample of every series raised
+        problems = []
+        for name, value in v.items():
+            try:
+                checked_config({name: value}, "detector")
+            except ValueError as e:
+                problems.append(str(e))
+        if problems:
+            raise ValueError("; ".join(problems))
         return v

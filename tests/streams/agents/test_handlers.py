@@ -358,6 +358,18 @@ def test_anomaly_max_series_bound_and_settings_errors() -> None:
         detectors_settings(Settings(controllers={"detectors": {"anomaly": {"detector": {"warmup": 3}}}}))
 
 
+@pytest.mark.parametrize("bad", [{"z_width": 0}, {"flat_p": 1}, {"mean_rate": 0}, {"alpha": -0.1},
+                                 {"warmup_points": 2.5}, {"tail_quantile": 0.9}])
+def test_anomaly_detector_settings_outside_their_range_are_refused_at_load(bad: dict[str, float]) -> None:
+    # before, these loaded, and every sample of every series then raised (divided by zero, log(0)) and was
+    # dead-lettered: the detector watched nothing
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=rf"streams\.detectors\.anomaly\.detector[\s\S]*detector\.{name}: "):
+        detectors_settings(Settings(streams={"detectors": {"anomaly": {"detector": {"z0": 2.0, **bad}}}}))
+    ok = detectors_settings(Settings(streams={"detectors": {"anomaly": {"detector": {"z0": 2.0, "z_width": 0.5}}}}))
+    AnomalyHandler(ok.anomaly).handle([metric("ipmi_power", {"watts": 150.0}, {"host": "x"}, T0)], T0)
+
+
 def test_restore_of_a_corrupt_key_starts_that_key_afresh() -> None:
     h = AnomalyHandler()
     h.restore({"ipmi_power.watts|host=x": {"metric": "ipmi_power"}, "bad": {"detector": {"version": 99}}})

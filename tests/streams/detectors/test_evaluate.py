@@ -113,6 +113,8 @@ def test_evaluate_bad_inputs_are_clear_errors(tmp_path: Path, capsys: pytest.Cap
     assert "line 3" in (err := capsys.readouterr().err) and "'abc'" in err
     assert detect_main(["evaluate", "--input", str(plain), "--set", "nope=1"]) == 2
     assert "nope" in capsys.readouterr().err
+    assert detect_main(["evaluate", "--input", str(plain), "--set", "z_width=0"]) == 2   # divides by zero
+    assert "z_width: 0.0 is out of range" in capsys.readouterr().err
     assert detect_main(["evaluate", "--input", str(tmp_path / "missing.csv")]) == 2
     assert "missing.csv" in capsys.readouterr().err
 
