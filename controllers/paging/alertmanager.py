@@ -34,7 +34,8 @@ class AlertmanagerError(RuntimeError):
 @dataclass
 class PostResult:
     accepted: int = 0                                  # alerts accepted by at least one Alertmanager
-    rejected: list[tuple[dict[str, Any], str]] = field(default_factory=list)  # (alert, reason): will not retry
+    # (alert, reason): will not retry; the very alert given, not a copy (the service finds its record by it)
+    rejected: list[tuple[dict[str, Any], str]] = field(default_factory=list)
 
 
 class AlertmanagerClient:

@@ -41,9 +41,8 @@ Pure state, no I/O (the service posts and persists). Rules:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from typing import Any
 
 from opsloop.records import Finding, Severity
@@ -98,6 +97,18 @@ class PendingResolve:
     starts_at: float
     ends_at: float
     best_effort: bool = False   # the alert was never delivered from here (not open here, or cleared unsent)
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """One alert of a post and the book's own record it is sent for: firing (an :class:`OpenAlert`) or a
+    resolve (a :class:`PendingResolve`), so a refusal or a delivery is told apart without reading the alert."""
+    alert: dict[str, Any]
+    record: OpenAlert | PendingResolve
+
+    @property
+    def resolve(self) -> bool:
+        return isinstance(self.record, PendingResolve)
 
 
 @dataclass
@@ -261,11 +272,15 @@ class PagingBook:
     # -- alerts out -----------------------------------------------------------------------
     def due(self, now: float) -> list[dict[str, Any]]:
         """The ``POST /api/v2/alerts`` body of everything to (re-)send now."""
-        out = [postable(r.labels, r.annotations, r.starts_at, r.ends_at)
+        return [o.alert for o in self.outgoing(now)]
+
+    def outgoing(self, now: float) -> list[Outgoing]:
+        """What :meth:`due` posts, each alert with the record it is sent for (resolves first)."""
+        out = [Outgoing(postable(r.labels, r.annotations, r.starts_at, r.ends_at), r)
                for queue in self.resolves.values() for r in queue]
         for a in self.open.values():
             if a.last_sent is None or now - a.last_sent >= self.resend_interval_s:
-                out.append(self._firing(a, now))
+                out.append(Outgoing(self._firing(a, now), a))
         return out
 
     def _firing(self, a: OpenAlert, now: float) -> dict[str, Any]:
@@ -273,28 +288,22 @@ class PagingBook:
         # alert_ttl_s) made startsAt later than endsAt, which Alertmanager refuses
         return postable(*a.outgoing(), min(a.starts_at, now), now + self.alert_ttl_s)
 
-    def rejected(self, alert: dict[str, Any], reason: str, now: float) -> dict[str, Any] | None:
-        """Alertmanager refused ``alert`` (one of ``due(now)``'s) for ``reason``: the alert to post in its place.
+    def rejected(self, refused: Outgoing, reason: str, now: float) -> dict[str, Any] | None:
+        """Alertmanager refused ``refused`` (one of ``outgoing(now)``) for ``reason``: the alert to post in its place.
 
-        None when ``alert`` is a fallback itself (nothing simpler is left to try: the page is lost). The open
-        alert refused is sent as its fallback from now on; a refused resolve is replaced by its fallback's.
+        None when it is a fallback itself (nothing simpler is left to try: the page is lost). The open alert
+        refused is sent as its fallback from now on; a refused resolve is replaced by its fallback's.
         """
-        labels = alert.get("labels") or {}
+        labels, record = refused.alert["labels"], refused.record
         if is_fallback(labels):
             return None
-        annotations = alert.get("annotations") or {}
-        fid = str(annotations.get("finding_id") or "")
-        current = self.open.get(fid)
-        if current is None or current.labels != labels:   # a state file from before the finding_id annotation
-            current = next((a for a in self.open.values() if a.labels == labels), None)
-        if current is not None and _ends(alert) > now:   # the firing alert (its resolve ends by now)
-            current.rejected = str(reason)[:MAX_REJECTION_REASON]
-            return self._firing(current, now)
-        fid = fid or (current.finding_id if current is not None else "")
-        starts = _time(alert.get("startsAt"), now)
-        ends = _time(alert.get("endsAt"), now)
-        return postable(fallback_labels(labels, fid), fallback_annotations(labels, annotations, fid, str(reason)),
-                        starts, ends)
+        if isinstance(record, OpenAlert):
+            record.rejected = str(reason)[:MAX_REJECTION_REASON]
+            return self._firing(record, now)
+        fid = record.finding_id
+        return postable(fallback_labels(labels, fid), fallback_annotations(labels, record.annotations, fid,
+                                                                           str(reason)),
+                        record.starts_at, record.ends_at)
 
     def next_due(self, now: float) -> float:
         """Seconds until something is due (0 when something is due now)."""
@@ -303,14 +312,19 @@ class PagingBook:
         waits = [0.0 if a.last_sent is None else a.last_sent + self.resend_interval_s - now for a in self.open.values()]
         return max(0.0, min(waits)) if waits else float("inf")
 
-    def delivered(self, now: float) -> tuple[list[OpenAlert], int]:
-        """Mark what ``due(now)`` returned as delivered: (alerts paged for the first time, resolves sent)."""
+    def delivered(self, now: float, lost: Collection[str] = ()) -> tuple[list[OpenAlert], int]:
+        """Mark what ``due(now)`` returned as delivered: (alerts paged for the first time, resolves sent).
+        ``lost``: finding ids whose alert and fallback Alertmanager both refused: sent (tried again at the
+        re-send interval, not at once), but not delivered."""
         first: list[OpenAlert] = []
         for a in self.open.values():
             if a.last_sent is None or now - a.last_sent >= self.resend_interval_s:
+                a.last_sent = now
+                if a.finding_id in lost:
+                    continue
                 if not a.delivered_once:
                     first.append(a)
-                a.last_sent, a.delivered_once = now, True
+                a.delivered_once = True
         resolved = self._queued
         self.resolves.clear()
         self._best_effort.clear()
@@ -361,18 +375,6 @@ def _open_entry(a: OpenAlert) -> dict[str, Any]:
     if not entry["rejected"]:   # written only when set: a file without refused alerts still loads in older versions
         del entry["rejected"]
     return entry
-
-
-def _time(value: Any, default: float) -> float:
-    """An alert's ``startsAt``/``endsAt`` (RFC 3339, as ``postable`` writes it) as Unix seconds, else ``default``."""
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return default
-
-
-def _ends(alert: dict[str, Any]) -> float:
-    return _time(alert.get("endsAt"), math.inf)
 
 
 def _entries(doc: dict[str, Any], key: str) -> list[Any]:

@@ -10,7 +10,9 @@ expected, explanation, runbook_url, dashboard_url (the names the alert rules use
 Sizes are bounded so that a finding with many labels or very long names still pages: at most
 ``MAX_WHERE_LABELS`` where-labels (the rest dropped), names and values shortened with a hash of the
 full text (so two findings that differ only past the cut stay two alerts); the annotation
-``labels_truncated`` says what was cut, and the dropped labels are still in the description.
+``labels_truncated`` says what was cut, and the dropped labels are still in the description. Where-keys
+that clean to one label name (``a-b``, ``a.b``, ``a_b``) get distinct names (:func:`distinct_label_names`:
+a valid key keeps its own, the others a hash suffix; ``labels_truncated`` says so): one overwrote the other.
 
 What Alertmanager refuses is not built (it answers 400 to a label set or times it does not take, 422 to
 a ``generatorURL`` it cannot parse, and drops the alert): where-keys become valid label names (above),
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -100,6 +103,29 @@ def shorten(text: str, limit: int) -> str:
     return text[: limit - 9] + "_" + hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
+def distinct_label_names(keys: list[str], clean: Callable[[str], str],
+                         taken: frozenset[str] = frozenset()) -> dict[str, str]:
+    """A label name per key, ``clean(key)`` unless that is in ``taken`` or another key's: keys that clean to one
+    name (``a-b``, ``a.b``, ``a_b``) each keep their value (one overwrote the other's). A key that is its own
+    name keeps it; the others, in key order, get ``_`` and a hash of the key instead: the same keys always get
+    the same names, so an alert keeps its identity."""
+    used: set[str] = set(taken)
+    out: dict[str, str] = {}
+    for key in sorted(keys, key=lambda k: (clean(k) != k, k)):
+        name = base = clean(key)
+        n = 0
+        while name in used:   # a second round only if a name with this very suffix is taken too
+            digest = hashlib.sha1(f"{key}|{n}".encode("utf-8", "replace")).hexdigest()[:8]
+            name, n = base[:MAX_LABEL_NAME - 9] + "_" + digest, n + 1
+        used.add(name)
+        out[key] = name
+    return out
+
+
+def _where_name(key: str) -> str:
+    return shorten(label_name(key), MAX_LABEL_NAME)
+
+
 def labels_and_cuts(finding: Finding) -> tuple[dict[str, str], str]:
     """The alert's labels, bounded, and a note of what was cut ("" when nothing was)."""
     cuts: list[str] = []
@@ -109,10 +135,13 @@ def labels_and_cuts(finding: Finding) -> tuple[dict[str, str], str]:
         cuts.append(f"dropped {len(dropped)} where-labels beyond {MAX_WHERE_LABELS}: "
                     + ", ".join(k for k, _ in dropped))
     labels: dict[str, str] = {}
+    names = distinct_label_names([k for k, _ in kept], _where_name, RESERVED_LABELS)
     for k, v in kept:
-        name = shorten(label_name(k), MAX_LABEL_NAME)
+        name = names[k]
         labels[name] = shorten(str(v), MAX_LABEL_VALUE)
-        if name != label_name(k) or labels[name] != str(v):
+        if name != _where_name(k):
+            cuts.append(f"renamed {k[:40]} to {name}: {label_name(k)[:40]} is another where-key's label")
+        elif name != label_name(k) or labels[name] != str(v):
             cuts.append(f"shortened {label_name(k)[:40]}")
     alertname = shorten(alertname_for(finding.detector), MAX_ALERTNAME)
     detector = shorten(finding.detector, MAX_LABEL_VALUE)
@@ -213,6 +242,15 @@ def is_fallback(labels: dict[str, str]) -> bool:
     return labels.get("alertname") == FALLBACK_ALERTNAME and "rejected_alertname" in labels
 
 
+_FALLBACK_OWN = frozenset({"alertname", "severity", "source", "finding_id", "rejected_alertname"})
+
+
+def _fallback_name(key: str) -> str:
+    """A refused alert's label name as the fallback's: valid names as they are, ours prefixed ``where_``."""
+    name = shorten(key if _LABEL_NAME.fullmatch(key) else label_name(key), MAX_LABEL_NAME)
+    return "where_" + name if name in _FALLBACK_OWN else name
+
+
 def fallback_labels(labels: dict[str, str], finding_id: str) -> dict[str, str]:
     """The labels of the alert sent in place of one with ``labels`` that Alertmanager refused.
 
@@ -221,18 +259,15 @@ def fallback_labels(labels: dict[str, str], finding_id: str) -> dict[str, str]:
     routes, inhibitions and mute times) with names made valid and values bounded. A function of the refused
     labels and the finding id only: the fallback of a firing alert and of its resolve are one alert.
     """
-    own = {"alertname", "severity", "source", "finding_id", "rejected_alertname"}
-    out: dict[str, str] = {}
+    values: dict[str, str] = {}
     for key, value in sorted(labels.items(), key=lambda kv: str(kv[0])):
         key = _text(key, 10 * MAX_LABEL_NAME)
-        if key in ("alertname", "severity", "source"):
-            continue
-        name = shorten(key if _LABEL_NAME.fullmatch(key) else label_name(key), MAX_LABEL_NAME)
-        if name in own:
-            name = "where_" + name
         text = shorten(_text(value, 10 * MAX_LABEL_VALUE), MAX_LABEL_VALUE)
-        if text and name not in out and len(out) < MAX_WHERE_LABELS + 2:   # + signal, detector
-            out[name] = text
+        if text and key not in ("alertname", "severity", "source") and key not in values:
+            values[key] = text
+    kept = list(values)[:MAX_WHERE_LABELS + 2]   # + signal, detector
+    names = distinct_label_names(kept, _fallback_name, _FALLBACK_OWN)
+    out = {names[k]: values[k] for k in kept}
     severity = labels.get("severity")
     out.update(alertname=FALLBACK_ALERTNAME,
                severity=severity if severity in {s.value for s in Severity} else Severity.CRITICAL.value,

@@ -7,7 +7,8 @@ from prometheus_client import Counter, Gauge, Histogram
 FINDINGS = Counter("opsloop_paging_findings_total", "Findings consumed, by resulting action", ["action"])
 REJECTED = Counter("opsloop_paging_rejected_records_total", "Records on the findings topic that are not findings")
 POSTS = Counter("opsloop_paging_posts_total", "Successful POST /api/v2/alerts batches")
-SENT = Counter("opsloop_paging_alerts_sent_total", "Alerts delivered to Alertmanager", ["state"])
+SENT = Counter("opsloop_paging_alerts_sent_total",   # a rejected alert never; its fallback once accepted
+               "Alerts Alertmanager accepted (a rejected one's fallback in its state)", ["state"])
 DELIVERY_FAILURES = Counter("opsloop_paging_delivery_failures_total",
                             "POST attempts no Alertmanager accepted (retried with back-off)")
 REPLACED = Counter("opsloop_paging_alerts_replaced_total",

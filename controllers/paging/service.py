@@ -36,7 +36,7 @@ from opsloop.log import Sampled, get_logger
 from opsloop.controllers.paging import metrics
 from opsloop.controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError, Backoff
 from opsloop.controllers.paging.audit import Auditor
-from opsloop.controllers.paging.book import Action, PagingBook, PendingResolve
+from opsloop.controllers.paging.book import Action, Outgoing, PagingBook, PendingResolve
 from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.mapping import FALLBACK_ALERTNAME, Links
 
@@ -149,27 +149,29 @@ class PagingService:
                             offset=offset, key=key, value=raw, stage="paging", log=log)
 
     def deliver(self, now: float) -> int:
-        """Post what is due (unless backing off); returns the number of alerts delivered."""
+        """Post what is due (unless backing off); returns the number of alerts Alertmanager accepted."""
         if not self._caught_up or not self.backoff.ready(now):
             self._update_gauges(now)
             return 0
-        alerts = self.book.due(now)
-        if not alerts:
+        items = self.book.outgoing(now)
+        if not items:
             self._update_gauges(now)
             return 0
         try:
-            result = self.client.post(alerts)
+            result = self.client.post([o.alert for o in items])
         except AlertmanagerError as e:
             delay = self.backoff.failed(now)
             metrics.DELIVERY_FAILURES.inc()
-            log.warning("alertmanager_unreachable", error=str(e)[:500], alerts=len(alerts), retry_in_s=round(delay, 2))
+            log.warning("alertmanager_unreachable", error=str(e)[:500], alerts=len(items), retry_in_s=round(delay, 2))
             self._update_gauges(now)
             return 0
         self.backoff.succeeded()
-        fallbacks = self._replace_rejected(result.rejected, now)
+        refused, accepted = _split(items, result.rejected)
+        _count_sent(accepted)   # what Alertmanager took, now: a failed fallback post below does not undo it
+        fallbacks, lost_ids = self._replace_rejected(refused, now)
         if fallbacks:
             try:
-                again = self.client.post(fallbacks)
+                again = self.client.post([o.alert for o in fallbacks])
             except AlertmanagerError as e:
                 # Nothing marked delivered: the next attempt sends the open alerts' fallbacks (the book holds
                 # the mark) and the refused resolves again, refused and replaced again.
@@ -178,14 +180,15 @@ class PagingService:
                 log.warning("alertmanager_unreachable", error=str(e)[:500], alerts=len(fallbacks),
                             retry_in_s=round(delay, 2))
                 self._update_gauges(now)
-                return 0
-            for alert, reason in again.rejected:
-                self._lost(alert, reason)
-        first, resolved = self.book.delivered(now)
+                return len(accepted)
+            lost, replaced = _split(fallbacks, again.rejected)
+            for o, reason in lost:
+                lost_ids.add(self._lost(o.alert, reason))
+            _count_sent(replaced)   # a fallback accepted: the page (or its resolve) went out
+            accepted += replaced
+        first, _ = self.book.delivered(now, lost_ids)   # a lost page is not audited as delivered
         metrics.POSTS.inc()
         metrics.LAST_DELIVERY.set(time.time())
-        metrics.SENT.labels("resolved").inc(resolved)
-        metrics.SENT.labels("firing").inc(len(alerts) - resolved)
         for a in first:
             latency = max(0.0, time.time() - a.event_time)
             metrics.PAGE_LATENCY.observe(latency)
@@ -194,34 +197,38 @@ class PagingService:
                                 + (f" as {FALLBACK_ALERTNAME} (the alert was rejected)" if a.rejected else ""))
         self._dirty = True
         self._update_gauges(now)
-        return len(alerts)
+        return len(accepted)
 
-    def _replace_rejected(self, rejected: list[tuple[dict[str, Any], str]], now: float) -> list[dict[str, Any]]:
-        """The fallbacks to post in place of the alerts Alertmanager rejected (a rejected fallback: lost)."""
-        fallbacks: list[dict[str, Any]] = []
-        for alert, reason in rejected:
-            fallback = self.book.rejected(alert, reason, now)
+    def _replace_rejected(self, rejected: list[tuple[Outgoing, str]], now: float) -> tuple[list[Outgoing], set[str]]:
+        """The fallbacks to post in place of the alerts Alertmanager rejected, each with the record of the alert
+        it replaces; and the finding ids of those lost (a rejected fallback: nothing replaces it)."""
+        fallbacks: list[Outgoing] = []
+        lost: set[str] = set()
+        for refused, reason in rejected:
+            fallback = self.book.rejected(refused, reason, now)
             if fallback is None:
-                self._lost(alert, reason)
+                lost.add(self._lost(refused.alert, reason))
                 continue
             self._dirty = True   # an open alert refused is sent as its fallback from now on: the state says so
-            fallbacks.append(fallback)
+            fallbacks.append(Outgoing(fallback, refused.record))
             metrics.REPLACED.inc()
-            labels, fid = _who(alert)
+            labels, fid = _who(refused.alert)
             log.error("alert_rejected", alertname=labels.get("alertname"), finding_id=fid, reason=reason,
                       replaced_by=FALLBACK_ALERTNAME)
             self.auditor.record("page_rejected", fid, labels, f"Alertmanager rejected the alert ({reason}); "
                                 f"{FALLBACK_ALERTNAME} sent in its place", result="sent")
-        return fallbacks
+        return fallbacks, lost
 
-    def _lost(self, alert: dict[str, Any], reason: str) -> None:
-        """A rejected alert nothing replaces (its fallback was rejected too): logged, audited, counted."""
+    def _lost(self, alert: dict[str, Any], reason: str) -> str:
+        """A rejected alert nothing replaces (its fallback was rejected too): logged, audited, counted; its
+        finding id."""
         metrics.DROPPED.inc()
         labels, fid = _who(alert)
         log.error("alert_rejected", alertname=labels.get("alertname"), finding_id=fid, reason=reason,
                   replaced_by=None, page_lost=True)
         self.auditor.record("page_rejected", fid, labels, f"Alertmanager rejected the alert ({reason}), "
                             f"{FALLBACK_ALERTNAME} fallback included: this page is lost", result="failed")
+        return fid
 
     def _update_gauges(self, now: float) -> None:
         metrics.ACTIVE.set(len(self.book.open))
@@ -295,6 +302,20 @@ class PagingService:
                 except Exception:  # noqa: BLE001
                     pass
         self.client.close()
+
+
+def _split(posted: list[Outgoing], rejected: list[tuple[dict[str, Any], str]]
+           ) -> tuple[list[tuple[Outgoing, str]], list[Outgoing]]:
+    """``posted`` as (refused, reason) and accepted, by the client's ``rejected``: the very alerts it was given."""
+    reasons = {id(alert): reason for alert, reason in rejected}
+    refused = [(o, reasons[id(o.alert)]) for o in posted if id(o.alert) in reasons]
+    return refused, [o for o in posted if id(o.alert) not in reasons]
+
+
+def _count_sent(accepted: list[Outgoing]) -> None:
+    resolved = sum(1 for o in accepted if o.resolve)
+    metrics.SENT.labels("resolved").inc(resolved)
+    metrics.SENT.labels("firing").inc(len(accepted) - resolved)
 
 
 def _who(alert: dict[str, Any]) -> tuple[dict[str, str], str]:

@@ -130,6 +130,27 @@ def test_finding_pages_once_and_resolves(actuator, producer, webhook: WebhookRec
     assert proc.running()
 
 
+def test_a_finding_stamped_outside_1970_to_9999_is_dead_lettered_and_paging_goes_on(
+        actuator, producer, webhook: WebhookReceiver, kafka_bootstrap: str) -> None:
+    """Through the broker: the record is refused at decode (naming the field), dead-lettered and counted, its
+    offset committed like any other; the finding published after it pages."""
+    proc, port = actuator
+    bad_hv, good_hv = unique("hv-stamped"), unique("hv-after")
+    bad = orjson.loads(make_finding("firewall.unprotected_port", {"hypervisor": bad_hv, "vm": "web-1"}).encode())
+    bad["first_seen"] = -6e10   # the year 68
+    rejected = scrape_metric(port, "opsloop_paging_rejected_records_total") or 0.0
+    producer.send("findings", key=bad["id"].encode(), value=orjson.dumps(bad))
+    publish(producer, make_finding("firewall.unprotected_port", {"hypervisor": good_hv, "vm": "web-1"}))
+    wait_until(lambda: deliveries_for(webhook, "/page", "hypervisor", good_hv), timeout=60, what="the page after it")
+    assert (scrape_metric(port, "opsloop_paging_rejected_records_total") or 0.0) - rejected == 1
+    dls = wait_until(lambda: [d for r in read_topic(kafka_bootstrap, "telemetry.deadletter")
+                              if bad_hv in (d := orjson.loads(r.value)).get("value", "")],
+                     timeout=30, what="the dead letter")
+    assert len(dls) == 1 and dls[0]["stage"] == "paging" and dls[0]["source_topic"] == "findings"
+    assert dls[0]["reason"].startswith("finding: first_seen: before 1970")
+    assert not deliveries_for(webhook, "/page", "hypervisor", bad_hv) and proc.running()
+
+
 def test_hypervisor_down_inhibits_its_firewall_alerts(actuator, producer, webhook, test_alertmanager) -> None:
     proc, port = actuator
     hv = unique("hv-down")

@@ -11,7 +11,8 @@ book built and Alertmanager refused:
 * a ``generatorURL`` that is no URI to Go (422): a finding's own dashboard link with a ``%`` that starts
   no escape (a ``dashboard_base_url`` without its scheme, which did it to every alert, is refused by the
   config: ``test_a_link_base_without_a_scheme_is_refused_by_the_config``).
-* a start before the year 1000 (400): strftime wrote the year in fewer than four digits.
+* a start before the year 1000 (400): strftime wrote the year in fewer than four digits. Such a finding is
+  no finding any more (``first_seen``/``last_seen`` from 1970 to 9999): dead-lettered at decode.
 * label names it refuses (400): the mapping makes where-keys valid names, but a state file written
   before that (or edited) still holds them; such an alert now pages as its fallback, ``OpsloopPageRejected``.
 """
@@ -32,8 +33,8 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
-from opsloop.controllers.paging.alertmanager import AlertmanagerClient, PostResult
-from opsloop.controllers.paging.book import PagingBook
+from opsloop.controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError, PostResult
+from opsloop.controllers.paging.book import OpenAlert, Outgoing, PagingBook, PendingResolve
 from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.mapping import Links, annotations_for, generator_url, iso, labels_for
 from opsloop.controllers.paging.service import PagingService
@@ -127,16 +128,14 @@ def test_a_finding_stamped_ahead_of_our_clock_pages_and_resolves(services, test_
 @pytest.mark.integration
 @pytest.mark.parametrize("bad", [
     pytest.param({"dashboard": "https://grafana.example/d/cpu-100%/hosts"}, id="link-with-a-bare-percent"),
-    pytest.param({"first_seen": -6e10}, id="started-before-the-year-1000"),
 ])
 def test_a_finding_alertmanager_refused_pages_as_itself_with_the_rest_of_its_batch(
         services, test_alertmanager, bad: dict[str, Any]) -> None:
-    """A 422 (the link) had the whole batch retried for ever, the other page of it included; a 400 (the year
-    written ``68``) lost the page."""
+    """A 422 (the link) had the whole batch retried for ever, the other page of it included."""
     svc = services(**bad.get("config", {}))
     hv, other = unique("hv-refused"), unique("hv-other")
     now = time.time()
-    f = page(hv, first_seen=bad.get("first_seen"), dashboard=bad.get("dashboard", ""))
+    f = page(hv, dashboard=bad.get("dashboard", ""))
     svc.handle_records([f.encode(), page(other).encode()], now)
     assert svc.deliver(now) == 2
     assert am_alerts(test_alertmanager, hypervisor=other), "the other page of the batch was held back"
@@ -149,6 +148,46 @@ def test_a_finding_alertmanager_refused_pages_as_itself_with_the_rest_of_its_bat
                              dashboard=bad.get("dashboard", "")).encode()], later)
     svc.deliver(later)
     assert am_alerts(test_alertmanager, hypervisor=hv) == []
+
+
+def stamped(f: Finding, **times: float) -> bytes:
+    """``f`` on the wire with other times: a producer that no longer builds such a record can still send one."""
+    return orjson.dumps({**orjson.loads(f.encode()), **times})
+
+
+OUT_OF_RANGE = [pytest.param({"first_seen": -6e10}, id="started-before-the-year-1000"),
+                pytest.param({"first_seen": -1.0}, id="started-before-1970"),
+                pytest.param({"first_seen": 1.7e12, "last_seen": 1.7e12}, id="in-milliseconds"),
+                pytest.param({"last_seen": 2.6e11}, id="last-seen-after-9999")]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("times", OUT_OF_RANGE)
+def test_a_finding_stamped_outside_1970_to_9999_is_dead_lettered_and_the_rest_still_pages(
+        services, test_alertmanager, times: dict[str, float]) -> None:
+    """Before: a finding from before 1970 (-6e10: the year 68) was paged, as starting then; now no such record
+    is a finding (``Finding`` refuses it, naming the field): dead-lettered and counted, and the good findings
+    of its batch and after it page."""
+    producer = Sent()
+    svc = services(producer=producer)
+    hv, other, later_hv = unique("hv-stamped"), unique("hv-other"), unique("hv-later")
+    now = time.time()
+    bad = stamped(page(hv), **times)
+    rejected = counter("opsloop_paging_rejected_records_total")
+    actions = svc.handle_records([bad, page(other).encode()], now, [(0, 41, b"k41"), (0, 42, b"k42")])
+    assert [a.labels["hypervisor"] for a in actions] == [other]
+    assert counter("opsloop_paging_rejected_records_total") - rejected == 1
+    dls = [orjson.loads(v) for topic, _, v in producer.records if topic == "telemetry.deadletter"]
+    assert [(d["offset"], d["stage"]) for d in dls] == [(41, "paging")]
+    field = next(iter(times))
+    assert f"finding: {field}: " in dls[0]["reason"] and "from 1970 to the end of 9999" in dls[0]["reason"]
+    assert orjson.loads(dls[0]["value"]) == orjson.loads(bad)   # kept as it came, for inspection
+    assert svc.deliver(now) == 1
+    assert am_alerts(test_alertmanager, hypervisor=other) and am_alerts(test_alertmanager, hypervisor=hv) == []
+    assert not svc.book.open.keys() - {page(other).id}
+    later = time.time()
+    svc.handle_records([page(later_hv).encode()], later)
+    assert svc.deliver(later) == 1 and am_alerts(test_alertmanager, hypervisor=later_hv), "paging stalled"
 
 
 @pytest.mark.parametrize("field", ["dashboard_base_url", "runbook_base_url"])
@@ -298,6 +337,14 @@ def test_a_rejected_fallback_is_logged_audited_and_counted_as_lost(tmp_path: Pat
     lines = [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == "alert_rejected"]
     assert [(line["finding_id"], line.get("page_lost", False)) for line in lines] == [
         (finding().id, False), (finding().id, True)]
+    # a lost page is neither audited as delivered nor timed as a page latency; it is tried again at the
+    # re-send interval, not at once
+    assert not [a for a in audits if a["action"] == "page_delivered"], "a lost page audited as delivered"
+    assert not svc.book.open[finding().id].delivered_once
+    svc.deliver(T0 + 1)
+    assert len(client.bodies) == 2, "a lost page re-posted at once"
+    svc.deliver(T0 + 61)
+    assert len(client.bodies) == 3 and counter(DROPPED) - dropped == 2   # sent as its fallback: lost again
 
 
 # -- the fallback's labels ---------------------------------------------------------------------------
@@ -311,14 +358,86 @@ def test_the_fallback_of_any_label_set_is_valid_and_one_alert_firing_and_resolve
         labels: dict[str, str], severity: str) -> None:
     labels = {**labels, "alertname": "Some-Alert", "severity": severity}
     book = PagingBook(alert_ttl_s=240)
-    firing = {"labels": labels, "annotations": {"finding_id": "f1", "summary": "s"}, "startsAt": iso(T0),
-              "endsAt": iso(T0 + 300)}
-    resolve = {**firing, "endsAt": iso(T0 + 10)}
+    annotations = {"finding_id": "f1", "summary": "s"}
+    book.open["f1"] = OpenAlert("f1", labels, annotations, T0, T0)
+    book._queue_resolve(PendingResolve("f1", labels, annotations, T0, T0 + 10))
+    resolve, firing = book.outgoing(T0 + 20)
+    assert (resolve.resolve, firing.resolve) == (True, False)
     got = [book.rejected(a, "invalid label set", T0 + 20) for a in (firing, resolve)]
     assert got[0] is not None and got[1] is not None
     fb = got[0]["labels"]
     assert fb == got[1]["labels"]
+    assert ts(got[1]["endsAt"]) == T0 + 10 < ts(got[0]["endsAt"])   # the resolve's fallback ends with it
     assert all(LABEL_NAME.match(k) for k in fb) and all(0 < len(v) <= 256 for v in fb.values())
     assert fb["alertname"] == "OpsloopPageRejected" and fb["finding_id"] == "f1"
     assert fb["severity"] == (severity if severity in ("critical", "warning") else "critical")
-    assert len(fb) <= 27 and book.rejected(got[0], "again", T0 + 20) is None
+    assert len(fb) <= 27 and book.rejected(Outgoing(got[0], firing.record), "again", T0 + 20) is None
+    # distinct names: no label of the refused alert lost to another that cleans to the same name
+    kept = {k: v for k, v in labels.items() if k not in ("alertname", "severity", "source") and v}
+    assert len(fb) - 5 == min(len(kept), 22)
+
+
+# -- what counts as sent --------------------------------------------------------------------------------
+def sent(state: str) -> float:
+    return REGISTRY.get_sample_value("opsloop_paging_alerts_sent_total", {"state": state}) or 0.0
+
+
+class PickyAlertmanager:
+    """Refuses the alerts ``refuses`` picks (fallbacks included, when it picks them); ``down_after`` posts
+    answered, the next raise as an outage does."""
+
+    def __init__(self, refuses: Any, down_after: int = 1_000) -> None:
+        self.refuses, self.down_after = refuses, down_after
+        self.bodies: list[list[dict[str, Any]]] = []
+
+    def post(self, alerts: list[dict[str, Any]]) -> PostResult:
+        if len(self.bodies) >= self.down_after:
+            raise AlertmanagerError("http://127.0.0.1:1: connection refused")
+        self.bodies.append(alerts)
+        refused = [(a, '"refused for the test"') for a in alerts if self.refuses(a)]
+        return PostResult(accepted=len(alerts) - len(refused), rejected=refused)
+
+    def close(self) -> None:
+        pass
+
+
+def picky_service(tmp_path: Path, client: PickyAlertmanager) -> PagingService:
+    cfg = PagingConfig(state_file=tmp_path / "state.json", start_offset="latest")
+    return PagingService(cfg, "127.0.0.1:1", consumer=object(), producer=None, client=client)  # type: ignore[arg-type]
+
+
+def one_of(hv: str) -> Any:
+    return lambda a: a["labels"].get("hypervisor") == hv
+
+
+@pytest.mark.parametrize("refuses", ["the-alert-and-its-fallback", "the-alert"])
+def test_only_what_alertmanager_accepted_counts_as_sent(tmp_path: Path, refuses: str) -> None:
+    """Before: every alert of the post counted as sent (firing, or resolved by the queue's length), refused
+    ones included, and a fallback refused too (the page lost) as well."""
+    bad, good = unique("hv-refused"), unique("hv-fine")
+    svc = picky_service(tmp_path, PickyAlertmanager(
+        one_of(bad) if refuses == "the-alert-and-its-fallback"
+        else lambda a: one_of(bad)(a) and a["labels"]["alertname"] != "OpsloopPageRejected"))
+    firing, resolved, dropped = sent("firing"), sent("resolved"), counter(DROPPED)
+    svc.handle_records([page(bad, first_seen=T0).encode(), page(good, first_seen=T0).encode()], T0)
+    accepted = 1 if refuses == "the-alert-and-its-fallback" else 2   # the fallback, when it went in
+    assert svc.deliver(T0) == accepted
+    assert (sent("firing") - firing, counter(DROPPED) - dropped) == (accepted, 2 - accepted)
+    svc.handle_records([page(h, first_seen=T0, last_seen=T0 + 1, cleared=True).encode() for h in (bad, good)], T0 + 1)
+    assert svc.deliver(T0 + 1) == accepted
+    assert sent("resolved") - resolved == accepted and sent("firing") - firing == accepted
+
+
+def test_alerts_accepted_before_the_fallback_post_failed_count_as_sent(tmp_path: Path) -> None:
+    """Alertmanager took the good alert, then went away before the fallback's post: the good one was delivered
+    (before, nothing was counted); the fallback is tried again with the next post and counted once accepted."""
+    bad, good = unique("hv-refused"), unique("hv-fine")
+    client = PickyAlertmanager(lambda a: one_of(bad)(a) and a["labels"]["alertname"] != "OpsloopPageRejected",
+                               down_after=1)
+    svc = picky_service(tmp_path, client)
+    firing = sent("firing")
+    svc.handle_records([page(bad, first_seen=T0).encode(), page(good, first_seen=T0).encode()], T0)
+    assert svc.deliver(T0) == 1 and sent("firing") - firing == 1
+    client.down_after = 1_000
+    assert svc.deliver(T0 + svc.backoff.wait(T0)) == 2 and sent("firing") - firing == 3
+    assert [a["labels"]["alertname"] for a in client.bodies[-1]] == ["OpsloopPageRejected", "FirewallUnprotectedPort"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 from datetime import datetime
 
 import orjson
@@ -348,6 +349,46 @@ def test_labels_are_cut_to_alertmanager_safe_sizes_saying_what_was_cut() -> None
     assert labels_for(other)["alertname"] != long_labels["alertname"]
     assert "labels_truncated" not in annotations_for(finding(), Links())
     assert all(LABEL_NAME.match(k) for k in labels)
+
+
+CLASHING = {"a-b": "dash", "a_b": "underscore", "a.b": "dot", "alertname": "evil", "where_alertname": "own",
+            "x" * 150: "long-1", "x" * 149 + "-": "long-2"}
+
+
+def test_where_keys_that_clean_to_one_label_name_each_keep_their_value() -> None:
+    """Before: ``a-b``, ``a.b`` and ``a_b`` all became ``a_b`` and the last one overwrote the others."""
+    f = finding(**CLASHING)
+    labels = labels_for(f)
+    where = {k: v for k, v in labels.items() if k not in ("alertname", "severity", "signal", "detector", "source")}
+    assert sorted(where.values()) == sorted(CLASHING.values())          # every value, once
+    assert labels["a_b"] == "underscore" and labels["where_alertname"] == "own"   # a valid key keeps its name
+    assert all(LABEL_NAME.match(k) and len(k) <= 100 for k in labels)
+    renamed = {k for k, v in where.items() if v in ("dash", "dot", "evil")}
+    assert all(re.fullmatch(r"(a_b|where_alertname)_[0-9a-f]{8}", k) for k in renamed) and len(renamed) == 3
+    # the same where in any order: the same labels (one alert in Alertmanager)
+    assert labels_for(finding(**dict(reversed(list(CLASHING.items()))))) == labels
+    note = annotations_for(f, Links())["labels_truncated"]
+    assert "renamed a-b to a_b_" in note and "renamed a.b to a_b_" in note
+
+
+@pytest.mark.integration
+def test_clashing_where_keys_page_as_one_alert_with_every_value(test_alertmanager) -> None:
+    from opsloop.controllers.paging.alertmanager import AlertmanagerClient
+    from tests.alerting import am_url
+    from tests.helpers import unique
+
+    hv, now = unique("hv-clash"), time.time()
+    book = PagingBook()
+    book.apply(finding(hypervisor=hv, **CLASHING).model_copy(update={"first_seen": now, "last_seen": now}), now)
+    client = AlertmanagerClient([am_url(test_alertmanager)])
+    try:
+        result = client.post(book.due(now))
+        got = client.session.get(f"{am_url(test_alertmanager)}/api/v2/alerts",
+                                 params={"filter": f'hypervisor="{hv}"'}, timeout=5).json()
+    finally:
+        client.close()
+    assert result.accepted == 1 and result.rejected == []
+    assert len(got) == 1 and set(CLASHING.values()) <= set(got[0]["labels"].values())
 
 
 @pytest.mark.integration
