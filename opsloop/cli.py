@@ -31,11 +31,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "page": ("opsloop.controllers.paging.cli:main", "paging actuator: findings -> Alertmanager alerts (run, render-config)"),
     "audit": ("opsloop.audit.cli:main", "audit trail: why did the weights of edge X change at 03:12?"),
     "logs": ("opsloop.audit.logs_cli:main", "service logs from the journal: `opsloop logs search --unit opsloop-edge`"),
+    "deadletter": ("opsloop.deadletter_cli:main", "refused records on the dead-letter topic: list, summary, replay"),
     "config": ("opsloop.config_cli:main", "validate a config file and print the effective settings"),
 }
 
 # the commands with a ``--config`` option (the opsloop YAML file); tests walk the parsers to keep it true
-TAKE_CONFIG = frozenset({"stack", "run", "collect", "stream", "edge", "weights", "page", "audit", "logs"})
+TAKE_CONFIG = frozenset({"stack", "run", "collect", "stream", "edge", "weights", "page", "audit", "logs",
+                         "deadletter"})
 
 EPILOG = """examples:
   opsloop stack up                      # Kafka, Prometheus, Alertmanager on loopback (ports in the config)
@@ -44,6 +46,7 @@ EPILOG = """examples:
   opsloop stream worker --config opsloop.yaml
   opsloop detect replay --input series.csv --output scores.csv
   opsloop sim --scenario controllers/edge/scenarios/demand_surge.yaml
+  opsloop deadletter summary --config opsloop.yaml --since 24h
   opsloop config check opsloop.yaml
   opsloop --version
 """

@@ -1,0 +1,612 @@
+"""`opsloop deadletter`: read the dead-letter topic, count what was refused, and send records back.
+
+Every stage that refuses a record writes a dead letter to ``telemetry.deadletter`` (``kafka.topic_prefix``
+applied): why, which stage, where the record came from and its bytes, bounded (opsloop/records/deadletter.py).
+
+  list      the dead letters of a time window, one line each (the newest --limit, printed oldest first)
+  summary   how many, by stage x source topic x reason (numbers, quoted values and ids in reasons masked)
+  replay    send the original bytes of the selected records back to their source topic (dry run without --yes)
+
+A read starts at the first offset at or after --since (``offsets_for_times``) and stops at the end offsets
+read when it starts: it never waits for new dead letters and returns at once on an empty topic. A dead letter
+this opsloop cannot read (not JSON, fields missing, a newer schema_version) is named on stderr and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import heapq
+import logging
+import math
+import re
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator
+
+import orjson
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaError
+
+from opsloop.argtypes import finite, integer
+from opsloop.audit.search import parse_duration
+from opsloop.config import ConfigError, KafkaSettings, load_settings
+from opsloop.kafka_clients import client_options
+from opsloop.kafka_security import KafkaSecurityError, preflight
+from opsloop.log import get_logger, setup_logging
+from opsloop.records.deadletter import SCHEMA_VERSION
+from opsloop.topics import Topic
+
+log = get_logger("deadletter")
+
+# Kafka header on every replayed record: the dead letter it came from, so a copy refused again is recognisable
+REPLAYED_FROM = "opsloop-replayed-from"
+# fields every dead letter has (opsloop.records.deadletter_record writes them all)
+REQUIRED = ("reason", "stage", "source_topic", "partition", "offset", "key", "received_at")
+# a key deadletter_record could not keep as UTF-8 (decoded with backslashreplace): not restorable exactly
+_ESCAPED_BYTE = re.compile(r"\\x[0-9a-f]{2}")
+BAD_SHOWN = 20            # unreadable dead letters / skipped replays named one by one; the rest counted
+PROGRESS_EVERY_S = 2.0    # a read longer than this reports its progress on stderr this often
+DEFAULT_TIMEOUT_S = 15.0
+
+EPILOG = """examples:
+  opsloop deadletter list --config opsloop.yaml                      # the last hour, the newest 100
+  opsloop deadletter list --config opsloop.yaml --since 6h --stage stream --reason "not JSON"
+  opsloop deadletter list --config opsloop.yaml --source-topic telemetry.lb --json   # whole records
+  opsloop deadletter summary --config opsloop.yaml --since 24h        # counts by stage, source, reason
+  opsloop deadletter replay --config opsloop.yaml --source-topic telemetry.lb --reason handler   # dry run
+  opsloop deadletter replay --config opsloop.yaml --source-topic telemetry.lb --reason handler --yes
+
+--since is a duration (90s, 10m, 1h, 2d) or "all" (everything the topic retains). --source-topic takes
+the base name (telemetry.lb; kafka.topic_prefix is applied) or the name on the cluster. Brokers, TLS/SASL
+and the topic prefix come from the `kafka` section of --config (--bootstrap overrides the brokers).
+`list` prints time (UTC), stage, source topic/partition/offset, reason (cut to the terminal) and key.
+`replay` sends each selected record's original bytes with its key and a header opsloop-replayed-from
+(dead-letter topic/partition/offset), waits for the acknowledgements and reports counts; it never sends
+a record kept truncated, nor one whose dead letter holds an excerpt instead of the record.
+Exit: list, summary 0 when dead letters matched, 1 when none; replay 0 when every selected record was
+sent (or, without --yes, could be), 1 when a send failed; 2 on bad input or unreachable Kafka.
+"""
+
+
+class DeadLetterError(ValueError):
+    """A dead letter this opsloop cannot read; the message names what is wrong."""
+
+
+class NotReplayable(ValueError):
+    """A readable dead letter whose record cannot be sent back as it was; the message says why."""
+
+
+class ReadStalled(RuntimeError):
+    """No record arrived for the time-out while partitions were short of their end offsets."""
+
+
+@dataclass(frozen=True, slots=True)
+class Letter:
+    """One dead letter as read: where it sits on the dead-letter topic, and its fields."""
+
+    topic: str
+    partition: int
+    offset: int
+    doc: dict[str, Any]
+
+    @property
+    def where(self) -> str:
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
+    @property
+    def received_at(self) -> float:
+        return float(self.doc["received_at"])
+
+    @property
+    def source(self) -> str:
+        p, o = self.doc["partition"], self.doc["offset"]
+        return f"{self.doc['source_topic'] or '-'}/{'-' if p is None else p}/{'-' if o is None else o}"
+
+
+@dataclass(slots=True)
+class Filters:
+    reason: str | None = None
+    source_topics: frozenset[str] = frozenset()
+    stage: str | None = None
+
+    def match(self, doc: dict[str, Any]) -> bool:
+        if self.reason is not None and self.reason.lower() not in doc["reason"].lower():
+            return False
+        if self.source_topics and doc["source_topic"] not in self.source_topics:
+            return False
+        return self.stage is None or doc["stage"] == self.stage
+
+
+# ---------------------------------------------------------------------------------------- one record
+
+
+def decode_letter(value: bytes | None) -> dict[str, Any]:
+    """The dead letter's fields, checked; :class:`DeadLetterError` naming the first problem."""
+    if value is None:
+        raise DeadLetterError("record has no value (tombstone)")
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError as e:
+        raise DeadLetterError(f"not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise DeadLetterError(f"a JSON {type(doc).__name__}, expected an object")
+    version = doc.get("schema_version", SCHEMA_VERSION)
+    if type(version) is not int:   # noqa: E721 - bool is no version
+        raise DeadLetterError(f"schema_version: {version!r} is not an integer")
+    if version < 1:
+        raise DeadLetterError(f"schema_version: {version} is not a version (1 or more)")
+    if version > SCHEMA_VERSION:
+        raise DeadLetterError(f"schema_version {version} is newer than this opsloop reads ({SCHEMA_VERSION}): "
+                              "upgrade opsloop")
+    missing = [f for f in REQUIRED if f not in doc]
+    if missing:
+        raise DeadLetterError(f"missing fields: {', '.join(missing)}")
+    for name in ("reason", "stage", "source_topic"):
+        if not isinstance(doc[name], str):
+            raise DeadLetterError(f"{name}: expected a string, got {_shown(doc[name])}")
+    for name in ("partition", "offset"):
+        if doc[name] is not None and (type(doc[name]) is not int or doc[name] < 0):   # noqa: E721
+            raise DeadLetterError(f"{name}: expected an integer >= 0 or null, got {_shown(doc[name])}")
+    if doc["key"] is not None and not isinstance(doc["key"], str):
+        raise DeadLetterError(f"key: expected a string or null, got {_shown(doc['key'])}")
+    at = doc["received_at"]
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not 0 <= at < 1e11:   # before year 5000
+        raise DeadLetterError(f"received_at: expected seconds since the epoch, got {_shown(at)}")
+    if "value_b64" in doc and not isinstance(doc["value_b64"], str):
+        raise DeadLetterError(f"value_b64: expected a string, got {_shown(doc['value_b64'])}")
+    if "truncated" in doc and not isinstance(doc["truncated"], bool):
+        raise DeadLetterError(f"truncated: expected true or false, got {_shown(doc['truncated'])}")
+    return doc
+
+
+def original_value(doc: dict[str, Any]) -> bytes:
+    """The refused record's bytes as the dead letter kept them; :class:`NotReplayable` when it kept less."""
+    if doc.get("truncated"):
+        raise NotReplayable("truncated: only the first bytes of the record were kept")
+    if "value_b64" in doc:
+        try:
+            return base64.b64decode(doc["value_b64"], validate=True)
+        except (binascii.Error, ValueError):
+            raise NotReplayable("value_b64 is not base64") from None
+    value = doc.get("value")
+    if value is None:
+        raise NotReplayable("no value (the record was a tombstone, or a handler's summary)")
+    if not isinstance(value, str):
+        # a stage that refused one sample of a batch keeps that sample or an excerpt, not the record
+        raise NotReplayable("the dead letter holds a sample or an excerpt, not the record's bytes")
+    return value.encode("utf-8", "surrogatepass")
+
+
+def original_key(doc: dict[str, Any]) -> bytes | None:
+    key = doc["key"]
+    if key is None:
+        return None
+    if _ESCAPED_BYTE.search(key):
+        raise NotReplayable("key was not UTF-8: kept escaped, it cannot be restored exactly")
+    return key.encode("utf-8", "surrogatepass")
+
+
+_MULTI = re.compile(r"^\d+ of \d+ samples rejected \(\d+ kept\): ")
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+_ID = re.compile(r"\b(?=[0-9a-f-]*\d)[0-9a-f]{8,}(?:-[0-9a-f]{4,})*\b", re.I)
+_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![A-Za-z_\d])")
+REASON_CHARS = 160
+
+
+def normalise_reason(reason: str) -> str:
+    """The reason with what varies from record to record masked, so that alike refusals count as one:
+    quoted values as '…', ids as <id>, numbers (sample positions, counts, times) as N. A record with
+    several bad samples counts under its first reason."""
+    multi = _MULTI.match(reason)
+    if multi:
+        reason = "several samples rejected, first: " + reason[multi.end():].split("; ")[0]
+    text = _QUOTED.sub("'…'", reason)
+    text = _ID.sub("<id>", text)
+    text = _NUMBER.sub("N", text)
+    text = " ".join(text.split())
+    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 1] + "…"
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Text from a record made safe for a terminal line: no newline, no escape sequence (shown as \\xNN)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _utc(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---------------------------------------------------------------------------------------- reading
+
+
+@dataclass(slots=True)
+class ReadStats:
+    total: int = 0          # records between the start and end offsets (an upper bound for --since)
+    read: int = 0
+    unreadable: int = 0
+    bad_shown: int = 0
+
+
+@dataclass(slots=True)
+class Reader:
+    """The records of ``topic`` from ``since_ms`` (None: the beginning) to the end offsets at start."""
+
+    kafka: KafkaSettings
+    topic: str
+    since_ms: int | None
+    timeout_s: float
+    progress: Callable[[ReadStats], None] | None = None
+    stats: ReadStats = field(default_factory=ReadStats)
+
+    def letters(self) -> Iterator[Letter]:
+        """Each readable dead letter, in offset order per partition; unreadable ones named on stderr."""
+        for r in self._records():
+            try:
+                doc = decode_letter(r.value)
+            except DeadLetterError as e:
+                self.stats.unreadable += 1
+                if self.stats.bad_shown < BAD_SHOWN:
+                    self.stats.bad_shown += 1
+                    print(f"opsloop deadletter: skipped unreadable dead letter {r.topic}/{r.partition}/{r.offset}: "
+                          f"{e}", file=sys.stderr)
+                continue
+            yield Letter(r.topic, r.partition, r.offset, doc)
+
+    def _records(self) -> Iterator[Any]:
+        ms = int(self.timeout_s * 1000)
+        consumer = KafkaConsumer(**client_options(self.kafka), group_id=None, enable_auto_commit=False,
+                                 client_id="opsloop-deadletter", auto_offset_reset="earliest",
+                                 bootstrap_timeout_ms=ms, request_timeout_ms=max(ms, 5000))
+        try:
+            tps = [TopicPartition(self.topic, p) for p in sorted(consumer.partitions_for_topic(self.topic))]
+            if not tps:   # no such topic: nothing was ever dead-lettered under this prefix
+                return
+            end = consumer.end_offsets(tps)
+            if self.since_ms is None:
+                start = consumer.beginning_offsets(tps)
+            else:
+                found = consumer.offsets_for_times({tp: self.since_ms for tp in tps})
+                start = {tp: found[tp].offset if found.get(tp) is not None else end[tp] for tp in tps}
+            todo = {tp for tp in tps if start[tp] < end[tp]}
+            self.stats.total = sum(end[tp] - start[tp] for tp in todo)
+            if not todo:
+                return
+            consumer.assign(sorted(todo, key=lambda tp: tp.partition))
+            for tp in todo:
+                consumer.seek(tp, start[tp])
+            yield from self._poll(consumer, todo, end)
+        finally:
+            consumer.close()
+
+    def _poll(self, consumer: KafkaConsumer, todo: set[TopicPartition],
+              end: dict[TopicPartition, int]) -> Iterator[Any]:
+        last_moved = last_report = time.monotonic()
+        positions = {tp: consumer.position(tp) for tp in todo}
+        while todo:
+            batch = consumer.poll(timeout_ms=500, max_records=2000)
+            now = time.monotonic()
+            for tp, records in batch.items():
+                for r in records:
+                    if r.offset >= end[tp]:   # written after the read started: the next read's
+                        break
+                    self.stats.read += 1
+                    if self.since_ms is None or r.timestamp >= self.since_ms:
+                        yield r
+            # progress is a position that moved (offsets without a record, e.g. transaction markers, count)
+            moved = {tp: consumer.position(tp) for tp in todo}
+            if moved != positions:
+                positions, last_moved = moved, now
+            for tp in [tp for tp in todo if moved[tp] >= end[tp]]:
+                todo.discard(tp)
+                consumer.pause(tp)
+            if todo and now - last_moved > self.timeout_s:
+                short = ", ".join(f"{tp.partition} at {consumer.position(tp)} of {end[tp]}"
+                                  for tp in sorted(todo, key=lambda tp: tp.partition))
+                raise ReadStalled(f"{self.topic}: no progress for {self.timeout_s:g} s, partitions short of their "
+                                  f"end offsets: {short}")
+            if self.progress is not None and todo and now - last_report >= PROGRESS_EVERY_S:
+                last_report = now
+                self.progress(self.stats)
+
+
+def stderr_progress(topic: str) -> Callable[[ReadStats], None]:
+    def report(stats: ReadStats) -> None:
+        pct = 100 * stats.read / stats.total if stats.total else 100.0
+        print(f"reading {topic}: {stats.read:,} of {stats.total:,} records ({pct:.0f} %)", file=sys.stderr, flush=True)
+    return report
+
+
+# ---------------------------------------------------------------------------------------- commands
+
+
+def cmd_list(reader: Reader, filters: Filters, limit: int, as_json: bool) -> int:
+    newest: list[tuple[float, int, int, Letter]] = []   # heap of the newest ``limit``
+    matched = 0
+    for letter in reader.letters():
+        if not filters.match(letter.doc):
+            continue
+        matched += 1
+        item = (letter.received_at, letter.partition, letter.offset, letter)
+        if len(newest) < limit:
+            heapq.heappush(newest, item)
+        elif item[:3] > newest[0][:3]:
+            heapq.heapreplace(newest, item)
+    shown = [item[3] for item in sorted(newest, key=lambda i: i[:3])]
+    if as_json:
+        for letter in shown:
+            sys.stdout.write(orjson.dumps({**letter.doc, "deadletter": letter.where}, default=str).decode() + "\n")
+    else:
+        for line in render_lines(shown, shutil.get_terminal_size((160, 24)).columns):
+            print(line)
+    _footer(reader, matched, len(shown))
+    return 0 if matched else 1
+
+
+def render_lines(letters: list[Letter], width: int) -> list[str]:
+    """time, stage, source topic/partition/offset, reason cut to fit the line, key."""
+    if not letters:
+        return []
+    stage_w = max(len(printable(lt.doc["stage"])) for lt in letters)
+    source_w = max(len(printable(lt.source)) for lt in letters)
+    out = []
+    for lt in letters:
+        key = None if lt.doc["key"] is None else printable(lt.doc["key"])
+        key_part = "key=" + ("-" if key is None else (key if len(key) <= 40 else key[:39] + "…"))
+        head = f"{_utc(lt.received_at)}  {printable(lt.doc['stage']):<{stage_w}}  {printable(lt.source):<{source_w}}  "
+        room = max(20, width - len(head) - len(key_part) - 2)
+        reason = printable(" ".join(lt.doc["reason"].split()))
+        reason = reason if len(reason) <= room else reason[:room - 1] + "…"
+        out.append(f"{head}{reason:<{room}}  {key_part}")
+    return out
+
+
+def cmd_summary(reader: Reader, filters: Filters, as_json: bool) -> int:
+    counts: Counter[tuple[str, str, str]] = Counter()
+    newest: dict[tuple[str, str, str], float] = {}
+    for letter in reader.letters():
+        if not filters.match(letter.doc):
+            continue
+        group = (printable(letter.doc["stage"]), printable(letter.doc["source_topic"]) or "-",
+                 printable(normalise_reason(letter.doc["reason"])))
+        counts[group] += 1
+        newest[group] = max(newest.get(group, 0.0), letter.received_at)
+    rows = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    if as_json:
+        for (stage, source, reason), n in rows:
+            sys.stdout.write(orjson.dumps({"count": n, "stage": stage, "source_topic": source, "reason": reason,
+                                           "newest": _utc(newest[(stage, source, reason)])}).decode() + "\n")
+    elif rows:
+        stage_w = max(5, *(len(g[0]) for g, _ in rows))
+        source_w = max(12, *(len(g[1]) for g, _ in rows))
+        count_w = max(5, len(str(rows[0][1])))
+        print(f"{'COUNT':>{count_w}}  {'STAGE':<{stage_w}}  {'SOURCE TOPIC':<{source_w}}  {'NEWEST':<20}  REASON")
+        for (stage, source, reason), n in rows:
+            print(f"{n:>{count_w}}  {stage:<{stage_w}}  {source:<{source_w}}  "
+                  f"{_utc(newest[(stage, source, reason)]):<20}  {reason}")
+    matched = sum(counts.values())
+    _footer(reader, matched, matched, groups=len(rows))
+    return 0 if matched else 1
+
+
+def _footer(reader: Reader, matched: int, shown: int, groups: int | None = None) -> None:
+    """What was read, on stderr (stdout keeps the records): counts, and the unreadable ones skipped."""
+    parts = [f"{matched} dead letter{'s' if matched != 1 else ''} matched"]
+    if shown < matched:
+        parts.append(f"the newest {shown} shown (--limit)")
+    if groups is not None:
+        parts.append(f"{groups} group{'s' if groups != 1 else ''}")
+    if reader.stats.unreadable:
+        parts.append(f"{reader.stats.unreadable} unreadable skipped")
+    print(f"{reader.topic}: " + ", ".join(parts), file=sys.stderr)
+
+
+@dataclass(slots=True)
+class ReplayReport:
+    selected: int = 0
+    sent: int = 0
+    failed: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    lines_shown: int = 0
+
+
+def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: bool, limit: int | None,
+               as_json: bool, timeout_s: float) -> int:
+    report = ReplayReport()
+    producer = None
+    # (dead letter without its record, destination, future) until acknowledged: the values are the producer's
+    pending: list[tuple[Letter, str, Any]] = []
+    if send:
+        producer = KafkaProducer(**client_options(kafka), client_id="opsloop-deadletter-replay", acks="all",
+                                 linger_ms=5, max_block_ms=int(timeout_s * 1000),
+                                 request_timeout_ms=max(int(timeout_s * 1000), 5000),
+                                 delivery_timeout_ms=max(int(timeout_s * 2000), 10_000))
+    try:
+        for letter in reader.letters():
+            if not filters.match(letter.doc):
+                continue
+            if limit is not None and report.selected >= limit:
+                break
+            report.selected += 1
+            destination = letter.doc["source_topic"]
+            try:
+                value, key = original_value(letter.doc), original_key(letter.doc)
+            except NotReplayable as e:
+                report.skipped[str(e)] += 1
+                _replay_line(report, as_json, letter, destination, "skipped", str(e))
+                continue
+            if producer is None:
+                report.sent += 1   # would be sent
+                _replay_line(report, as_json, letter, destination, "would send", f"{len(value)} bytes")
+                continue
+            try:
+                fut = producer.send(destination, value=value, key=key,
+                                    headers=[(REPLAYED_FROM, letter.where.encode())])
+            except (KafkaError, ValueError) as e:   # too large for the producer, metadata time-out, ...
+                _failed(report, as_json, letter, destination, e)
+                continue
+            pending.append((Letter(letter.topic, letter.partition, letter.offset, {"key": letter.doc["key"]}),
+                            destination, fut))
+        if producer is not None:
+            try:
+                producer.flush(timeout=max(timeout_s * 2, 10.0) + 5)
+            except KafkaError as e:   # what is not acknowledged by then: failed below
+                log.warning("deadletter_replay_flush_timeout", error=f"{type(e).__name__}: {e}"[:300])
+            for letter, destination, fut in pending:
+                if fut.is_done and fut.succeeded():
+                    report.sent += 1
+                    _replay_line(report, as_json, letter, destination, "sent", "")
+                else:
+                    _failed(report, as_json, letter, destination,
+                            fut.exception if fut.is_done else "not acknowledged in time")
+    finally:
+        if producer is not None:
+            producer.close(timeout=5)
+    _replay_summary(report, send, reader, as_json)
+    return 1 if report.failed else 0
+
+
+def _failed(report: ReplayReport, as_json: bool, letter: Letter, destination: str, error: Any) -> None:
+    report.failed += 1
+    why = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+    log.error("deadletter_replay_failed", deadletter=letter.where, topic=destination, error=why[:300])
+    _replay_line(report, as_json, letter, destination, "failed", why[:300], force=True)
+
+
+def _replay_line(report: ReplayReport, as_json: bool, letter: Letter, destination: str, status: str, detail: str,
+                 force: bool = False) -> None:
+    """One line per record (a failure always; the others up to a bound, then only counted)."""
+    if as_json:
+        sys.stdout.write(orjson.dumps({"deadletter": letter.where, "topic": destination, "key": letter.doc["key"],
+                                       "status": status, "detail": detail}).decode() + "\n")
+        return
+    if report.lines_shown >= 1000 and not force:
+        return
+    report.lines_shown += 1
+    shown_key = "-" if letter.doc["key"] is None else printable(letter.doc["key"][:40])
+    print(f"{status:<10}  {letter.where}  ->  {printable(destination)}  key={shown_key}  {printable(detail)}".rstrip())
+
+
+def _replay_summary(report: ReplayReport, send: bool, reader: Reader, as_json: bool) -> None:
+    skipped = sum(report.skipped.values())
+    why = "; ".join(f"{n} {reason}" for reason, n in report.skipped.most_common())
+    if as_json:
+        sys.stdout.write(orjson.dumps({"summary": {
+            "dry_run": not send, "selected": report.selected, "sent" if send else "would_send": report.sent,
+            "failed": report.failed, "skipped": dict(report.skipped), "unreadable": reader.stats.unreadable},
+        }).decode() + "\n")
+    out = sys.stderr if as_json else sys.stdout
+    if send:
+        print(f"replay: {report.sent} of {report.selected} selected sent and acknowledged, {report.failed} failed, "
+              f"{skipped} skipped" + (f" ({why})" if why else ""), file=out)
+        log.info("deadletter_replayed", topic=reader.topic, selected=report.selected, sent=report.sent,
+                 failed=report.failed, skipped=skipped)
+    else:
+        print(f"dry run: {report.sent} of {report.selected} selected would be sent, {skipped} skipped"
+              + (f" ({why})" if why else "") + "; nothing was sent (--yes sends)", file=out)
+    if reader.stats.unreadable:
+        n = reader.stats.unreadable
+        print(f"{n} unreadable dead letter{'s' if n != 1 else ''} skipped", file=out)
+
+
+# ---------------------------------------------------------------------------------------- command line
+
+
+def since_arg(text: str) -> float | None:
+    """--since: seconds back from now, or None for "all"."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return parse_duration(text, "--since").total_seconds()
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opsloop deadletter", description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help: str, since: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help, epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp.add_argument("--config", help="opsloop YAML config (the kafka section: brokers, TLS/SASL, topic_prefix)")
+        sp.add_argument("--bootstrap", help="override kafka.bootstrap_servers")
+        sp.add_argument("--since", type=since_arg, default=since_arg(since), metavar="DURATION",
+                        help=f"dead letters written this far back (default {since}; \"all\": the whole topic)")
+        sp.add_argument("--reason", help="the reason contains this text (case-insensitive)")
+        sp.add_argument("--source-topic", required=name == "replay", metavar="TOPIC",
+                        help="the refused record's topic (base name or name on the cluster)")
+        sp.add_argument("--stage", help="the stage that refused it (stream, paging, edge-control, actuator)")
+        sp.add_argument("--json", action="store_true", help="one JSON object per line")
+        sp.add_argument("--timeout", type=finite(0, low_ok=False), default=DEFAULT_TIMEOUT_S, metavar="S",
+                        help=f"give up when Kafka does not answer for S seconds (default {DEFAULT_TIMEOUT_S:g})")
+        return sp
+
+    ls = add("list", "the dead letters of a time window, one line each", "1h")
+    ls.add_argument("--limit", type=integer(1), default=100, help="the newest N (default 100), printed oldest first")
+    add("summary", "counts by stage, source topic and reason", "24h")
+    rp = add("replay", "send the selected records back to their source topic (dry run without --yes)", "24h")
+    rp.add_argument("--limit", type=integer(1), help="at most the first N selected (default: all)")
+    rp.add_argument("--yes", action="store_true", help="send (without it: print what would be sent)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(a.config, {"kafka": {"bootstrap_servers": a.bootstrap}} if a.bootstrap else None)
+    except ConfigError as e:
+        print(f"opsloop deadletter: {e}", file=sys.stderr)
+        return 2
+    setup_logging("opsloop-deadletter", "warning")   # the output is the command's; JSON lines only for trouble
+    # the client's own lines stay out: its retry chatter and the "Cancelled" errors of a closing client buried
+    # the one line this command prints for any failure (the preflight still reads them, on the kafka logger)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(lambda record: not record.name.startswith("kafka"))
+    if a.source_topic is not None and not a.source_topic.strip():
+        print(f"opsloop deadletter {a.command}: --source-topic is empty", file=sys.stderr)
+        return 2
+    k = settings.kafka
+    topic = k.topic(Topic.DEADLETTER.value)
+    filters = Filters(reason=a.reason, stage=a.stage,
+                      source_topics=frozenset({a.source_topic, k.topic(a.source_topic)}) if a.source_topic else
+                      frozenset())
+    if a.command == "replay" and topic in filters.source_topics:
+        print(f"opsloop deadletter replay: --source-topic {a.source_topic} is the dead-letter topic itself",
+              file=sys.stderr)
+        return 2
+    since_ms = None if a.since is None else int((time.time() - a.since) * 1000)
+    reader = Reader(k, topic, since_ms, a.timeout, progress=stderr_progress(topic))
+    try:
+        if k.security.protocol != "PLAINTEXT":   # a wrong password or CA: one line, not a client retrying
+            preflight(k.bootstrap_servers, k.security, timeout_s=a.timeout)
+        if a.command == "list":
+            return cmd_list(reader, filters, a.limit, a.json)
+        if a.command == "summary":
+            return cmd_summary(reader, filters, a.json)
+        return cmd_replay(reader, filters, k, a.yes, a.limit, a.json, a.timeout)
+    except (KafkaSecurityError, ReadStalled) as e:
+        print(f"opsloop deadletter {a.command}: {e}", file=sys.stderr)
+        return 2
+    except KafkaError as e:   # no broker answering, a metadata or offsets request timing out
+        print(f"opsloop deadletter {a.command}: Kafka at {k.bootstrap_servers}: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
