@@ -2,9 +2,9 @@
 
 Order of the checks for ``apply(decision)`` (each outcome audited, counted, logged):
 
-1. not this target's listener/edge, a version or epoch beyond what the history keeps (``store.py``), an
-   origin with a share > 0 the target does not serve, or shares that are no distribution (a record built
-   without validation) -> ``refused``;
+1. not this target's listener/edge, an origin with a share > 0 the target does not serve, or a version or
+   epoch beyond the record's ranges or shares that are no distribution (a record built without validation:
+   a decoded one is refused at decode) -> ``refused``;
 2. ``computed_at`` further in the future than ``max_clock_skew_s`` -> ``refused`` (a wrong clock
    must not make a decision look fresh); older than ``stale_after_s`` -> ``held`` (fail static), but
    ``stale_version`` when live and a newer version is applied (a replayed copy says nothing about now);
@@ -41,9 +41,9 @@ from opsloop.controllers.actuators import metrics
 from opsloop.controllers.actuators.base import ActuatorError, ApplyResult, Target
 from opsloop.controllers.actuators.mapping import MappingError, to_integer_weights, to_shares
 from opsloop.controllers.actuators.safety import bound_step, reaches, share_difference
-from opsloop.controllers.actuators.store import LAST_EPOCH, MAX_VERSION, Entry, Stamp, StoreError, WeightStore
+from opsloop.controllers.actuators.store import Entry, Stamp, StoreError, WeightStore
 from opsloop.records import EdgeWeights
-from opsloop.records.edge import check_shares
+from opsloop.records.edge import LAST_EPOCH, MAX_VERSION, check_shares
 
 log = get_logger("actuator")
 
@@ -85,7 +85,8 @@ class EdgeActuator:
                 "refused", decision.version, f"decision for {decision.listener}/{decision.edge} sent to "
                                              f"{self.listener}/{self.edge}"))
         if not (0 <= decision.version <= MAX_VERSION and 0 <= decision.epoch <= LAST_EPOCH):
-            # its entry would be damage to the store (every later read refused it): never written
+            # a decoded record is within them (refused at decode); one built without validation (a controller
+            # bug, as for the shares below) is not, and its entry would be damage to the store: never written
             return self._done(decision, ApplyResult(
                 "refused", None, f"version {decision.version} (epoch {decision.epoch}) beyond what a decision "
                                  f"carries (versions 0..{MAX_VERSION}, epochs 0..{LAST_EPOCH}: ms up to the year "

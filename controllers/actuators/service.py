@@ -100,8 +100,9 @@ def make_target(cfg: HaproxyTargetConfig | LvsTargetConfig) -> Target:
 def make_actuator(config: ActuatorConfig, cfg: HaproxyTargetConfig | LvsTargetConfig, audit: AuditLog,
                   mode: str | None = None) -> EdgeActuator:
     target = make_target(cfg)
-    # a stored weight above what the target takes is damage: reconcile and rollback could never write it
-    store = WeightStore(config.store_dir, cfg.edge, cfg.listener, config.history_max, target.max_weight)
+    # a stored weight above what the target takes is damage: reconcile and rollback could never write it; the
+    # kind tags each entry, and sets aside those written to another kind of target before a switch (store.py)
+    store = WeightStore(config.store_dir, cfg.edge, cfg.listener, config.history_max, target.max_weight, target.kind)
     return EdgeActuator(target, cfg.edge, cfg.listener, store, audit, mode=mode or config.mode,
                         max_step=config.max_step, stale_after_s=config.stale_after_s, weight_total=cfg.weight_total,
                         max_clock_skew_s=config.max_clock_skew_s)

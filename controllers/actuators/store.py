@@ -9,6 +9,16 @@ compacted to the newest ``history_max`` entries by an atomic rewrite (temporary 
 Versions are ordered by their stamp ``(epoch, version)`` (see :class:`opsloop.records.EdgeWeights`);
 an entry written before epochs existed has epoch 0.
 
+Each entry names the kind of target it was written to (``target``: ``haproxy`` or ``lvs``; empty in entries
+written before it was recorded, read as this target's). A listener whose target changed kind (LVS to HAProxy
+or back) keeps one history: the entries up to the last one of another kind are set aside, not this target's
+live weights (another scale, another LB: reconcile wrote them back, or their weights above 256 made the
+file damage for HAProxy and the slot held until the file was moved aside). :meth:`WeightStore.history`
+and :meth:`~WeightStore.last` are the entries after them (none right after the switch: the slot starts
+from what the new target reads back, its first decision applies); one log line names the entries set
+aside (``history_set_aside``). Their stamps still count in :meth:`~WeightStore.high_stamp`: a decision
+older than the newest applied is stale whichever LB it went to.
+
 A crash mid-write leaves a *torn tail*: bytes after the last newline. Reads ignore it, and the next
 append cuts it off first, so the new entry starts on a line of its own. A complete line that is not an
 entry is damage: :class:`StoreError` names the file and the line, and the service holds the live
@@ -28,7 +38,9 @@ says ``"cleared": true`` until the clear has reached the broker (a restart sends
 ``"owed"`` lists earlier incidents whose clear had not reached it either; absent when nothing is owed.
 Its times are checked like the history's: a ``since`` that is no date between 1970 and 9999 makes the file
 damaged (logged naming the file and field, counted; open since now, as for an unreadable file: a stray
-clear is harmless, a lost one pages); an ``owed`` time that is none is dropped, named, and so are owed
+clear is harmless, a lost one pages); a ``cleared`` that is not true/false is damage too (named, counted)
+and reads as open since ``since`` (so that incident's clear still goes out once fresh decisions are back);
+an ``owed`` time that is none is dropped, named, and so are owed
 clears beyond the newest :data:`MAX_OWED` (with the file's own incident, what the outbox keeps per finding:
 5000 owed clears were 4968 ``finding_dropped`` errors at start). A ``since`` of -1e13
 loaded, and the finding the service restated carried it to the paging service.
@@ -54,26 +66,25 @@ from typing import Any, Iterator
 
 import orjson
 
-from opsloop.argtypes import INT64_MAX
 from opsloop.atomic_file import replace_file
 from opsloop.log import get_logger
 from opsloop.records.audit import MAX_STATE_BYTES
-from opsloop.validation import LAST_TIME_MS, is_time, shown
+from opsloop.records.edge import LAST_EPOCH, MAX_VERSION
+from opsloop.validation import is_time, shown
 
-from opsloop.controllers.actuators.mapping import IPVS_MAX_WEIGHT
+from opsloop.controllers.actuators.mapping import HAPROXY_MAX_WEIGHT, IPVS_MAX_WEIGHT
 from opsloop.controllers.actuators.outbox import MAX_PER_ID
 
 log = get_logger("actuator.store")
 _SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 Stamp = tuple[int, int]   # (epoch, version): the order of decisions
-# The ranges of a stamp: a version as `weights rollback --to` takes it (a longer one broke every JSON log line),
-# an epoch (a controller's start time in ms) up to 9999-12-31T23:59:59.999Z. The actuator refuses a decision
-# outside them (the store would refuse its entry); the edge controller recovers none beyond them.
-MAX_VERSION = INT64_MAX
-LAST_EPOCH = LAST_TIME_MS
+# The ranges of a stamp (MAX_VERSION, LAST_EPOCH) are the record's (opsloop.records.edge): a decoded decision is
+# within them, and an entry beyond them is damage no decision could have written.
 # owed clears kept from the fail-static state file: with the file's own incident, what the outbox keeps per finding
 MAX_OWED = MAX_PER_ID - 1
+# the kinds of target an entry can name, and the largest weight each takes ("": not recorded, this target's)
+TARGET_MAX_WEIGHT = {"haproxy": HAPROXY_MAX_WEIGHT, "lvs": IPVS_MAX_WEIGHT}
 
 
 class StoreError(ValueError):
@@ -92,6 +103,7 @@ class Entry:
     computed_at: float | None = None
     reason: str = ""
     epoch: int = 0                     # generation of the controller that made the decision
+    target: str = ""                   # kind of target written to ("haproxy", "lvs"; "": before it was recorded)
 
     @property
     def stamp(self) -> Stamp:
@@ -103,8 +115,12 @@ class Entry:
 
         Every field checked, not only the three that order versions: a weight "lots" or applied_at
         "yesterday" (a hand edit, disk damage) loaded, then every apply, rollback and `weights history`
-        failed on it with an error naming neither the file nor the line. Ranges too (module docstring)."""
+        failed on it with an error naming neither the file nor the line. Ranges too (module docstring);
+        the weights against what the entry's own target takes (``max_weight`` for one that names none)."""
         entry = cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+        if not isinstance(entry.target, str) or entry.target not in ("", *TARGET_MAX_WEIGHT):
+            raise ValueError(f"target is {shown(entry.target)}, not one of {sorted(TARGET_MAX_WEIGHT)}")
+        max_weight = TARGET_MAX_WEIGHT.get(entry.target, max_weight)
         if not _int(entry.version) or not 0 <= entry.version <= MAX_VERSION:
             raise ValueError(f"version is {shown(entry.version)}, not an integer in 0..{MAX_VERSION}")
         if not _int(entry.epoch) or not 0 <= entry.epoch <= LAST_EPOCH:
@@ -176,10 +192,13 @@ def _complete_part(data: bytes) -> bytes:
 
 class WeightStore:
     def __init__(self, root: Path, edge: str, listener: str, max_entries: int = 200,
-                 max_weight: int = IPVS_MAX_WEIGHT) -> None:
+                 max_weight: int = IPVS_MAX_WEIGHT, kind: str = "") -> None:
         self.path = Path(root) / _safe(edge) / f"{_safe(listener)}.jsonl"
         self.max_entries = max_entries
         self.max_weight = max_weight   # the largest weight the target takes: a stored one above it is damage
+        # the target's kind, written into each entry; "": unknown (every entry read as this target's)
+        self.kind = kind
+        self._set_aside_said: tuple[Any, ...] | None = None   # the entries set aside last logged (once each)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -218,16 +237,40 @@ class WeightStore:
         return entries
 
     def history(self) -> list[Entry]:
+        """This target's entries: those after the last one written to another kind of target (module docstring)."""
         with self._locked():
-            return self._read()
+            return self._this_targets(self._read())
+
+    def _this_targets(self, entries: list[Entry]) -> list[Entry]:
+        cut = max((i + 1 for i, e in enumerate(entries) if e.target and self.kind and e.target != self.kind),
+                  default=0)
+        if cut:
+            self._say_set_aside(entries[:cut])
+        return entries[cut:]
+
+    def _say_set_aside(self, aside: list[Entry]) -> None:
+        """One log line per set of entries set aside (each read of the slot meets them again)."""
+        newest = aside[-1]
+        said = (newest.target, newest.stamp, newest.applied_at)
+        if said == self._set_aside_said:
+            return
+        self._set_aside_said = said
+        kinds = sorted({e.target for e in aside if e.target})
+        log.warning("history_set_aside", file=str(self.path), target=self.kind, entries=len(aside), kinds=kinds,
+                    first=list(aside[0].stamp), last=list(newest.stamp),
+                    reason=f"written to {'/'.join(kinds)} before this listener's target became {self.kind}: not its "
+                           f"live weights; the slot starts from what {self.kind} reads back (their stamps still "
+                           "order decisions)")
 
     def last(self) -> Entry | None:
         h = self.history()
         return h[-1] if h else None
 
     def high_stamp(self) -> Stamp | None:
-        """The highest (epoch, version) of a decision applied (rollbacks and manual applies do not raise it)."""
-        stamps = [e.stamp for e in self.history() if e.action == "apply"]
+        """The highest (epoch, version) of a decision applied (rollbacks and manual applies do not raise it), to
+        any target of the slot: a decision older than it is stale whichever load balancer it went to."""
+        with self._locked():
+            stamps = [e.stamp for e in self._read() if e.action == "apply"]
         return max(stamps) if stamps else None
 
     def high_water(self) -> int | None:
@@ -242,6 +285,9 @@ class WeightStore:
         return None
 
     def append(self, entry: Entry) -> None:
+        """Add ``entry`` (written to this store's kind of target when it names none), compacting the file."""
+        if not entry.target:
+            entry.target = self.kind
         with self._locked():
             try:
                 self._cut_torn_tail()
@@ -286,11 +332,16 @@ class WeightStore:
             problems.append(f"owed holds {len(times)} clears, more than the {MAX_OWED} kept: the oldest "
                             f"{len(times) - MAX_OWED} dropped")
             times = times[-MAX_OWED:]
+        cleared = doc.get("cleared", False)
+        if not isinstance(cleared, bool):
+            # open, as for a damaged file: a clear owed for ``since`` is sent once fresh decisions are back
+            problems.append(f"cleared is {shown(cleared)}, not true/false: read as open")
+            cleared = False
         since = doc.get("since")
         if not _date(since):
             problems.insert(0, f"since is {shown(since)}, not a time (seconds since 1970 up to the year 9999)")
             return self._fail_static_damaged("; ".join(problems), times)
-        state = FailStaticState(float(since), doc.get("cleared") is True, times)
+        state = FailStaticState(float(since), cleared, times)
         if problems:
             state.problem = self._fail_static_problem("; ".join(problems))
         return state

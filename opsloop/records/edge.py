@@ -8,8 +8,9 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from opsloop.argtypes import INT64_MAX
 from opsloop.records.base import JsonRecord
-from opsloop.validation import check_number
+from opsloop.validation import LAST_TIME_MS, check_number
 
 SHARE_SUM_TOLERANCE = 1e-6
 # no measurement: a rate above 1e12 req/s, a response time above 1e9 ms (the edge controller's LP
@@ -19,6 +20,12 @@ MAX_RESPONSE_MS = 1e9
 # HAProxy's status of a server ("UP 1/3", "MAINT (resolution)"): a few words. Bounded, so that one
 # server's 1 MB status does not make every record of its backend too big for Kafka (1 MB).
 MAX_STATUS_CHARS = 64
+# The ranges of a decision's stamp, checked at the record so every reader refuses the same ones at decode: a
+# version a signed 64-bit integer holds (`weights rollback --to`, JSON readers, the actuators' history), an epoch
+# (a controller's start time in ms) up to 9999-12-31T23:59:59.999Z. Beyond them a record decoded, then every
+# reader refused it its own way (the actuators at apply, the controller's recovery) or failed on it.
+MAX_VERSION = INT64_MAX
+LAST_EPOCH = LAST_TIME_MS
 
 
 class OriginState(BaseModel):
@@ -84,7 +91,8 @@ class EdgeWeights(JsonRecord):
     from ``edge.weights``). Actuators order decisions by ``(epoch, version)``, so a controller that
     restarts at a lower version (history lost, recovery cut short) still wins over its predecessor,
     and a predecessor that keeps running is refused (``stale_version``, alerted). Records without it
-    (older controllers) have epoch 0.
+    (older controllers) have epoch 0. ``version`` is at most :data:`MAX_VERSION`, ``epoch`` at most
+    :data:`LAST_EPOCH`: a record beyond them is refused at decode (:class:`RecordError` naming the field).
     """
 
     RECORD = "edge weights record"
@@ -99,6 +107,21 @@ class EdgeWeights(JsonRecord):
     reason: str = ""
     inputs_age_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     shed: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: int) -> int:
+        if value > MAX_VERSION:
+            raise ValueError(f"above {MAX_VERSION} (2**63 - 1), the largest version a reader holds")
+        return value
+
+    @field_validator("epoch")
+    @classmethod
+    def _epoch(cls, value: int) -> int:
+        if value > LAST_EPOCH:
+            raise ValueError(f"after {LAST_EPOCH} (9999-12-31T23:59:59.999Z in ms); an epoch is a controller's "
+                             "start time in ms")
+        return value
 
     @field_validator("weights")
     @classmethod

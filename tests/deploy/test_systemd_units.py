@@ -9,12 +9,15 @@ typo would otherwise pass.
 from __future__ import annotations
 
 import configparser
+import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "deploy" / "systemd"
@@ -117,3 +120,39 @@ def test_environment_overrides_in_the_units_are_valid_settings(monkeypatch: pyte
         load_settings(overrides=overrides, discover=False)
         for assignment in env:
             monkeypatch.delenv(assignment.split("=", 1)[0])
+
+
+def test_no_unit_takes_the_status_of_a_taken_metrics_port_as_final(tmp_path: Path) -> None:
+    """Exit 2 is what every service says of a config it cannot use (a damaged edge overrides file, a Kafka login
+    refused), which a restart does not fix: ``RestartPreventExitStatus=2`` would end the restart loop. But each
+    also exits 2 when its /metrics port is taken (the edge service: its API port too), which a restart fixes once
+    the port is free; with 2 taken as final, the service would stay down for good. So no unit takes the status of
+    a taken port as final: each unit's command is run with its metrics port held by another socket."""
+    topology = tmp_path / "topology.yaml"
+    topology.write_text(yaml.safe_dump({"listeners": [{
+        "name": "web", "backend": "be_web", "edges": [{"name": "ams1"}],
+        "origins": [{"name": "near", "capacity_rps": 100}, {"name": "far", "capacity_rps": 100}],
+        "latency_ms": {"ams1": {"near": 2, "far": 30}}}]}))
+    config = tmp_path / "opsloop.yaml"
+    config.write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": "127.0.0.1:1"},
+        "collector": {"spool_dir": str(tmp_path / "spool")},
+        "controllers": {
+            "edge": {"topology_file": str(topology), "api": {"enabled": False}},
+            "paging": {"alertmanager_urls": ["http://127.0.0.1:1"]},
+            "actuator": {"store_dir": str(tmp_path / "store"), "targets": [{
+                "edge": "ams1", "listener": "web", "kind": "haproxy", "socket": str(tmp_path / "admin.sock"),
+                "backend": "be_web", "servers": {"near": "near", "far": "far"}}]}}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPSLOOP")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for path in sorted(UNITS.glob("*.service")):
+            s = unit_sections(path)["Service"]
+            argv = [a.replace("%i", "lvs" if "collector" in path.name else "ams1") for a in s["ExecStart"].split()[1:]]
+            r = subprocess.run([str(OPSLOOP), *argv, "--config", str(config), "--metrics-port", str(port)],
+                               capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+            assert f"cannot serve /metrics on 127.0.0.1:{port}" in r.stderr, (path.name, r.returncode, r.stderr[-800:])
+            final = s.get("RestartPreventExitStatus", "").split()
+            assert str(r.returncode) not in final and r.returncode != 0, (path.name, r.returncode, final)

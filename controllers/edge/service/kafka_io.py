@@ -5,12 +5,12 @@ keys that were), so the loop keeps what was published, not what it meant to publ
 
 Restart recovery reads ``edge.weights`` from the beginning and keeps the highest ``(epoch, version)``
 per ``listener|edge`` key, so a restarted controller continues the version sequence (actuators refuse
-older versions) and damps from the weights in force, not from scratch. A record the service could not
-continue from is skipped like one that does not decode (logged with its offset, naming the field): an
-epoch of :data:`LAST_EPOCH` or more (this instance takes one more than the highest recovered, and the
-actuators refuse an epoch beyond it) or a version above :data:`MAX_RECOVERED_VERSION`. Such a record
-recovered (2**64 - 1, valid to the schema), every record the service made after it carried 2**64 and
-failed to encode: every publish failed, for good.
+older versions) and damps from the weights in force, not from scratch. A record that does not decode is
+skipped, logged with its offset and why (a version or epoch beyond the record's ranges is refused at decode,
+:mod:`opsloop.records.edge`), and so is one the service could not continue from: an epoch of exactly
+:data:`LAST_EPOCH` (this instance takes one more than the highest recovered) or a version above
+:data:`MAX_RECOVERED_VERSION`. Such a record recovered (2**64 - 1, then valid to the schema), every record
+the service made after it carried 2**64 and failed to encode: every publish failed, for good.
 """
 
 from __future__ import annotations
@@ -21,18 +21,15 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from opsloop.records import EdgeWeights
+from opsloop.records.edge import LAST_EPOCH
 from opsloop.controllers.edge.service import metrics as M
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding
 from opsloop.kafka_clients import client_options, kafka_settings, send_deadletter
 from opsloop.log import get_logger
 from opsloop.topics import Topic
-from opsloop.validation import LAST_TIME_MS
 
 log = get_logger("controller.edge.kafka")
-# The epoch a record can carry: a controller's start time in ms, up to 9999-12-31T23:59:59.999Z (the actuators'
-# history keeps no later one)
-LAST_EPOCH = LAST_TIME_MS
 # The largest version recovered: one a second for 285 million years, and far enough below the 2**63 - 1 the
 # actuators keep for the sequence to go on from it (every JSON reader holds it exactly, a double's 2**53).
 MAX_RECOVERED_VERSION = 2 ** 53
@@ -138,7 +135,7 @@ def recover_decisions(kafka: KafkaSettings | str, topic: str = Topic.EDGE_WEIGHT
 
 def not_recoverable(rec: EdgeWeights) -> str:
     """Why the service cannot continue from ``rec`` (its stamp: module docstring), or "" when it can."""
-    if rec.epoch >= LAST_EPOCH:
+    if rec.epoch >= LAST_EPOCH:   # a later one is refused at decode; this one leaves no epoch for this instance
         return (f"edge weights record {rec.listener}|{rec.edge}: epoch {rec.epoch} leaves no later epoch for this "
                 f"instance (the last is {LAST_EPOCH}: 9999-12-31 in ms)")
     if rec.version > MAX_RECOVERED_VERSION:

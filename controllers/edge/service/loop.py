@@ -325,7 +325,9 @@ class ControlLoop:
             # that version may still reach an actuator naming the failed publish's weights: never reused
             ctl.version = decision.version = state.spent + 1
             decision.changed = True
-        records = [r.model_copy(update={"epoch": self.epoch, "computed_at": now})
+        # built with validation (a model_copy is not validated): a record beyond a record's ranges (an epoch after
+        # the year 9999 from a clock that far ahead) fails the tick naming the field, and reaches no actuator
+        records = [EdgeWeights.build(**{**r.model_dump(), "epoch": self.epoch, "computed_at": now})
                    for r in decision.records(state.name, state.edges, state.origins)]
         findings = self._findings(state, decision, now)
         try:

@@ -5,7 +5,8 @@ Files: the weight history ``<listener>.jsonl``, ``<listener>.fail_static.json`` 
 target) ``<listener>.unverified.json``. Values, written as raw JSON text: what orjson refuses (``1e400``,
 ``NaN``), huge and negative numbers, integers beyond 64 bits, times before 1970 or after 9999, epochs beyond
 the year 9999 in ms, strings, bools, null, unicode, weights negative or above what the target takes,
-thousands of origins, empty and huge lists.
+thousands of origins, empty and huge lists, an entry's ``target`` naming the other kind of load balancer (the
+entries up to it are set aside: not this target's weights).
 
 Steps (``ActuatorService`` over an in-process HAProxy runtime and ``ipvsadm``, real clients): a tick (the
 reconcile puts the stored weights back), the re-send of the last stamp the history holds (a controller
@@ -27,7 +28,8 @@ What failed before the store checked ranges (each kept as an example below):
   holds them) on every attempt;
 * ``applied_at`` 1e20: ``weights history`` died in ``OverflowError`` (see the CLI test);
 * ``since`` -1e13 (or an owed clear of -1e13) in the fail-static file: the restated finding carried it;
-  5000 owed clears: 4968 ``finding_dropped`` errors at start; a damaged file was not counted.
+  5000 owed clears: 4968 ``finding_dropped`` errors at start; a damaged file was not counted;
+* a ``cleared`` of ``"5"`` (or 1, null, a list): read as open without a word, the only field not named and counted.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ HISTORY = [{"version": v, "epoch": E0, "weights": {"a": 128, "b": 128}, "shares"
             "computed_at": T_STORED + v - 1, "reason": f"v{v}"} for v in (1, 2, 3)]
 FAIL_STATIC = {"since": T_STORED + 50, "owed": [T_STORED + 10]}
 UNVERIFIED = {"zeroed": ["b"], "weights": {"a": 100, "b": 0}, "at": T_STORED + 20}
-FIELDS = {"history": list(HISTORY[0]), "fail_static": ["since", "cleared", "owed"],
+FIELDS = {"history": [*HISTORY[0], "target"], "fail_static": ["since", "cleared", "owed"],
           "unverified": ["zeroed", "weights", "at"]}
 HOLE = orjson.dumps("\u0000hole")   # where the raw value goes (a string no field holds)
 
@@ -91,7 +93,8 @@ LONG = Raw('"' + "x" * 100_000 + '"', "LONG")
 SCALARS = ["1e400", "-1e400", "NaN", "Infinity", "1e300", "-1e300", "-1e13", "1e13", "1e20", "-1", "0", "1.5",
            "253402300799", "253402300800", "253402300799999", "253402300800000", "9223372036854775807",
            "9223372036854775808", "18446744073709551615", "18446744073709551616", "-9223372036854775809",
-           '"5"', '""', "true", "false", "null", "[]", "{}", '"\\u00e9\\u2603\\ud83d\\ude00"', LONG]
+           '"5"', '""', '"lvs"', '"haproxy"', "true", "false", "null", "[]", "{}", '"\\u00e9\\u2603\\ud83d\\ude00"',
+           LONG]
 MAPPINGS = ['{"a": -5, "b": 128}', '{"a": 1000, "b": 1}', '{"a": 65536, "b": 1}', '{"a": 0.5, "b": 0.5}',
             '{"a": 0.7, "b": 0.7}', '{"a": -0.5, "b": 1.5}', '{"a": 0, "b": 0}', '{"zz": 7}', '{"": 5}',
             '{"\\u00e9": 3, "a": 1}', '{"a": 1e400}', '{"a": "1"}', '{"a": true, "b": 1}', MANY]
@@ -286,7 +289,7 @@ def fail_static_ok(raw: bytes) -> bool:
         return False
     owed = doc.get("owed", []) if isinstance(doc, dict) else None
     return isinstance(doc, dict) and date_ok(doc.get("since")) and isinstance(owed, list) \
-        and all(date_ok(x) for x in owed) and len(owed) <= 31
+        and all(date_ok(x) for x in owed) and len(owed) <= 31 and isinstance(doc.get("cleared", False), bool)
 
 
 def run_case(file: str, name: str | None, raw: str, line: int = 2) -> None:
@@ -331,6 +334,8 @@ CASES = [(file, name) for file, names in sorted(FIELDS.items()) for name in name
 @example(case=("fail_static", "since"), line=0, raw="-1e13")               # restated in the finding
 @example(case=("fail_static", "owed"), line=0, raw="[-1e13]")              # its clear too
 @example(case=("fail_static", "owed"), line=0, raw=OWED_5000)              # 4968 states dropped at start
+@example(case=("fail_static", "cleared"), line=0, raw='"5"')              # read as open, neither named nor counted
+@example(case=("history", "target"), line=1, raw='"lvs"')                 # HAProxy's slot: entries set aside
 def test_a_state_file_with_any_value_in_a_field_is_refused_by_name_or_used(case: tuple[str, str], line: int,
                                                                            raw: str) -> None:
     run_case(*case, raw, line)
@@ -385,17 +390,29 @@ def test_the_cli_names_file_line_and_field_of_a_value_no_apply_writes(tmp_path: 
 def test_a_decision_beyond_what_the_history_keeps_is_refused_before_any_write(tmp_path: Path) -> None:
     """A decision valid to the schema but with an epoch beyond the year 9999 in ms (a controller that recovered
     garbage) was applied and stored: every decision after it was ``stale_version``, for good (the history then
-    holds what the store refuses, see above). Refused now before anything is written, as is a version beyond
-    what the store keeps; the controller's next decision applies."""
+    holds what the store refuses, see above). Such a record is refused at decode now (the record's own ranges,
+    opsloop/records/edge.py): counted, dead-lettered with the field named, nothing written; one built past
+    validation (a controller bug) is refused by the applier. The controller's next decision applies."""
     rig = Rig(tmp_path, unique("far"))
     svc = rig.start()
     t0 = time.monotonic()
+    good = orjson.loads(rig.decision("web", E1, 1, {"a": 0.5, "b": 0.5})[1])
     far = [(0, 2 ** 64 - 1), (0, MAX_VERSION + 1), (LAST_EPOCH + 1, 1), (2 ** 64 - 1, 1)]
+    rejected = metrics.REJECTED._value.get()
     for i, (epoch, version) in enumerate(far):
-        svc.handle_records([rig.decision("web", epoch, version, {"a": 0.5, "b": 0.5})])
+        raw = orjson.dumps({**good, "epoch": epoch, "version": version})
+        svc.handle_records([(f"web|{rig.edge}".encode(), raw)], [(0, i)])
         svc.tick(t0 + i)
-        last = rig.results("web")[-1]
-        assert last.result == "refused" and "beyond what a decision carries" in last.reason, (last.result, last.reason)
+    assert metrics.REJECTED._value.get() - rejected == len(far)
+    dead = [orjson.loads(v) for topic, v in rig.producer.sent if "deadletter" in topic]
+    assert [d["offset"] for d in dead] == list(range(len(far)))
+    assert ["version" in d["reason"] for d in dead] == [True, True, False, False], [d["reason"] for d in dead]
+    assert ["epoch" in d["reason"] for d in dead] == [False, False, True, True], [d["reason"] for d in dead]
+    for epoch, version in far:   # past validation: the applier's own check
+        act = svc.slots[("web", rig.edge)].actuator
+        res = act.apply(EdgeWeights.model_construct(**{**EdgeWeights.decode(orjson.dumps(good)).__dict__,
+                                                       "epoch": epoch, "version": version}))
+        assert res.result == "refused" and "beyond what a decision carries" in res.reason, (res.result, res.reason)
     assert rig.counter("internal") == 0 and rig.writes == [] and loaded(rig.store("web")) == []
     svc.handle_records([rig.decision("web", E1, 1, {"a": 0.25, "b": 0.75})])
     svc.tick(t0 + 5)

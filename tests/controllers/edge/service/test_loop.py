@@ -426,3 +426,24 @@ def test_the_status_of_a_listener_whose_ticks_fail_says_so_and_ages() -> None:
     status = h.loop.status()["failing"]
     assert status["last_tick"] == {"at": h.clock.t, "tick": status["tick"], "outcome": d.mode.value, "error": None}
     assert status["decision_age_s"] == 0.0 and status["publish_failure"] is None and status["tick"] == good["tick"] + 6
+
+
+def test_a_record_beyond_the_records_ranges_fails_the_tick_naming_it_and_is_never_published() -> None:
+    """The loop set its epoch on each record with ``model_copy``, which validates nothing: an epoch after the year
+    9999 in ms (a host clock that far ahead gives one: ``int(started_at * 1000)``) was published, and every
+    actuator refused the record at decode. Now the tick fails naming the field (``last_tick``), nothing is
+    published; at the last epoch a record carries, the records go out and decode."""
+    last_epoch = 253_402_300_799_999   # 9999-12-31T23:59:59.999Z in ms (opsloop/records/edge.py), spelt out
+    for epoch, published in ((last_epoch + 1, False), (last_epoch, True)):
+        h = Harness(f"epoch{int(published)}")
+        h.loop = ControlLoop(h.store, h.book, ControllerSettings(interval_s=1.0, stale_after_s=5.0),
+                             lambda recs, finds: h.published.append((recs, finds)), None, h.clock, epoch=epoch)
+        h.demand("e1", 20.0)
+        decided = h.step()
+        last = h.loop.status()[h.listener]["last_tick"]
+        if not published:
+            assert decided is None and h.published == [], h.published
+            assert last["outcome"] == "error" and "epoch" in last["error"] and str(epoch) in last["error"], last
+        else:
+            [(records, _)] = h.published
+            assert [EdgeWeights.decode(r.encode()).stamp for r in records] == [(epoch, decided.version)]
