@@ -331,6 +331,7 @@ opsloop is running.
   edge loop      controller :{ports.edge_metrics} (API :{ports.edge_api}, token in {a.run_dir}/edge-api.token) · actuator :{ports.actuator_metrics}
                  weights: opsloop weights show --config {a.run_dir}/opsloop.yaml --edge lab-edge
   pages          {a.run_dir}/pager/pages.jsonl (Alertmanager → lab pager on :{ports.pager})
+  dead letters   opsloop deadletter summary --config {a.run_dir}/opsloop.yaml --since 1h
   logs           {a.run_dir}/*/ and {s.stack.data_dir}/*/
 Ctrl-C (or `make stop` in another shell) stops everything.
 """, flush=True)
