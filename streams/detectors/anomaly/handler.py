@@ -18,7 +18,7 @@ below ``clear_score``. Gauges ``opsloop_anomaly_score``, ``opsloop_anomaly_expec
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from prometheus_client import Counter, Gauge
@@ -80,6 +80,8 @@ class AnomalyHandler(DetectorHandler):
         self.settings = settings or AnomalySettings()
         self.refresh_s = refresh_s
         self.config = DetectorConfig(**self.settings.detector)  # type: ignore[arg-type]
+        self._config_doc = asdict(self.config)
+        self._restored_changed: set[str] = set()   # knobs a restored series had other values of
         self.specs: dict[str, list[SeriesSpec]] = {}
         for spec in self.settings.series:
             self.specs.setdefault(spec.metric, []).append(spec)
@@ -207,15 +209,22 @@ class AnomalyHandler(DetectorHandler):
         # every field checked before the series is taken (StateError naming it)
         last_ts = state.get("last_ts")
         last = None if last_ts is None else event_time(last_ts, "last_ts")
+        # the knobs configured now, not the stored ones: a changed setting applies to the series restored
+        stored = get(state, "detector", "")
         s = Series(text(get(state, "metric", ""), "metric"), text(get(state, "field", ""), "field"),
-                   texts(get(state, "tags", ""), "tags"), StreamingDetector.from_dict(get(state, "detector", "")),
+                   texts(get(state, "tags", ""), "tags"), StreamingDetector.from_dict(stored, config=self.config),
                    FindingBook.from_dict(state.get("book", {}), self.refresh_s),
                    None, count(state.get("calm", 0), "calm"))
         s.book.check_about(s.where)   # its one finding is about the series (else never cleared: not is_open)
         # the replay guard as the other handlers restore theirs: one beyond the skew would skip every point
         s.last_ts = None if last is None else self.trusted_time(last, f"last point of {key}")
         self.series[key] = s
+        was = stored.get("config")   # (not used: only told)
+        if isinstance(was, dict):
+            self._restored_changed.update(k for k, v in was.items() if self._config_doc.get(k, v) != v)
 
     def after_restore(self) -> None:
         log.info("anomaly_series_restored", series=len(self.series),
-                 warm=sum(1 for s in self.series.values() if s.detector.explain()["warm"]))
+                 warm=sum(1 for s in self.series.values() if s.detector.explain()["warm"]),
+                 settings_changed=sorted(self._restored_changed))   # stored under other values; now configured
+        self._restored_changed = set()

@@ -910,7 +910,8 @@ class StreamingDetector:
         return out
 
     @classmethod
-    def from_dict(cls, doc: Any, field: str = "detector") -> "StreamingDetector":
+    def from_dict(cls, doc: Any, field: str = "detector",
+                  config: DetectorConfig | None = None) -> "StreamingDetector":
         """The detector of a :meth:`to_dict` state. Its lists and histogram are copies: learning changes
         them in place, and ``doc`` (a table's in-memory value, perhaps restored from again) must stay
         the state it was. One copy per restore (a few hundred numbers), none per point.
@@ -919,11 +920,15 @@ class StreamingDetector:
         it): its type, a finite value in the range learning keeps it in, the lengths its bucket counts
         say. Before, a damaged state loaded as it was, and every later point of the series raised (a
         string where a number goes, a list cut short, a negative variance's square root) or scored
-        from a level of 1e308."""
+        from a level of 1e308.
+
+        ``config``: the knobs to go on with (the handler's, as configured now) instead of the stored ones: a
+        setting changed between two runs applies to the series the next run restores (the state is checked
+        against it: one that no longer fits, a period buffer longer than ``period_points``, is refused)."""
         if not isinstance(doc, dict) or doc.get("version") not in (1, 2, STATE_VERSION):
             raise StateError(f"{field}.version", f"unsupported or missing version (got {doc.get('version')!r:.60})"
                              if isinstance(doc, dict) else "detector state: expected a JSON object")
-        cfg = checked_config(obj(doc.get("config", {}), f"{field}.config"), f"{field}.config")
+        cfg = config or checked_config(obj(doc.get("config", {}), f"{field}.config"), f"{field}.config")
         det = cls(cfg)
         values: dict[str, Any] = {}
         for name in cls.__slots__:

@@ -376,3 +376,25 @@ def test_restore_of_a_corrupt_key_starts_that_key_afresh() -> None:
     assert h.series == {}
     h.handle([metric("ipmi_power", {"watts": 150.0}, {"host": "x"}, T0)], T0)   # that key starts afresh
     assert h.series["ipmi_power.watts|host=x"].detector.n == 1
+
+
+def test_a_setting_changed_between_two_runs_applies_to_the_series_restored(caplog: pytest.LogCaptureFixture) -> None:
+    # before, the stored knobs won: an operator who raised z0 saw no change on any series already watched
+    spec = {"series": [{"metric": "ipmi_power", "field": "watts"}]}
+    first = AnomalyHandler(AnomalySettings.model_validate(spec))
+    for i in range(60):
+        first.handle([metric("ipmi_power", {"watts": 150.0 + (i % 3)}, {"host": "x"}, T0 + 60 * i)], T0)
+    (key,) = first.series
+    state = orjson.loads(orjson.dumps(first.state_of(key)))
+    second = AnomalyHandler(AnomalySettings.model_validate({**spec, "detector": {"z0": 50.0, "z_width": 4.0}}))
+    with caplog.at_level(logging.INFO, logger="opsloop"):
+        second.restore({key: state})
+    det = second.series[key].detector
+    assert (det.cfg.z0, det.cfg.z_width) == (50.0, 4.0) and det.n == 60, "the learned state is kept, the knobs new"
+    restored = [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == "anomaly_series_restored"]
+    assert restored[-1]["settings_changed"] == ["z0", "z_width"]
+    # a stored config the handler no longer uses is not read: damage there costs the series nothing
+    state["detector"]["config"] = {"z0": "bogus"}
+    third = AnomalyHandler(AnomalySettings.model_validate(spec))
+    third.restore({key: state})
+    assert third.series[key].detector.n == 60
