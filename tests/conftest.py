@@ -14,6 +14,7 @@ import pytest
 from opsloop.config import StackSettings
 from opsloop.stack import Stack, free_port
 from opsloop.stack.process import PORT_RANGE_ENV, port_range_slice
+from tests.kafka_secure import SecureBroker, secure_broker
 
 # fixtures shared across folders: Alertmanager + webhook + findings producer; one Elasticsearch per session
 pytest_plugins = ["tests.alerting", "tests.es_fixture"]
@@ -116,3 +117,15 @@ class LabEdge:
         for p in reversed(self.procs):
             p.stop()
         self.procs.clear()
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
+    """One SASL_SSL broker per test process for the modules that need one (each under its own topic prefix or
+    topics): a broker start is ~20 s of a loaded machine's time."""
+    b = secure_broker(tmp_path_factory.mktemp("kafka-sasl-ssl"))
+    b.process.start()
+    try:
+        yield b
+    finally:
+        b.process.stop()

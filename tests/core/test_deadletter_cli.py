@@ -28,7 +28,7 @@ from opsloop.records import deadletter_record
 from opsloop.stack import free_port
 from opsloop.topics import Topic
 from tests.helpers import read_topic, run_cli, unique, write_config
-from tests.kafka_secure import USERS, SecureBroker, secure_broker
+from tests.kafka_secure import USERS, SecureBroker
 
 pytestmark = pytest.mark.integration
 
@@ -351,14 +351,9 @@ def test_what_cannot_be_replayed_exactly_is_refused_with_why() -> None:
 # ------------------------------------------------------------------------------------ TLS and SASL
 
 
-@pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
-    b = secure_broker(tmp_path_factory.mktemp("deadletter-sasl-ssl"))
-    b.process.start()
-    try:
-        yield b
-    finally:
-        b.process.stop()
+@pytest.fixture
+def secure(secure_kafka: SecureBroker) -> SecureBroker:
+    return secure_kafka   # the session's (conftest), shared with the other SASL_SSL modules
 
 
 def test_the_kafka_security_settings_of_the_config_are_used(secure: SecureBroker, tmp_path: Path,

@@ -11,7 +11,6 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
@@ -22,19 +21,14 @@ from opsloop.kafka_clients import preflight_or_exit
 from opsloop.kafka_security import (KafkaSecurity, KafkaSecurityError, KafkaUnreachable, kafka_python_options,
                                     preflight, read_secret_file)
 from opsloop.stack import free_port
-from tests.kafka_secure import USERS, SecureBroker, make_ca_and_broker_cert, secure_broker
+from tests.kafka_secure import USERS, SecureBroker, make_ca_and_broker_cert
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
-    b = secure_broker(tmp_path_factory.mktemp("kafka-sasl-ssl"))
-    b.process.start()
-    try:
-        yield b
-    finally:
-        b.process.stop()
+@pytest.fixture
+def broker(secure_kafka: SecureBroker) -> SecureBroker:
+    return secure_kafka   # the session's (conftest), shared with the other SASL_SSL modules
 
 
 def security(broker: SecureBroker, kind: str, password: str | None = None) -> KafkaSecurity:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 import requests
@@ -38,7 +38,7 @@ from opsloop.stack import ManagedProcess, free_port
 from opsloop.records import metric
 from opsloop.topics import Topic
 from tests.helpers import REPO, metrics_up, opsloop_process, unique, wait_until, write_config
-from tests.kafka_secure import USERS, SecureBroker, make_ca_and_broker_cert, secure_broker
+from tests.kafka_secure import USERS, SecureBroker, make_ca_and_broker_cert
 
 pytestmark = pytest.mark.integration
 
@@ -47,14 +47,9 @@ RATE = 20.0   # requests/s through the edge
 EXIT_TIMEOUT_S = 90   # bound on a failing service's exit (Python start-up included): a hang fails here
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
-    b = secure_broker(tmp_path_factory.mktemp("kafka-sasl-ssl"))
-    b.process.start()
-    try:
-        yield b
-    finally:
-        b.process.stop()
+@pytest.fixture
+def broker(secure_kafka: SecureBroker) -> SecureBroker:
+    return secure_kafka   # the session's (conftest), shared with the other SASL_SSL modules
 
 
 def secret_file(path: Path, secret: str) -> Path:
