@@ -31,21 +31,11 @@ from opsloop.controllers.actuators.mapping import to_integer_weights
 from opsloop.controllers.actuators.service import ActuatorService
 from tests.controllers.actuators.support import ListSink
 from tests.controllers.actuators.test_schedule_faults import FakeLvs, FakeRuntime
+from tests.controllers.actuators.test_state_files_fuzz import Producer
 from tests.helpers import captured_logs, unique
 
 E1 = 1_800_000_000_000
 V1, V2 = {"a": 0.25, "b": 0.75}, {"a": 0.4, "b": 0.6}
-
-
-class Producer:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes]] = []
-
-    def send(self, topic: str, key: bytes | None = None, value: bytes = b"") -> None:
-        self.sent.append((topic, value))
-
-    def close(self) -> None:
-        pass
 
 
 def config(store: Path, edge: str, kind: str) -> ActuatorConfig:
