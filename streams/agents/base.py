@@ -26,12 +26,16 @@ with :mod:`opsloop.streams.detectors.state_check`): a key whose state a handler 
 version's, a bug's, a damaged one: a time before 1970, 1e308 for a count, a string for a number, a field
 missing) is refused, logged (``state_restore_failed`` naming handler, key and field), counted in
 ``opsloop_stream_state_dropped_total{reason="unreadable"}``, and starts afresh; the other keys are restored.
+Its open findings that can still be read from the refused state (each one whose own fields make a finding
+about the key, whatever else is damaged) are cleared at once, at the event time each was last seen, as the
+TTL clears a dropped key's: forgotten, no clear was ever published and their pages stayed open for good. The
+fresh state opens them again, a new incident, if the condition still holds.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import Counter
 
@@ -40,7 +44,7 @@ from opsloop.log import Sampled, get_logger
 from opsloop.records import Metric
 from opsloop.topics import Topic
 from opsloop.streams.bounded import STATE_DROPPED, STATE_KEYS, UNREADABLE, Recency, count_dropped, drop_children
-from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.findingbook import FindingBook, where_key
 from opsloop.streams.detectors.state_check import StateError
 from opsloop.streams.runtime.batch import DEFAULT_MAX_CLOCK_SKEW_S, HandlerFailure, Refusals
 
@@ -56,6 +60,8 @@ REJECTED = Counter("opsloop_detector_samples_rejected_total",
 REJECT_LOG_EVERY_S = 60.0
 
 Publication = tuple[str, Finding]   # (event: opened/updated/refreshed/cleared, finding)
+# How deep under a stored state's top the books of its findings may lie (keystone: regimes.<source>.book)
+STORED_BOOK_DEPTH = 4
 
 def number(fields: Mapping[str, Any], *names: str) -> float | None:
     """The first of ``names`` that is a real number in ``fields`` (bools are not numbers here)."""
@@ -216,25 +222,91 @@ class DetectorHandler:
                     raise StateError("state", f"expected an object, got {state!r:.200}")
                 self.restore_key(key, state)
             except Exception as e:  # noqa: BLE001 - one key's state must not cost the others theirs
-                self._refuse(key, e)
+                self._refuse(key, e, state)
         self.after_restore()
 
-    def _refuse(self, key: str, error: Exception) -> None:
+    def _refuse(self, key: str, error: Exception, state: Any = None) -> None:
         """A key whose stored state cannot be used (written by an older version, by a bug, or damaged):
         logged naming the field, counted (``reason="unreadable"``), and the key starts afresh. Any
         exception, not only the checks' :class:`StateError`: before, one the restore did not expect
         escaped it and failed every batch of the worker, and a value taken unchecked made every later
         sample of the key raise."""
         field = error.field if isinstance(error, StateError) else None
-        log.error("state_restore_failed", handler=self.name, key=key, field=field,
-                  error=f"{type(error).__name__}: {error}"[:500])
-        STATE_DROPPED.labels(self.name, UNREADABLE).inc()
         # still seen as restored: a key that never comes back is dropped by the TTL, its table entry with it
         if self._bounded:
             try:
                 self.forget({key})   # whatever of it was restored before the error
             except Exception as e:  # noqa: BLE001 - a forget bug must not stop the restore
                 log.error("state_forget_failed", handler=self.name, keys=1, error=f"{type(e).__name__}: {e}")
+        try:
+            cleared, unreadable = self._clear_refused(key, state)
+        except Exception as e:  # noqa: BLE001 - a salvage bug must not stop the restore
+            log.error("state_salvage_failed", handler=self.name, key=key, error=f"{type(e).__name__}: {e}"[:500])
+            cleared, unreadable = 0, None
+        log.error("state_restore_failed", handler=self.name, key=key, field=field,
+                  error=f"{type(error).__name__}: {error}"[:500], findings_cleared=cleared,
+                  findings_unreadable=unreadable)
+        STATE_DROPPED.labels(self.name, UNREADABLE).inc()
+
+    def _clear_refused(self, key: str, state: Any) -> tuple[int, int | None]:
+        """Clear the open findings a refused ``state`` of ``key`` still holds readable (into the outbox, for the
+        agent to publish); (how many, how many open entries could not be read: None when the state is no object,
+        its findings not even countable). An entry is taken when its own fields make a finding a book holds
+        (``FindingBook.from_dict``'s checks) about ``key``: the clear carries its id, its ``first_seen`` (the
+        paging book applies a clear of the incident it holds whatever else) and its ``last_seen``, as
+        ``_clear_findings`` does. One still open in a live book (restored by another key) is left to it."""
+        if not isinstance(state, Mapping):
+            return 0, None
+        salvage, unreadable = FindingBook(), 0
+        for doc in self.stored_books(state):
+            entries = doc.get("open") if isinstance(doc, Mapping) else None
+            if entries is None:
+                continue
+            if not isinstance(entries, Mapping):
+                unreadable += 1   # an "open" that is no object: at least one finding lost
+                continue
+            for entry in entries.values():
+                found = self._readable_finding(key, entry)
+                if found is None:
+                    unreadable += 1
+                else:
+                    salvage.open.setdefault(*found)
+        live = [b.open for b in self.books()] if salvage.open else []
+        why = (f"the detector's stored state of {key!r:.200} was unreadable at its restore: refused, the key is "
+               f"re-evaluated from fresh samples (a new finding opens if the condition still holds)")
+        for wk, doc in list(salvage.open.items()):
+            if not any(wk in book for book in live):
+                salvage.clear(doc["detector"], doc["where"], float(doc["last_seen"]), why)
+        cleared = salvage.drain()
+        self._outbox.extend(cleared)
+        return len(cleared), unreadable
+
+    def _readable_finding(self, key: str, entry: Any) -> tuple[str, dict[str, Any]] | None:
+        """(its book key, the entry as a book keeps it) when ``entry`` is an open finding about ``key``; else None."""
+        try:
+            finding = Finding.model_validate(entry)
+            wk = where_key(finding.detector, finding.where)   # its own, whatever key the damaged book gave it
+            checked = FindingBook.from_dict({"open": {wk: entry}}).open[wk]
+            if self.key_of_finding(finding) != key:
+                return None   # about another key: clearing it would close a finding its own key holds
+        except Exception:  # noqa: BLE001 - a damaged entry is counted, never raised
+            return None
+        return wk, checked
+
+    def stored_books(self, state: Mapping[str, Any]) -> Iterator[Any]:
+        """The stored books (``FindingBook.to_dict``) a state of this handler holds, as far as its shape can be
+        read: every member named ``book``, down to ``STORED_BOOK_DEPTH`` objects deep (where every detector
+        here keeps its own). A handler storing its findings otherwise overrides it."""
+        level: list[Mapping[str, Any]] = [state]
+        for _ in range(STORED_BOOK_DEPTH):
+            deeper: list[Mapping[str, Any]] = []
+            for doc in level:
+                for name, value in doc.items():
+                    if name == "book":
+                        yield value
+                    elif isinstance(value, Mapping):
+                        deeper.append(value)
+            level = deeper
 
     # ---------------------------------------------------------------------- for subclasses
     def process(self, metrics: Sequence[Metric], now: float) -> None:

@@ -26,7 +26,10 @@ its state and send its findings, both async. This loop follows the same pattern 
    partition resumes only after its table partitions are recovered). A value a handler cannot use
    is refused, that key alone (``DetectorHandler.restore``: logged, counted ``reason="unreadable"``);
    bytes that are no JSON reach it as :class:`UnreadableState` (the table's codec, :class:`StateCodec`),
-   not as an error inside Faust's recovery. A killed worker therefore
+   not as an error inside Faust's recovery; a refused key's readable open findings are cleared, published
+   with the next batch's findings. A changelog key that is no JSON string reads as :class:`UnreadableKey`
+   (:class:`StateKeyCodec`): logged ``state_key_unreadable`` with topic, partition and offset, counted
+   ``reason="unreadable"`` under handler ``unknown``, dropped from memory. A killed worker therefore
    resumes without a second warm-up and without re-opening open findings. After a rebalance only
    the keys of the worker's partitions stay in memory and are restored (``assign``): not the keys
    of a partition that left, nor the standby copies Faust applies to the same store.
@@ -56,9 +59,10 @@ from opsloop.config import Settings
 from opsloop.log import get_logger
 from opsloop.records import Finding
 from opsloop.topics import Topic
-from opsloop.streams.agents.base import DetectorHandler
+from opsloop.streams.agents.base import DetectorHandler, Publication
 from opsloop.streams.agents.findings_sink import OUTBOX_FILE, FindingsRetry, FindingsSink
 from opsloop.streams.bounded import STATE_DROPPED, UNREADABLE
+from opsloop.streams.detectors.findingbook import CLEARED
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.app import raw_topic
 from opsloop.streams.runtime.batch import DeadLetter, FanOut, gc_paused, process_batch
@@ -107,18 +111,77 @@ class StateCodec(codecs.Codec):
 STATE_CODEC = StateCodec()
 
 
+class UnreadableKey:
+    """A ``detector-state`` changelog key that is no key this table writes (a JSON string): torn bytes, bytes
+    that are no UTF-8, other JSON. What :class:`StateKeyCodec` gives instead of raising, hashable, so Faust's
+    recovery applies its record like any other; the recovery's callback (:func:`_on_changelog_event`) logs it
+    naming topic, partition and offset and counts it, and the restore drops it from memory (no handler's)."""
+
+    __slots__ = ("error", "raw")
+
+    def __init__(self, error: str, raw: bytes) -> None:
+        self.error, self.raw = error, raw
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnreadableKey) and other.raw == self.raw
+
+    def __hash__(self) -> int:
+        return hash((UnreadableKey, self.raw))
+
+    def __repr__(self) -> str:
+        return f"unreadable key {self.raw[:80]!r} ({self.error})"
+
+
+class StateKeyCodec(codecs.Codec):
+    """Faust's ``json`` codec for the table's keys, except that one that is no JSON string decodes to
+    :class:`UnreadableKey`. With ``json`` such a key raised ``KeyDecodeError`` inside Faust's recovery: logged
+    by Faust as ``Error in recovery`` without topic or offset, counted nowhere, and, the last record of its
+    partition, it held the recovery until the watchdog found the partition read past its end (a gap); a JSON
+    object raised later, at every flush of the recovery's buffer, never applied."""
+
+    _JSON = codecs.get_codec("json")
+
+    def _dumps(self, obj: Any) -> bytes:
+        return self._JSON.dumps(obj)
+
+    def _loads(self, s: bytes) -> Any:
+        try:
+            key = self._JSON.loads(s)
+        except Exception as e:  # noqa: BLE001 - whatever the bytes, the record is refused, not the recovery
+            return UnreadableKey(f"{type(e).__name__}: {e}"[:200], bytes(s[:200]))
+        if not isinstance(key, str):
+            return UnreadableKey(f"a JSON {type(key).__name__}, not a string", bytes(s[:200]))
+        return key
+
+
+STATE_KEY_CODEC = StateKeyCodec()
+UNKNOWN_HANDLER = "unknown"   # the handler label of a refused record whose key names none
+
+
+async def _on_changelog_event(event: EventT) -> None:
+    """Every changelog record Faust's recovery applies (active and standby): one whose key is unreadable is
+    logged, with where it lies, and counted under handler ``unknown`` (its key names none)."""
+    if isinstance(event.key, UnreadableKey):
+        msg = event.message
+        log.error("state_key_unreadable", topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                  key=repr(event.key.raw[:80]), error=event.key.error)
+        STATE_DROPPED.labels(UNKNOWN_HANDLER, UNREADABLE).inc()
+
+
 def state_table(app: faust.App) -> faust.Table:
     """The one state table of all detector agents (create once per app)."""
     existing = app.tables.get(STATE_TABLE)
     if existing is not None:
         return existing  # type: ignore[return-value]
     table = app.Table(STATE_TABLE, default=None, schema=faust.Schema(key_serializer="json", value_serializer="json"),
-                      help="Detector state per agent and state key (JSON), for restarts and rebalances")
-    # Faust's table and its changelog topic take their serializers from the value type (json for none) over
-    # the schema's: set after (writes go through the table's, reads through the topic's schema, which each
-    # clone of the topic, the recovery's among them, sets from the topic's)
+                      help="Detector state per agent and state key (JSON), for restarts and rebalances",
+                      on_changelog_event=_on_changelog_event)
+    # Faust's table and its changelog topic take their serializers from the key and value types (json for
+    # none) over the schema's: set after (writes go through the table's, reads through the topic's schema,
+    # which each clone of the topic, the recovery's among them, sets from the topic's)
     topic = table.changelog_topic
     table.value_serializer = topic.value_serializer = topic.schema.value_serializer = STATE_CODEC
+    table.key_serializer = topic.key_serializer = topic.schema.key_serializer = STATE_KEY_CODEC
     return table
 
 
@@ -164,6 +227,7 @@ class StatefulAgent:
         self.backlog_within = settings.stream.batch_backlog_within_s
         self.max_clock_skew_s = settings.stream.max_clock_skew_s
         self.needs_restore = True
+        self._refusal_clears: list[Publication] = []   # the restore's clears of refused keys, for the next publish
         self.deadletter = raw_topic(app, Topic.DEADLETTER)
         self._all = FanOut(name, self.handlers)
         # handler -> state key -> home partition (where the key's records come from); an entry goes
@@ -294,7 +358,10 @@ class StatefulAgent:
 
     def restore(self) -> None:
         by_handler: dict[str, dict[str, Any]] = {h.name: {} for h in self.handlers}
-        for k, v in self.table.items():
+        for k, v in list(self.table.items()):
+            if isinstance(k, UnreadableKey):
+                self._drop_local(k)   # no handler's (logged and counted as the recovery applied it)
+                continue
             if not isinstance(k, str) or v is None or KEY_SEP not in k:
                 continue   # (a value not an object goes to its handler, which refuses it: logged, counted)
             handler, key = k.split(KEY_SEP, 1)
@@ -317,6 +384,7 @@ class StatefulAgent:
                 log.error("state_restore_failed", handler=h.name, keys=len(by_handler[h.name]),
                           error=f"{type(e).__name__}: {e}"[:500], exc_info=True)
                 STATE_DROPPED.labels(h.name, UNREADABLE).inc(len(by_handler[h.name]))
+                self._refusal_clears += self._cleared_by_restore(h)   # of keys refused before it failed
                 try:
                     found = self._restore_handler(h, {})
                 except Exception as e:  # noqa: BLE001 - it fails even empty: it goes on as reset, shows nothing
@@ -326,16 +394,23 @@ class StatefulAgent:
         self.sink.restore(restored)   # all at once: the findings shown are exactly those held now
         self.needs_restore = False
 
-    @staticmethod
-    def _restore_handler(h: DetectorHandler, states: dict[str, Any]) -> list[Finding]:
+    def _restore_handler(self, h: DetectorHandler, states: dict[str, Any]) -> list[Finding]:
         """Restore ``h`` from ``states``; its open findings."""
+        h.drain_outbox()     # events about the state now replaced (as before, dropped with it)
         h.restore(states)
         h.touched()          # restoring is not a change to write back
         h.fed()
-        h.drain_outbox()
+        self._refusal_clears += self._cleared_by_restore(h)
         found = h.open_findings()
         log.info("state_restored", agent=h.name, keys=len(states), open_findings=len(found))
         return found
+
+    @staticmethod
+    def _cleared_by_restore(h: DetectorHandler) -> list[Publication]:
+        """What the restore put in ``h``'s outbox: the clears of refused keys' open findings
+        (``DetectorHandler._refuse``), published with the next batch's findings. Dropped, as the whole
+        outbox was before, they were never published: the refused key's pages stayed open for good."""
+        return [p for p in h.drain_outbox() if p[0] == CLEARED]
 
     async def run_batch(self, events: Sequence[EventT]) -> None:
         """Handle one batch: handlers called per source partition, findings sent, touched keys written.
@@ -368,8 +443,10 @@ class StatefulAgent:
                     home[key] = partition
                 for key in h.touched():
                     touched[(h, key)] = group[-1]
-        # one publish for every handler: one bounded wait for the broker's acknowledgements per batch
-        await self.sink.publish([p for h in self.handlers for p in h.drain_outbox()])
+        # one publish for every handler (the restore's clears first): one bounded wait for the broker's
+        # acknowledgements per batch
+        clears, self._refusal_clears = self._refusal_clears, []
+        await self.sink.publish([*clears, *(p for h in self.handlers for p in h.drain_outbox())])
         unknown: list[str] = []
         with gc_paused():   # synchronous: a state dict per touched key, all alive until written
             for (h, key), fallback in touched.items():
