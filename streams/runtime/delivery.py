@@ -25,6 +25,8 @@ by hand (a 0.5 s stall after the seek) the worker's log showed both records deli
 seek and then discarded by the clear. So a seek holds the deliveries until the flow resumes; the
 records fetched meanwhile are dropped and fetched again after a second seek, made once the queues
 are cleared (at-least-once: a record handed over before the hold may come twice, as it did before).
+A partition with no committed offset is sought back too, to where a new assignment starts it
+(``transport.seek_to_committed``): aiokafka's own seek left it past the dropped records.
 """
 
 from __future__ import annotations

@@ -1,21 +1,72 @@
-"""Faust's Kafka transport with the worker consumer's fetch wait taken from our settings.
+"""Faust's Kafka transport: the worker consumer's fetch wait from our settings, and "seek to the committed
+offsets" that also rewinds a stream partition with nothing committed yet.
 
-faust-streaming 0.15 creates the worker's aiokafka consumer with ``fetch_max_wait_ms=1500``, fixed.
-aiokafka keeps one fetch request in flight per broker and only fetches partitions whose records it
+**Fetch wait.** faust-streaming 0.15 creates the worker's aiokafka consumer with ``fetch_max_wait_ms=1500``,
+fixed. aiokafka keeps one fetch request in flight per broker and only fetches partitions whose records it
 has handed out, so as soon as one assigned partition is at its end, the broker holds that request
 for up to 1.5 s and the partitions that still have records wait behind it. A backlog is then read in
 bursts with ~1 s pauses: the worker idled half the time in ``make bench`` (stream stage). A short
 wait costs one empty fetch per ``fetch_max_wait_ms`` per broker on an idle topic, nothing more.
+
+**Seek to committed.** Faust's answer to every record it may have dropped around a rebalance (fetched
+before the seek of its recovery and cleared with the stream queues when the flow resumes, dropped by
+the seek hold of ``delivery.py``, cut off by ``getmany`` when the flow stopped) is ``perform_seek``:
+back to the committed offsets. aiokafka's ``seek_to_committed`` seeks only partitions whose committed
+offset is above 0 and leaves the others where they are. A stream partition with no commit (a worker
+killed before its first commit, a group that never consumed that partition, a quiet topic) kept its
+position past the dropped records: lost until the next rebalance, the worker idle and silent.
+Seen as ``tests/streams/test_restart_after_kill_consumes.py``, 2 restarts in 14 handled nothing:
+every telemetry partition uncommitted, position at the highwater, no batch. :func:`seek_to_committed`
+resets such a partition to where a fresh assignment starts it (``auto_offset_reset``, ``earliest``
+here): the uncommitted records are read again, as after a crash (at-least-once). Changelog partitions
+are left alone, as before (their offsets are the table recovery's, never committed).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections import Counter as Tally
+from typing import Any, Callable, Mapping
 
+import aiokafka
 import faust
+from aiokafka.consumer.fetcher import OffsetResetStrategy
 from faust.transport.drivers import aiokafka as driver
+from faust.types import TP
 
+from opsloop.log import get_logger
 from opsloop.streams.runtime.delivery import DrainConsumer
+
+log = get_logger("stream.transport")
+
+
+async def seek_to_committed(consumer: aiokafka.AIOKafkaConsumer,
+                            is_changelog: Callable[[TP], bool]) -> dict[TP, int | None]:
+    """Seek every assigned partition to its committed offset, and a stream partition with none (or 0) to
+    where the consumer starts one without a commit; returns the committed offsets, as aiokafka's."""
+    committed: dict[TP, int | None] = await consumer.seek_to_committed()
+    subscription = consumer._subscription.subscription
+    assignment = subscription.assignment if subscription is not None else None
+    if assignment is None or not assignment.active:
+        return committed   # revoked meanwhile: the next assignment starts from the commits anyway
+    fresh = [tp for tp, offset in committed.items()
+             if not (offset and offset > 0) and not is_changelog(tp) and tp in assignment.tps]
+    if not fresh:
+        return committed
+    fetcher = consumer._fetcher
+    strategy = fetcher._default_reset_strategy
+    if strategy == OffsetResetStrategy.NONE:
+        return committed   # no reset position to go to: aiokafka raises on these itself
+    log.info("uncommitted_partitions_reset", partitions=len(fresh),
+             topics=dict(sorted(Tally(tp.topic for tp in fresh).items())),
+             to=OffsetResetStrategy.to_str(strategy),
+             reason="no committed offset to seek back to: from where a new assignment starts")
+    # The partitions' positions are dropped at once (nothing is fetched from the old one); the wait is
+    # for the new positions, bounded as aiokafka's seek_to_beginning bounds it.
+    reset = fetcher.request_offset_reset(fresh, strategy)
+    await asyncio.wait([reset, assignment.unassign_future], timeout=consumer._request_timeout_ms / 1000,
+                       return_when=asyncio.FIRST_COMPLETED)
+    return committed
 
 
 def kafka_transport(app: faust.App, fetch_max_wait_ms: int) -> driver.Transport:
@@ -27,6 +78,12 @@ def kafka_transport(app: faust.App, fetch_max_wait_ms: int) -> driver.Transport:
             # aiokafka hands this to its Fetcher in start(); there is no public setter.
             consumer._fetch_max_wait_ms = fetch_max_wait_ms
             return consumer
+
+        async def seek_to_committed(self) -> Mapping[TP, int]:
+            return await self.call_thread(self._seek_to_committed)
+
+        async def _seek_to_committed(self) -> Mapping[TP, int]:
+            return await seek_to_committed(self._ensure_consumer(), self.consumer._is_changelog_tp)
 
     class WorkerConsumer(DrainConsumer):   # and a record delivered without four tasks (delivery.py)
         def _new_consumer_thread(self) -> ConsumerThread:
