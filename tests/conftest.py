@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from prometheus_client import REGISTRY
 
 from opsloop.config import StackSettings
 from opsloop.stack import Stack, free_port
@@ -39,6 +40,25 @@ LONGEST_FIRST = [
     "tests/e2e/test_anomaly_page.py", "tests/scale/test_scale_out.py", "tests/e2e/test_paging_paths.py",
     "tests/lab/test_run_supervision.py",
 ]
+
+
+def _sample_value(name: str, labels: dict[str, str] | None = None) -> float | None:
+    """``REGISTRY.get_sample_value`` reading only the collector of ``name``: the library's collects every metric
+    of the process, and late in a worker's session (tens of thousands of labelled series left by earlier tests)
+    each call took ~0.3 s: the state sweeps ran 25 times slower than alone (315 s against 12 s) and timed out."""
+    collector = REGISTRY._names_to_collectors.get(name)
+    if collector is None:
+        return _LIBRARY_SAMPLE_VALUE(name, labels)   # a collector that does not describe its names
+    want = labels or {}
+    for family in collector.collect():
+        for s in family.samples:
+            if s.name == name and s.labels == want:
+                return s.value
+    return None
+
+
+_LIBRARY_SAMPLE_VALUE = REGISTRY.get_sample_value
+REGISTRY.get_sample_value = _sample_value  # type: ignore[method-assign]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -35,11 +35,11 @@ import pytest
 from opsloop.controllers.actuators.store import WeightStore
 from opsloop.lab.traffic import TrafficGenerator
 from opsloop.lb.haproxy import HaproxyAPI, parse_show_stat
-from opsloop.records import EdgeWeights, Finding
+from opsloop.records import EdgeWeights
 from opsloop.topics import Topic
 from tests.e2e.pipeline import (BACKEND, HTTP_CLASSES, LISTENER, EdgeControl, applied, loop_config,
                                 start_collector, start_weight_actuator, start_worker, stop_all, wait_ticks)
-from tests.helpers import read_topic, wait_until
+from tests.helpers import findings_read, read_topic, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -181,8 +181,8 @@ def test_flapping_origin_held_down_ramped_in_backed_off_then_all_down_held_on_ha
     assert all_down["mode"] == "hold" and "no healthy origin" in all_down["reason"], all_down
     assert all_down["version"] == seen_down["version"] and all_down["weights"] == seen_down["weights"], all_down
     assert after == before and sum(after.values()) > 0, (before, after)
-    shortfall = [f for r in read_topic(stack.kafka_bootstrap, Topic.FINDINGS.value)
-                 if (f := Finding.decode(r.value)).detector == "edge.capacity_shortfall"
+    shortfall = [f for _, f in findings_read(read_topic(stack.kafka_bootstrap, Topic.FINDINGS.value))
+                 if f.detector == "edge.capacity_shortfall"
                  and f"nothing served at edge(s) {loop.lb}" in f.explanation]
     assert shortfall and shortfall[0].severity.value == "critical", shortfall
 

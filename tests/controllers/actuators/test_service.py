@@ -19,7 +19,8 @@ from opsloop.lb.haproxy import HaproxyAPI
 from opsloop.stack import free_port
 
 from tests.controllers.actuators.support import decision, start_haproxy, stop_haproxy
-from tests.helpers import metrics_up, opsloop_process, read_topic, scrape_metric, unique, wait_until, write_config
+from tests.helpers import (findings_read, metrics_up, opsloop_process, read_topic, scrape_metric, unique,
+                           wait_until, write_config)
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +78,7 @@ def test_service_applies_decisions_from_kafka(stack, lab_edge, tmp_path: Path) -
         assert live(lab_edge) == {"near": 192, "far": 7}
 
         def findings(cleared: bool) -> list[Finding]:
-            out = [Finding.decode(r.value) for r in read_topic(stack.kafka_bootstrap, "findings")]
+            out = [f for _, f in findings_read(read_topic(stack.kafka_bootstrap, "findings"))]
             return [f for f in out if f.detector == "edge.fail_static" and f.where.get("edge") == edge
                     and f.cleared is cleared]
 

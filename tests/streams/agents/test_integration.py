@@ -18,7 +18,7 @@ from opsloop.topics import Topic
 from opsloop.wire import encode_batch
 from opsloop.streams.agents.stateful import STATE_TABLE
 from tests.e2e.pipeline import pipeline_config, start_worker
-from tests.helpers import read_topic, scrape_metric, unique, wait_until, write_config
+from tests.helpers import findings_read, read_topic, scrape_metric, unique, wait_until, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -58,17 +58,15 @@ def produce(bootstrap: str, records: list[tuple[Topic, str, bytes]]) -> None:
 def findings(bootstrap: str, finding_id: str) -> list[tuple[str, Finding]]:
     """(event header, finding) of every record of ``finding_id`` on the findings topic, in order."""
     out = []
-    for r in read_topic(bootstrap, Topic.FINDINGS.value):
+    for r, f in findings_read(read_topic(bootstrap, Topic.FINDINGS.value)):
         if r.key == finding_id.encode():
-            headers = dict(r.headers or [])
-            out.append((headers.get("event", b"").decode(), Finding.decode(r.value)))
+            out.append((dict(r.headers or []).get("event", b"").decode(), f))
     return out
 
 
 def findings_of(bootstrap: str, detector: str, **where: str) -> list[tuple[str, Finding]]:
     out = []
-    for r in read_topic(bootstrap, Topic.FINDINGS.value):
-        f = Finding.decode(r.value)
+    for r, f in findings_read(read_topic(bootstrap, Topic.FINDINGS.value)):
         if f.detector == detector and all(f.where.get(k) == v for k, v in where.items()):
             out.append((dict(r.headers or []).get("event", b"").decode(), f))
     return out
