@@ -132,23 +132,17 @@ class UnreadableKey:
         return f"unreadable key {self.raw[:80]!r} ({self.error})"
 
 
-class StateKeyCodec(codecs.Codec):
-    """Faust's ``json`` codec for the table's keys, except that one that is no JSON string decodes to
-    :class:`UnreadableKey`. With ``json`` such a key raised ``KeyDecodeError`` inside Faust's recovery: logged
-    by Faust as ``Error in recovery`` without topic or offset, counted nowhere, and, the last record of its
-    partition, it held the recovery until the watchdog found the partition read past its end (a gap); a JSON
-    object raised later, at every flush of the recovery's buffer, never applied."""
-
-    _JSON = codecs.get_codec("json")
-
-    def _dumps(self, obj: Any) -> bytes:
-        return self._JSON.dumps(obj)
+class StateKeyCodec(StateCodec):
+    """:class:`StateCodec` for the table's keys: a key that is no JSON string decodes to :class:`UnreadableKey`.
+    With ``json`` such a key raised ``KeyDecodeError`` inside Faust's recovery: logged by Faust as ``Error in
+    recovery`` without topic or offset, counted nowhere, and, the last record of its partition, it held the
+    recovery until the watchdog found the partition read past its end (a gap); a JSON object raised later, at
+    every flush of the recovery's buffer, never applied."""
 
     def _loads(self, s: bytes) -> Any:
-        try:
-            key = self._JSON.loads(s)
-        except Exception as e:  # noqa: BLE001 - whatever the bytes, the record is refused, not the recovery
-            return UnreadableKey(f"{type(e).__name__}: {e}"[:200], bytes(s[:200]))
+        key = super()._loads(s)
+        if isinstance(key, UnreadableState):
+            return UnreadableKey(key.error, bytes(s[:200]))
         if not isinstance(key, str):
             return UnreadableKey(f"a JSON {type(key).__name__}, not a string", bytes(s[:200]))
         return key
