@@ -30,12 +30,11 @@ from typing import Callable, NamedTuple, TypeVar
 import pytest
 from kafka import KafkaProducer
 
-from opsloop.records import Finding
 from opsloop.stack import Stack
 from opsloop.stack.supervisor import Supervisor
 from opsloop.topics import Topic
 from tests.e2e.pipeline import pipeline_config, start_worker
-from tests.helpers import (metric_samples, metric_value, read_topic, samples_named, unique, wait_until,
+from tests.helpers import (findings_read, metric_samples, metric_value, read_topic, samples_named, unique, wait_until,
                            write_config)
 from tests.scale.workload import (PARTITIONS, fw_round, group_assignment, lb_round, partition_of,
                                   second_worker_config)
@@ -50,11 +49,7 @@ T = TypeVar("T")
 
 def opened_per_hypervisor(bootstrap: str, hvs: list[str]) -> Counter[str]:
     out: Counter[str] = Counter()
-    for r in read_topic(bootstrap, Topic.FINDINGS.value, timeout_s=30):
-        try:
-            f = Finding.decode(r.value)
-        except ValueError:   # other tests' records on the shared topic (pydantic and orjson errors)
-            continue
+    for r, f in findings_read(read_topic(bootstrap, Topic.FINDINGS.value, timeout_s=30)):
         if f.detector == "firewall.unprotected_port" and f.where.get("hypervisor") in hvs:
             if dict(r.headers or []).get("event") == b"opened":
                 out[f.where["hypervisor"]] += 1

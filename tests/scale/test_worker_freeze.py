@@ -31,13 +31,12 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 
-from opsloop.records import Finding
 from opsloop.stack import ManagedProcess, Stack
 from opsloop.stack.process import pid_alive
 from opsloop.stack.supervisor import Supervisor
 from opsloop.topics import Topic
 from tests.e2e.pipeline import pipeline_config, start_worker
-from tests.helpers import metric_samples, read_topic, samples_named, unique, wait_until, write_config
+from tests.helpers import findings_read, metric_samples, read_topic, samples_named, unique, wait_until, write_config
 from tests.scale.workload import (PARTITIONS, Telemetry, group_assignment, keys_covering, partition_of,
                                   second_worker_config)
 
@@ -73,11 +72,7 @@ class Frozen:
 def lifecycles(bootstrap: str, hvs: list[str]) -> dict[str, list[str]]:
     """Hypervisor -> the events of its unprotected-port finding, in topic order (one partition per id)."""
     out: dict[str, list[str]] = defaultdict(list)
-    for r in read_topic(bootstrap, Topic.FINDINGS.value, timeout_s=30):
-        try:
-            f = Finding.decode(r.value)
-        except ValueError:   # other tests' records on the shared topic
-            continue
+    for r, f in findings_read(read_topic(bootstrap, Topic.FINDINGS.value, timeout_s=30)):
         if f.detector == DETECTOR and f.where.get("hypervisor") in hvs:
             out[f.where["hypervisor"]].append((dict(r.headers or []).get("event") or b"?").decode())
     return dict(out)
