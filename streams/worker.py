@@ -8,6 +8,7 @@ import sys
 
 import faust
 
+from opsloop import exitcodes
 from opsloop.config import ConfigError, Settings, load_settings
 from opsloop.kafka_clients import preflight_or_exit
 from opsloop.log import JsonFormatter, get_logger, setup_logging
@@ -28,7 +29,9 @@ EPILOG = """examples:
   opsloop stream worker --config opsloop.yaml --metrics-port 29100 --log-level debug
 
 exit codes:
-  2   bad configuration or /metrics port
+  2   bad command line
+  78  configuration that can never work (config file, Kafka login/CA): systemd does not restart it
+  75  /metrics port taken: restarted
   70  table recovery made no progress for stream.recovery_stall_s (log event recovery_stalled names the
       partitions): run the worker under a supervisor that restarts it (opsloop run, systemd
       Restart=on-failure); see streams/runtime/watchdog.py
@@ -80,13 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(args.config, overrides)
     except ConfigError as e:
         print(f"opsloop stream worker: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.CONFIG
     setup_logging("opsloop-stream", settings.stream.log_level)
     try:
         server = serve_metrics(settings.stream.metrics_port, settings.stream.metrics_bind)
     except OSError as e:
         print(f"opsloop stream worker: {e}; set stream.metrics_port", file=sys.stderr)
-        return 2
+        return exitcodes.TEMPFAIL   # the port may be free on the next start
     log.info("metrics_serving", address=f"{server.server_address[0]}:{server.server_address[1]}")
     try:
         import uvloop

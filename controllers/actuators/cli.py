@@ -22,11 +22,13 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from opsloop import exitcodes
 from opsloop.audit.settings import AuditSettings
 from opsloop.audit.trail import AuditLog
 from opsloop.argtypes import INT64_MAX, integer
 from opsloop.audit.kafka import KafkaAuditPublisher
 from opsloop.config import ConfigError, load_settings
+from opsloop.kafka_security import KafkaUnreachable
 from opsloop.log import setup_logging
 from opsloop.metrics import serve_service_metrics, stop_on_signals
 from opsloop.records import EdgeWeights
@@ -45,6 +47,12 @@ EPILOG = """examples:
   opsloop weights apply --config opsloop.yaml --edge ams1 --weights near=0.7,far=0.3 --dry-run
   opsloop weights rollback --config opsloop.yaml --edge ams1            # previous version
   opsloop weights rollback --config opsloop.yaml --edge ams1 --to 41
+
+exit codes of `weights run` (the operator commands: 0 done, 1 not done, 2 anything wrong):
+  2   bad command line
+  78  configuration that can never work (config, an --edge with no target, Kafka login/CA): systemd does
+      not restart it
+  75  any other failure at start (a dependency not reachable), /metrics port taken: restarted
 """
 
 
@@ -116,7 +124,8 @@ def parse_weights(text: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-
+    # the service's configuration errors are final for systemd; the operator commands say 2 for any
+    refused = exitcodes.CONFIG if a.command == "run" else 2
     try:
         settings = load_settings(a.config, {"kafka": {"bootstrap_servers": a.bootstrap}}
                                  if getattr(a, "bootstrap", None) else None)
@@ -124,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                                             "metrics_port": getattr(a, "metrics_port", None)})
     except (ConfigError, ActuatorConfigError) as e:
         print(f"opsloop weights: {e}", file=sys.stderr)
-        return 2
+        return refused
     setup_logging("opsloop-actuator", a.log_level)  # JSON lines on stderr (incl. the audit line)
     try:
         if a.command == "run":
@@ -133,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as e:   # shares not summing to 1: pydantic's message took four lines
         reasons = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors(include_url=False))
         print(f"opsloop weights {a.command}: {redact_credentials(reasons)}", file=sys.stderr)
-        return 2
-    except (CliError, ActuatorConfigError, ValueError) as e:
+        return refused
+    except (CliError, ActuatorConfigError, ValueError) as e:   # run: Kafka settings its clients refused
         print(f"opsloop weights {a.command}: {e}", file=sys.stderr)
-        return 2
+        return refused
 
 
 def _audit(settings: Any, kafka: bool) -> Any:
@@ -152,12 +161,26 @@ def _run(a: argparse.Namespace, settings: Any, config: Any) -> int:
         service = ActuatorService(config, settings.kafka, edges, _audit(settings, kafka=True))
     except Exception as e:  # noqa: BLE001 - e.g. Kafka unreachable while building the audit producer
         print(f"opsloop weights run: {e}", file=sys.stderr)
-        return 2
+        return start_failure_status(e)
     if serve_service_metrics("opsloop weights run", config.metrics_port, config.metrics_bind,
                              "controllers.actuator.metrics_port") is None:
-        return 2
+        return exitcodes.TEMPFAIL   # the port may be free on the next start
     service.run(stop_on_signals())
     return 0
+
+
+def start_failure_status(e: Exception) -> int:
+    """`weights run`'s exit status for an error building the service: CONFIG for what a restart cannot cure.
+
+    Every configuration or validation error met there is a ValueError: ConfigError, ActuatorConfigError,
+    pydantic's ValidationError, KafkaSecurityError (an unreadable password or CA file), StoreError (a damaged
+    history file) and ActuatorService's check that each --edge has a target. KafkaUnreachable is a
+    KafkaSecurityError, but no broker answering is no settings error. Anything else (a broker or
+    Elasticsearch away, an OSError) may pass: TEMPFAIL, and systemd restarts.
+    """
+    if isinstance(e, ValueError) and not isinstance(e, KafkaUnreachable):
+        return exitcodes.CONFIG
+    return exitcodes.TEMPFAIL
 
 
 def _show(act: Any, as_json: bool) -> bool:

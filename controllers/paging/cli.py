@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from opsloop import exitcodes
 from opsloop.config import ConfigError, load_settings
 from opsloop.log import setup_logging
 from opsloop.metrics import serve_service_metrics, stop_on_signals
@@ -30,6 +31,11 @@ EPILOG = """examples:
       --routing-key-file /etc/opsloop/secrets/pagerduty-routing-key --output /tmp/alertmanager.yml
 
 The PagerDuty routing key is never an argument: it is read by Alertmanager from --routing-key-file.
+
+exit codes of `page run` (`page render-config`: 0 written, 2 anything wrong):
+  2   bad command line
+  78  configuration that can never work (config, Kafka login/CA): systemd does not restart it
+  75  /metrics port taken: restarted
 """
 
 
@@ -90,11 +96,11 @@ def _run(a: argparse.Namespace) -> int:
                                           "resend_interval_s": a.resend_interval})
     except (ConfigError, PagingConfigError) as e:
         print(f"opsloop page: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.CONFIG
     setup_logging("opsloop-paging", a.log_level)
     if serve_service_metrics("opsloop page", config.metrics_port, config.metrics_bind,
                              "controllers.paging.metrics_port") is None:
-        return 2
+        return exitcodes.TEMPFAIL   # the port may be free on the next start
     stop = stop_on_signals()
     PagingService(config, settings.kafka).run(stop)
     return 0

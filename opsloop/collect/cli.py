@@ -12,6 +12,7 @@ import sys
 
 from pydantic import ValidationError
 
+from opsloop import exitcodes
 from opsloop.collect.publisher import Publisher
 from opsloop.collect.runner import run_loop, run_once
 from opsloop.collect.types import CollectorUnavailable, Round
@@ -26,6 +27,13 @@ EPILOG = """examples:
   opsloop collect haproxy --config opsloop.yaml --once --stdout     # one round as JSON lines, no Kafka
   opsloop collect ipmi --config opsloop.yaml                        # every collector.interval_s, to Kafka
   opsloop collect haproxy --config opsloop.yaml --interval 1 --metrics-port 0
+
+exit codes (--once: 0 or 1 for the round, as its help says; the others as without it):
+  2   bad command line
+  78  configuration that can never work (config, the collector's section or files, Kafka login/CA,
+      collector.spool_dir): systemd does not restart it
+  75  /metrics port taken: restarted
+  1   the collector cannot run here (CollectorUnavailable: a tool or device missing)
 """
 
 
@@ -59,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         mod = importlib.import_module(f"opsloop.collectors.{a.name}")
     except ConfigError as e:
         print(f"opsloop collect: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.CONFIG
     except ModuleNotFoundError as e:  # a dependency of the collector is missing (the name itself was checked)
         print(f"opsloop collect {a.name}: cannot import the collector: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.CONFIG   # an install to fix, not a moment to wait out
     section = settings.collectors.get(a.name)
     if section is None:
         try:
@@ -71,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"opsloop collect {a.name}: the config has no collectors.{a.name} section and the defaults "
                   f"are not enough: {describe_validation_error(e, prefix=f'collectors.{a.name}.')}; see "
                   f"collectors/{a.name}/sample.yaml", file=sys.stderr)
-            return 2
+            return exitcodes.CONFIG
     setup_logging(f"opsloop-collector-{a.name}")
     try:
         collector = mod.build(section)
@@ -80,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except ValueError as e:  # a file the section names is unusable (the IPMI inventory): was a traceback
         print(f"opsloop collect {a.name}: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.CONFIG
     rt = settings.collector
     publisher = None
     if not (a.once and a.stdout):
@@ -92,11 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:   # no spool, no delivery guarantee: refuse to start, say which setting
             print(f"opsloop collect {a.name}: collector.spool_dir {rt.spool_dir / a.name}: cannot use the spool "
                   f"directory ({e.strerror or e})", file=sys.stderr)
-            return 2
+            return exitcodes.CONFIG
         if not a.once:
             if serve_service_metrics("opsloop collect", rt.metrics_port, rt.metrics_bind,
                                      "collector.metrics_port") is None:
-                return 2
+                return exitcodes.TEMPFAIL   # the port may be free on the next start
     try:
         if a.once:
             return once_status(a.name, run_once(collector, publisher=publisher, stdout=a.stdout,

@@ -54,12 +54,13 @@ import faust
 import mode
 from faust.types import TP
 
+from opsloop import exitcodes
 from opsloop.log import get_logger
 from opsloop.streams.runtime import health
 
 log = get_logger("stream.watchdog")
 
-EXIT_RECOVERY_STALLED = 70   # EX_SOFTWARE: the supervisor restarts the worker
+EXIT_RECOVERY_STALLED = exitcodes.SOFTWARE   # 70, EX_SOFTWARE: the supervisor restarts the worker
 
 
 @dataclass

@@ -108,17 +108,17 @@ def test_an_unreadable_file_is_refused_before_the_command_is_imported(tmp_path: 
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.stdout.split() == ["2", "False", "False"], r.stdout + r.stderr
     assert r.stderr.strip() == f"opsloop edge run: config file {missing}: cannot read (No such file or directory)"
-    # a readable file: the command is imported and validates it (its own message)
+    # a readable file: the command is imported and validates it (its own message; the service's 78, EX_CONFIG)
     cfg = tmp_path / "opsloop.yaml"
     cfg.write_text("controllers:\n  edge: {interval_s: -1}\n")
     r = subprocess.run([sys.executable, "-c", probe, "edge", "run", "--config", str(cfg)],
                        capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert r.stdout.split()[:2] == ["2", "True"], r.stdout + r.stderr
+    assert r.stdout.split()[:2] == ["78", "True"], r.stdout + r.stderr
     assert "interval_s" in r.stderr, r.stderr
     # a pipe is read once, by the command (the check read it empty for the command when it read it first)
     r = subprocess.run([sys.executable, "-c", probe, "edge", "run", "--config", "/dev/stdin"], input=cfg.read_text(),
                        capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert r.stdout.split()[:2] == ["2", "True"] and "interval_s" in r.stderr, r.stdout + r.stderr
+    assert r.stdout.split()[:2] == ["78", "True"] and "interval_s" in r.stderr, r.stdout + r.stderr
 
 
 def test_state_dir_still_applies_after_the_check(tmp_path: Path) -> None:

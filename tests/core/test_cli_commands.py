@@ -137,7 +137,7 @@ def test_sim_table_prints_every_fraction_as_a_percentage(capsys: pytest.CaptureF
 
 def test_collect_without_configuration_names_what_is_missing() -> None:
     r = run_cli("collect", "haproxy", "--once", "--stdout")
-    assert r.returncode == 2 and r.stdout == ""
+    assert r.returncode == 78 and r.stdout == ""   # EX_CONFIG: the collector's configuration, not its command line
     assert "collectors.haproxy.instances" in r.stderr and "collectors/haproxy/sample.yaml" in r.stderr
 
 

@@ -26,11 +26,12 @@ def check(r, file: Path, code: int) -> str:  # type: ignore[no-untyped-def]
     ("hosts:\n  - {name: r\xe9seau, bmc: x}\n".encode("latin-1"), "not UTF-8 text"),
     (f"hosts:\n  - {{name: a, bmc: x, password_env: \"{SECRET}!\"}}\n".encode(), "hosts.0.password_env"),
 ], ids=["not YAML", "not UTF-8", "a secret in password_env"])
-def test_a_bad_ipmi_inventory_is_one_line_and_exit_2(tmp_path: Path, content: bytes, says: str) -> None:
+def test_a_bad_ipmi_inventory_is_one_line_and_exit_78(tmp_path: Path, content: bytes, says: str) -> None:
     inventory = tmp_path / "inventory.yaml"
     inventory.write_bytes(content)
     cfg = write_config(tmp_path / "c.yaml", {"collectors": {"ipmi": {"inventory": str(inventory)}}})
-    assert says in check(run_cli("collect", "ipmi", "--once", "--stdout", "--config", str(cfg)), inventory, 2)
+    # 78 (EX_CONFIG, with or without --once): a file that can never work, systemd does not restart the collector
+    assert says in check(run_cli("collect", "ipmi", "--once", "--stdout", "--config", str(cfg)), inventory, 78)
 
 
 def test_a_bmc_password_file_not_utf8_names_the_file(tmp_path: Path) -> None:

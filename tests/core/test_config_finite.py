@@ -111,5 +111,5 @@ def test_config_check_and_a_service_start_refuse_it_in_one_line(tmp_path: Path,
     assert config_main(["check", str(cfg)]) == 2
     assert "  collector.interval_s: Input should be a finite number (got inf)" in capsys.readouterr().err.splitlines()
     r = run_cli("collect", "haproxy", "--once", "--stdout", "--config", str(cfg), timeout=60)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 78 and "Traceback" not in r.stderr, r.stderr[-2000:]   # EX_CONFIG: a service refusing it
     assert "collector.interval_s: Input should be a finite number (got inf)" in r.stderr

@@ -151,7 +151,7 @@ def test_no_broker_at_all_is_unreachable_not_a_settings_error(broker: SecureBrok
         preflight(f"127.0.0.1:{free_port()}", sec, timeout_s=3)
 
 
-def test_preflight_or_exit_logs_one_line_and_exits_2(broker: SecureBroker) -> None:
+def test_preflight_or_exit_logs_one_line_and_exits_78(broker: SecureBroker) -> None:
     events: list[tuple[str, str, dict]] = []
 
     class Log:
@@ -161,7 +161,7 @@ def test_preflight_or_exit_logs_one_line_and_exits_2(broker: SecureBroker) -> No
     k = KafkaSettings(bootstrap_servers=broker.bootstrap, security=security(broker, "plain", password="bad-pw-1"))
     with pytest.raises(SystemExit) as e:
         preflight_or_exit(k, "test", Log(), timeout_s=8)
-    assert e.value.code == 2
+    assert e.value.code == 78   # EX_CONFIG: the units' RestartPreventExitStatus, no restart every 5 s
     assert [(lvl, ev) for lvl, ev, _ in events] == [("error", "kafka_preflight_failed")], events
     assert "bad-pw-1" not in str(events)
     events.clear()

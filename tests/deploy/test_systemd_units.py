@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from opsloop import exitcodes
+
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "deploy" / "systemd"
 OPSLOOP = Path(sys.executable).parent / "opsloop"
@@ -122,12 +124,41 @@ def test_environment_overrides_in_the_units_are_valid_settings(monkeypatch: pyte
             monkeypatch.delenv(assignment.split("=", 1)[0])
 
 
-def test_no_unit_takes_the_status_of_a_taken_metrics_port_as_final(tmp_path: Path) -> None:
-    """Exit 2 is what every service says of a config it cannot use (a damaged edge overrides file, a Kafka login
-    refused), which a restart does not fix: ``RestartPreventExitStatus=2`` would end the restart loop. But each
-    also exits 2 when its /metrics port is taken (the edge service: its API port too), which a restart fixes once
-    the port is free; with 2 taken as final, the service would stay down for good. So no unit takes the status of
-    a taken port as final: each unit's command is run with its metrics port held by another socket."""
+def test_every_unit_takes_exit_78_as_final_and_restarts_on_75_and_2() -> None:
+    """78 (EX_CONFIG) is what each service says of a configuration that can never work (a damaged edge overrides
+    file, a Kafka login refused): before, that was 2, also the status of a taken port, so no unit could take it as
+    final and a bad overrides file restarted every 5 s forever. 75 (a port taken) and 2 must still restart."""
+    for path in sorted(UNITS.glob("*.service")):
+        s = unit_sections(path)["Service"]
+        final = s.get("RestartPreventExitStatus", "").split()
+        assert final == [str(exitcodes.CONFIG)] == ["78"], (path.name, final)
+        assert str(exitcodes.TEMPFAIL) not in final and str(exitcodes.USAGE) not in final, (path.name, final)
+        assert s["Restart"] == "on-failure", path.name   # else 75 would not restart either
+
+
+def test_a_taken_metrics_port_exits_75_which_each_unit_restarts(tmp_path: Path) -> None:
+    """Each service exits 75 (EX_TEMPFAIL) when its /metrics port is taken (the edge service: its API port too),
+    which a restart fixes once the port is free: each unit's command is run with its metrics port held by
+    another socket, and no unit takes the status as final."""
+    config = service_config(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPSLOOP")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for path in sorted(UNITS.glob("*.service")):
+            s = unit_sections(path)["Service"]
+            argv = [a.replace("%i", "lvs" if "collector" in path.name else "ams1") for a in s["ExecStart"].split()[1:]]
+            r = subprocess.run([str(OPSLOOP), *argv, "--config", str(config), "--metrics-port", str(port)],
+                               capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+            assert f"cannot serve /metrics on 127.0.0.1:{port}" in r.stderr, (path.name, r.returncode, r.stderr[-800:])
+            final = s.get("RestartPreventExitStatus", "").split()
+            assert r.returncode == exitcodes.TEMPFAIL == 75, (path.name, r.returncode, r.stderr[-800:])
+            assert str(r.returncode) not in final, (path.name, r.returncode, final)
+
+
+def service_config(tmp_path: Path) -> Path:
+    """A config every unit's command can start with (Kafka away: the ports are taken before it is needed)."""
     topology = tmp_path / "topology.yaml"
     topology.write_text(yaml.safe_dump({"listeners": [{
         "name": "web", "backend": "be_web", "edges": [{"name": "ams1"}],
@@ -143,16 +174,4 @@ def test_no_unit_takes_the_status_of_a_taken_metrics_port_as_final(tmp_path: Pat
             "actuator": {"store_dir": str(tmp_path / "store"), "targets": [{
                 "edge": "ams1", "listener": "web", "kind": "haproxy", "socket": str(tmp_path / "admin.sock"),
                 "backend": "be_web", "servers": {"near": "near", "far": "far"}}]}}}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPSLOOP")}
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        for path in sorted(UNITS.glob("*.service")):
-            s = unit_sections(path)["Service"]
-            argv = [a.replace("%i", "lvs" if "collector" in path.name else "ams1") for a in s["ExecStart"].split()[1:]]
-            r = subprocess.run([str(OPSLOOP), *argv, "--config", str(config), "--metrics-port", str(port)],
-                               capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
-            assert f"cannot serve /metrics on 127.0.0.1:{port}" in r.stderr, (path.name, r.returncode, r.stderr[-800:])
-            final = s.get("RestartPreventExitStatus", "").split()
-            assert str(r.returncode) not in final and r.returncode != 0, (path.name, r.returncode, final)
+    return config

@@ -240,7 +240,7 @@ def test_bad_credentials_stop_a_service_at_once_with_one_clear_line(broker: Secu
                                      "state_file": str(tmp_path / "paging-state.json")}}
     config = write_config(tmp_path / "opsloop.yaml", doc)
     r = run_until_exit([*service, "--config", str(config)], tmp_path / "run")
-    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert r.returncode == 78, (r.returncode, r.stderr[-2000:])   # EX_CONFIG: systemd does not restart it
     errors = error_lines(r.stderr)
     assert len(errors) == 1, r.stderr[-3000:]
     assert errors[0]["event"] == "kafka_preflight_failed", errors

@@ -34,6 +34,7 @@ from opsloop.controllers.edge.service.kafka_io import DecisionPublisher, recover
 from opsloop.controllers.edge.service.loop import ControlLoop
 from opsloop.controllers.edge.service.overrides import OverridesError, load_overrides
 from opsloop.controllers.edge.service.store import TopologyStore
+from opsloop import exitcodes
 from opsloop.audit.trail import AuditLog
 from opsloop.config import ConfigError, Settings, load_settings
 from opsloop.kafka_clients import connect_with_retry, preflight_or_exit
@@ -63,6 +64,12 @@ PUT /v1/listeners/L/edges/E/latency/O, GET /v1/listeners/L/weights; spec at /ope
   pin an origin up although the load balancers report it DOWN (only when the check is wrong):
   PUT /v1/listeners/L/origins/O/health {"healthy": true, "force": true, "reason": "CHG-1234"}
 The token file must be private (chmod 600); the service refuses one that group or others can read.
+
+exit codes of `edge run` (`edge check`: 0 ok, 2 anything wrong):
+  2   bad command line
+  78  configuration that can never work (config, topology, overrides file, API token, Kafka login/CA):
+      systemd does not restart it
+  75  /metrics or API port taken: restarted
 """
 
 
@@ -199,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         topology = resolve_topology(cfg, config_dir)
     except ConfigError as e:
         print(f"opsloop edge: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.CONFIG if args.command == "run" else 2
     if args.command == "check":
         try:
             kept = load_overrides(cfg.overrides_file).count() if cfg.overrides_file is not None else 0
@@ -215,10 +222,21 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("opsloop-edge", args.log_level)
     try:
         server = serve_metrics(cfg.metrics_port, cfg.metrics_bind)
-        service = EdgeService(settings, cfg, config_dir).start()
-    except (OSError, ConfigError, OverridesError) as e:
+    except OSError as e:
+        print(f"opsloop edge: {e}; set controllers.edge.metrics_port", file=sys.stderr)
+        return exitcodes.TEMPFAIL   # the port may be free on the next start
+    service: EdgeService | None = None
+    try:
+        service = EdgeService(settings, cfg, config_dir)
+        service.start()
+    except (ConfigError, OverridesError, OSError) as e:
+        # a damaged overrides file or an unreadable token stays so on a restart; a taken API port (the only
+        # OSError left: the files' errors come as the other two) may be free on the next start
         print(f"opsloop edge: {e}", file=sys.stderr)
-        return 2
+        if service is not None:
+            service.stop()   # what start() got going (the demand consumer), so the process can end
+        server.shutdown()
+        return exitcodes.TEMPFAIL if isinstance(e, OSError) else exitcodes.CONFIG
     log.info("started", metrics=f"{server.server_address[0]}:{server.server_address[1]}", interval_s=cfg.interval_s,
              listeners=[lst.name for lst in topology.listeners])
     signal.signal(signal.SIGTERM, lambda *_: service._stop.set())
