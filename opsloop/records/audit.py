@@ -21,13 +21,13 @@ import hashlib
 import math
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 from pydantic import ConfigDict, Field, field_validator
 
 from opsloop.log import redact
-from opsloop.records.base import JsonRecord, RecordError
+from opsloop.records.base import JsonRecord, Number, RecordError, no_bool
 
 TOKEN = r"^[a-z][a-z0-9_.:\-]*$"   # actor, action, result: lowercase dotted tokens
 MAX_STATE_BYTES = 32 * 1024         # before/after: a weights row or a page, not a dump
@@ -55,13 +55,14 @@ class AuditRecord(JsonRecord):
     ENCODE_ID = True
     ERROR = AuditError
 
-    time: float = Field(default_factory=time.time, ge=946684800, le=4102444800)  # epoch seconds (event time)
+    time: Number = Field(default_factory=time.time, ge=946684800, le=4102444800)  # epoch seconds (event time)
     actor: str = Field(min_length=1, max_length=100, pattern=TOKEN)
     action: str = Field(min_length=1, max_length=100, pattern=TOKEN)
     target: str = Field(min_length=1, max_length=300)
     edge: str | None = Field(default=None, min_length=1, max_length=200)
     listener: str | None = Field(default=None, min_length=1, max_length=200)
-    version: int | str | None = None
+    # a bool was version 1 (lax int); an integral float is still an int (12.0: 12), digits a string as before
+    version: Annotated[int | str | None, no_bool("an integer, a string or null")] = None
     before: dict[str, Any] | None = None
     after: dict[str, Any] | None = None
     reason: str = Field(default="", max_length=4000)

@@ -4,18 +4,50 @@ A record class names itself (``RECORD``, used in every error message) and, when 
 from its content, its ``id`` (``ENCODE_ID``: written beside the fields, dropped again on decode). Decoding
 never lets a raw pydantic or JSON error out: :class:`RecordError` names the record, the field and the
 value, so a consumer can dead-letter the record with a reason an operator can act on.
+
+The records' numbers and flags are typed strictly (:data:`Integer`, :data:`Number`, :data:`Flag`): pydantic's lax
+mode read JSON ``true`` as 1 and ``"12"`` as 12, so ``"first_seen": true`` decoded as a finding of 1970 and
+``"version": true`` as version 1. What producers send stays accepted: an int where a float goes, an integral
+float (``12.0``) where an int goes.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError, PydanticKnownError
 
 from opsloop.validation import WireError, describe_validation_error
 
 R = TypeVar("R", bound="JsonRecord")
+
+
+def _integer(value: Any) -> Any:
+    # before pydantic's lax int, which took a bool (true: 1) and digits ("12": 12) as integers; its strict int
+    # would refuse 12.0 and numpy's ints too, which producers may pass
+    if isinstance(value, (bool, str, bytes, bytearray)):
+        raise PydanticKnownError("int_type")
+    return value
+
+
+# An integer field: no bool, no text; an integral float (12.0) is taken as before.
+Integer = Annotated[int, BeforeValidator(_integer)]
+# A number field: an int or a float (numpy's too), no bool, no text (pydantic's strict float, in its core).
+Number = Annotated[float, Field(strict=True)]
+# A flag: JSON true or false only (lax read 1, "yes", "off" as flags).
+Flag = Annotated[bool, Field(strict=True)]
+
+
+def no_bool(expected: str) -> BeforeValidator:
+    """A validator refusing a bool, for a field of a union a bool would pass as a number (``float | str``,
+    ``int | str``): one error naming the field and ``expected``, not one per member of the union."""
+    def check(value: Any) -> Any:
+        if isinstance(value, bool):
+            raise PydanticCustomError("bool_refused", "Input should be {expected}", {"expected": expected})
+        return value
+    return BeforeValidator(check)
 
 
 class RecordError(WireError):
@@ -45,7 +77,7 @@ class JsonRecord(BaseModel):
     ERROR: ClassVar[type[RecordError]] = RecordError
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    schema_version: int = 1
+    schema_version: Integer = 1
 
     @field_validator("schema_version")
     @classmethod

@@ -1,15 +1,20 @@
 """The edge control loop's records: ``edge.demand`` (what each edge offered its origins, from the stream
-stage) and ``edge.weights`` (the share per origin the controller decided, for the actuators)."""
+stage) and ``edge.weights`` (the share per origin the controller decided, for the actuators).
+
+Numbers are numbers and ``up`` a JSON bool (:mod:`opsloop.records.base`): ``"version": true`` was version 1,
+``{"weights": {"eu": true}}`` a share of 1, ``"up": 0`` a server down. Names (edge, backend, listener, origin)
+are at most :data:`MAX_NAME_CHARS` characters. All refused at decode, naming the field."""
 
 from __future__ import annotations
 
 import enum
 import math
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from opsloop.argtypes import INT64_MAX
-from opsloop.records.base import JsonRecord
+from opsloop.records.base import Flag, Integer, JsonRecord, Number
 from opsloop.validation import LAST_TIME_MS, check_number
 
 SHARE_SUM_TOLERANCE = 1e-6
@@ -26,6 +31,10 @@ MAX_STATUS_CHARS = 64
 # reader refused it its own way (the actuators at apply, the controller's recovery) or failed on it.
 MAX_VERSION = INT64_MAX
 LAST_EPOCH = LAST_TIME_MS
+# An edge's, backend's, listener's or origin's name: the stream stage cuts HAProxy's names to 256 characters (a
+# label's bound, opsloop.streams.runtime.gauges), the topology and the actuators' config allow 200.
+MAX_NAME_CHARS = 256
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
 
 class OriginState(BaseModel):
@@ -33,11 +42,11 @@ class OriginState(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rps: float = Field(ge=0.0, le=MAX_RATE_RPS, allow_inf_nan=False)
-    up: bool = True
+    rps: Number = Field(ge=0.0, le=MAX_RATE_RPS, allow_inf_nan=False)
+    up: Flag = True
     status: str = Field(default="", max_length=MAX_STATUS_CHARS)
     # HAProxy ``rtime`` (ms, mean over its last 1024 requests); None when the stats had no value
-    rtime_ms: float | None = Field(default=None, ge=0.0, le=MAX_RESPONSE_MS, allow_inf_nan=False)
+    rtime_ms: Number | None = Field(default=None, ge=0.0, le=MAX_RESPONSE_MS, allow_inf_nan=False)
 
 
 class EdgeDemand(JsonRecord):
@@ -45,11 +54,11 @@ class EdgeDemand(JsonRecord):
 
     RECORD = "edge demand record"
 
-    edge: str = Field(min_length=1)
-    backend: str = Field(min_length=1)
-    demand_rps: float = Field(ge=0.0, le=MAX_RATE_RPS, allow_inf_nan=False)
-    origins: dict[str, OriginState] = Field(default_factory=dict)
-    timestamp: float = Field(gt=0.0, allow_inf_nan=False)  # event time of the newest rate used
+    edge: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    backend: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    demand_rps: Number = Field(ge=0.0, le=MAX_RATE_RPS, allow_inf_nan=False)
+    origins: dict[Name, OriginState] = Field(default_factory=dict)
+    timestamp: Number = Field(gt=0.0, allow_inf_nan=False)  # event time of the newest rate used
 
     @property
     def key(self) -> str:
@@ -97,16 +106,16 @@ class EdgeWeights(JsonRecord):
 
     RECORD = "edge weights record"
 
-    version: int = Field(ge=0)
-    epoch: int = Field(default=0, ge=0)
-    listener: str = Field(min_length=1)
-    edge: str = Field(min_length=1)
-    weights: dict[str, float] = Field(min_length=1)
-    computed_at: float = Field(ge=0.0, allow_inf_nan=False)
+    version: Integer = Field(ge=0)
+    epoch: Integer = Field(default=0, ge=0)
+    listener: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    edge: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    weights: dict[Name, Number] = Field(min_length=1)
+    computed_at: Number = Field(ge=0.0, allow_inf_nan=False)
     mode: Mode = Mode.NORMAL
     reason: str = ""
-    inputs_age_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
-    shed: dict[str, float] = Field(default_factory=dict)
+    inputs_age_s: Number = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    shed: dict[str, Number] = Field(default_factory=dict)
 
     @field_validator("version")
     @classmethod

@@ -44,8 +44,9 @@ class Metric(BaseModel):
     name: str = Field(min_length=1, max_length=MAX_NAME_LEN, pattern=r"^[A-Za-z_][A-Za-z0-9_.:\-]*$")
     tags: dict[str, str] = Field(default_factory=dict, max_length=MAX_TAGS)
     fields: dict[str, FieldValue] = Field(min_length=1, max_length=MAX_FIELDS)
-    # Seconds since the epoch, 2000..2100; describe_validation_error explains values out of range.
-    timestamp: float = Field(ge=MIN_TIMESTAMP, le=MAX_TIMESTAMP)
+    # Seconds since the epoch, 2000..2100; describe_validation_error explains values out of range. A number: lax
+    # mode took digits in a string ("1795310400") as one; an int is a float here, as Telegraf writes it.
+    timestamp: float = Field(strict=True, ge=MIN_TIMESTAMP, le=MAX_TIMESTAMP)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "tags": self.tags, "fields": self.fields, "timestamp": self.timestamp}
