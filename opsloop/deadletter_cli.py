@@ -7,6 +7,9 @@ applied): why, which stage, where the record came from and its bytes, bounded (o
   summary   how many, by stage x source topic x reason (numbers, quoted values and ids in reasons masked)
   replay    send the original bytes of the selected records back to their source topic (dry run without --yes)
 
+A replayed record carries the header opsloop-replayed-from; refused again, its dead letter says so
+(``replayed_from``): `list` shows it, `summary` counts it (AFTER REPLAY), `replay` leaves it (--force sends it).
+
 A read starts at the first offset at or after --since (``offsets_for_times``) and stops at the end offsets
 read when it starts: it never waits for new dead letters and returns at once on an empty topic. A dead letter
 this opsloop cannot read (not JSON, fields missing, a newer schema_version) is named on stderr and skipped.
@@ -39,13 +42,13 @@ from opsloop.config import ConfigError, KafkaSettings, load_settings
 from opsloop.kafka_clients import client_options
 from opsloop.kafka_security import KafkaSecurityError, preflight
 from opsloop.log import get_logger, setup_logging
-from opsloop.records.deadletter import SCHEMA_VERSION
+from opsloop.records.deadletter import DEADLETTER_KEY_BYTES, REPLAYED_FROM_HEADER, SCHEMA_VERSION
 from opsloop.topics import Topic
 
 log = get_logger("deadletter")
 
 # Kafka header on every replayed record: the dead letter it came from, so a copy refused again is recognisable
-REPLAYED_FROM = "opsloop-replayed-from"
+REPLAYED_FROM = REPLAYED_FROM_HEADER
 # fields every dead letter has (opsloop.records.deadletter_record writes them all)
 REQUIRED = ("reason", "stage", "source_topic", "partition", "offset", "key", "received_at")
 # a key deadletter_record could not keep as UTF-8 (decoded with backslashreplace): not restorable exactly
@@ -66,9 +69,11 @@ EPILOG = """examples:
 the base name (telemetry.lb; kafka.topic_prefix is applied) or the name on the cluster. Brokers, TLS/SASL
 and the topic prefix come from the `kafka` section of --config (--bootstrap overrides the brokers).
 `list` prints time (UTC), stage, source topic/partition/offset, reason (cut to the terminal) and key.
+`list` marks a record refused again after a replay with replayed-from=<the dead letter it was replayed from>.
 `replay` sends each selected record's original bytes with its key and a header opsloop-replayed-from
 (dead-letter topic/partition/offset), waits for the acknowledgements and reports counts; it never sends
-a record kept truncated, nor one whose dead letter holds an excerpt instead of the record.
+a record kept truncated or with its key cut, nor one whose dead letter holds a sample or an excerpt
+instead of the record; nor, without --force, one that was refused again after a replay.
 Exit: list, summary 0 when dead letters matched, 1 when none; replay 0 when every selected record was
 sent (or, without --yes, could be), 1 when a send failed; 2 on bad input or unreachable Kafka.
 """
@@ -79,7 +84,12 @@ class DeadLetterError(ValueError):
 
 
 class NotReplayable(ValueError):
-    """A readable dead letter whose record cannot be sent back as it was; the message says why."""
+    """A readable dead letter whose record cannot be sent back as it was; the message says why (the same for
+    alike records: counted by it), ``detail`` says it for this record."""
+
+    def __init__(self, why: str, detail: str | None = None) -> None:
+        super().__init__(why)
+        self.detail = why if detail is None else detail
 
 
 class ReadStalled(RuntimeError):
@@ -160,13 +170,41 @@ def decode_letter(value: bytes | None) -> dict[str, Any]:
         raise DeadLetterError(f"received_at: expected seconds since the epoch, got {_shown(at)}")
     if "value_b64" in doc and not isinstance(doc["value_b64"], str):
         raise DeadLetterError(f"value_b64: expected a string, got {_shown(doc['value_b64'])}")
-    if "truncated" in doc and not isinstance(doc["truncated"], bool):
-        raise DeadLetterError(f"truncated: expected true or false, got {_shown(doc['truncated'])}")
+    # optional fields of newer dead letters (opsloop/records/deadletter.py); absent in older ones
+    for name in ("truncated", "key_truncated"):
+        if name in doc and not isinstance(doc[name], bool):
+            raise DeadLetterError(f"{name}: expected true or false, got {_shown(doc[name])}")
+    if "key_bytes" in doc and (type(doc["key_bytes"]) is not int or doc["key_bytes"] < 0):   # noqa: E721
+        raise DeadLetterError(f"key_bytes: expected an integer >= 0, got {_shown(doc['key_bytes'])}")
+    for name in ("replayed_from", "value_is"):
+        if doc.get(name) is not None and not isinstance(doc[name], str):
+            raise DeadLetterError(f"{name}: expected a string or null, got {_shown(doc[name])}")
     return doc
+
+
+# why a dead letter whose value is not the record cannot be replayed, by its value_is
+_NOT_THE_RECORD = {
+    "sample": "the dead letter holds one sample of the record (a bad sample of a batch, or one a handler "
+              "refused), not the record's bytes",
+    "samples": "the dead letter holds an excerpt of the record's rejected samples, not the record's bytes",
+    "summary": "the dead letter holds a handler's summary of samples, not a record",
+}
+
+
+def refuse_replayed(doc: dict[str, Any]) -> None:
+    """:class:`NotReplayable` for the dead letter of a record that was itself a replay: refused twice,
+    a third time would be refused the same way until the cause is fixed (``--force`` skips this)."""
+    origin = doc.get("replayed_from")
+    if origin is not None:
+        raise NotReplayable("refused again after a replay: fix the cause first, or --force",
+                            f"refused again after a replay of {origin}: fix the cause first, or --force")
 
 
 def original_value(doc: dict[str, Any]) -> bytes:
     """The refused record's bytes as the dead letter kept them; :class:`NotReplayable` when it kept less."""
+    kind = doc.get("value_is")
+    if kind is not None and kind != "record":
+        raise NotReplayable(_NOT_THE_RECORD.get(kind, f"value_is {printable(kind[:40])!r}: not the record's bytes"))
     if doc.get("truncated"):
         raise NotReplayable("truncated: only the first bytes of the record were kept")
     if "value_b64" in doc:
@@ -187,6 +225,10 @@ def original_key(doc: dict[str, Any]) -> bytes | None:
     key = doc["key"]
     if key is None:
         return None
+    if doc.get("key_truncated"):   # resent cut, it would land on another partition under another state key
+        raise NotReplayable("key truncated: only its first bytes were kept",
+                            f"key truncated: only the first {DEADLETTER_KEY_BYTES} of its "
+                            f"{doc.get('key_bytes', '?')} bytes were kept")
     if _ESCAPED_BYTE.search(key):
         raise NotReplayable("key was not UTF-8: kept escaped, it cannot be restored exactly")
     return key.encode("utf-8", "surrogatepass")
@@ -335,11 +377,12 @@ def stderr_progress(topic: str) -> Callable[[ReadStats], None]:
 
 def cmd_list(reader: Reader, filters: Filters, limit: int, as_json: bool) -> int:
     newest: list[tuple[float, int, int, Letter]] = []   # heap of the newest ``limit``
-    matched = 0
+    matched = again = 0
     for letter in reader.letters():
         if not filters.match(letter.doc):
             continue
         matched += 1
+        again += letter.doc.get("replayed_from") is not None
         item = (letter.received_at, letter.partition, letter.offset, letter)
         if len(newest) < limit:
             heapq.heappush(newest, item)
@@ -352,12 +395,13 @@ def cmd_list(reader: Reader, filters: Filters, limit: int, as_json: bool) -> int
     else:
         for line in render_lines(shown, shutil.get_terminal_size((160, 24)).columns):
             print(line)
-    _footer(reader, matched, len(shown))
+    _footer(reader, matched, len(shown), again=again)
     return 0 if matched else 1
 
 
 def render_lines(letters: list[Letter], width: int) -> list[str]:
-    """time, stage, source topic/partition/offset, reason cut to fit the line, key."""
+    """time, stage, source topic/partition/offset, reason cut to fit the line, the dead letter it was
+    replayed from (a replay refused again), key."""
     if not letters:
         return []
     stage_w = max(len(printable(lt.doc["stage"])) for lt in letters)
@@ -366,6 +410,11 @@ def render_lines(letters: list[Letter], width: int) -> list[str]:
     for lt in letters:
         key = None if lt.doc["key"] is None else printable(lt.doc["key"])
         key_part = "key=" + ("-" if key is None else (key if len(key) <= 40 else key[:39] + "…"))
+        if lt.doc.get("key_truncated"):
+            key_part += f" (cut, {lt.doc.get('key_bytes', '?')} bytes)"
+        origin = lt.doc.get("replayed_from")
+        if origin is not None:   # never cut: it tells a record refused twice from a new one
+            key_part = f"replayed-from={printable(origin[:120])}  {key_part}"
         head = f"{_utc(lt.received_at)}  {printable(lt.doc['stage']):<{stage_w}}  {printable(lt.source):<{source_w}}  "
         room = max(20, width - len(head) - len(key_part) - 2)
         reason = printable(" ".join(lt.doc["reason"].split()))
@@ -376,6 +425,7 @@ def render_lines(letters: list[Letter], width: int) -> list[str]:
 
 def cmd_summary(reader: Reader, filters: Filters, as_json: bool) -> int:
     counts: Counter[tuple[str, str, str]] = Counter()
+    again: Counter[tuple[str, str, str]] = Counter()   # of them, records refused again after a replay
     newest: dict[tuple[str, str, str], float] = {}
     for letter in reader.letters():
         if not filters.match(letter.doc):
@@ -383,32 +433,39 @@ def cmd_summary(reader: Reader, filters: Filters, as_json: bool) -> int:
         group = (printable(letter.doc["stage"]), printable(letter.doc["source_topic"]) or "-",
                  printable(normalise_reason(letter.doc["reason"])))
         counts[group] += 1
+        again[group] += letter.doc.get("replayed_from") is not None
         newest[group] = max(newest.get(group, 0.0), letter.received_at)
     rows = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     if as_json:
         for (stage, source, reason), n in rows:
-            sys.stdout.write(orjson.dumps({"count": n, "stage": stage, "source_topic": source, "reason": reason,
-                                           "newest": _utc(newest[(stage, source, reason)])}).decode() + "\n")
+            g = (stage, source, reason)
+            sys.stdout.write(orjson.dumps({"count": n, "after_replay": again[g], "stage": stage,
+                                           "source_topic": source, "reason": reason,
+                                           "newest": _utc(newest[g])}).decode() + "\n")
     elif rows:
         stage_w = max(5, *(len(g[0]) for g, _ in rows))
         source_w = max(12, *(len(g[1]) for g, _ in rows))
         count_w = max(5, len(str(rows[0][1])))
-        print(f"{'COUNT':>{count_w}}  {'STAGE':<{stage_w}}  {'SOURCE TOPIC':<{source_w}}  {'NEWEST':<20}  REASON")
+        print(f"{'COUNT':>{count_w}}  {'STAGE':<{stage_w}}  {'SOURCE TOPIC':<{source_w}}  {'NEWEST':<20}  "
+              "AFTER REPLAY  REASON")
         for (stage, source, reason), n in rows:
-            print(f"{n:>{count_w}}  {stage:<{stage_w}}  {source:<{source_w}}  "
-                  f"{_utc(newest[(stage, source, reason)]):<20}  {reason}")
+            g = (stage, source, reason)
+            print(f"{n:>{count_w}}  {stage:<{stage_w}}  {source:<{source_w}}  {_utc(newest[g]):<20}  "
+                  f"{again[g]:>12}  {reason}")
     matched = sum(counts.values())
-    _footer(reader, matched, matched, groups=len(rows))
+    _footer(reader, matched, matched, groups=len(rows), again=sum(again.values()))
     return 0 if matched else 1
 
 
-def _footer(reader: Reader, matched: int, shown: int, groups: int | None = None) -> None:
+def _footer(reader: Reader, matched: int, shown: int, groups: int | None = None, again: int = 0) -> None:
     """What was read, on stderr (stdout keeps the records): counts, and the unreadable ones skipped."""
     parts = [f"{matched} dead letter{'s' if matched != 1 else ''} matched"]
     if shown < matched:
         parts.append(f"the newest {shown} shown (--limit)")
     if groups is not None:
         parts.append(f"{groups} group{'s' if groups != 1 else ''}")
+    if again:   # replaying these again is pointless until the cause is fixed
+        parts.append(f"{again} refused again after a replay")
     if reader.stats.unreadable:
         parts.append(f"{reader.stats.unreadable} unreadable skipped")
     print(f"{reader.topic}: " + ", ".join(parts), file=sys.stderr)
@@ -424,7 +481,7 @@ class ReplayReport:
 
 
 def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: bool, limit: int | None,
-               as_json: bool, timeout_s: float) -> int:
+               as_json: bool, timeout_s: float, force: bool = False) -> int:
     report = ReplayReport()
     producer = None
     # (dead letter without its record, destination, future) until acknowledged: the values are the producer's
@@ -443,10 +500,12 @@ def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: boo
             report.selected += 1
             destination = letter.doc["source_topic"]
             try:
+                if not force:
+                    refuse_replayed(letter.doc)
                 value, key = original_value(letter.doc), original_key(letter.doc)
             except NotReplayable as e:
                 report.skipped[str(e)] += 1
-                _replay_line(report, as_json, letter, destination, "skipped", str(e))
+                _replay_line(report, as_json, letter, destination, "skipped", e.detail)
                 continue
             if producer is None:
                 report.sent += 1   # would be sent
@@ -562,6 +621,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp = add("replay", "send the selected records back to their source topic (dry run without --yes)", "24h")
     rp.add_argument("--limit", type=integer(1), help="at most the first N selected (default: all)")
     rp.add_argument("--yes", action="store_true", help="send (without it: print what would be sent)")
+    rp.add_argument("--force", action="store_true",
+                    help="also replay records refused again after a replay (once their cause is fixed)")
     return p
 
 
@@ -598,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_list(reader, filters, a.limit, a.json)
         if a.command == "summary":
             return cmd_summary(reader, filters, a.json)
-        return cmd_replay(reader, filters, k, a.yes, a.limit, a.json, a.timeout)
+        return cmd_replay(reader, filters, k, a.yes, a.limit, a.json, a.timeout, a.force)
     except (KafkaSecurityError, ReadStalled) as e:
         print(f"opsloop deadletter {a.command}: {e}", file=sys.stderr)
         return 2

@@ -9,25 +9,28 @@ no call site repeats it:
 * :func:`faust_app_options` -- broker URLs, ``broker_credentials`` and the app id for ``faust.App``;
 * ``KafkaSettings.topic(name)`` / ``.group(id)`` -- names with ``kafka.topic_prefix`` applied;
 * :func:`preflight_or_exit` -- run at every service's start: a wrong password or an untrusted CA ends
-  the process (exit 2) with one log line naming the problem, instead of a client retrying forever.
+  the process (exit 78, ``exitcodes.CONFIG``: systemd does not restart it) with one log line naming the
+  problem, instead of a client retrying forever.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from kafka.errors import KafkaError
 
+from opsloop import exitcodes
 from opsloop.config import KafkaSettings
 from opsloop.records import deadletter_record
+from opsloop.records.deadletter import ValueIs, replayed_from_header
 from opsloop.topics import Topic
 from opsloop.kafka_security import (KafkaSecurityError, KafkaUnreachable, faust_credentials, kafka_python_options,
                                     preflight)
 
-# Exit status of a service whose Kafka settings cannot work (the same as for a bad configuration).
-EXIT_KAFKA_SETTINGS = 2
+# Exit status of a service whose Kafka settings cannot work: a bad configuration, not restarted by systemd.
+EXIT_KAFKA_SETTINGS = exitcodes.CONFIG
 
 
 def kafka_settings(kafka: KafkaSettings | str) -> KafkaSettings:
@@ -58,8 +61,8 @@ def preflight_or_exit(kafka: KafkaSettings, service: str, log: Any, timeout_s: f
 
     PLAINTEXT has nothing to check (no password, no certificate): skipped. A rejected login, an
     untrusted certificate or an unreadable password/CA file: one ``kafka_preflight_failed`` error line
-    and ``SystemExit(2)``. No broker answering at all is not a settings error: a warning, and the
-    service goes on (its clients retry; a collector spools).
+    and ``SystemExit(EXIT_KAFKA_SETTINGS)`` (78). No broker answering at all is not a settings error: a
+    warning, and the service goes on (its clients retry; a collector spools).
     """
     if kafka.security.protocol == "PLAINTEXT":
         return
@@ -99,15 +102,22 @@ def connect_with_retry(connect: Callable[[], None], stop: threading.Event, servi
     return False
 
 
+# a consumed record's headers as kafka-python gives them (``ConsumerRecord.headers``)
+RecordHeaders = Sequence[tuple[str, bytes | None]]
+
+
 def send_deadletter(producer: Any, kafka: KafkaSettings, reason: str, *, source_topic: str,
                     partition: int | None, offset: int | None, key: bytes | None, value: Any,
-                    stage: str, log: Any) -> None:
+                    stage: str, log: Any, headers: RecordHeaders | None = None,
+                    value_is: ValueIs | None = None) -> None:
     """Keep a consumed record a service refused on the dead-letter topic, in the stream stage's
-    shape (:func:`opsloop.records.deadletter_record`). Never raises: the caller has counted the
+    shape (:func:`opsloop.records.deadletter_record`). ``headers``: the consumed record's (a replay's
+    ``opsloop-replayed-from`` becomes ``replayed_from``: refused again, not a new failure); ``value_is``:
+    what ``value`` holds (``record``: its bytes, replayable). Never raises: the caller has counted the
     refusal already, and a broker hiccup must not stop the service (it is logged)."""
     try:
         producer.send(kafka.topic(Topic.DEADLETTER), key=key, value=deadletter_record(
             reason, topic=source_topic, partition=partition, offset=offset, key=key, value=value,
-            stage=stage))
+            stage=stage, replayed_from=replayed_from_header(headers), value_is=value_is))
     except Exception as e:  # noqa: BLE001
         log.error("deadletter_failed", stage=stage, error=f"{type(e).__name__}: {e}"[:300])

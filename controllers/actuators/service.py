@@ -58,8 +58,8 @@ from typing import Any, Callable
 from opsloop.audit.trail import AuditLog
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
-from opsloop.kafka_clients import (client_options, connect_with_retry, kafka_settings, preflight_or_exit,
-                                   send_deadletter)
+from opsloop.kafka_clients import (RecordHeaders, client_options, connect_with_retry, kafka_settings,
+                                   preflight_or_exit, send_deadletter)
 from opsloop.log import Sampled, get_logger
 
 from opsloop.controllers.actuators import metrics
@@ -122,8 +122,8 @@ class _Slot:
     owed_clears: list[float] = field(default_factory=list)   # a previous run's clears (first_seen) maybe undelivered
     finding_id: str = ""                 # of this slot's edge.fail_static finding
     recorded: tuple[float, bool] | None = None   # (since, cleared) as the state file says (without ``owed``)
-    # the pending decision's record (key, value, (partition, offset)): dead-lettered if it is given up
-    pending_record: tuple[bytes | None, bytes | None, tuple[int | None, int | None]] | None = None
+    # the pending decision's record (key, value, (partition, offset), headers): dead-lettered if it is given up
+    pending_record: tuple[bytes | None, bytes | None, tuple[int | None, int | None], RecordHeaders | None] | None = None
     attempts: int = 0                    # applies of the pending decision ended by a mismatch or an internal error
     applying: bool = False               # inside the apply of ``pending`` (an exception then counts as an attempt)
     reconciling: bool = False            # inside a reconcile (an exception then is audited as its failure)
@@ -183,10 +183,12 @@ class ActuatorService:
 
     # -- one step --------------------------------------------------------------------------------
     def handle_records(self, records: list[tuple[bytes | None, bytes | None]],
-                       origins: list[tuple[int | None, int | None]] | None = None) -> int:
+                       origins: list[tuple[int | None, int | None]] | None = None,
+                       headers: list[RecordHeaders | None] | None = None) -> int:
         """Queue the newest decision per (listener, edge) of ours; returns how many were queued.
         A record of ours that is no valid decision is counted and dead-lettered (``origins``: each
-        record's partition and offset, for the dead letter)."""
+        record's partition and offset, ``headers`` its headers -- a replay refused again says so --,
+        for the dead letter)."""
         queued = 0
         now = time.monotonic()
         for i, (key, value) in enumerate(records):
@@ -195,6 +197,7 @@ class ActuatorService:
                 if key_edge and key_edge not in self.edges:
                     continue  # another edge's decision: not ours to decode
             origin = origins[i] if origins else (None, None)
+            hdrs = headers[i] if headers else None
             try:
                 d = EdgeWeights.decode(value)
             except Exception as e:  # noqa: BLE001 - ValueError: no decision; else a decoder bug: the same bytes
@@ -202,7 +205,7 @@ class ActuatorService:
                 why = str(e) if isinstance(e, ValueError) else f"internal error decoding: {type(e).__name__}: {e}"
                 metrics.REJECTED.inc()
                 REJECT_LOG.warning(log, "decision_rejected", reason=why[:300])
-                self._deadletter(key, value, why, origin)
+                self._deadletter(key, value, why, origin, hdrs)
                 continue
             if d.edge not in self.edges:
                 continue
@@ -218,16 +221,16 @@ class ActuatorService:
                 if slot.pending is None or d.stamp != slot.pending.stamp:
                     slot.attempts = 0   # a re-sent copy keeps its attempts (else a poison one never ends)
                 slot.pending = d
-                slot.pending_record = (key, value, origin)
+                slot.pending_record = (key, value, origin, hdrs)
                 queued += 1
         return queued
 
     def _deadletter(self, key: bytes | None, value: bytes | None, reason: str,
-                    origin: tuple[int | None, int | None]) -> None:
+                    origin: tuple[int | None, int | None], headers: RecordHeaders | None = None) -> None:
         if self._producer is not None:
             send_deadletter(self._producer, self.kafka, reason, source_topic=self.kafka.topic(self.config.topic),
                             partition=origin[0], offset=origin[1], key=key, value=value, stage="actuator",
-                            log=log)
+                            log=log, headers=headers, value_is="record")
 
     def tick(self, now: float) -> None:
         """Apply what is pending (when its back-off allows), then check for fail static, then send the
@@ -356,8 +359,8 @@ class ActuatorService:
             # failed record below says why (a mismatch -- another writer -- is left to staleness)
             self._enter_fail_static(slot, now, reason, audit=False)
             # kept for a post-mortem / replay once the bug is fixed
-            key, value, origin = record or (None, decision.encode(), (None, None))
-            self._deadletter(key, value, reason, origin)
+            key, value, origin, headers = record or (None, decision.encode(), (None, None), None)
+            self._deadletter(key, value, reason, origin, headers)
         a.fail(decision, reason, text)
 
     @staticmethod
@@ -454,7 +457,8 @@ class ActuatorService:
         polled_records = [r for recs in polled.values() for r in recs]
         records = [(r.key, r.value) for r in polled_records]
         if records:
-            self.handle_records(records, [(r.partition, r.offset) for r in polled_records])
+            self.handle_records(records, [(r.partition, r.offset) for r in polled_records],
+                                [getattr(r, "headers", None) for r in polled_records])
             self._uncommitted = True
         metrics.ASSIGNED.set(len(self._consumer.assignment()))   # after: polled records are never left unhandled
         self.tick(time.monotonic())

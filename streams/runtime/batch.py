@@ -23,6 +23,7 @@ from prometheus_client import Counter
 
 from opsloop.log import Sampled, get_logger
 from opsloop.records import DEADLETTER_VALUE_LIMIT, Metric, deadletter_record
+from opsloop.records.deadletter import ValueIs, replayed_from_header
 from opsloop.wire import Parsed, Rejected, parse_record
 from opsloop.streams.runtime import health
 
@@ -39,10 +40,14 @@ class DeadLetter:
     offset: int | None
     key: bytes | None
     value: Any
+    # the refused record's opsloop-replayed-from header: a replay refused again, not a new failure
+    replayed_from: str | None = None
+    value_is: ValueIs | None = None   # what ``value`` holds (record, sample, samples, summary)
 
     def encode(self) -> bytes:
         """The dead-letter record, bounded: Kafka refuses a message over 1 MB, and a dead letter lost so
-        is a bad record with no trace. The reason is cut to :data:`DEADLETTER_REASON_CHARS`; a value
+        is a bad record with no trace. The reason is cut to :data:`DEADLETTER_REASON_CHARS`; the key
+        (``deadletter_record`` cuts it to ``DEADLETTER_KEY_BYTES`` and says so); a value
         that is not the raw record (whose bytes ``deadletter_record`` cuts itself) is cut to an
         excerpt of :data:`DEADLETTER_VALUE_LIMIT` bytes, flagged ``truncated`` with its ``value_bytes``."""
         reason = self.reason
@@ -51,17 +56,15 @@ class DeadLetter:
         value = self.value
         if isinstance(value, str):
             value = value.encode("utf-8", "surrogatepass")   # cut (and flagged) like raw bytes
-        key = self.key[:DEADLETTER_KEY_BYTES] if isinstance(self.key, bytes) else self.key
+        where = {"topic": self.topic, "partition": self.partition, "offset": self.offset, "key": self.key,
+                 "replayed_from": self.replayed_from, "value_is": self.value_is}
         if value is None or isinstance(value, bytes):
-            return deadletter_record(reason, topic=self.topic, partition=self.partition, offset=self.offset,
-                                     key=key, value=value)
+            return deadletter_record(reason, value=value, **where)
         text = orjson.dumps(value, default=str)
         if len(text) <= DEADLETTER_VALUE_LIMIT:
-            return deadletter_record(reason, topic=self.topic, partition=self.partition, offset=self.offset,
-                                     key=key, value=value)
+            return deadletter_record(reason, value=value, **where)
         # rare (an oversize sample a handler refused): the record made without the value, then the excerpt
-        doc = orjson.loads(deadletter_record(reason, topic=self.topic, partition=self.partition,
-                                             offset=self.offset, key=key, value=None))
+        doc = orjson.loads(deadletter_record(reason, value=None, **where))
         doc["value"] = text[:DEADLETTER_VALUE_LIMIT].decode("utf-8", "ignore")
         doc["truncated"] = True
         doc["value_bytes"] = len(text)
@@ -93,10 +96,9 @@ class RawMessage(Protocol):
 DEADLETTER_REASONS = 5
 DEADLETTER_SAMPLES = 20
 DEADLETTER_SAMPLE_CHARS = 2000
-# ... and of every dead letter's reason and key (DEADLETTER_VALUE_LIMIT bounds its value): with them it
-# stays far below Kafka's 1 MB message limit
+# ... and of every dead letter's reason (DEADLETTER_VALUE_LIMIT bounds its value, DEADLETTER_KEY_BYTES its key):
+# with them it stays far below Kafka's 1 MB message limit
 DEADLETTER_REASON_CHARS = 4096
-DEADLETTER_KEY_BYTES = 1024
 DEFAULT_MAX_CLOCK_SKEW_S = 300.0
 
 REJECTED_SAMPLES = Counter("opsloop_stream_rejected_samples_total",
@@ -133,7 +135,7 @@ def decode_messages(messages: Iterable[RawMessage], now: float | None = None,
         value = msg.value
         if value is None:
             out.deadletters.append(DeadLetter("record has no value (tombstone)", msg.topic, msg.partition,
-                                              msg.offset, msg.key, None))
+                                              msg.offset, msg.key, None, _replayed_from(msg), "record"))
             continue
         if not isinstance(value, (bytes, str)):
             value = bytes(value)
@@ -182,8 +184,11 @@ def _record_deadletter(msg: RawMessage, value: bytes | str, rejected: list[Rejec
     """One dead letter for all that was wrong with one record: the first reasons and a bounded excerpt."""
     if len(rejected) == 1:
         rej = rejected[0]
-        raw = value if rej.index is None else _excerpt(rej.raw)
-        return DeadLetter(rej.reason, msg.topic, msg.partition, msg.offset, msg.key, raw)
+        if rej.index is None:   # the record itself refused: its bytes, replayable once fixed
+            return DeadLetter(rej.reason, msg.topic, msg.partition, msg.offset, msg.key, value,
+                              _replayed_from(msg), "record")
+        return DeadLetter(rej.reason, msg.topic, msg.partition, msg.offset, msg.key, _excerpt(rej.raw),
+                          _replayed_from(msg), "sample")
     reasons = "; ".join(r.reason for r in rejected[:DEADLETTER_REASONS])
     more = len(rejected) - DEADLETTER_REASONS
     reason = (f"{len(rejected)} of {len(rejected) + kept} samples rejected ({kept} kept): {reasons}"
@@ -191,7 +196,12 @@ def _record_deadletter(msg: RawMessage, value: bytes | str, rejected: list[Rejec
     excerpt = {"rejected_samples": len(rejected), "kept_samples": kept,
                "first_rejected": [{"index": r.index, "reason": r.reason[:300], "sample": _excerpt(r.raw)}
                                   for r in rejected[:DEADLETTER_SAMPLES]]}
-    return DeadLetter(reason, msg.topic, msg.partition, msg.offset, msg.key, excerpt)
+    return DeadLetter(reason, msg.topic, msg.partition, msg.offset, msg.key, excerpt, _replayed_from(msg), "samples")
+
+
+def _replayed_from(msg: RawMessage) -> str | None:
+    """The record's opsloop-replayed-from header (Faust's and kafka-python's messages carry ``headers``)."""
+    return replayed_from_header(getattr(msg, "headers", None))
 
 
 def _excerpt(raw: Any) -> Any:
@@ -502,11 +512,13 @@ def failure_deadletters(agent: str, failures: Sequence[HandlerFailure],
     for f in failures:
         reason = f"handler {agent} {verb}: {f.handler}: {f.error}"
         if f.sample is None:
-            out.append(DeadLetter(reason, "", None, None, None, {"handler": f.handler, "samples": f.not_retried}))
+            out.append(DeadLetter(reason, "", None, None, None, {"handler": f.handler, "samples": f.not_retried},
+                                  value_is="summary"))
             continue
         msg = where.get(_identity(f.sample))
         out.append(DeadLetter(reason, msg.topic if msg else "", msg.partition if msg else None,
-                              msg.offset if msg else None, msg.key if msg else None, f.sample.to_dict()))
+                              msg.offset if msg else None, msg.key if msg else None, f.sample.to_dict(),
+                              _replayed_from(msg) if msg else None, "sample"))
     return out
 
 
@@ -544,7 +556,7 @@ def decode_and_handle(agent: str, messages: Sequence[RawMessage], handler: Handl
         log.error("handler_failed", agent=agent, error=f"{type(e).__name__}: {e}", exc_info=True)
         batch.deadletters.extend(
             DeadLetter(f"handler {agent} failed: {type(e).__name__}: {e}", msg.topic, msg.partition, msg.offset,
-                       msg.key, msg.value) for msg in messages if msg.value is not None)
+                       msg.key, msg.value, _replayed_from(msg), "record") for msg in messages if msg.value is not None)
         return batch
     rejected = fan.drain_rejected()
     if rejected:

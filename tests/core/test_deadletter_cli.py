@@ -20,14 +20,15 @@ from kafka.admin import NewTopic
 
 from opsloop import deadletter_cli
 from opsloop.cli import main
-from opsloop.deadletter_cli import (REPLAYED_FROM, Letter, NotReplayable, decode_letter, normalise_reason,
-                                    original_key, original_value, render_lines)
+from opsloop.deadletter_cli import (REPLAYED_FROM, DeadLetterError, Letter, NotReplayable, decode_letter,
+                                    normalise_reason, original_key, original_value, render_lines)
 from opsloop.kafka_admin import ensure_topics
 from opsloop.kafka_security import KafkaSecurity, kafka_python_options
 from opsloop.records import deadletter_record
 from opsloop.stack import free_port
+from opsloop.streams.runtime.batch import DeadLetter, decode_messages
 from opsloop.topics import Topic
-from tests.helpers import read_topic, run_cli, unique, write_config
+from tests.helpers import ConsumerMsg, read_topic, run_cli, unique, write_config
 from tests.kafka_secure import USERS, SecureBroker
 
 pytestmark = pytest.mark.integration
@@ -320,6 +321,71 @@ def test_a_send_the_broker_refuses_is_reported_and_exits_1(env: Env, capsys: pyt
     assert read_topic(env.bootstrap, env.lb) == []
 
 
+def test_a_replay_refused_again_is_marked_counted_and_replayed_only_with_force(
+        env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    now = time.time()
+    (p, o), = env.produce((b"lb-1", letter("not JSON: x", source=env.lb, at=now - 30)))
+    origin = f"{env.dl_topic}/{p}/{o}"
+    again = {**orjson.loads(letter("not JSON: x", source=env.lb, at=now - 10)), "replayed_from": origin}
+    (p2, o2), = env.produce((b"lb-1", orjson.dumps(again)))
+    code, out, err = env.run(capsys, "list")
+    lines = out.splitlines()
+    assert code == 0 and "replayed-from" not in lines[0] and lines[1].endswith(f"replayed-from={origin}  key=lb-1")
+    assert "2 dead letters matched, 1 refused again after a replay" in err
+    code, out, err = env.run(capsys, "summary", "--json")
+    assert code == 0 and [(g["count"], g["after_replay"]) for g in map(orjson.loads, out.splitlines())] == [(2, 1)]
+    code, out, err = env.run(capsys, "summary")
+    assert out.splitlines()[0].split()[-4:] == ["NEWEST", "AFTER", "REPLAY", "REASON"]
+    assert out.splitlines()[1].split()[4:6] == ["1", "not"]
+    code, out, err = env.run(capsys, "replay", "--source-topic", "telemetry.lb", "--yes")
+    assert code == 0 and "replay: 1 of 2 selected sent and acknowledged, 0 failed, 1 skipped" in out, out + err
+    assert (f"skipped     {env.dl_topic}/{p2}/{o2}  ->  {env.lb}  key=lb-1  refused again after a replay of {origin}: "
+            "fix the cause first, or --force") in out
+    assert [r.headers for r in read_topic(env.bootstrap, env.lb)] == [[(REPLAYED_FROM, origin.encode())]]
+    code, out, err = env.run(capsys, "replay", "--source-topic", "telemetry.lb", "--force")
+    assert code == 0 and "dry run: 2 of 2 selected would be sent, 0 skipped" in out, out + err
+
+
+def test_stream_dead_letters_that_do_not_hold_the_record_as_it_was_are_never_replayed(
+        env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    """The stream stage's dead letters (its own builder): a key over 1024 bytes is kept cut and flagged,
+    a bad sample of a batch is kept as that sample; before, replay sent the cut key (another partition,
+    another state key) and the sample's text as if it were the record."""
+    long_key = b"lb-" + b"k" * 1997
+    bad = [ConsumerMsg(env.lb, 0, 5, long_key, b"{not json"),
+           ConsumerMsg(env.lb, 0, 6, b"lb-s", orjson.dumps({"schema_version": 1, "metrics": ["not a sample"]})),
+           ConsumerMsg(env.lb, 0, 7, b"lb-ok", b"{not json")]
+    letters = decode_messages(bad, now=time.time()).deadletters
+    env.produce(*[(dl.key, dl.encode()) for dl in letters])
+    code, out, err = env.run(capsys, "replay", "--source-topic", "telemetry.lb", "--yes")
+    assert code == 0 and "replay: 1 of 3 selected sent and acknowledged, 0 failed, 2 skipped" in out, out + err
+    assert [(r.key, r.value) for r in read_topic(env.bootstrap, env.lb)] == [(b"lb-ok", b"{not json")]
+    assert "key truncated: only the first 1024 of its 2000 bytes were kept" in out     # said per record
+    assert "1 key truncated: only its first bytes were kept" in out                   # and counted
+    assert "key=lb-s  the dead letter holds one sample of the record (a bad sample of a batch" in out
+    docs = [orjson.loads(dl.encode()) for dl in letters]
+    assert docs[0]["key_truncated"] is True and docs[0]["key_bytes"] == 2000 and len(docs[0]["key"]) == 1024
+    assert [d.get("value_is") for d in docs] == ["record", "sample", "record"] and docs[1]["value"] == "not a sample"
+    code, out, err = env.run(capsys, "list")
+    assert code == 0 and out.splitlines()[0].endswith("… (cut, 2000 bytes)"), out
+
+
+def test_an_old_dead_letter_without_the_newer_fields_is_read_listed_and_replayed(
+        env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    old = {"schema_version": 1, "reason": "not JSON: x", "stage": "stream", "source_topic": env.lb, "partition": 1,
+           "offset": 3, "key": "lb-1", "received_at": time.time() - 5, "value": "{x", "truncated": False}
+    env.produce((b"lb-1", orjson.dumps(old)))
+    assert decode_letter(orjson.dumps(old)) == old
+    code, out, err = env.run(capsys, "list")
+    assert code == 0 and f"{env.lb}/1/3" in out and out.rstrip().endswith("key=lb-1") and "replayed-from" not in out
+    assert "1 dead letter matched" in err and "after a replay" not in err
+    code, out, _ = env.run(capsys, "summary", "--json")
+    assert code == 0 and orjson.loads(out)["after_replay"] == 0
+    code, out, err = env.run(capsys, "replay", "--source-topic", "telemetry.lb", "--yes")
+    assert code == 0 and "replay: 1 of 1 selected sent and acknowledged" in out, out + err
+    assert [(r.key, r.value) for r in read_topic(env.bootstrap, env.lb)] == [(b"lb-1", b"{x")]
+
+
 # ------------------------------------------------------------------------------------ the record itself
 
 
@@ -346,6 +412,31 @@ def test_what_cannot_be_replayed_exactly_is_refused_with_why() -> None:
             original_value(doc(**kw))
     with pytest.raises(NotReplayable, match="not UTF-8"):
         original_key(doc(key=b"\xfe"))
+    # the stream stage says what its value holds: a sample's text is no record, though a string
+    for kind, why in (("sample", "one sample of the record"), ("samples", "excerpt of the record's rejected"),
+                      ("summary", "a handler's summary"), ("later-kind", "value_is 'later-kind'")):
+        raw = DeadLetter("bad", "telemetry.lb", 0, 1, b"k", "not a sample", value_is=kind).encode()  # type: ignore
+        with pytest.raises(NotReplayable, match=why):
+            original_value(decode_letter(raw))
+    assert original_value(decode_letter(DeadLetter("bad", "t", 0, 1, b"k", b"{x", value_is="record").encode())) == b"{x"
+    with pytest.raises(NotReplayable) as e:
+        original_key(doc(key=b"k" * 1025))
+    assert str(e.value) == "key truncated: only its first bytes were kept"   # alike records counted as one
+    assert e.value.detail == "key truncated: only the first 1024 of its 1025 bytes were kept"   # this one
+    assert original_key(doc(key=b"k" * 1024)) == b"k" * 1024
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("replayed_from", 7, "replayed_from: expected a string or null, got 7"),
+    ("key_truncated", "yes", "key_truncated: expected true or false, got 'yes'"),
+    ("key_bytes", -1, "key_bytes: expected an integer >= 0, got -1"),
+    ("key_bytes", True, "key_bytes: expected an integer >= 0, got True"),
+    ("value_is", ["sample"], "value_is: expected a string or null, got ['sample']"),
+])
+def test_a_newer_field_of_the_wrong_type_is_named(field: str, value: Any, why: str) -> None:
+    raw = orjson.dumps({**orjson.loads(letter("r", source="telemetry.lb")), field: value})
+    with pytest.raises(DeadLetterError, match=re.escape(why)):
+        decode_letter(raw)
 
 
 # ------------------------------------------------------------------------------------ TLS and SASL

@@ -89,7 +89,8 @@ class DecisionPublisher:
         dead-letter topic, in the stream stage's shape. Never raises (a broker hiccup is logged)."""
         send_deadletter(self.producer, self.kafka, reason, source_topic=record.topic,
                         partition=record.partition, offset=record.offset, key=record.key,
-                        value=record.value, stage="edge-control", log=log)
+                        value=record.value, stage="edge-control", log=log,
+                        headers=getattr(record, "headers", None), value_is="record")
 
     def close(self) -> None:
         self.producer.close(timeout=5)
