@@ -28,6 +28,13 @@ Pure state, no I/O (the service posts and persists). Rules:
   cleared per id (a newer one open or not): an incident never comes back after its clear, so its records
   are stale whatever their stamps (``last_seen`` orders the incidents of an id only while the producer's
   clock does not step back, and an actuator's clear said again after a restart carries a new one).
+* Incidents of an id are told apart by ``first_seen``, not by the clear's ``last_seen``: a record of an
+  incident that started after the one cleared last (``first_seen`` later) is of a new incident and applies
+  whatever the clear's ``last_seen`` (two detector workers after a rebalance, or a clock stepped back, stamp
+  the clear after the new incident's records; before, the new incident was ignored until its ``last_seen``
+  passed the clear's, and never paged when it cleared sooner). A clear of an incident that started before
+  the open one is that older incident's: it is marked cleared and ignored, the newer incident's page stays.
+  A record of the cleared incident itself (its ``first_seen``) stays stale.
 * A finding stamped more than ``MAX_CLOCK_SKEW_S`` ahead of ``now`` is refused (ValueError): it would be
   the newest of its id for good and hide every later record.
 * An alert Alertmanager refuses (400/422, see ``mapping``) is replaced, never dropped: :meth:`PagingBook.rejected`
@@ -36,6 +43,10 @@ Pure state, no I/O (the service posts and persists). Rules:
   fallback until it resolves or its labels change (then the new labels are tried as they are). A refused
   resolve is replaced by the fallback's resolve (the same fallback labels: they derive from the refused
   labels and the finding id alone, so this holds across a restart that lost the mark).
+* A page whose fallback is refused too is lost (:meth:`PagingBook.lost`): it is tried again at the re-send
+  interval and counts as lost once (``OpenAlert.lost_at``, in the state file) until it is delivered (then
+  :meth:`PagingBook.delivered` reports it late) or cleared; the resolve of such a page, refused too, does not
+  count again (``PendingResolve.page_lost``). Before, every re-send counted the same page again.
 """
 
 from __future__ import annotations
@@ -43,7 +54,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from opsloop.records import Finding, Severity
 from opsloop.validation import is_time
@@ -79,6 +90,8 @@ class OpenAlert:
     first_seen: float = 0.0           # of the newest record applied: which incident (stale records are ignored)
     last_seen: float = 0.0
     rejected: str = ""                # why Alertmanager refused it: its fallback is sent instead (book docstring)
+    lost_at: float | None = None      # since when it and its fallback are refused (counted lost once): until delivered
+    lost_tries: int = 0               # posts of it refused since then (it is tried again at the re-send interval)
 
     def outgoing(self, annotations: dict[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
         """The labels and annotations (its own unless given) sent for this alert: the fallback's once refused."""
@@ -97,6 +110,7 @@ class PendingResolve:
     starts_at: float
     ends_at: float
     best_effort: bool = False   # the alert was never delivered from here (not open here, or cleared unsent)
+    page_lost: bool = False     # it ends a page counted lost: lost too, it does not count a second time
 
 
 @dataclass(slots=True)
@@ -109,6 +123,20 @@ class Outgoing:
     @property
     def resolve(self) -> bool:
         return isinstance(self.record, PendingResolve)
+
+
+@dataclass(frozen=True, slots=True)
+class Late:
+    """An open alert delivered after it had been lost: since when, and how many posts of it were refused."""
+    alert: OpenAlert
+    lost_at: float
+    tries: int
+
+
+class Delivered(NamedTuple):
+    first: list[OpenAlert]   # paged for the first time
+    resolved: int            # resolves sent
+    late: list[Late]         # delivered after being lost (first time or not)
 
 
 @dataclass
@@ -148,6 +176,8 @@ class PagingBook:
         current = self.open.get(fid)
         stale = self._stale(finding, current)
         if stale:
+            if finding.cleared and current is not None and finding.first_seen < current.first_seen:
+                self._mark_cleared(fid, finding.first_seen)   # that incident is over: its late records stay stale
             return [Action("ignore", fid, labels_for(finding), stale)]
         pages = SEVERITY_RANK[finding.severity] >= SEVERITY_RANK[self.min_severity]
         if finding.cleared or not pages:
@@ -190,8 +220,15 @@ class PagingBook:
             return "stale: its incident is already cleared"
         if current is not None:
             first, last, cleared = current.first_seen, current.last_seen, False
+            if finding.cleared and finding.first_seen < first:
+                # an older incident's clear, late (another worker's): the open incident started after it
+                return (f"stale: the clear of an older incident (first_seen {finding.first_seen}) than the one open "
+                        f"(first_seen {first})")
         elif finding.id in self.closed:
             first, last, cleared = self.closed[finding.id]
+            if cleared and finding.first_seen > first:
+                # started after the incident cleared last: a new incident, whatever that clear's last_seen
+                return ""
         else:
             return ""
         if finding.first_seen == first:
@@ -232,7 +269,7 @@ class PagingBook:
         # Never delivered (opened and cleared during a catch-up replay, or while Alertmanager was down):
         # Alertmanager would drop this resolve as it would one for an id never open here.
         self._queue_resolve(PendingResolve(alert.finding_id, labels, annotations, alert.starts_at, now,
-                                           best_effort=not alert.delivered_once))
+                                           best_effort=not alert.delivered_once, page_lost=alert.lost_at is not None))
 
     def _queue_resolve(self, r: PendingResolve) -> None:
         fid = r.finding_id
@@ -312,24 +349,43 @@ class PagingBook:
         waits = [0.0 if a.last_sent is None else a.last_sent + self.resend_interval_s - now for a in self.open.values()]
         return max(0.0, min(waits)) if waits else float("inf")
 
-    def delivered(self, now: float, lost: Collection[str] = ()) -> tuple[list[OpenAlert], int]:
-        """Mark what ``due(now)`` returned as delivered: (alerts paged for the first time, resolves sent).
-        ``lost``: finding ids whose alert and fallback Alertmanager both refused: sent (tried again at the
-        re-send interval, not at once), but not delivered."""
+    def lost(self, refused: Outgoing, now: float) -> bool:
+        """Alertmanager refused ``refused`` (one of ``outgoing(now)``) and its fallback: nothing reached it.
+
+        True when this counts as a page lost: an open alert's first loss (tried again at the re-send interval,
+        it counts no more until it is delivered or cleared), a resolve's unless it ends a page counted lost."""
+        record = refused.record
+        if isinstance(record, PendingResolve):
+            return not record.page_lost
+        record.lost_tries += 1
+        if record.lost_at is not None:
+            return False
+        record.lost_at = now
+        return True
+
+    def delivered(self, now: float, lost: Collection[OpenAlert | PendingResolve] = ()) -> Delivered:
+        """Mark what ``due(now)`` returned as delivered: alerts paged for the first time, resolves sent, alerts
+        delivered after being lost. ``lost``: the records (of ``outgoing(now)``) marked by :meth:`lost`: sent
+        (tried again at the re-send interval, not at once), but not delivered."""
+        refused = {id(r) for r in lost}   # by record, not finding id: a severity change posts two of one id
         first: list[OpenAlert] = []
+        late: list[Late] = []
         for a in self.open.values():
             if a.last_sent is None or now - a.last_sent >= self.resend_interval_s:
                 a.last_sent = now
-                if a.finding_id in lost:
+                if id(a) in refused:
                     continue
                 if not a.delivered_once:
                     first.append(a)
+                if a.lost_at is not None:
+                    late.append(Late(a, a.lost_at, a.lost_tries))
+                    a.lost_at, a.lost_tries = None, 0
                 a.delivered_once = True
         resolved = self._queued
         self.resolves.clear()
         self._best_effort.clear()
         self._queued = 0
-        return first, resolved
+        return Delivered(first, resolved, late)
 
     def pending(self, now: float) -> int:
         """How many alerts ``due(now)`` would return, without building them (the service asks every step)."""
@@ -341,7 +397,7 @@ class PagingBook:
     def to_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION,
                 "open": [_open_entry(a) for a in self.open.values()],
-                "resolves": [asdict(r) for q in self.resolves.values() for r in q],
+                "resolves": [_resolve_entry(r) for q in self.resolves.values() for r in q],
                 "closed": [[fid, *mark] for fid, mark in self.closed.items()],
                 "cleared": [[fid, *marks] for fid, marks in self.cleared.items()]}
 
@@ -372,8 +428,17 @@ class PagingBook:
 
 def _open_entry(a: OpenAlert) -> dict[str, Any]:
     entry = asdict(a)
-    if not entry["rejected"]:   # written only when set: a file without refused alerts still loads in older versions
-        del entry["rejected"]
+    # written only when set: a file without refused (or lost) alerts still loads in older versions
+    for key, unset in (("rejected", ""), ("lost_at", None), ("lost_tries", 0)):
+        if entry[key] == unset:
+            del entry[key]
+    return entry
+
+
+def _resolve_entry(r: PendingResolve) -> dict[str, Any]:
+    entry = asdict(r)
+    if not entry["page_lost"]:   # as in _open_entry
+        del entry["page_lost"]
     return entry
 
 
@@ -396,16 +461,20 @@ def _checked(cls: type[Any], doc: Any, where: str) -> Any:
         value = getattr(entry, name)
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise ValueError(f"paging state: {where}.{name} is not a map of strings")
-    for name in ("starts_at", "event_time", "ends_at", "last_sent", "first_seen", "last_seen"):
+    for name in ("starts_at", "event_time", "ends_at", "last_sent", "first_seen", "last_seen", "lost_at"):
         value = getattr(entry, name, 0.0)
-        if value is None and name == "last_sent":
+        if value is None and name in ("last_sent", "lost_at"):
             continue
         # within what an alert's RFC 3339 stamps can say: a finite -1e13 loaded, and every due() after it raised
         if not is_time(value):
             raise ValueError(f"paging state: {where}.{name} is {value!r}, not a time")
     if not isinstance(entry.finding_id, str) or not all(
-            isinstance(getattr(entry, flag, False), bool) for flag in ("delivered_once", "best_effort")):
-        raise ValueError(f"paging state: {where}: finding_id must be a string, delivered_once and best_effort booleans")
+            isinstance(getattr(entry, flag, False), bool) for flag in ("delivered_once", "best_effort", "page_lost")):
+        raise ValueError(f"paging state: {where}: finding_id must be a string, delivered_once, best_effort and "
+                         f"page_lost booleans")
+    tries = getattr(entry, "lost_tries", 0)
+    if not isinstance(tries, int) or isinstance(tries, bool) or tries < 0:
+        raise ValueError(f"paging state: {where}.lost_tries is {tries!r}, not a count")
     if not isinstance(getattr(entry, "rejected", ""), str):
         raise ValueError(f"paging state: {where}.rejected is not a string")
     return entry

@@ -13,8 +13,9 @@ DELIVERY_FAILURES = Counter("opsloop_paging_delivery_failures_total",
                             "POST attempts no Alertmanager accepted (retried with back-off)")
 REPLACED = Counter("opsloop_paging_alerts_replaced_total",
                    "Alerts Alertmanager rejected as invalid, sent as an OpsloopPageRejected fallback instead")
-DROPPED = Counter("opsloop_paging_alerts_dropped_total",
-                  "Alerts Alertmanager rejected as invalid and not replaced: their fallback was rejected too")
+DROPPED = Counter("opsloop_paging_alerts_dropped_total",   # once per page: its re-sends refused again do not count
+                  "Pages lost: Alertmanager rejected the alert as invalid and its fallback too; once per page "
+                  "until it is delivered or cleared, however often it is tried again")
 RESOLVES_DROPPED = Counter("opsloop_paging_resolves_dropped_total",
                            "Queued resolves dropped over max_pending_resolves, by kind: best_effort (alert never "
                            "delivered from here), paged (an alert we sent; it ends at its endsAt instead)", ["kind"])

@@ -13,7 +13,9 @@ An alert Alertmanager rejects as invalid (400/422) is never dropped in silence: 
 place at once and follows the finding (re-sent while it is open, resolved when it clears); each rejection
 is logged (``alert_rejected``), audited (``page_rejected``) and counted: replaced
 (``opsloop_paging_alerts_replaced_total``) or, the fallback rejected too, lost
-(``opsloop_paging_alerts_dropped_total``).
+(``opsloop_paging_alerts_dropped_total``). A lost page is tried again at the re-send interval; each refusal
+is logged, the page is counted and audited lost once (until it is delivered or cleared), and a later try
+that gets through is logged (``page_delivered_late``) and audited as delivered (``page_delivered``).
 """
 
 from __future__ import annotations
@@ -29,16 +31,16 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from opsloop.atomic_file import replace_file
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
-from opsloop.kafka_clients import (client_options, connect_with_retry, kafka_settings, preflight_or_exit,
-                                   send_deadletter)
+from opsloop.kafka_clients import (RecordHeaders, client_options, connect_with_retry, kafka_settings,
+                                   preflight_or_exit, send_deadletter)
 from opsloop.log import Sampled, get_logger
 
 from opsloop.controllers.paging import metrics
 from opsloop.controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError, Backoff
 from opsloop.controllers.paging.audit import Auditor
-from opsloop.controllers.paging.book import Action, Outgoing, PagingBook, PendingResolve
+from opsloop.controllers.paging.book import Action, Late, OpenAlert, Outgoing, PagingBook, PendingResolve
 from opsloop.controllers.paging.config import PagingConfig
-from opsloop.controllers.paging.mapping import FALLBACK_ALERTNAME, Links
+from opsloop.controllers.paging.mapping import FALLBACK_ALERTNAME, Links, iso
 
 log = get_logger("paging")
 REJECT_LOG = Sampled(60.0)   # a poison stream: one line a minute (the counter counts each)
@@ -109,8 +111,10 @@ class PagingService:
 
     # -- one step -------------------------------------------------------------------------
     def handle_records(self, values: list[bytes | None], now: float,
-                       origins: list[tuple[int, int, bytes | None]] | None = None) -> list[Action]:
-        """Apply findings; ``origins`` are the records' (partition, offset, key), named in dead letters."""
+                       origins: list[tuple[int, int, bytes | None]] | None = None,
+                       headers: list[RecordHeaders | None] | None = None) -> list[Action]:
+        """Apply findings; ``origins`` are the records' (partition, offset, key), named in dead letters, and
+        ``headers`` their headers (a replay refused again is marked so in its dead letter)."""
         actions: list[Action] = []
         for i, raw in enumerate(values):
             try:
@@ -119,7 +123,8 @@ class PagingService:
             except ValueError as e:
                 metrics.REJECTED.inc()
                 REJECT_LOG.warning(log, "finding_rejected", reason=str(e)[:300])
-                self._deadletter(raw, str(e), origins[i] if origins else (None, None, None))
+                self._deadletter(raw, str(e), origins[i] if origins else (None, None, None),
+                                 headers[i] if headers else None)
                 continue
             try:
                 applied = self.book.apply(finding, now)
@@ -128,7 +133,8 @@ class PagingService:
                 reason = f"finding {finding.id} could not be paged: {type(e).__name__}: {e}"
                 log.error("finding_failed", finding_id=finding.id, detector=finding.detector[:200],
                           reason=reason[:500], exc_info=True)
-                self._deadletter(raw, reason, origins[i] if origins else (None, None, None))
+                self._deadletter(raw, reason, origins[i] if origins else (None, None, None),
+                                 headers[i] if headers else None)
                 continue
             for action in applied:
                 actions.append(action)
@@ -140,13 +146,14 @@ class PagingService:
                     self._dirty = True
         return actions
 
-    def _deadletter(self, raw: bytes | None, reason: str,
-                    origin: tuple[int | None, int | None, bytes | None]) -> None:
+    def _deadletter(self, raw: bytes | None, reason: str, origin: tuple[int | None, int | None, bytes | None],
+                    headers: RecordHeaders | None = None) -> None:
         """Keep what was not a finding for inspection (the stream stage's dead-letter topic and shape)."""
         if self._producer is not None:
             partition, offset, key = origin
             send_deadletter(self._producer, self.kafka, reason, source_topic=self.topic, partition=partition,
-                            offset=offset, key=key, value=raw, stage="paging", log=log)
+                            offset=offset, key=key, value=raw, stage="paging", log=log, headers=headers,
+                            value_is="record")
 
     def deliver(self, now: float) -> int:
         """Post what is due (unless backing off); returns the number of alerts Alertmanager accepted."""
@@ -168,7 +175,7 @@ class PagingService:
         self.backoff.succeeded()
         refused, accepted = _split(items, result.rejected)
         _count_sent(accepted)   # what Alertmanager took, now: a failed fallback post below does not undo it
-        fallbacks, lost_ids = self._replace_rejected(refused, now)
+        fallbacks, lost = self._replace_rejected(refused, now)
         if fallbacks:
             try:
                 again = self.client.post([o.alert for o in fallbacks])
@@ -181,33 +188,41 @@ class PagingService:
                             retry_in_s=round(delay, 2))
                 self._update_gauges(now)
                 return len(accepted)
-            lost, replaced = _split(fallbacks, again.rejected)
-            for o, reason in lost:
-                lost_ids.add(self._lost(o.alert, reason))
+            refused_too, replaced = _split(fallbacks, again.rejected)
+            for o, reason in refused_too:
+                self._lost(o, reason, now)
+                lost.append(o.record)
             _count_sent(replaced)   # a fallback accepted: the page (or its resolve) went out
             accepted += replaced
-        first, _ = self.book.delivered(now, lost_ids)   # a lost page is not audited as delivered
+        done = self.book.delivered(now, lost)   # a lost page is not audited as delivered
         metrics.POSTS.inc()
         metrics.LAST_DELIVERY.set(time.time())
-        for a in first:
+        late = {id(x.alert): x for x in done.late}
+        for a in done.first:
             latency = max(0.0, time.time() - a.event_time)
             metrics.PAGE_LATENCY.observe(latency)
             self.auditor.record("page_delivered", a.finding_id, a.labels,
                                 f"delivered to Alertmanager {latency:.3f}s after the finding"
-                                + (f" as {FALLBACK_ALERTNAME} (the alert was rejected)" if a.rejected else ""))
+                                + (f" as {FALLBACK_ALERTNAME} (the alert was rejected)" if a.rejected else "")
+                                + _late_note(late.get(id(a)), now))
+        first = {id(a) for a in done.first}
+        for x in done.late:
+            self._delivered_late(x, now, audit=id(x.alert) not in first)
         self._dirty = True
         self._update_gauges(now)
         return len(accepted)
 
-    def _replace_rejected(self, rejected: list[tuple[Outgoing, str]], now: float) -> tuple[list[Outgoing], set[str]]:
+    def _replace_rejected(self, rejected: list[tuple[Outgoing, str]], now: float
+                          ) -> tuple[list[Outgoing], list[OpenAlert | PendingResolve]]:
         """The fallbacks to post in place of the alerts Alertmanager rejected, each with the record of the alert
-        it replaces; and the finding ids of those lost (a rejected fallback: nothing replaces it)."""
+        it replaces; and the records of those lost (a rejected fallback: nothing replaces it)."""
         fallbacks: list[Outgoing] = []
-        lost: set[str] = set()
+        lost: list[OpenAlert | PendingResolve] = []
         for refused, reason in rejected:
             fallback = self.book.rejected(refused, reason, now)
             if fallback is None:
-                lost.add(self._lost(refused.alert, reason))
+                self._lost(refused, reason, now)
+                lost.append(refused.record)
                 continue
             self._dirty = True   # an open alert refused is sent as its fallback from now on: the state says so
             fallbacks.append(Outgoing(fallback, refused.record))
@@ -219,16 +234,36 @@ class PagingService:
                                 f"{FALLBACK_ALERTNAME} sent in its place", result="sent")
         return fallbacks, lost
 
-    def _lost(self, alert: dict[str, Any], reason: str) -> str:
-        """A rejected alert nothing replaces (its fallback was rejected too): logged, audited, counted; its
-        finding id."""
-        metrics.DROPPED.inc()
-        labels, fid = _who(alert)
+    def _lost(self, refused: Outgoing, reason: str, now: float) -> None:
+        """A rejected alert nothing replaces (its fallback was rejected too): logged at every try; counted and
+        audited once per page (:meth:`PagingBook.lost`), not at each re-send that is refused again."""
+        counted = self.book.lost(refused, now)
+        self._dirty = True   # the mark (since when, how many tries) is kept across a restart
+        labels, fid = _who(refused.alert)
+        record = refused.record
+        since = record.lost_at if isinstance(record, OpenAlert) else None
         log.error("alert_rejected", alertname=labels.get("alertname"), finding_id=fid, reason=reason,
-                  replaced_by=None, page_lost=True)
+                  replaced_by=None, page_lost=True, counted=counted, resolve=refused.resolve,
+                  lost_since=iso(since) if since is not None else None,
+                  tries=record.lost_tries if isinstance(record, OpenAlert) else 1)
+        if not counted:
+            return
+        metrics.DROPPED.inc()
+        retry = "" if refused.resolve else f"; tried again every {self.config.resend_interval_s:g}s"
         self.auditor.record("page_rejected", fid, labels, f"Alertmanager rejected the alert ({reason}), "
-                            f"{FALLBACK_ALERTNAME} fallback included: this page is lost", result="failed")
-        return fid
+                            f"{FALLBACK_ALERTNAME} fallback included: this page is lost{retry}", result="failed")
+
+    def _delivered_late(self, late: Late, now: float, audit: bool) -> None:
+        """A lost page Alertmanager took at a later try: said in the log, audited as delivered (``audit``: unless
+        the first-delivery audit record said it already)."""
+        a = late.alert
+        labels, _ = a.outgoing()
+        log.warning("page_delivered_late", finding_id=a.finding_id, alertname=labels.get("alertname"),
+                    lost_since=iso(late.lost_at), lost_for_s=round(max(0.0, now - late.lost_at), 3),
+                    refused_tries=late.tries)
+        if audit:
+            self.auditor.record("page_delivered", a.finding_id, a.labels, "delivered to Alertmanager again"
+                                + (f" as {FALLBACK_ALERTNAME}" if a.rejected else "") + _late_note(late, now))
 
     def _update_gauges(self, now: float) -> None:
         metrics.ACTIVE.set(len(self.book.open))
@@ -261,7 +296,8 @@ class PagingService:
         values = [rec.value for rec in records]
         now = time.time()
         if values:
-            self.handle_records(values, now, [(rec.partition, rec.offset, rec.key) for rec in records])
+            self.handle_records(values, now, [(rec.partition, rec.offset, rec.key) for rec in records],
+                                [getattr(rec, "headers", None) for rec in records])
         if not self._caught_up:
             self._check_caught_up()
         if self._dirty:   # Alertmanager never sees what the state file does not hold: else a crash after the
@@ -316,6 +352,13 @@ def _count_sent(accepted: list[Outgoing]) -> None:
     resolved = sum(1 for o in accepted if o.resolve)
     metrics.SENT.labels("resolved").inc(resolved)
     metrics.SENT.labels("firing").inc(len(accepted) - resolved)
+
+
+def _late_note(late: Late | None, now: float) -> str:
+    if late is None:
+        return ""
+    return (f", late: lost since {iso(late.lost_at)} ({max(0.0, now - late.lost_at):.0f}s, {late.tries} "
+            f"post{'s' if late.tries != 1 else ''} of it and its fallback refused)")
 
 
 def _who(alert: dict[str, Any]) -> tuple[dict[str, str], str]:

@@ -119,7 +119,7 @@ def test_a_delivered_batch_frees_the_whole_bound() -> None:
     b, dropped = bounded_book(3)
     for i in range(3):
         b.apply(cleared(i), T0)
-    assert b.delivered(T0) == ([], 3)
+    assert b.delivered(T0)[:2] == ([], 3)
     for i in range(3, 6):
         b.apply(cleared(i), T0)
     assert dropped == [] and hosts(b) == ["h3", "h4", "h5"]

@@ -105,7 +105,7 @@ def test_open_resend_resolve_lifecycle() -> None:
     assert len(due) == 1
     assert ts(due[0]["endsAt"]) == pytest.approx(now + 240, abs=0.01)   # firing: ends in the future
     assert ts(due[0]["startsAt"]) == pytest.approx(T0, abs=0.01)
-    first, resolved = b.delivered(now)
+    first, resolved, _ = b.delivered(now)
     assert [a.finding_id for a in first] == [finding().id] and resolved == 0
     assert b.due(now + 30) == []                                   # not yet time to re-send
     assert b.next_due(now + 30) == pytest.approx(30)
@@ -115,7 +115,7 @@ def test_open_resend_resolve_lifecycle() -> None:
     resend = b.due(now + 61)
     assert len(resend) == 1 and resend[0]["labels"] == due[0]["labels"]
     assert ts(resend[0]["endsAt"]) == pytest.approx(now + 61 + 240, abs=0.01)
-    first, _ = b.delivered(now + 61)
+    first = b.delivered(now + 61).first
     assert first == []                                             # a re-send is not a new page
     # cleared: one resolve with endsAt = now, then nothing
     assert [a.kind for a in b.apply(finding(cleared=True), now + 70)] == ["resolve"]
@@ -180,7 +180,7 @@ def test_state_round_trip_resends_at_once_without_a_new_page() -> None:
     restored.restore(orjson.loads(orjson.dumps(b.to_dict())))
     assert set(restored.open) == set(b.open)
     assert len(restored.due(T0 + 2)) == 2              # the open alert (re-sent) + the pending resolve
-    first, resolved = restored.delivered(T0 + 2)
+    first, resolved, _ = restored.delivered(T0 + 2)
     assert first == [] and resolved == 1               # delivered before the restart: not a new page
     with pytest.raises(ValueError, match="unsupported version"):
         restored.restore({"version": 99})
