@@ -844,9 +844,15 @@ class EdgeController(Controller):
             return f"{load[o]:.0f}/{capacity[o]:.0f} req/s"
 
         parts = []
-        if warm.any():
-            above = "the common overload factor" if shortfall else "capacity"
-            parts.append(f"easing off origin(s) above {above} {self._names(warm, loads)}")
+        above = "the common overload factor" if shortfall else "capacity"
+        # easing is said only of an origin whose share the pushed weights lower: the easing follows
+        # the target's moves, and a target that keeps the origin's share eases nothing
+        eased = warm & ((self.weights - final) > 1e-9).any(axis=0)
+        if eased.any():
+            parts.append(f"easing off origin(s) above {above} {self._names(eased, loads)}")
+        if (warm & ~eased).any():
+            parts.append(f"origin(s) {self._names(warm & ~eased, loads)} above {above} within the "
+                         f"margin: share kept, the target moves nothing off it")
         if hot.any() and shortfall:
             parts.append(f"shed off origin(s) {self._names(hot, loads)} above the common overload "
                          f"factor, every edge moved jointly")
@@ -854,7 +860,11 @@ class EdgeController(Controller):
             parts.append(f"shed off overloaded origin(s) {self._names(hot, loads)}, "
                          f"every edge moved jointly")
         if joint and not hot.any():
-            parts.append(f"making room ahead of a ramp on origin(s) {self._names(ramping_up, loads)}")
+            if (np.abs(final - self.weights) > 1e-9).any():
+                parts.append(f"making room ahead of a ramp on origin(s) {self._names(ramping_up, loads)}")
+            else:
+                parts.append(f"a ramp heading past the plan on origin(s) {self._names(ramping_up, loads)}: "
+                             f"no move of the plan makes room")
         # over capacity but not acted on this interval: said, so no text reads as all is well
         if not shortfall:
             if (read_over & noise_only).any():

@@ -200,6 +200,10 @@ def check_decision(ctrl: Controller, obs: Observation, before: np.ndarray | None
         bound = s.max_step if "below their plan: up to" in d.reason else s.relax_step
         if relax_only and evacuated == 0.0 and d.mode is Mode.NORMAL:
             assert np.abs(change).max() <= bound + 1e-9, f"edge {e} relaxed > its bound; {where}"
+    # a move is said only of weights that make it: "easing off" an origin whose share the target kept,
+    # or "making room" in a shortfall that has none, read as action while nothing moved
+    if "easing off" in d.reason or "making room" in d.reason:
+        assert np.abs(w - before).max() > 0.0, f"a move said, none made; {where}"
     # "at target" only within the dead band of the target (an edge with no usable origin holds
     # its weights, and the reason says so apart)
     if "at target" in d.reason:
