@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Coroutine, Iterator, TypeVar
 
+import orjson
 import requests
 import yaml
 from kafka import KafkaConsumer, TopicPartition
@@ -255,3 +256,19 @@ def write_case_file(path: Path, content: str | bytes | None) -> Path:
     elif content is not None:
         path.write_text(content)
     return path
+
+
+class SentRecords:
+    """A producer that keeps what is sent to it, as ``(topic, key, value)``: the services' ``send`` and ``flush``."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes | None, bytes | None]] = []
+
+    def send(self, topic: str, key: bytes | None = None, value: bytes | None = None) -> None:
+        self.records.append((topic, key, value))
+
+    def flush(self, timeout: float | None = None) -> None:
+        pass
+
+    def deadletters(self, topic: str = "telemetry.deadletter") -> list[dict[str, Any]]:
+        return [orjson.loads(v or b"") for t, _, v in self.records if t == topic]

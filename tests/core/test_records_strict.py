@@ -32,7 +32,7 @@ from opsloop.controllers.paging.service import PagingService
 from opsloop.records import AuditRecord, EdgeDemand, EdgeWeights, Finding, JsonRecord, RecordError
 from opsloop.records.metric import MAX_TAGS
 from opsloop.wire import parse_record
-from tests.helpers import unique
+from tests.helpers import SentRecords, unique
 
 T0 = 1_795_310_400
 # spelt out: these tests run on the records before they had the bounds
@@ -269,20 +269,6 @@ def test_an_origin_name_is_at_most_256_characters() -> None:
 
 
 # -- the consumers dead-letter and count such a record, and take the good one beside it -----------------
-class Sent:
-    def __init__(self) -> None:
-        self.records: list[tuple[str, bytes | None, bytes | None]] = []
-
-    def send(self, topic: str, key: bytes | None = None, value: bytes | None = None) -> None:
-        self.records.append((topic, key, value))
-
-    def flush(self, timeout: float | None = None) -> None:
-        pass
-
-    def deadletters(self) -> list[dict[str, Any]]:
-        return [orjson.loads(v or b"") for t, _, v in self.records if t == "telemetry.deadletter"]
-
-
 class Alertmanager:
     def post(self, alerts: list[dict[str, Any]]) -> PostResult:
         return PostResult(accepted=len(alerts))
@@ -293,7 +279,7 @@ class Alertmanager:
 
 def test_the_paging_actuator_dead_letters_a_finding_of_the_wrong_type(tmp_path: Path) -> None:
     """A finding ``"first_seen": true`` was paged as starting in 1970."""
-    producer = Sent()
+    producer = SentRecords()
     svc = PagingService(PagingConfig(state_file=tmp_path / "state.json", start_offset="latest"), "127.0.0.1:1",
                         consumer=object(), producer=producer, client=Alertmanager())  # type: ignore[arg-type]
     good = Finding(**{**FINDING, "severity": "critical"})
@@ -314,7 +300,7 @@ def test_the_weight_actuators_dead_letter_weights_of_the_wrong_type(tmp_path: Pa
                          targets=[{"edge": edge, "listener": "web", "kind": "haproxy",
                                    "socket": str(tmp_path / "none.sock"), "backend": "be",
                                    "servers": {"near": "near", "far": "far"}}])
-    producer = Sent()
+    producer = SentRecords()
     svc = ActuatorService(cfg, "127.0.0.1:1", [edge], AuditLog([]), consumer=object(), producer=producer)
     key = f"web|{edge}".encode()
     good = EdgeWeights(version=2, listener="web", edge=edge, weights={"near": 0.5, "far": 0.5},

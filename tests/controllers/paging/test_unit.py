@@ -21,6 +21,7 @@ from opsloop.controllers.paging.service import PagingService
 from opsloop.config import Settings
 from opsloop.records import Finding, Severity
 from opsloop.runbooks import finding_runbook_url
+from tests.helpers import SentRecords
 
 LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 T0 = 1_795_310_400.0
@@ -302,17 +303,6 @@ def test_delivery_backs_off_while_alertmanager_is_down(tmp_path) -> None:
 
 
 # -- oversized findings, per-record errors, durable state, credentials in URLs ---------------------
-class Sent:
-    def __init__(self) -> None:
-        self.records: list[tuple[str, bytes | None, bytes | None]] = []
-
-    def send(self, topic: str, key: bytes | None = None, value: bytes | None = None) -> None:
-        self.records.append((topic, key, value))
-
-    def flush(self, timeout: float | None = None) -> None:
-        pass
-
-
 def oversized_findings() -> list[Finding]:
     many = finding(**{f"label_{i:02d}": f"v{i}" for i in range(27)})
     long_name = finding(detector="power." + "x" * 289)
@@ -324,7 +314,7 @@ def test_one_oversized_finding_does_not_stop_paging_for_the_batch(tmp_path) -> N
     """Before: the audit record (32 labels, 300-character target) raised outside any try: the whole
     batch was lost and the step failed again on every retry."""
     cfg = PagingConfig(state_file=tmp_path / "state.json", start_offset="latest")
-    producer = Sent()
+    producer = SentRecords()
     svc = PagingService(cfg, "127.0.0.1:1", consumer=object(), producer=producer,  # type: ignore[arg-type]
                         client=FlakyClient(0))
     svc.auditor.producer = producer
@@ -411,7 +401,7 @@ def test_oversized_findings_are_accepted_by_a_real_alertmanager(test_alertmanage
 
 def test_a_finding_the_book_cannot_map_is_dead_lettered_alone(tmp_path, monkeypatch) -> None:
     cfg = PagingConfig(state_file=tmp_path / "state.json", start_offset="latest")
-    producer = Sent()
+    producer = SentRecords()
     svc = PagingService(cfg, "127.0.0.1:1", consumer=object(), producer=producer,  # type: ignore[arg-type]
                         client=FlakyClient(0))
     real_apply = svc.book.apply
