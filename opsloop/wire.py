@@ -110,9 +110,13 @@ def parse_document(doc: Any) -> Parsed:
         unknown = set(doc) - _BATCH_KEYS
         if unknown:
             return Parsed(rejected=[Rejected(f"batch has unknown keys {sorted(unknown)}", doc)])
-        if version not in SUPPORTED_SCHEMA_VERSIONS:
-            return Parsed(rejected=[Rejected(f"schema_version: {version!r} is not supported "
+        # by type first: `True in {1}` holds in Python, and a list or object is unhashable (a TypeError);
+        # an integral float (1.0) is taken as an int, as the records' Integer fields take it (records/base.py)
+        if isinstance(version, bool) or not isinstance(version, (int, float)) \
+                or version not in SUPPORTED_SCHEMA_VERSIONS:
+            return Parsed(rejected=[Rejected(f"schema_version: {_json_repr(version)} is not supported "
                                              f"(supported: {sorted(SUPPORTED_SCHEMA_VERSIONS)})", doc)])
+        version = int(version)
         items = doc["metrics"]
         if not isinstance(items, list):
             return Parsed(rejected=[Rejected(f"metrics: expected a list (got {type(items).__name__})", doc)])
@@ -147,6 +151,11 @@ def group_by_route(metrics: Iterable[Metric]) -> dict[tuple[Topic, str], list[Me
     for m in metrics:
         groups.setdefault((m.topic, m.key), []).append(m)
     return groups
+
+
+def _json_repr(value: Any) -> str:
+    # a bool as JSON spells it (the producer wrote `true`, not Python's True); the rest as before
+    return orjson.dumps(value).decode() if isinstance(value, bool) else repr(value)
 
 
 def _preview(raw: bytes, limit: int = 200) -> str:

@@ -64,6 +64,27 @@ def test_rejections_name_what_was_wrong(raw: bytes, needle: str) -> None:
     assert p.rejected and needle in p.rejected[0].reason
 
 
+GOOD_SAMPLE = {"name": "haproxy", "tags": {"host": "h"}, "fields": {"v": 1}, "timestamp": TS}
+
+
+@pytest.mark.parametrize("version, shown", [(True, "true"), (False, "false"), ([1], "[1]"), ({"v": 1}, "{'v': 1}"),
+                                            ("1", "'1'"), (1.5, "1.5")])
+def test_a_schema_version_that_is_no_integer_is_refused_naming_it(version: object, shown: str) -> None:
+    """`True in {1}` holds in Python: `"schema_version": true` was taken as version 1; a list or an object
+    raised TypeError (unhashable) out of parse_record, failing the whole batch of records it came in."""
+    p = parse_record(orjson.dumps({"schema_version": version, "metrics": [GOOD_SAMPLE]}))
+    assert not p.metrics
+    (rej,) = p.rejected
+    assert rej.reason == f"schema_version: {shown} is not supported (supported: [1])"
+
+
+def test_an_integral_float_schema_version_is_version_1_as_in_the_records() -> None:
+    # opsloop/records/base.py's Integer takes 12.0 for 12: the batch's version 1.0 is 1, an int
+    p = parse_record(orjson.dumps({"schema_version": 1.0, "metrics": [GOOD_SAMPLE]}))
+    assert not p.rejected and len(p.metrics) == 1
+    assert (p.schema_version, type(p.schema_version)) == (1, int)
+
+
 def test_non_finite_field_rejected() -> None:
     with pytest.raises(WireError, match="finite"):
         metric("x_y", {"v": math.inf}, timestamp=TS)
