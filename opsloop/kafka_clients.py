@@ -24,7 +24,7 @@ from kafka.errors import KafkaError
 from opsloop import exitcodes
 from opsloop.config import KafkaSettings
 from opsloop.records import deadletter_record
-from opsloop.records.deadletter import ValueIs, replayed_from_header
+from opsloop.records.deadletter import ValueIs, deadletter_key, replayed_from_header
 from opsloop.topics import Topic
 from opsloop.kafka_security import (KafkaSecurityError, KafkaUnreachable, faust_credentials, kafka_python_options,
                                     preflight)
@@ -116,7 +116,7 @@ def send_deadletter(producer: Any, kafka: KafkaSettings, reason: str, *, source_
     what ``value`` holds (``record``: its bytes, replayable). Never raises: the caller has counted the
     refusal already, and a broker hiccup must not stop the service (it is logged)."""
     try:
-        producer.send(kafka.topic(Topic.DEADLETTER), key=key, value=deadletter_record(
+        producer.send(kafka.topic(Topic.DEADLETTER), key=deadletter_key(key), value=deadletter_record(
             reason, topic=source_topic, partition=partition, offset=offset, key=key, value=value,
             stage=stage, replayed_from=replayed_from_header(headers), value_is=value_is))
     except Exception as e:  # noqa: BLE001

@@ -89,3 +89,10 @@ def replayed_from_header(headers: Any) -> str | None:
     except TypeError:   # not iterable as pairs: no header we know
         return None
     return None
+
+
+def deadletter_key(key: bytes | None) -> bytes | None:
+    """The Kafka key of a dead letter: the refused record's, cut to ``DEADLETTER_KEY_BYTES`` as its body's ``key``
+    (which says ``key_truncated``/``key_bytes``). Sent whole, a key near 1 MB took the message past Kafka's limit
+    and the producer refused it: the dead letter was lost."""
+    return key[:DEADLETTER_KEY_BYTES] if key is not None and len(key) > DEADLETTER_KEY_BYTES else key

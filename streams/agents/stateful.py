@@ -58,6 +58,7 @@ from faust.types import TP, EventT
 from opsloop.config import Settings
 from opsloop.log import get_logger
 from opsloop.records import Finding
+from opsloop.records.deadletter import deadletter_key
 from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler, Publication
 from opsloop.streams.agents.findings_sink import OUTBOX_FILE, FindingsRetry, FindingsSink
@@ -272,7 +273,7 @@ class StatefulAgent:
         self.app.add_dependency(FindingsRetry(self.sink, self.retry_interval_s))
 
     async def _send_deadletter(self, dl: DeadLetter) -> None:
-        await self.deadletter.send(key=dl.key, value=dl.encode())
+        await self.deadletter.send(key=deadletter_key(dl.key), value=dl.encode())
 
     def _highwater(self, topic: str, partition: int) -> int | None:
         try:

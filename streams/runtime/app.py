@@ -17,6 +17,7 @@ from mode.utils.compat import want_bytes
 from opsloop.config import Settings
 from opsloop.kafka_clients import faust_app_options
 from opsloop.log import get_logger
+from opsloop.records.deadletter import deadletter_key
 from opsloop.topics import Topic
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.assignment import install_assignment_metrics
@@ -107,7 +108,7 @@ def batch_agent(app: faust.App, name: str, topics: Iterable[Topic], handlers: Se
     handler: Handler = handlers[0] if len(handlers) == 1 else FanOut(name, handlers)
 
     async def send_deadletter(dl: DeadLetter) -> None:
-        await deadletter.send(key=dl.key, value=dl.encode())
+        await deadletter.send(key=deadletter_key(dl.key), value=dl.encode())
 
     def highwater(topic: str, partition: int) -> int | None:
         try:

@@ -18,7 +18,7 @@ from opsloop.audit.trail import AuditLog
 from opsloop.config import KafkaSettings, Settings
 from opsloop.deadletter_cli import NotReplayable, decode_letter, refuse_replayed
 from opsloop.records import EdgeDemand, OriginState
-from opsloop.records.deadletter import REPLAYED_FROM_HEADER
+from opsloop.records.deadletter import DEADLETTER_KEY_BYTES, REPLAYED_FROM_HEADER
 from opsloop.topics import Topic
 from opsloop.controllers.actuators.config import ActuatorConfig
 from opsloop.controllers.actuators.service import ActuatorService
@@ -28,7 +28,7 @@ from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.service import PagingService
 from tests.alerting import ensure_topics
 from tests.controllers.actuators.support import ListSink, decision
-from tests.helpers import read_topic, unique, wait_until
+from tests.helpers import SentRecords, read_topic, unique, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -173,3 +173,17 @@ def test_odd_headers_never_stop_a_dead_letter(tmp_path: Path) -> None:
     svc.handle_records([b"nope"] * len(cases), 0.0, [(0, i, None) for i in range(len(cases))], cases)
     got = [orjson.loads(v).get("replayed_from") for _, _, v in sent]
     assert got == [None, None, None, "?", "?", ORIGIN]
+
+
+def test_a_huge_key_is_cut_in_the_dead_letters_kafka_key_too(tmp_path: Path) -> None:
+    """The body cuts the key to DEADLETTER_KEY_BYTES and says so; the message's own key was sent whole, and a key
+    near 1 MB took the dead letter past Kafka's message limit: the producer refused it, the dead letter was lost."""
+    sent = SentRecords()
+    svc = PagingService(PagingConfig(state_file=tmp_path / "state.json"), "127.0.0.1:1", consumer=object(),
+                        producer=sent)
+    huge = b"k" * (900 * 1024)
+    svc.handle_records([b"nope"], 0.0, [(0, 7, huge)])
+    [(topic, key, value)] = sent.records
+    doc = orjson.loads(value)
+    assert topic == "telemetry.deadletter" and key == huge[:DEADLETTER_KEY_BYTES]
+    assert doc["key_truncated"] is True and doc["key_bytes"] == len(huge)
