@@ -19,7 +19,10 @@ Seen as ``tests/streams/test_restart_after_kill_consumes.py``, 2 restarts in 14 
 every telemetry partition uncommitted, position at the highwater, no batch. :func:`seek_to_committed`
 resets such a partition to where a fresh assignment starts it (``auto_offset_reset``, ``earliest``
 here): the uncommitted records are read again, as after a crash (at-least-once). Changelog partitions
-are left alone, as before (their offsets are the table recovery's, never committed).
+are left alone, as before (their offsets are the table recovery's, never committed), and so is Faust's
+leader-election topic ``<app id>-__assignor-__leader`` (:func:`faust_leader_topic`: every worker is assigned
+it, nothing commits it, no records of ours): it was reset at every seek, a needless request and a topic in
+every ``uncommitted_partitions_reset`` line.
 """
 
 from __future__ import annotations
@@ -40,17 +43,23 @@ from opsloop.streams.runtime.delivery import DrainConsumer
 log = get_logger("stream.transport")
 
 
+def faust_leader_topic(app_id: str) -> str:
+    """The name of Faust's leader-election topic (``faust/assignor/leader_assignor.py``, ``_leader_topic_name``)."""
+    return f"{app_id}-__assignor-__leader"
+
+
 async def seek_to_committed(consumer: aiokafka.AIOKafkaConsumer,
-                            is_changelog: Callable[[TP], bool]) -> dict[TP, int | None]:
+                            is_internal: Callable[[TP], bool]) -> dict[TP, int | None]:
     """Seek every assigned partition to its committed offset, and a stream partition with none (or 0) to
-    where the consumer starts one without a commit; returns the committed offsets, as aiokafka's."""
+    where the consumer starts one without a commit; returns the committed offsets, as aiokafka's.
+    ``is_internal``: a partition of Faust's own (a table's changelog, the leader topic), never reset."""
     committed: dict[TP, int | None] = await consumer.seek_to_committed()
     subscription = consumer._subscription.subscription
     assignment = subscription.assignment if subscription is not None else None
     if assignment is None or not assignment.active:
         return committed   # revoked meanwhile: the next assignment starts from the commits anyway
     fresh = [tp for tp, offset in committed.items()
-             if not (offset and offset > 0) and not is_changelog(tp) and tp in assignment.tps]
+             if not (offset and offset > 0) and not is_internal(tp) and tp in assignment.tps]
     if not fresh:
         return committed
     fetcher = consumer._fetcher
@@ -83,7 +92,9 @@ def kafka_transport(app: faust.App, fetch_max_wait_ms: int) -> driver.Transport:
             return await self.call_thread(self._seek_to_committed)
 
         async def _seek_to_committed(self) -> Mapping[TP, int]:
-            return await seek_to_committed(self._ensure_consumer(), self.consumer._is_changelog_tp)
+            is_changelog, leader = self.consumer._is_changelog_tp, faust_leader_topic(app.conf.id)
+            return await seek_to_committed(self._ensure_consumer(),
+                                           lambda tp: tp.topic == leader or is_changelog(tp))
 
     class WorkerConsumer(DrainConsumer):   # and a record delivered without four tasks (delivery.py)
         def _new_consumer_thread(self) -> ConsumerThread:

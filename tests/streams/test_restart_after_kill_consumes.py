@@ -23,6 +23,7 @@ from kafka import KafkaProducer
 
 from opsloop.config import load_settings
 from opsloop.streams.agents.stateful import STATE_TABLE
+from opsloop.streams.runtime.transport import faust_leader_topic
 from opsloop.streams.worker import build_app
 from tests.helpers import captured_logs, unique
 from tests.streams.agents.test_integration import produce
@@ -45,17 +46,17 @@ def test_a_restarted_worker_handles_the_next_record(stack: Any, tmp_path: Path, 
         run.handled("hv-b", 1)
 
 
-def test_seek_to_committed_rewinds_a_stream_partition_without_a_commit(stack: Any, tmp_path: Path) -> None:
-    """Faust's ``perform_seek`` through the worker's real consumer against the broker: three partitions read
-    to their end (3 records each); a stream partition without a commit goes back to its first record, one
-    committed at 2 to 2, the table's changelog partition (never committed, the recovery's) stays."""
+def _seek_app(stack: Any, tmp_path: Path) -> Any:
     app_id = unique("t-seek")
     settings = load_settings(None, {"kafka": {"bootstrap_servers": stack.kafka_bootstrap},
                                     "stream": {"app_id": app_id, "data_dir": str(tmp_path / "streams")}})
-    app = build_app(settings)
-    uncommitted, committed = TopicPartition(unique("t-seek-a"), 0), TopicPartition(unique("t-seek-b"), 0)
-    changelog = TopicPartition(f"{app.conf.id}-{STATE_TABLE}-changelog", 0)
-    tps = [uncommitted, committed, changelog]
+    return build_app(settings)
+
+
+def _positions_after_seek(stack: Any, app: Any, tps: list[TopicPartition],
+                          commits: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+    """Faust's ``perform_seek`` through the worker's real consumer against the broker, ``tps`` (3 records each)
+    read to their end and ``commits`` committed first: the position of each partition after it."""
     producer = KafkaProducer(bootstrap_servers=stack.kafka_bootstrap, acks="all")
     try:
         for tp in tps:
@@ -78,12 +79,36 @@ def test_seek_to_committed_rewinds_a_stream_partition_without_a_commit(stack: An
             consumer.assign(tps)
             while [tp for tp in tps if await consumer.position(tp) < 3]:
                 await consumer.getmany(*tps, timeout_ms=500)
-            await consumer.commit({committed: 2})
+            if commits:
+                await consumer.commit(commits)
             await app.consumer.perform_seek()
             return {tp: await consumer.position(tp) for tp in tps}
         finally:
             await consumer.stop()
 
     with captured_logs():
-        positions = asyncio.run(main())
+        return asyncio.run(main())
+
+
+def test_seek_to_committed_rewinds_a_stream_partition_without_a_commit(stack: Any, tmp_path: Path) -> None:
+    """Three partitions read to their end (3 records each); a stream partition without a commit goes back to its
+    first record, one committed at 2 to 2, the table's changelog partition (never committed, the recovery's)
+    stays."""
+    app = _seek_app(stack, tmp_path)
+    uncommitted, committed = TopicPartition(unique("t-seek-a"), 0), TopicPartition(unique("t-seek-b"), 0)
+    changelog = TopicPartition(f"{app.conf.id}-{STATE_TABLE}-changelog", 0)
+    tps = [uncommitted, committed, changelog]
+    positions = _positions_after_seek(stack, app, tps, {committed: 2})
     assert positions == {uncommitted: 0, committed: 2, changelog: 3}
+
+
+def test_seek_to_committed_leaves_fausts_leader_topic_alone(stack: Any, tmp_path: Path) -> None:
+    """Faust's leader-election topic (every worker is assigned it, nothing commits it) stays where it is: it was
+    reset at every seek and named in every ``uncommitted_partitions_reset`` line. Matched by its exact name: a
+    topic of ours with ``__`` in its name and no commit is rewound like any other."""
+    app = _seek_app(stack, tmp_path)
+    leader = TopicPartition(faust_leader_topic(app.conf.id), 0)
+    assert leader.topic == app._leader_assignor._leader_topic_name   # Faust's own name for it (an upgrade may move it)
+    ours = TopicPartition(f"{unique('t-seek')}-__assignor-__leader", 0)   # another app id: ours
+    positions = _positions_after_seek(stack, app, [leader, ours], {})
+    assert positions == {leader: 3, ours: 0}
