@@ -3,8 +3,9 @@
 Each subcommand is ``module:function`` taking ``argv`` and returning an exit code; modules are
 imported only when their subcommand runs, so `opsloop --help` stays fast and a broken optional
 dependency of one stage cannot break the others (a ``--config`` file that cannot be read is refused
-before the command's module is imported). Each of those modules also has ``build_parser()``, its
-argparse parser (sub-commands included), so tools and tests can walk every command's help.
+before the command's module is imported: exit 2, a service's 78 as for its other configuration errors).
+Each of those modules also has ``build_parser()``, its argparse parser (sub-commands included), so tools
+and tests can walk every command's help.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from opsloop import __version__
+from opsloop import __version__, exitcodes
 from opsloop.paths import take_state_dir_option
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -38,6 +39,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # the commands with a ``--config`` option (the opsloop YAML file); tests walk the parsers to keep it true
 TAKE_CONFIG = frozenset({"stack", "run", "collect", "stream", "edge", "weights", "page", "audit", "logs",
                          "deadletter"})
+# the long-running services (opsloop/exitcodes.py): a config file they cannot read exits CONFIG (78), as every
+# other configuration error of theirs, so systemd stops restarting; None: any subcommand (`collect <name>`)
+SERVICES: dict[str, str | None] = {"collect": None, "stream": "worker", "edge": "run", "weights": "run", "page": "run"}
 
 EPILOG = """examples:
   opsloop stack up                      # Kafka, Prometheus, Alertmanager on loopback (ports in the config)
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     bad_config = _unreadable_config(name, rest)
     if bad_config:
         print(bad_config, file=sys.stderr)
-        return 2
+        return exitcodes.CONFIG if _is_service(name, rest) else 2
     module, func = COMMANDS[name][0].split(":")
     fn = getattr(importlib.import_module(module), func)
     try:
@@ -138,6 +142,14 @@ def _unreadable_config(name: str, rest: list[str]) -> str | None:
         words = itertools.takewhile(lambda arg: not arg.startswith("-"), rest)   # `weights show`
         return f"opsloop {' '.join([name, *words])}: {e}"
     return None
+
+
+def _is_service(name: str, rest: list[str]) -> bool:
+    """Whether ``opsloop name rest...`` runs a long-running service (its subcommand comes before any option)."""
+    if name not in SERVICES:
+        return False
+    sub = SERVICES[name]
+    return sub is None or next((arg for arg in rest if not arg.startswith("-")), None) == sub
 
 
 def _reader_gone() -> int:

@@ -1,6 +1,7 @@
 """Every command that takes ``--config``, found by walking the argparse tree, given a config file it cannot
-use: exit 2 with one line naming the file, no traceback, and nothing of the file's text (a secret with a
-stray quote was printed whole: PyYAML's message quotes the offending line under a caret)."""
+use: exit 2 (a long-running service 78, EX_CONFIG, as for its other configuration errors) with one line naming
+the file, no traceback, and nothing of the file's text (a secret with a stray quote was printed whole: PyYAML's
+message quotes the offending line under a caret)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from opsloop import exitcodes
 from opsloop.cli import COMMANDS, TAKE_CONFIG, build_parser
 from tests.helpers import REPO, run_cli
 
@@ -60,7 +62,7 @@ def test_the_commands_checked_up_front_are_those_with_a_config_option() -> None:
 
 @pytest.mark.parametrize("case", BAD_FILES)
 @pytest.mark.parametrize("argv", COMMANDS_WITH_CONFIG, ids=" ".join)
-def test_a_bad_config_file_is_one_line_and_exit_2(argv: list[str], case: str, tmp_path: Path) -> None:
+def test_a_bad_config_file_is_one_line_and_exit_2_or_78(argv: list[str], case: str, tmp_path: Path) -> None:
     cfg = tmp_path / "opsloop.yaml"
     text = BAD_FILES[case]
     if isinstance(text, bytes):
@@ -69,7 +71,9 @@ def test_a_bad_config_file_is_one_line_and_exit_2(argv: list[str], case: str, tm
         cfg.write_text(text)
     r = run_cli(*argv, "--config", str(cfg), timeout=60)
     lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2, f"exit {r.returncode}: {r.stderr[-2000:]}"
+    service = argv[0] == "collect" or argv[:2] in (["stream", "worker"], ["edge", "run"], ["weights", "run"],
+                                                   ["page", "run"])
+    assert r.returncode == (exitcodes.CONFIG if service else 2), f"exit {r.returncode}: {r.stderr[-2000:]}"
     assert "Traceback" not in r.stderr and len(lines) == 1, r.stderr[-2000:]
     assert str(cfg) in lines[0], lines[0]
     assert SECRET not in r.stderr + r.stdout, lines[0]
@@ -106,7 +110,7 @@ def test_an_unreadable_file_is_refused_before_the_command_is_imported(tmp_path: 
     missing = str(tmp_path / "typo.yaml")
     r = subprocess.run([sys.executable, "-c", probe, "edge", "run", "--config", missing],
                        capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert r.stdout.split() == ["2", "False", "False"], r.stdout + r.stderr
+    assert r.stdout.split() == ["78", "False", "False"], r.stdout + r.stderr   # a service: EX_CONFIG
     assert r.stderr.strip() == f"opsloop edge run: config file {missing}: cannot read (No such file or directory)"
     # a readable file: the command is imported and validates it (its own message; the service's 78, EX_CONFIG)
     cfg = tmp_path / "opsloop.yaml"
