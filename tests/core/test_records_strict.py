@@ -261,10 +261,11 @@ def test_a_name_is_at_most_256_characters(cls: type[JsonRecord], field: str) -> 
 def test_an_origin_name_is_at_most_256_characters() -> None:
     name = "o" * MAX_NAME_CHARS
     assert EdgeWeights.decode(orjson.dumps({**WEIGHTS, "weights": {name: 1.0}})).weights == {name: 1.0}
-    with pytest.raises(RecordError, match=r"^edge weights record: weights\.o+\.\[key\]: String should have at most"):
+    too_long = r"o+\.\.\.\(257 chars\)\.\[key\]: String should have at most"   # the key shortened in the path
+    with pytest.raises(RecordError, match=r"^edge weights record: weights\." + too_long):
         EdgeWeights.decode(orjson.dumps({**WEIGHTS, "weights": {name + "o": 1.0}}))
     origins = {name + "o": DEMAND["origins"]["near"]}
-    with pytest.raises(RecordError, match=r"^edge demand record: origins\.o+\.\[key\]: String should have at most"):
+    with pytest.raises(RecordError, match=r"^edge demand record: origins\." + too_long):
         EdgeDemand.decode(orjson.dumps({**DEMAND, "origins": origins}))
 
 

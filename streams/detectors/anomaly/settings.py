@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from opsloop.records.finding import MAX_WHERE_VALUE
+from opsloop.records.metric import MAX_NAME_LEN
 from opsloop.topics import topic_for
 from opsloop.validation import WireError
 from opsloop.streams.detectors.anomaly.model import DetectorConfig, checked_config
@@ -14,8 +16,10 @@ from opsloop.streams.detectors.plugin import Strict
 
 
 class SeriesSpec(Strict):
-    metric: str = Field(min_length=1)
-    field: str = Field(min_length=1)
+    # both are values of the series' findings' `where` (opsloop/records/finding.py): a field beyond its bound made
+    # every finding of the series impossible to build; a metric beyond a sample's name bound matched no sample
+    metric: str = Field(min_length=1, max_length=MAX_NAME_LEN)
+    field: str = Field(min_length=1, max_length=MAX_WHERE_VALUE)
     tags: dict[str, str] = Field(default_factory=dict, description="only samples carrying these tag values")
 
     @field_validator("metric")

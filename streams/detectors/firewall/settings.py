@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from opsloop.streams.detectors.plugin import Strict
+from opsloop.streams.detectors.plugin import Strict, WhereValue
 
 
 class FirewallSettings(Strict):
     enabled: bool = True
-    roles: dict[str, str] = Field(default_factory=dict, description="hypervisor -> role (else the role tag)")
+    roles: dict[WhereValue, WhereValue] = Field(default_factory=dict,
+                                                description="hypervisor -> role (else the role tag)")
     min_role_size: int = Field(default=3, ge=2)

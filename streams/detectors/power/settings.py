@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from opsloop.streams.detectors.plugin import Strict
+from opsloop.streams.detectors.plugin import Strict, WhereValue
 from opsloop.streams.detectors.power.detector import protection_efficiency
 
 
 class PowerHost(Strict):
-    generation: str | None = None
+    generation: WhereValue | None = None
     raw_tb: float | None = Field(default=None, gt=0)
     protection: str | None = None
     fill_ratio: float | None = Field(default=None, gt=0, le=1)
@@ -41,4 +41,4 @@ class PowerSettings(Strict):
     min_generation_size: int = Field(default=3, ge=2)
     min_samples: int = Field(default=3, ge=1)
     defaults: PowerDefaults = Field(default_factory=PowerDefaults)
-    hosts: dict[str, PowerHost] = Field(default_factory=dict)
+    hosts: dict[WhereValue, PowerHost] = Field(default_factory=dict)

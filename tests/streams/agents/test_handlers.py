@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+from typing import Callable
 
 import orjson
 import pytest
@@ -12,6 +13,8 @@ from prometheus_client import REGISTRY
 from opsloop.config import Settings
 from opsloop.records import Severity
 from opsloop.records import Metric, metric
+from opsloop.records.finding import MAX_WHERE_VALUE
+from opsloop.records.metric import MAX_NAME_LEN
 from opsloop.streams.detectors.anomaly.handler import AnomalyHandler
 from opsloop.streams.agents.base import DetectorHandler
 from opsloop.streams.detectors.firewall.handler import FirewallHandler
@@ -370,6 +373,26 @@ def test_anomaly_detector_settings_outside_their_range_are_refused_at_load(bad: 
     AnomalyHandler(ok.anomaly).handle([metric("ipmi_power", {"watts": 150.0}, {"host": "x"}, T0)], T0)
 
 
+@pytest.mark.parametrize("key, bound", [("metric", MAX_NAME_LEN), ("field", MAX_WHERE_VALUE)])
+def test_an_anomaly_series_name_beyond_its_bound_is_refused_at_load(key: str, bound: int) -> None:
+    """A series' metric and field are values of its findings' ``where`` (at most MAX_WHERE_VALUE characters): a
+    field of 1025 loaded, and every finding of the series then failed to build (its samples dead-lettered); a
+    metric is a sample's name besides (at most MAX_NAME_LEN): a longer one loaded and matched no sample."""
+    spec = {"metric": "ipmi_power", "field": "watts"}
+    with pytest.raises(ValueError, match=rf"streams\.detectors\.anomaly\.series\.0\.{key}: .*at most {bound} char"):
+        detectors_settings(Settings(streams={"detectors": {"anomaly": {"series": [
+            {**spec, key: spec[key].ljust(bound + 1, "x")}]}}}))
+    # at the bound: loads, and the series' finding is built
+    longest = {**spec, key: spec[key].ljust(bound, "x")}
+    h = AnomalyHandler(detectors_settings(Settings(streams={"detectors": {"anomaly": {"series": [longest]}}})).anomaly)
+    rng = random.Random(3)
+    h.handle([metric(longest["metric"], {longest["field"]: 155 + rng.gauss(0, 1)}, {"host": "an1"}, T0 + 60 * i)
+              for i in range(40)], T0)
+    h.handle([metric(longest["metric"], {longest["field"]: 400.0}, {"host": "an1"}, T0 + 60 * 40)], T0)
+    [(event, f)] = h.drain_outbox()
+    assert event == "opened" and f.where[key] == longest[key]
+
+
 def test_restore_of_a_corrupt_key_starts_that_key_afresh() -> None:
     h = AnomalyHandler()
     h.restore({"ipmi_power.watts|host=x": {"metric": "ipmi_power"}, "bad": {"detector": {"version": 99}}})
@@ -398,3 +421,19 @@ def test_a_setting_changed_between_two_runs_applies_to_the_series_restored(caplo
     third = AnomalyHandler(AnomalySettings.model_validate(spec))
     third.restore({key: state})
     assert third.series[key].detector.n == 60
+
+
+@pytest.mark.parametrize("section, value", [
+    ("power", lambda n: {"hosts": {"h" * n: {}}}),
+    ("power", lambda n: {"hosts": {"hv-1": {"generation": "g" * n}}}),
+    ("firewall", lambda n: {"roles": {"h" * n: "compute"}}),
+    ("firewall", lambda n: {"roles": {"hv-1": "r" * n}}),
+])
+def test_a_configured_name_a_finding_would_carry_is_bounded_at_load(section: str,
+                                                                     value: Callable[[int], dict]) -> None:
+    """A host, a generation or a role named in the config becomes a value of the findings' ``where``: beyond the
+    record's bound (MAX_WHERE_VALUE) each such finding could not be built; refused at load, naming the key (a long
+    key shortened in the message)."""
+    with pytest.raises(ValueError, match=rf"streams\.detectors\.{section}\..*at most {MAX_WHERE_VALUE} char"):
+        detectors_settings(Settings(streams={"detectors": {section: value(MAX_WHERE_VALUE + 1)}}))
+    detectors_settings(Settings(streams={"detectors": {section: value(MAX_WHERE_VALUE)}}))   # at the bound: loads
