@@ -41,8 +41,8 @@ from opsloop.controllers.paging.service import PagingService
 from opsloop.records import Finding, Severity
 from opsloop.stack import ManagedProcess
 from tests.alerting import WebhookReceiver, am_url
-from tests.controllers.paging.test_unit import LABEL_NAME, T0, Sent, finding
-from tests.helpers import unique, wait_until
+from tests.controllers.paging.test_unit import LABEL_NAME, T0, finding
+from tests.helpers import SentRecords, unique, wait_until
 
 REPLACED = "opsloop_paging_alerts_replaced_total"
 DROPPED = "opsloop_paging_alerts_dropped_total"
@@ -86,7 +86,7 @@ def services(tmp_path: Path, test_alertmanager: ManagedProcess) -> Iterator[Any]
     """Paging services (in this process: the counters are ours to read) posting to the real Alertmanager."""
     made: list[PagingService] = []
 
-    def make(producer: Sent | None = None, **paging: Any) -> PagingService:
+    def make(producer: SentRecords | None = None, **paging: Any) -> PagingService:
         cfg = PagingConfig(state_file=tmp_path / "state.json", start_offset="latest", **paging)
         svc = PagingService(cfg, "127.0.0.1:1", consumer=object(), producer=producer,  # type: ignore[arg-type]
                             client=AlertmanagerClient([am_url(test_alertmanager)]))
@@ -168,7 +168,7 @@ def test_a_finding_stamped_outside_1970_to_9999_is_dead_lettered_and_the_rest_st
     """Before: a finding from before 1970 (-6e10: the year 68) was paged, as starting then; now no such record
     is a finding (``Finding`` refuses it, naming the field): dead-lettered and counted, and the good findings
     of its batch and after it page."""
-    producer = Sent()
+    producer = SentRecords()
     svc = services(producer=producer)
     hv, other, later_hv = unique("hv-stamped"), unique("hv-other"), unique("hv-later")
     now = time.time()
@@ -284,7 +284,7 @@ def test_a_rejected_page_is_audited_and_counted_once(services, test_alertmanager
                                                      caplog: pytest.LogCaptureFixture) -> None:
     f = port_id_finding(unique("hv-audit"))
     (tmp_path / "state.json").write_bytes(older_state(f))
-    producer = Sent()
+    producer = SentRecords()
     svc = services(producer=producer)
     svc.load_state()
     replaced, dropped = counter(REPLACED), counter(DROPPED)
@@ -319,7 +319,7 @@ class RefusingAlertmanager:
 
 def test_a_rejected_fallback_is_logged_audited_and_counted_as_lost(tmp_path: Path,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
-    producer, client = Sent(), RefusingAlertmanager()
+    producer, client = SentRecords(), RefusingAlertmanager()
     cfg = PagingConfig(state_file=tmp_path / "state.json", start_offset="latest")
     svc = PagingService(cfg, "127.0.0.1:1", consumer=object(), producer=producer,  # type: ignore[arg-type]
                         client=client)  # type: ignore[arg-type]
