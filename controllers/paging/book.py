@@ -47,6 +47,7 @@ Pure state, no I/O (the service posts and persists). Rules:
   interval and counts as lost once (``OpenAlert.lost_at``, in the state file) until it is delivered (then
   :meth:`PagingBook.delivered` reports it late) or cleared; the resolve of such a page, refused too, does not
   count again (``PendingResolve.page_lost``). Before, every re-send counted the same page again.
+  :meth:`PagingBook.lost_pages` counts the open alerts lost right now (the service's gauge).
 """
 
 from __future__ import annotations
@@ -386,6 +387,11 @@ class PagingBook:
         self._best_effort.clear()
         self._queued = 0
         return Delivered(first, resolved, late)
+
+    def lost_pages(self) -> int:
+        """Open alerts lost right now (refused with their fallback at their last try): the service's gauge, which
+        stays up while they are refused at their re-sends, where the lost counter counted each once."""
+        return sum(1 for a in self.open.values() if a.lost_at is not None)
 
     def pending(self, now: float) -> int:
         """How many alerts ``due(now)`` would return, without building them (the service asks every step)."""

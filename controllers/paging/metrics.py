@@ -22,6 +22,9 @@ RESOLVES_DROPPED = Counter("opsloop_paging_resolves_dropped_total",
 AUDIT_FAILURES = Counter("opsloop_paging_audit_failures_total", "Audit records that could not be written to Kafka")
 ACTIVE = Gauge("opsloop_paging_active_alerts", "Open findings paged as firing alerts")
 PENDING = Gauge("opsloop_paging_pending_alerts", "Alerts due for delivery but not delivered yet")
+PAGES_LOST = Gauge("opsloop_paging_pages_lost",   # alerted while above 0: the counter's increase ends after 15m
+                   "Open pages lost right now: Alertmanager refused the alert and its fallback at the last try "
+                   "(tried again at the re-send interval) until delivered or cleared")
 LAST_POLL = Gauge("opsloop_paging_last_poll_timestamp_seconds", "When the findings topic was last polled")
 LAST_DELIVERY = Gauge("opsloop_paging_last_delivery_timestamp_seconds", "When Alertmanager last accepted alerts")
 PAGE_LATENCY = Histogram("opsloop_paging_finding_to_page_seconds",

@@ -15,7 +15,9 @@ is logged (``alert_rejected``), audited (``page_rejected``) and counted: replace
 (``opsloop_paging_alerts_replaced_total``) or, the fallback rejected too, lost
 (``opsloop_paging_alerts_dropped_total``). A lost page is tried again at the re-send interval; each refusal
 is logged, the page is counted and audited lost once (until it is delivered or cleared), and a later try
-that gets through is logged (``page_delivered_late``) and audited as delivered (``page_delivered``).
+that gets through is logged (``page_delivered_late``) and audited as delivered (``page_delivered``). The pages
+lost right now are a gauge (``opsloop_paging_pages_lost``, set after every delivery step): it stays up while a
+lost page is refused at its re-sends, after the counter's increase has ended.
 """
 
 from __future__ import annotations
@@ -94,7 +96,9 @@ class PagingService:
             log.error("state_unreadable", path=str(path), error=str(e))
             return
         log.info("state_restored", path=str(path), open=len(self.book.open),
-                 resolves=sum(len(q) for q in self.book.resolves.values()))
+                 resolves=sum(len(q) for q in self.book.resolves.values()), pages_lost=self.book.lost_pages())
+        # at once: a restart waiting for Kafka would export 0 and restart OpsloopPagingPageStillLost's 15 min
+        metrics.PAGES_LOST.set(self.book.lost_pages())
 
     def _resolve_dropped(self, r: PendingResolve) -> None:
         kind = "best_effort" if r.best_effort else "paged"
@@ -268,6 +272,7 @@ class PagingService:
     def _update_gauges(self, now: float) -> None:
         metrics.ACTIVE.set(len(self.book.open))
         metrics.PENDING.set(self.book.pending(now))
+        metrics.PAGES_LOST.set(self.book.lost_pages())
 
     def _check_caught_up(self) -> None:
         """Do not page while replaying history: wait until every assigned partition reaches its end."""

@@ -7,6 +7,10 @@ counted once more; and a later try that got through said nothing. Lost pages wer
 the refused resolve of a severity's old labels marked the new severity's page, accepted in the same post, as
 not delivered (no ``page_delivered`` audit, no latency).
 
+The pages lost right now are a gauge (``opsloop_paging_pages_lost``): the counter's increase, which
+``OpsloopPagingAlertsDropped`` fires on, ended 15 min after the loss while the page was still refused at every
+re-send, and nothing said the page still reached nobody (``OpsloopPagingPageStillLost`` fires on the gauge).
+
 Against the real Alertmanager of the tests, behind a proxy that answers 400 to the alerts of the finding
 under test (the runbook's "a proxy in front of it answering 400/422": it refuses the fallback too).
 """
@@ -23,6 +27,7 @@ import orjson
 import pytest
 import requests
 
+from opsloop.controllers.paging import metrics
 from opsloop.controllers.paging.alertmanager import AlertmanagerClient
 from opsloop.controllers.paging.book import Outgoing, PagingBook, PendingResolve
 from opsloop.controllers.paging.config import PagingConfig
@@ -31,10 +36,11 @@ from opsloop.records import Severity
 from opsloop.stack import ManagedProcess
 from tests.alerting import WebhookReceiver, am_url
 from tests.controllers.paging.test_rejected_pages import DROPPED, am_alerts, counter, notified, page
-from tests.controllers.paging.test_unit import T0, Sent, finding
-from tests.helpers import serve_http, unique, wait_until
+from tests.controllers.paging.test_unit import T0, finding
+from tests.helpers import SentRecords, serve_http, unique, wait_until
 
 Refuses = Callable[[dict[str, Any]], bool]
+PAGES_LOST = "opsloop_paging_pages_lost"
 
 
 class Proxy:
@@ -75,10 +81,10 @@ def proxy(test_alertmanager: ManagedProcess) -> Iterator[tuple[Proxy, str]]:
 
 
 @pytest.fixture
-def service(tmp_path: Path, proxy: tuple[Proxy, str]) -> Iterator[Callable[[Sent], PagingService]]:
+def service(tmp_path: Path, proxy: tuple[Proxy, str]) -> Iterator[Callable[[SentRecords], PagingService]]:
     made: list[PagingService] = []
 
-    def make(producer: Sent) -> PagingService:
+    def make(producer: SentRecords) -> PagingService:
         cfg = PagingConfig(state_file=tmp_path / "state.json", start_offset="latest", resend_interval_s=60)
         svc = PagingService(cfg, "127.0.0.1:1", consumer=object(), producer=producer,  # type: ignore[arg-type]
                             client=AlertmanagerClient([proxy[1]]))
@@ -96,7 +102,7 @@ def of(hv: str) -> Refuses:
     return lambda alert: alert["labels"].get("hypervisor") == hv
 
 
-def audits(producer: Sent, action: str) -> list[dict[str, Any]]:
+def audits(producer: SentRecords, action: str) -> list[dict[str, Any]]:
     return [a for a in (orjson.loads(v) for topic, _, v in producer.records if topic == "audit")
             if a["action"] == action]
 
@@ -112,7 +118,7 @@ def test_a_lost_page_counts_once_is_tried_again_and_is_delivered_late(
     hv = unique("hv-lost")
     f = page(hv)
     state.refuses = of(hv)
-    producer = Sent()
+    producer = SentRecords()
     svc = service(producer)
     dropped = counter(DROPPED)
     t = time.time()
@@ -160,7 +166,7 @@ def test_a_lost_page_cleared_while_still_refused_counts_once(service, proxy, tes
     hv = unique("hv-lost-cleared")
     f = page(hv)
     state.refuses = of(hv)
-    producer = Sent()
+    producer = SentRecords()
     svc = service(producer)
     dropped = counter(DROPPED)
     t = time.time()
@@ -184,7 +190,7 @@ def test_a_lost_resolve_of_the_old_severity_leaves_the_new_page_delivered(servic
     warning = page(hv, first_seen=t)
     warning = warning.model_copy(update={"severity": Severity.WARNING})
     critical = warning.model_copy(update={"severity": Severity.CRITICAL, "last_seen": t + 1})
-    producer = Sent()
+    producer = SentRecords()
     svc = service(producer)
     svc.handle_records([warning.encode()], t)
     assert svc.deliver(t) == 1
@@ -202,7 +208,75 @@ def test_a_lost_resolve_of_the_old_severity_leaves_the_new_page_delivered(servic
     assert alert.delivered_once and alert.lost_at is None
 
 
+@pytest.mark.integration
+def test_the_lost_pages_gauge_stays_up_while_the_page_is_refused_and_drops_when_it_gets_through(
+        service, proxy, test_alertmanager, webhook: WebhookReceiver) -> None:
+    state, _ = proxy
+    hv = unique("hv-still-lost")
+    f = page(hv)
+    state.refuses = of(hv)
+    producer = SentRecords()
+    svc = service(producer)
+    t = time.time()
+    svc.handle_records([f.encode()], t)
+    assert svc.deliver(t) == 0
+    assert counter(PAGES_LOST) == 1, "a lost page is not in the gauge"
+    for k in (1, 2, 3):   # re-sends refused again: counted lost once, still lost at each
+        assert svc.deliver(t + 61 * k) == 0
+        assert counter(PAGES_LOST) == 1, f"the page was still refused at re-send {k}"
+    assert svc.deliver(t + 61 * 3 + 1) == 0 and counter(PAGES_LOST) == 1   # a step with nothing due
+    svc.save_state()
+    svc.close()
+    metrics.PAGES_LOST.set(0)   # a new process starts at 0: the restored mark sets it again
+    svc = service(producer)
+    assert counter(PAGES_LOST) == 1, "a restart exports 0 until its first delivery step (it may wait for Kafka)"
+    assert svc.deliver(t + 200) == 0 and counter(PAGES_LOST) == 1, "a restart forgot the page still lost"
+
+    state.refuses = lambda alert: False   # the proxy is fixed: the next try gets through
+    assert svc.deliver(t + 200 + 61) == 1
+    assert counter(PAGES_LOST) == 0, "a page delivered late still counts as lost"
+    wait_until(lambda: notified(webhook, f.id, "firing"), timeout=30, what="the late page reaching on-call")
+
+
+@pytest.mark.integration
+def test_the_lost_pages_gauge_drops_when_the_lost_page_is_cleared(service, proxy, test_alertmanager) -> None:
+    """Its resolve is refused too (not tried again): nothing open is lost any more."""
+    state, _ = proxy
+    hv, other = unique("hv-still-lost-cleared"), unique("hv-still-paged")
+    f = page(hv)
+    state.refuses = of(hv)
+    svc = service(SentRecords())
+    t = time.time()
+    svc.handle_records([f.encode(), page(other).encode()], t)
+    assert svc.deliver(t) == 1                      # the other page went out: not lost
+    assert counter(PAGES_LOST) == 1
+    assert svc.deliver(t + 61) == 1 and counter(PAGES_LOST) == 1
+    svc.handle_records([page(hv, first_seen=f.first_seen, last_seen=t + 1, cleared=True).encode()], t + 62)
+    assert svc.deliver(t + 62) == 0 and svc.book.pending_resolves() == 0   # its resolve sent (and refused)
+    assert counter(PAGES_LOST) == 0, "a page cleared while lost still counts as lost"
+    assert [a["labels"]["hypervisor"] for a in am_alerts(test_alertmanager, hypervisor=other)] == [other]
+
+
 # -- the book ------------------------------------------------------------------------------------------
+def test_the_book_counts_the_open_pages_lost_now_across_a_restart() -> None:
+    b = PagingBook(resend_interval_s=60)
+    b.apply(finding(), T0)
+    b.apply(finding(hypervisor="hv-9"), T0)
+    outs = b.outgoing(T0)
+    lost = next(o for o in outs if o.alert["labels"]["hypervisor"] == "hv-3")
+    b.lost(lost, T0)
+    b.delivered(T0, [lost.record])
+    assert b.lost_pages() == 1
+    restored = PagingBook(resend_interval_s=60)
+    restored.restore(orjson.loads(orjson.dumps(b.to_dict())))
+    assert restored.lost_pages() == 1
+    [again] = [o for o in restored.outgoing(T0 + 5) if o.alert["labels"]["hypervisor"] == "hv-3"]
+    assert restored.lost(again, T0 + 5) is False and restored.lost_pages() == 1
+    restored.delivered(T0 + 5, [again.record])
+    restored.apply(finding(cleared=True, last_seen=T0 + 6), T0 + 6)
+    assert restored.lost_pages() == 0
+
+
 def test_the_book_counts_a_page_lost_once_until_delivered_and_again_after() -> None:
     b = PagingBook(resend_interval_s=60)
     b.apply(finding(), T0)
