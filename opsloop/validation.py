@@ -68,10 +68,7 @@ def error_lines(e: ValidationError, prefix: str = "") -> list[str]:
     """One ``path: reason (got value)`` line per error; ``prefix`` is the section's path (``"a.b."``)."""
     lines = []
     for err in e.errors(include_url=False):
-        # a mapping's key is a part of the path: a long one (a host name of 5000 characters) is shortened, so
-        # the cut below leaves the reason readable
-        # (masked first: a cut inside user:password@ would leave the password unmasked)
-        loc = ".".join(_short(redact_credentials(str(p))) for p in err.get("loc", ()))
+        loc = _path(err)
         where = f"{prefix}{loc}" if loc else (prefix.rstrip(".") or "(top level)")
         # A validator's own message may quote the value: no user:password@ of a URL in it either.
         msg = redact_credentials(str(err.get("msg", "invalid")).removeprefix("Value error, "))
@@ -94,6 +91,13 @@ MAX_DESCRIBED_ERRORS = 10
 MAX_ERROR_PART = 400   # one error's line: a 100 kB field name is its path
 
 
+def _path(err: Any) -> str:
+    """An error's path, dotted. A mapping's key is a part of it: a long one (a host name of 5000 characters) is
+    shortened, so the cut of the line leaves the reason readable; masked first (a cut inside user:password@
+    would leave the password unmasked)."""
+    return ".".join(_short(redact_credentials(str(p))) for p in err.get("loc", ()))
+
+
 def _short(part: str, keep: int = 40) -> str:
     return part if len(part) <= keep + 20 else f"{part[:keep]}...({len(part)} chars)"
 
@@ -106,10 +110,7 @@ def describe_validation_error(e: ValidationError, prefix: str = "") -> str:
     parts = []
     errors = e.errors(include_url=False)
     for err in errors[:MAX_DESCRIBED_ERRORS]:
-        # a mapping's key is a part of the path: a long one (a host name of 5000 characters) is shortened, so
-        # the cut below leaves the reason readable
-        # (masked first: a cut inside user:password@ would leave the password unmasked)
-        loc = ".".join(_short(redact_credentials(str(p))) for p in err.get("loc", ()))
+        loc = _path(err)
         where = f"{prefix}{loc}" if loc else (prefix.rstrip(".") or "record")
         got = redact_credentials(repr(err.get("input")))   # masked before the cut below
         if len(got) > 80:

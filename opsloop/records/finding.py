@@ -47,7 +47,7 @@ from opsloop.validation import LAST_TIME_S, shown
 MAX_WHERE = MAX_TAGS + 2
 MAX_WHERE_KEY = 256
 MAX_WHERE_VALUE = 1024
-WhereKey = Annotated[str, Field(max_length=MAX_WHERE_KEY)]
+# a value of ``where`` as a type, for settings whose names end up there (the record checks its own in _where_bounds)
 WhereValue = Annotated[str, Field(max_length=MAX_WHERE_VALUE)]
 # a reading: a number (an int is taken), a string (a version, a reason) or null; a bool is none of them
 Reading = Annotated[Number | str | None, no_bool("a number, a string or null")]
@@ -65,7 +65,7 @@ class Finding(JsonRecord):
 
     detector: str = Field(min_length=1)             # e.g. "firewall.unprotected_port"
     what: str = Field(min_length=1)                 # one line for a human: "VM port without security group"
-    where: dict[WhereKey, WhereValue] = Field(default_factory=dict, max_length=MAX_WHERE)  # host, port, listener
+    where: dict[str, str] = Field(default_factory=dict)  # labels: host, port, listener (bounds: _where_bounds)
     observed: Reading = None
     expected: Reading = None
     score: Number = Field(ge=0.0, le=1.0, default=1.0)

@@ -8,11 +8,9 @@ declares one :class:`Detector` in its ``__init__.py``; ``registry.py`` lists the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from pydantic import BaseModel, ConfigDict, StringConstraints
-
-from opsloop.records.finding import MAX_WHERE_VALUE
+from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from opsloop.streams.agents.base import DetectorHandler
@@ -22,11 +20,6 @@ class Strict(BaseModel):
     """Base of every detector's settings: an unknown key is an error, not silently ignored."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-# a configured name that becomes a value of a finding's ``where`` (a host, a generation, a role): beyond the record's
-# bound every finding naming it could not be built, so it is refused at load instead
-WhereValue = Annotated[str, StringConstraints(max_length=MAX_WHERE_VALUE)]
 
 
 def _enabled(settings: Any) -> bool:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from opsloop.streams.detectors.plugin import Strict, WhereValue
+# WhereValue: a name its findings carry in ``where`` (a host, a generation, a role), refused at load beyond the
+# record's bound (every finding naming it failed to build)
+from opsloop.records.finding import WhereValue
+from opsloop.streams.detectors.plugin import Strict
 
 
 class FirewallSettings(Strict):
