@@ -47,8 +47,6 @@ from opsloop.topics import Topic
 
 log = get_logger("deadletter")
 
-# Kafka header on every replayed record: the dead letter it came from, so a copy refused again is recognisable
-REPLAYED_FROM = REPLAYED_FROM_HEADER
 # fields every dead letter has (opsloop.records.deadletter_record writes them all)
 REQUIRED = ("reason", "stage", "source_topic", "partition", "offset", "key", "received_at")
 # a key deadletter_record could not keep as UTF-8 (decoded with backslashreplace): not restorable exactly
@@ -513,7 +511,7 @@ def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: boo
                 continue
             try:
                 fut = producer.send(destination, value=value, key=key,
-                                    headers=[(REPLAYED_FROM, letter.where.encode())])
+                                    headers=[(REPLAYED_FROM_HEADER, letter.where.encode())])
             except (KafkaError, ValueError) as e:   # too large for the producer, metadata time-out, ...
                 _failed(report, as_json, letter, destination, e)
                 continue

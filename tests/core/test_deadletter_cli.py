@@ -20,11 +20,12 @@ from kafka.admin import NewTopic
 
 from opsloop import deadletter_cli
 from opsloop.cli import main
-from opsloop.deadletter_cli import (REPLAYED_FROM, DeadLetterError, Letter, NotReplayable, decode_letter,
+from opsloop.deadletter_cli import (DeadLetterError, Letter, NotReplayable, decode_letter,
                                     normalise_reason, original_key, original_value, render_lines)
 from opsloop.kafka_admin import ensure_topics
 from opsloop.kafka_security import KafkaSecurity, kafka_python_options
 from opsloop.records import deadletter_record
+from opsloop.records.deadletter import REPLAYED_FROM_HEADER
 from opsloop.stack import free_port
 from opsloop.streams.runtime.batch import DeadLetter, decode_messages
 from opsloop.topics import Topic
@@ -297,7 +298,7 @@ def test_replay_yes_sends_the_exact_bytes_and_key_with_a_header_and_never_a_trun
     assert set(sent) == {b"lb-1", b"lb-2", None}
     assert sent[b"lb-1"].value == text and sent[b"lb-2"].value == binary and sent[None].value == b" "
     for key, (p, o) in zip((b"lb-1", b"lb-2", None), places):
-        assert sent[key].headers == [(REPLAYED_FROM, f"{env.dl_topic}/{p}/{o}".encode())]
+        assert sent[key].headers == [(REPLAYED_FROM_HEADER, f"{env.dl_topic}/{p}/{o}".encode())]
     assert read_topic(env.bootstrap, f"{env.prefix}telemetry.ipmi") == []   # not selected
     # --json: a line per record and the counts
     code, out, _ = env.run(capsys, "replay", "--source-topic", "telemetry.lb", "--reason", "not json", "--json")
@@ -341,7 +342,7 @@ def test_a_replay_refused_again_is_marked_counted_and_replayed_only_with_force(
     assert code == 0 and "replay: 1 of 2 selected sent and acknowledged, 0 failed, 1 skipped" in out, out + err
     assert (f"skipped     {env.dl_topic}/{p2}/{o2}  ->  {env.lb}  key=lb-1  refused again after a replay of {origin}: "
             "fix the cause first, or --force") in out
-    assert [r.headers for r in read_topic(env.bootstrap, env.lb)] == [[(REPLAYED_FROM, origin.encode())]]
+    assert [r.headers for r in read_topic(env.bootstrap, env.lb)] == [[(REPLAYED_FROM_HEADER, origin.encode())]]
     code, out, err = env.run(capsys, "replay", "--source-topic", "telemetry.lb", "--force")
     assert code == 0 and "dry run: 2 of 2 selected would be sent, 0 skipped" in out, out + err
 
