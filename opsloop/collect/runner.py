@@ -119,6 +119,11 @@ def run_loop(collector: Collector, *, interval_s: float, publisher: Publisher | 
              stop: threading.Event | None = None, max_rounds: int | None = None) -> int:
     """Run rounds until ``stop`` is set (or once). Returns the number of rounds run."""
     stop = stop or threading.Event()
+    # The collector's round and sample counters exist at 0 from the start: a collector whose every round
+    # fails (its tool missing since the first start) otherwise exports no samples series, and the alert
+    # that calls a collector blind (errors and no samples) finds nothing to compare against.
+    ROUNDS.labels(collector.name)
+    SAMPLES.labels(collector.name)
     rounds = 0
     pending: _PendingRound | None = None
     next_at = time.monotonic() + (random.uniform(0, jitter_s) if jitter_s else 0.0)
