@@ -44,6 +44,7 @@ from opsloop.kafka_security import KafkaSecurityError, preflight
 from opsloop.log import get_logger, setup_logging
 from opsloop.records.deadletter import DEADLETTER_KEY_BYTES, REPLAYED_FROM_HEADER, SCHEMA_VERSION
 from opsloop.topics import Topic
+from opsloop.validation import shown
 
 log = get_logger("deadletter")
 
@@ -157,26 +158,26 @@ def decode_letter(value: bytes | None) -> dict[str, Any]:
         raise DeadLetterError(f"missing fields: {', '.join(missing)}")
     for name in ("reason", "stage", "source_topic"):
         if not isinstance(doc[name], str):
-            raise DeadLetterError(f"{name}: expected a string, got {_shown(doc[name])}")
+            raise DeadLetterError(f"{name}: expected a string, got {shown(doc[name])}")
     for name in ("partition", "offset"):
         if doc[name] is not None and (type(doc[name]) is not int or doc[name] < 0):   # noqa: E721
-            raise DeadLetterError(f"{name}: expected an integer >= 0 or null, got {_shown(doc[name])}")
+            raise DeadLetterError(f"{name}: expected an integer >= 0 or null, got {shown(doc[name])}")
     if doc["key"] is not None and not isinstance(doc["key"], str):
-        raise DeadLetterError(f"key: expected a string or null, got {_shown(doc['key'])}")
+        raise DeadLetterError(f"key: expected a string or null, got {shown(doc['key'])}")
     at = doc["received_at"]
     if isinstance(at, bool) or not isinstance(at, (int, float)) or not 0 <= at < 1e11:   # before year 5000
-        raise DeadLetterError(f"received_at: expected seconds since the epoch, got {_shown(at)}")
+        raise DeadLetterError(f"received_at: expected seconds since the epoch, got {shown(at)}")
     if "value_b64" in doc and not isinstance(doc["value_b64"], str):
-        raise DeadLetterError(f"value_b64: expected a string, got {_shown(doc['value_b64'])}")
+        raise DeadLetterError(f"value_b64: expected a string, got {shown(doc['value_b64'])}")
     # optional fields of newer dead letters (opsloop/records/deadletter.py); absent in older ones
     for name in ("truncated", "key_truncated"):
         if name in doc and not isinstance(doc[name], bool):
-            raise DeadLetterError(f"{name}: expected true or false, got {_shown(doc[name])}")
+            raise DeadLetterError(f"{name}: expected true or false, got {shown(doc[name])}")
     if "key_bytes" in doc and (type(doc["key_bytes"]) is not int or doc["key_bytes"] < 0):   # noqa: E721
-        raise DeadLetterError(f"key_bytes: expected an integer >= 0, got {_shown(doc['key_bytes'])}")
+        raise DeadLetterError(f"key_bytes: expected an integer >= 0, got {shown(doc['key_bytes'])}")
     for name in ("replayed_from", "value_is"):
         if doc.get(name) is not None and not isinstance(doc[name], str):
-            raise DeadLetterError(f"{name}: expected a string or null, got {_shown(doc[name])}")
+            raise DeadLetterError(f"{name}: expected a string or null, got {shown(doc[name])}")
     return doc
 
 
@@ -259,11 +260,6 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 def printable(text: str) -> str:
     """Text from a record made safe for a terminal line: no newline, no escape sequence (shown as \\xNN)."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _utc(seconds: float) -> str:

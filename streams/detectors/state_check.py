@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from opsloop.validation import LAST_TIME_S, is_time
+from opsloop.validation import LAST_TIME_S, is_time, shown
 
 # The last second an RFC 3339 stamp (a finding's, an alert's startsAt) can hold: 9999-12-31T23:59:59Z.
 MAX_EVENT_TIME = LAST_TIME_S
@@ -31,15 +31,10 @@ class StateError(ValueError):
         self.field = field
 
 
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def obj(value: Any, field: str) -> Mapping[str, Any]:
     """``value`` when it is a JSON object (string keys)."""
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise StateError(field, f"expected an object, got {_shown(value)}")
+        raise StateError(field, f"expected an object, got {shown(value)}")
     return value
 
 
@@ -55,15 +50,15 @@ def real(value: Any, field: str, lo: float = -math.inf, hi: float = math.inf, *,
          below: bool = False) -> float:
     """``value`` as a float when it is a finite number in ``[lo, hi]`` (``above``: > lo; ``below``: < hi)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise StateError(field, f"expected a number, got {_shown(value)}")
+        raise StateError(field, f"expected a number, got {shown(value)}")
     try:
         v = float(value)
     except OverflowError:   # an int beyond a float
-        raise StateError(field, f"{_shown(value)} is not a finite number") from None
+        raise StateError(field, f"{shown(value)} is not a finite number") from None
     if not math.isfinite(v):
-        raise StateError(field, f"{_shown(value)} is not a finite number")
+        raise StateError(field, f"{shown(value)} is not a finite number")
     if v < lo or v > hi or (above and v == lo) or (below and v == hi):
-        raise StateError(field, f"{_shown(value)} is out of range {'(' if above else '['}{lo:g}, {hi:g}"
+        raise StateError(field, f"{shown(value)} is out of range {'(' if above else '['}{lo:g}, {hi:g}"
                                 f"{')' if below else ']'}")
     return v
 
@@ -73,35 +68,35 @@ def count(value: Any, field: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise StateError(field, f"expected a whole number, got {_shown(value)}")
+        raise StateError(field, f"expected a whole number, got {shown(value)}")
     if not lo <= value <= hi:
-        raise StateError(field, f"{_shown(value)} is out of range [{lo}, {hi}]")
+        raise StateError(field, f"{shown(value)} is out of range [{lo}, {hi}]")
     return value
 
 
 def event_time(value: Any, field: str) -> float:
     """An event time: seconds since the epoch, from 1970 to the end of 9999 (what a finding can carry)."""
     if not is_time(value):
-        raise StateError(field, f"{_shown(value)} is not an event time (seconds from 1970 to 9999)")
+        raise StateError(field, f"{shown(value)} is not an event time (seconds from 1970 to 9999)")
     return float(value)
 
 
 def text(value: Any, field: str) -> str:
     if not isinstance(value, str):
-        raise StateError(field, f"expected a string, got {_shown(value)}")
+        raise StateError(field, f"expected a string, got {shown(value)}")
     return value
 
 
 def flag(value: Any, field: str) -> bool:
     if not isinstance(value, bool):
-        raise StateError(field, f"expected true or false, got {_shown(value)}")
+        raise StateError(field, f"expected true or false, got {shown(value)}")
     return value
 
 
 def items(value: Any, field: str, max_len: int | None = None, length: int | None = None) -> list[Any]:
     """``value`` when it is a JSON array (at most ``max_len`` long, or exactly ``length``)."""
     if not isinstance(value, (list, tuple)):
-        raise StateError(field, f"expected an array, got {_shown(value)}")
+        raise StateError(field, f"expected an array, got {shown(value)}")
     if length is not None and len(value) != length:
         raise StateError(field, f"expected {length} entries, got {len(value)}")
     if max_len is not None and len(value) > max_len:
