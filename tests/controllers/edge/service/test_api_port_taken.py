@@ -1,0 +1,39 @@
+"""`opsloop edge run` whose API port is taken exits 75 (EX_TEMPFAIL: the unit restarts it, the port may be free
+then), says which address, and ends: the demand consumer it had started once Kafka answered is stopped too (a
+process left running without its API would hold the unit "active" with no way to reach it). The API binds only
+after Kafka answers, so the real broker is needed to get there."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from opsloop import exitcodes
+from tests.helpers import REPO, unique
+
+SECRET = "an-edge-token-of-32-characters!!"
+
+
+def test_a_taken_api_port_exits_75_and_the_process_ends(kafka_bootstrap: str, tmp_path: Path) -> None:
+    topo = tmp_path / "topology.yaml"
+    topo.write_text("listeners:\n  - name: web\n    edges: [{name: e1}]\n"
+                    "    origins: [{name: near, capacity_rps: 40}, {name: far, capacity_rps: 40}]\n"
+                    "    latency_ms: {e1: {near: 2, far: 30}}\n")
+    token = tmp_path / "edge.token"
+    token.touch(mode=0o600)
+    token.write_text(SECRET + "\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = tmp_path / "opsloop.yaml"
+        cfg.write_text(f"kafka: {{bootstrap_servers: '{kafka_bootstrap}', topic_prefix: {unique('apiport')}.}}\n"
+                       f"controllers:\n  edge:\n    topology_file: {topo}\n    overrides_file: null\n"
+                       f"    metrics_port: 0\n    api: {{enabled: true, port: {port}, token_file: {token}}}\n")
+        r = subprocess.run([sys.executable, "-m", "opsloop.cli", "edge", "run", "--config", str(cfg)],
+                           capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == exitcodes.TEMPFAIL == 75, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and SECRET not in r.stderr + r.stdout, r.stderr[-2000:]
+    assert f"{port}" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
