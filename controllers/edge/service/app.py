@@ -93,6 +93,9 @@ class EdgeService:
 
     def start(self) -> "EdgeService":
         kafka = self.settings.kafka
+        if self.cfg.api.enabled and self.token is None:
+            # before Kafka: a token file that can never work is said at once, not once a broker answers
+            self.token = read_token(self.cfg.api)
         preflight_or_exit(kafka, "edge-control", log)   # a wrong password or CA: exit now, say why
         recovered: dict = {}
 
@@ -113,8 +116,8 @@ class EdgeService:
                                 recovered)
         self.consumer = DemandConsumer(kafka, self.book, deadletter=self.publisher.deadletter).start()
         if self.cfg.api.enabled:
-            token = self.token if self.token is not None else read_token(self.cfg.api)
-            self.api = EdgeApi(self.store, token, self.loop.status, self.loop.weights)
+            assert self.token is not None   # read above
+            self.api = EdgeApi(self.store, self.token, self.loop.status, self.loop.weights)
             self.api.serve(self.cfg.api.bind, self.cfg.api.port)
             log.info("api_serving", address=f"{self.cfg.api.bind}:{self.api.port}")
         return self
