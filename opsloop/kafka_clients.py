@@ -10,7 +10,9 @@ no call site repeats it:
 * ``KafkaSettings.topic(name)`` / ``.group(id)`` -- names with ``kafka.topic_prefix`` applied;
 * :func:`preflight_or_exit` -- run at every service's start: a wrong password or an untrusted CA ends
   the process (exit 78, ``exitcodes.CONFIG``: systemd does not restart it) with one log line naming the
-  problem, instead of a client retrying forever.
+  problem, instead of a client retrying forever;
+* :func:`send_deadletter` -- a refused record onto the dead-letter topic (the controllers), and
+  :data:`DEADLETTER_SEND_FAILURES`, the dead letters of any stage (the stream worker's too) never written.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from kafka.errors import KafkaError
+from prometheus_client import Counter
 
 from opsloop import exitcodes
 from opsloop.config import KafkaSettings
@@ -31,6 +34,12 @@ from opsloop.kafka_security import (KafkaSecurityError, KafkaUnreachable, faust_
 
 # Exit status of a service whose Kafka settings cannot work: a bad configuration, not restarted by systemd.
 EXIT_KAFKA_SETTINGS = exitcodes.CONFIG
+
+# Here in the core, not in a stage, so the stream worker and every controller count under one name. A dead
+# letter not written is a refused record gone for good: alerted (OpsloopDeadLettersNotWritten).
+DEADLETTER_SEND_FAILURES = Counter("opsloop_deadletter_send_failures_total",
+                                   "Dead letters never written to the dead-letter topic (the send raised, or the "
+                                   "broker refused or timed out the delivery): the refused record is lost", ["stage"])
 
 
 def kafka_settings(kafka: KafkaSettings | str) -> KafkaSettings:
@@ -113,11 +122,25 @@ def send_deadletter(producer: Any, kafka: KafkaSettings, reason: str, *, source_
     """Keep a consumed record a service refused on the dead-letter topic, in the stream stage's
     shape (:func:`opsloop.records.deadletter_record`). ``headers``: the consumed record's (a replay's
     ``opsloop-replayed-from`` becomes ``replayed_from``: refused again, not a new failure); ``value_is``:
-    what ``value`` holds (``record``: its bytes, replayable). Never raises: the caller has counted the
-    refusal already, and a broker hiccup must not stop the service (it is logged)."""
+    what ``value`` holds (``record``: its bytes, replayable). Never raises nor waits: the caller has counted
+    the refusal already, and a broker hiccup must not stop the service. A dead letter not written (``send``
+    raised, or its future failed later: the broker refused it, the delivery timed out) is counted once in
+    :data:`DEADLETTER_SEND_FAILURES` and logged ``deadletter_failed``."""
+    where = {"stage": stage, "source_topic": source_topic, "partition": partition, "offset": offset}
     try:
-        producer.send(kafka.topic(Topic.DEADLETTER), key=deadletter_key(key), value=deadletter_record(
+        future = producer.send(kafka.topic(Topic.DEADLETTER), key=deadletter_key(key), value=deadletter_record(
             reason, topic=source_topic, partition=partition, offset=offset, key=key, value=value,
             stage=stage, replayed_from=replayed_from_header(headers), value_is=value_is))
     except Exception as e:  # noqa: BLE001
-        log.error("deadletter_failed", stage=stage, error=f"{type(e).__name__}: {e}"[:300])
+        _deadletter_lost(log, where, e)
+        return
+    # kafka-python's FutureRecordMetadata: the errback runs on the producer's I/O thread (at once if
+    # the future has failed already)
+    add_errback = getattr(future, "add_errback", None)
+    if add_errback is not None:
+        add_errback(_deadletter_lost, log, where)
+
+
+def _deadletter_lost(log: Any, where: dict[str, Any], error: BaseException) -> None:
+    DEADLETTER_SEND_FAILURES.labels(where["stage"]).inc()
+    log.error("deadletter_failed", **where, error=f"{type(error).__name__}: {error}"[:300])

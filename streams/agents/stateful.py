@@ -272,8 +272,9 @@ class StatefulAgent:
         # the findings outbox sent again when no batch comes; its leftovers logged at stop
         self.app.add_dependency(FindingsRetry(self.sink, self.retry_interval_s))
 
-    async def _send_deadletter(self, dl: DeadLetter) -> None:
-        await self.deadletter.send(key=deadletter_key(dl.key), value=dl.encode())
+    async def _send_deadletter(self, dl: DeadLetter) -> Any:
+        # the delivery's future back to process_batch, which counts a failed delivery
+        return await self.deadletter.send(key=deadletter_key(dl.key), value=dl.encode())
 
     def _highwater(self, topic: str, partition: int) -> int | None:
         try:

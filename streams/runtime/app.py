@@ -107,8 +107,9 @@ def batch_agent(app: faust.App, name: str, topics: Iterable[Topic], handlers: Se
     size, within = settings.stream.batch_size, settings.stream.batch_within_s
     handler: Handler = handlers[0] if len(handlers) == 1 else FanOut(name, handlers)
 
-    async def send_deadletter(dl: DeadLetter) -> None:
-        await deadletter.send(key=deadletter_key(dl.key), value=dl.encode())
+    async def send_deadletter(dl: DeadLetter) -> Any:
+        # the delivery's future back to process_batch, which counts a failed delivery
+        return await deadletter.send(key=deadletter_key(dl.key), value=dl.encode())
 
     def highwater(topic: str, partition: int) -> int | None:
         try:

@@ -10,10 +10,12 @@ to a plain-Python handler in one call. Handlers keep their hot state in memory a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import groupby
 from operator import attrgetter
 from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Mapping, Protocol, Sequence
@@ -21,6 +23,7 @@ from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Mappi
 import orjson
 from prometheus_client import Counter
 
+from opsloop.kafka_clients import DEADLETTER_SEND_FAILURES
 from opsloop.log import Sampled, get_logger
 from opsloop.records import DEADLETTER_VALUE_LIMIT, Metric, deadletter_record
 from opsloop.records.deadletter import ValueIs, replayed_from_header
@@ -30,6 +33,8 @@ from opsloop.streams.runtime import health
 log = get_logger("stream")
 # a poison topic dead-letters every record: one log line a minute per agent (the counter counts each)
 DEADLETTER_LOG = Sampled(60.0)
+# the stage its dead letters carry (deadletter_record's default): their failures' label
+DEADLETTER_STAGE = "stream"
 
 
 @dataclass(slots=True)
@@ -492,6 +497,7 @@ def gc_paused() -> Iterator[None]:
         gc.enable()
 
 
+# returns what the topic's send gives: an asyncio future of the delivery is watched (process_batch)
 SendDeadLetter = Callable[[DeadLetter], Awaitable[Any]]
 Highwater = Callable[[str, int], int | None]
 
@@ -585,10 +591,14 @@ async def process_batch(agent: str, messages: Sequence[RawMessage], handler: Han
         DEADLETTER_LOG.warning(log, "deadlettered", key=agent, agent=agent, source_topic=dl.topic,
                                partition=dl.partition, offset=dl.offset, reason=dl.reason[:300])
         try:
-            await send_deadletter(dl)
+            sent = await send_deadletter(dl)
         except Exception as e:  # noqa: BLE001
             health.ERRORS.labels(agent).inc()
-            log.error("deadletter_send_failed", agent=agent, error=str(e))
+            _deadletter_lost(agent, dl.topic, dl.partition, dl.offset, e)
+            continue
+        if isinstance(sent, asyncio.Future):
+            # Faust's send returns once the record is buffered: a broker refusal or a timeout fails this later
+            sent.add_done_callback(partial(_deadletter_delivered, agent, dl.topic, dl.partition, dl.offset))
     if highwater is not None:
         for (topic, partition), offset in batch.offsets.items():
             hw = highwater(topic, partition)
@@ -598,3 +608,18 @@ async def process_batch(agent: str, messages: Sequence[RawMessage], handler: Han
     health.BATCH_SECONDS.labels(agent).observe(time.perf_counter() - t0)
     health.LAST_BATCH.labels(agent).set(time.time())
     return batch
+
+
+def _deadletter_delivered(agent: str, topic: str, partition: int | None, offset: int | None,
+                          delivery: asyncio.Future[Any]) -> None:
+    """A dead letter's delivery ended: lost if it failed or was cancelled (the producer stopped first)."""
+    if delivery.cancelled():
+        _deadletter_lost(agent, topic, partition, offset, asyncio.CancelledError("delivery cancelled"))
+    elif (error := delivery.exception()) is not None:   # also marks it retrieved: no asyncio warning at GC
+        _deadletter_lost(agent, topic, partition, offset, error)
+
+
+def _deadletter_lost(agent: str, topic: str, partition: int | None, offset: int | None, error: BaseException) -> None:
+    DEADLETTER_SEND_FAILURES.labels(DEADLETTER_STAGE).inc()
+    log.error("deadletter_send_failed", agent=agent, source_topic=topic, partition=partition, offset=offset,
+              error=f"{type(error).__name__}: {error}"[:300])

@@ -37,6 +37,9 @@ OTHER_LOSSES = {
     "opsloop_paging_audit_failures_total",
     # spool lines that do not decode, moved to the quarantine directory: never sent (opsloop/collect/spool.py)
     "opsloop_spool_quarantined_lines_total",
+    # a refused record whose dead letter was not written (send raised, delivery failed): kept nowhere
+    # (opsloop/kafka_clients.py, streams/runtime/batch.py)
+    "opsloop_deadletter_send_failures_total",
 }
 
 # Counters whose loss is one label value: the alert must select it (the other values are no loss).
