@@ -248,6 +248,7 @@ class StatefulAgent:
         # count, the same as the state table's, instead of waiting minutes for a metadata refresh).
         source = raw_topic(self.app, *self.topics)
         self._source_topics = set(source.topics)
+        health.deadletter_series(self._source_topics)
 
         async def agent(stream: faust.StreamT) -> None:
             async for events in take_batches(stream, self.size, self.within, self.backlog_within,

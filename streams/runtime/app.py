@@ -103,6 +103,7 @@ def batch_agent(app: faust.App, name: str, topics: Iterable[Topic], handlers: Se
     handlers (e.g. sending what a handler left in its outbox); a failing hook is logged and counted.
     """
     source = raw_topic(app, *topics)
+    health.deadletter_series(source.topics)
     deadletter = raw_topic(app, Topic.DEADLETTER)
     size, within = settings.stream.batch_size, settings.stream.batch_within_s
     handler: Handler = handlers[0] if len(handlers) == 1 else FanOut(name, handlers)

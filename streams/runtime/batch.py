@@ -587,7 +587,7 @@ async def process_batch(agent: str, messages: Sequence[RawMessage], handler: Han
         batch = decode_and_handle(agent, messages, handler, max_clock_skew_s)
         batch.metrics = []
     for dl in batch.deadletters:
-        health.DEADLETTERED.labels(dl.topic or "handler").inc()
+        health.DEADLETTERED.labels(dl.topic or health.NO_SOURCE_TOPIC).inc()
         DEADLETTER_LOG.warning(log, "deadlettered", key=agent, agent=agent, source_topic=dl.topic,
                                partition=dl.partition, offset=dl.offset, reason=dl.reason[:300])
         try:

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram
 
 RECORDS_IN = Counter("opsloop_stream_records_total", "Kafka records consumed", ["topic"])
 SAMPLES_IN = Counter("opsloop_stream_samples_total", "Valid samples processed", ["topic"])
 DEADLETTERED = Counter("opsloop_stream_deadlettered_total", "Records or samples sent to the dead-letter topic",
                        ["topic"])
+# the topic label of a dead letter that came off no record (a handler's summary of samples not retried)
+NO_SOURCE_TOPIC = "handler"
+
+
+def deadletter_series(topics: Iterable[str]) -> None:
+    """The dead-letter counter's series of each source topic (and of the handlers) exist at 0 from the agent's
+    start: OpsloopDeadLetterGrowing takes their increase(), which a series born at its first dead letter never
+    shows (a first bad record on a clean topic was not alerted)."""
+    for topic in (*topics, NO_SOURCE_TOPIC):
+        DEADLETTERED.labels(topic)
+
+
 ERRORS = Counter("opsloop_stream_errors_total", "Handler errors (the samples a handler fails on are dead-lettered, the worker goes on)",
                  ["agent"])
 STATE_HOME_UNKNOWN = Counter("opsloop_stream_state_home_unknown_total",
