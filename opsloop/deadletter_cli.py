@@ -33,13 +33,13 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterator
 
 import orjson
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from opsloop.argtypes import finite, integer
 from opsloop.audit.search import parse_duration
 from opsloop.config import ConfigError, KafkaSettings, load_settings
-from opsloop.kafka_clients import client_options
+from opsloop.kafka_clients import client_options, service_producer
 from opsloop.kafka_security import KafkaSecurityError, preflight
 from opsloop.log import get_logger, setup_logging
 from opsloop.records.deadletter import DEADLETTER_KEY_BYTES, REPLAYED_FROM_HEADER, SCHEMA_VERSION
@@ -481,10 +481,10 @@ def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: boo
     # (dead letter without its record, destination, future) until acknowledged: the values are the producer's
     pending: list[tuple[Letter, str, Any]] = []
     if send:
-        producer = KafkaProducer(**client_options(kafka), client_id="opsloop-deadletter-replay", acks="all",
-                                 linger_ms=5, max_block_ms=int(timeout_s * 1000),
-                                 request_timeout_ms=max(int(timeout_s * 1000), 5000),
-                                 delivery_timeout_ms=max(int(timeout_s * 2000), 10_000))
+        producer = service_producer(kafka, "opsloop-deadletter-replay", linger_ms=5,
+                                    max_block_ms=int(timeout_s * 1000),
+                                    request_timeout_ms=max(int(timeout_s * 1000), 5000),
+                                    delivery_timeout_ms=max(int(timeout_s * 2000), 10_000))
     try:
         for letter in reader.letters():
             if not filters.match(letter.doc):

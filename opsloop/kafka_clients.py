@@ -21,6 +21,7 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
+from kafka import KafkaProducer
 from kafka.errors import KafkaError
 from prometheus_client import Counter
 
@@ -51,6 +52,18 @@ def client_options(kafka: KafkaSettings | str) -> dict[str, Any]:
     """``bootstrap_servers`` and the TLS/SASL keyword arguments for any kafka-python client."""
     k = kafka_settings(kafka)
     return {"bootstrap_servers": k.bootstrap_servers, **kafka_python_options(k.security)}
+
+
+def service_producer(kafka: KafkaSettings | str, client_id: str, **options: Any) -> KafkaProducer:
+    """The kafka-python producer of a long-running service (controllers, the audit sink): ``acks=all``, not
+    idempotent, one request in flight. kafka-python 3.0's idempotent producer (its default) takes any
+    non-retriable error of a batch (a record over a topic's ``max.message.bytes``, a topic it may not write)
+    as fatal and fails every later send to any topic until the process restarts: one dead letter too big for
+    its topic stopped the edge controller's decisions. Without idempotence a retry may duplicate a record
+    (consumers dedupe: versions, finding ids) and one request in flight keeps the order. The collectors'
+    publisher keeps idempotence: it rebuilds its producer after a failure and spools meanwhile."""
+    return KafkaProducer(**client_options(kafka), client_id=client_id, acks="all", enable_idempotence=False,
+                         max_in_flight_requests_per_connection=1, **options)
 
 
 def aiokafka_client_options(kafka: KafkaSettings | str) -> dict[str, Any]:

@@ -59,7 +59,7 @@ from opsloop.audit.trail import AuditLog
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
 from opsloop.kafka_clients import (RecordHeaders, client_options, connect_with_retry, kafka_settings,
-                                   preflight_or_exit, send_deadletter)
+                                   preflight_or_exit, send_deadletter, service_producer)
 from opsloop.log import Sampled, get_logger
 
 from opsloop.controllers.actuators import metrics
@@ -170,7 +170,7 @@ class ActuatorService:
 
     # -- wiring ----------------------------------------------------------------------------------
     def connect(self) -> None:
-        from kafka import KafkaConsumer, KafkaProducer
+        from kafka import KafkaConsumer
 
         if self._consumer is None:
             self._consumer = KafkaConsumer(
@@ -178,8 +178,8 @@ class ActuatorService:
                 client_id=self.client_id, enable_auto_commit=False, auto_offset_reset=self.config.start_offset,
                 metadata_max_age_ms=10_000)
         if self._producer is None:
-            self._producer = KafkaProducer(**client_options(self.kafka), client_id=self.client_id, acks="all",
-                                           linger_ms=5, max_block_ms=5000, request_timeout_ms=5000)
+            self._producer = service_producer(self.kafka, self.client_id, linger_ms=5, max_block_ms=5000,
+                                              request_timeout_ms=5000)
 
     # -- one step --------------------------------------------------------------------------------
     def handle_records(self, records: list[tuple[bytes | None, bytes | None]],

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 
 from opsloop.atomic_file import replace_file
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
 from opsloop.kafka_clients import (RecordHeaders, client_options, connect_with_retry, kafka_settings,
-                                   preflight_or_exit, send_deadletter)
+                                   preflight_or_exit, send_deadletter, service_producer)
 from opsloop.log import Sampled, get_logger
 
 from opsloop.controllers.paging import metrics
@@ -81,8 +81,8 @@ class PagingService:
                 max_poll_records=500,
                 metadata_max_age_ms=10_000)  # see a topic created after we subscribed within seconds
         if self._producer is None:
-            self._producer = KafkaProducer(**client_options(self.kafka), client_id=self.client_id, acks="all",
-                                           linger_ms=5, max_block_ms=5000, request_timeout_ms=5000)
+            self._producer = service_producer(self.kafka, self.client_id, linger_ms=5, max_block_ms=5000,
+                                              request_timeout_ms=5000)
         self.auditor.producer = self._producer
 
     def load_state(self) -> None:

@@ -20,7 +20,7 @@ from prometheus_client import Counter, Gauge
 
 from opsloop.records import AuditRecord
 from opsloop.config import KafkaSettings
-from opsloop.kafka_clients import client_options, connect_with_retry, kafka_settings
+from opsloop.kafka_clients import connect_with_retry, kafka_settings, service_producer
 from opsloop.log import Sampled, get_logger
 from opsloop.topics import Topic
 
@@ -182,7 +182,4 @@ class KafkaAuditPublisher:
 
 
 def _kafka_producer(k: KafkaSettings, client_id: str) -> Any:
-    from kafka import KafkaProducer   # kafka-python is imported only when the sink is enabled
-
-    return KafkaProducer(**client_options(k), client_id=client_id, acks="all",
-                         linger_ms=5, request_timeout_ms=10_000, max_block_ms=5_000)
+    return service_producer(k, client_id, linger_ms=5, request_timeout_ms=10_000, max_block_ms=5_000)

@@ -18,14 +18,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 
 from opsloop.records import EdgeWeights
 from opsloop.records.edge import LAST_EPOCH
 from opsloop.controllers.edge.service import metrics as M
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding
-from opsloop.kafka_clients import client_options, kafka_settings, send_deadletter
+from opsloop.kafka_clients import client_options, kafka_settings, send_deadletter, service_producer
 from opsloop.log import get_logger
 from opsloop.topics import Topic
 
@@ -48,8 +48,8 @@ class DecisionPublisher:
     def __init__(self, kafka: KafkaSettings | str, client_id: str = "opsloop-edge-controller",
                  flush_timeout_s: float = 5.0) -> None:
         self.kafka = kafka_settings(kafka)   # a bootstrap string means PLAINTEXT, no topic prefix
-        self.producer = KafkaProducer(**client_options(self.kafka), client_id=client_id, acks="all", linger_ms=0,
-                                      request_timeout_ms=10_000, max_block_ms=5_000)
+        self.producer = service_producer(self.kafka, client_id, linger_ms=0, request_timeout_ms=10_000,
+                                         max_block_ms=5_000)
         self.flush_timeout_s = flush_timeout_s
 
     def __call__(self, records: list[EdgeWeights], findings: list[Finding]) -> None:

@@ -299,7 +299,7 @@ def start(broker: Broker, clock: list[float], settings: ControllerSettings, over
           monkeypatch: pytest.MonkeyPatch, hide: str | None = None) -> Service:
     """A new instance; ``hide``: an edge whose records its recovery does not see."""
     hidden = frozenset() if hide is None else frozenset({f"{LISTENER}|{hide}".encode()})
-    monkeypatch.setattr(kafka_io, "KafkaProducer", lambda **kw: FakeProducer(broker, **kw))
+    monkeypatch.setattr(kafka_io, "service_producer", lambda kafka, client_id, **kw: FakeProducer(broker, **kw))
     monkeypatch.setattr(kafka_io, "KafkaConsumer", lambda **kw: FakeTopicConsumer(broker, hidden=hidden, **kw))
     store = TopologyStore(topology(), AuditLog(), overrides)
     book = DemandBook(max_clock_skew_s=SKEW_S, clock=lambda: clock[0])

@@ -154,7 +154,7 @@ def test_the_publisher_says_which_weights_records_the_broker_did_not_take(monkey
     """Before: a refused send, a nacked record or a flush that timed out were logged and the call
     returned, so the loop took the decision for published."""
     broker = Broker([T0])
-    monkeypatch.setattr(kafka_io, "KafkaProducer", lambda **kw: FakeProducer(broker, **kw))
+    monkeypatch.setattr(kafka_io, "service_producer", lambda kafka, client_id, **kw: FakeProducer(broker, **kw))
     publisher = DecisionPublisher("127.0.0.1:9", flush_timeout_s=0.1)
     records = [EdgeWeights(version=3, listener="web", edge=e, weights={"a": 1.0}, computed_at=T0) for e in ("e1", "e2")]
     finding = Finding(detector="edge.weights_held", what="weights held", where={"listener": "web"},

@@ -81,7 +81,7 @@ def with_raw(doc: dict[str, Any], name: str, raw: str) -> bytes:
 def run_service(broker: Broker, clock: list[float], store: TopologyStore) -> dict[tuple[str, str], EdgeWeights]:
     """Recover, start the loop and the API, tick with demand from every edge; check the property; the recovered."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(kafka_io, "KafkaProducer", lambda **kw: FakeProducer(broker, **kw))
+        mp.setattr(kafka_io, "service_producer", lambda kafka, client_id, **kw: FakeProducer(broker, **kw))
         mp.setattr(kafka_io, "KafkaConsumer", lambda **kw: FakeTopicConsumer(broker, **kw))
         recovered = recover_decisions("127.0.0.1:9", topic=WEIGHTS_TOPIC, timeout_s=5.0)
         publisher = DecisionPublisher("127.0.0.1:9", flush_timeout_s=1.0)
