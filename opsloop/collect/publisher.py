@@ -1,4 +1,4 @@
-"""Publishing collector rounds to Kafka: keyed, acks=all, idempotent, with the spool as fallback.
+"""Publishing collector rounds to Kafka: keyed, acks=all, one request in flight, with the spool as fallback.
 
 The collection loop never waits for the broker. ``publish()`` hands a round to this publisher's
 sender thread and returns: in memory when the sender is idle and healthy (the common case: no disk
@@ -17,6 +17,13 @@ a series' samples whose timestamp does not advance). What only memory holds is t
 and, while the spool's disk refuses writes, up to ``MEMORY_MAX_BYTES`` of rounds (oldest dropped and
 counted lost beyond it): a collector killed at that moment loses those, as it lost a round in flight
 when sending was synchronous.
+
+A record the broker refuses for good (``REFUSED_FOR_GOOD``: over the topic's ``max.message.bytes``, a topic
+this collector may not write, a timestamp or record the broker rejects) is not spooled: sent again it would
+be refused again, head the spool forever and hold every later round of every topic behind it. It is counted
+lost and logged (``record_refused``, with its topic, key and size); the other records of the round go on.
+The producer is not idempotent (:func:`opsloop.kafka_clients.service_producer`): kafka-python's idempotent
+producer took one such refusal as fatal and failed every other record of the flush with the same error.
 """
 
 from __future__ import annotations
@@ -29,11 +36,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from kafka import KafkaProducer
+from kafka.errors import (CorruptRecordError, InvalidRecordError, InvalidTimestampError, InvalidTopicError,
+                          MessageSizeTooLargeError, PolicyViolationError, RecordListTooLargeError,
+                          TopicAuthorizationFailedError)
 from prometheus_client import Counter, Gauge
 
 from opsloop.collect.spool import Record, Spool
 from opsloop.config import KafkaSettings
-from opsloop.kafka_clients import client_options, kafka_settings
+from opsloop.kafka_clients import kafka_settings, service_producer
 from opsloop.log import get_logger
 from opsloop.records import Metric
 from opsloop.wire import encode_batch, group_by_route
@@ -56,7 +66,8 @@ PUBLISH_ERRORS = Counter("opsloop_collector_publish_errors_total",
                          "Rounds whose publishing failed unexpectedly (e.g. the spool's disk); the loop goes on",
                          ["collector"])
 LOST = Counter("opsloop_collector_lost_records_total",
-               "Records neither acknowledged nor spooled (the spool could not be written and memory was full)", ["collector"])
+               "Records neither acknowledged nor spooled: refused by the broker for good, or the spool could not be "
+               "written and memory was full", ["collector"])
 
 
 MIN_BACKOFF_S = 0.5
@@ -68,6 +79,12 @@ MEMORY_MAX_BYTES = 32 * 1024 * 1024
 # Kafka refuses a record above the broker's message.max.bytes (1 MB by default) for good; spooled, such
 # a record would head the spool forever and hold every later round behind it. Records stay well under.
 MAX_RECORD_BYTES = 512 * 1024
+
+# The broker's refusals of a record itself: sent again, it is refused again (retrying cannot help). Other
+# errors (a broker away, a leader moving, a timeout) leave the record in the spool for the next try.
+REFUSED_FOR_GOOD = (MessageSizeTooLargeError, RecordListTooLargeError, InvalidTopicError,
+                    TopicAuthorizationFailedError, PolicyViolationError, InvalidTimestampError, CorruptRecordError,
+                    InvalidRecordError)
 
 
 def _encode_within(topic: str, key: str, ms: list[Metric], limit: int) -> list[Record]:
@@ -131,11 +148,9 @@ class Publisher:
     def _get_producer(self) -> KafkaProducer:
         if self._producer is None:
             timeout_ms = int(self.send_timeout_s * 1000)
-            self._producer = KafkaProducer(
-                **client_options(self.kafka),
-                client_id=self.client_id,
-                acks="all",
-                enable_idempotence=True,
+            self._producer = service_producer(
+                self.kafka,
+                self.client_id,
                 linger_ms=20,
                 batch_size=256 * 1024,
                 max_request_size=4 * 1024 * 1024,
@@ -292,11 +307,17 @@ class Publisher:
             self._note_result(not failed)
 
     def _send(self, records: list[Record]) -> list[Record]:
-        """Send and wait for acks; returns the records that failed (all of them if the broker is gone)."""
+        """Send and wait for acks; returns the records to try again (all of them if the broker is gone).
+        Records the broker refuses for good are counted lost, not returned (see the module's docstring)."""
+        refused: list[tuple[Record, Exception]] = []
         try:
             producer = self._get_producer()
-            futures = [(r, producer.send(self.kafka.topic(r.topic), key=r.key.encode(), value=r.value))
-                       for r in records]
+            futures = []
+            for r in records:
+                try:
+                    futures.append((r, producer.send(self.kafka.topic(r.topic), key=r.key.encode(), value=r.value)))
+                except REFUSED_FOR_GOOD as e:   # over the producer's own max_request_size: never sendable
+                    refused.append((r, e))
             producer.flush(timeout=self.send_timeout_s)
         except Exception as e:  # noqa: BLE001 - any client error means "not delivered"
             log.warning("kafka_send_failed", collector=self.collector, error=str(e), records=len(records))
@@ -308,6 +329,8 @@ class Publisher:
         for r, fut in futures:
             try:
                 fut.get(timeout=0)
+            except REFUSED_FOR_GOOD as e:
+                refused.append((r, e))
             except Exception as e:  # noqa: BLE001
                 failed.append(r)
                 last_error = e
@@ -315,8 +338,12 @@ class Publisher:
             log.warning("kafka_send_failed", collector=self.collector, error=str(last_error), records=len(failed))
             SEND_FAILURES.labels(self.collector).inc()
             self._drop_producer()
-        failed_ids = {id(r) for r in failed}
-        self._count_sent([r for r in records if id(r) not in failed_ids])
+        for r, e in refused:
+            LOST.labels(self.collector).inc()
+            log.error("record_refused", collector=self.collector, topic=self.kafka.topic(r.topic), key=r.key[:200],
+                      bytes=len(r.value), error=f"{type(e).__name__}: {e}"[:300])
+        gone = {id(r) for r in failed} | {id(r) for r, _ in refused}
+        self._count_sent([r for r in records if id(r) not in gone])
         return failed
 
     def _count_sent(self, records: list[Record]) -> None:
