@@ -61,7 +61,7 @@ def service_producer(kafka: KafkaSettings | str, client_id: str, **options: Any)
     as fatal and fails every later send to any topic until the process restarts: one dead letter too big for
     its topic stopped the edge controller's decisions. Without idempotence a retry may duplicate a record
     (consumers dedupe: versions, finding ids) and one request in flight keeps the order. The collectors'
-    publisher keeps idempotence: it rebuilds its producer after a failure and spools meanwhile."""
+    publisher uses it too (and does not spool a record refused for good)."""
     return KafkaProducer(**client_options(kafka), client_id=client_id, acks="all", enable_idempotence=False,
                          max_in_flight_requests_per_connection=1, **options)
 
