@@ -134,6 +134,9 @@ class StreamSettings(_Section):
     # A table recovery without progress for this long: re-seek at half, then exit for the supervisor
     # to restart the worker (streams/runtime/watchdog.py).
     recovery_stall_s: float = Field(default=8.0, ge=2, le=600)
+    # How often the worker exports each held source partition's committed offset and uncommitted records
+    # (streams/runtime/progress.py); well under OpsloopStreamPartitionStuck's 10 min.
+    progress_interval_s: float = Field(default=15.0, ge=0.5, le=120)
     # A series silent for this long is dropped from the exported gauges (stale, not zero).
     series_ttl_s: float = Field(default=120.0, gt=0)
     # A sample stamped further ahead of the worker's clock than this is dead-lettered: a clock far

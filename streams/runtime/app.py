@@ -23,6 +23,7 @@ from opsloop.streams.runtime import health
 from opsloop.streams.runtime.assignment import install_assignment_metrics
 from opsloop.streams.runtime.batch import DeadLetter, FanOut, Handler, process_batch
 from opsloop.streams.runtime.membership import install_membership_guard
+from opsloop.streams.runtime.progress import install_partition_progress
 from opsloop.streams.runtime.take import consumer_lag, take_batches
 from opsloop.streams.runtime.transport import kafka_transport
 from opsloop.streams.runtime.watchdog import install_recovery_watchdog
@@ -56,6 +57,8 @@ def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
     # a batch taken across a pause of a heartbeat interval or more: handled only if still a member
     install_membership_guard(app, app.conf.broker_heartbeat_interval, s.session_timeout_s)
     install_assignment_metrics(app)
+    # every held source partition's committed offset, batch or not: a partition nobody processes is alerted
+    install_partition_progress(app, s.progress_interval_s)
     return app
 
 

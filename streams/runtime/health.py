@@ -32,6 +32,14 @@ STATE_HOME_MOVED = Counter("opsloop_stream_state_home_moved_total",
                            "state lived in (moved there, the old copy deleted)", ["agent"])
 LAG = Gauge("opsloop_stream_consumer_lag", "Records between the last processed offset and the high-water mark",
             ["topic", "partition"])
+# Set for every held source partition by streams/runtime/progress.py, batch or not: a partition nobody
+# processes shows as a committed offset that does not move under uncommitted records (OpsloopStreamPartitionStuck).
+COMMITTED_OFFSET = Gauge("opsloop_stream_committed_offset",
+                         "The group's committed offset of a source partition this worker holds (its log-start "
+                         "offset while nothing was committed)", ["topic", "partition"])
+UNCOMMITTED = Gauge("opsloop_stream_uncommitted_records",
+                    "Records of a source partition this worker holds between the group's committed offset and the "
+                    "high-water mark", ["topic", "partition"])
 BATCH_SIZE = Histogram("opsloop_stream_batch_records", "Records per processed batch", ["agent"],
                        buckets=(1, 10, 100, 500, 1000, 2000, 5000, 10000))
 BATCH_SECONDS = Histogram("opsloop_stream_batch_seconds", "Time to process one batch", ["agent"],
