@@ -12,7 +12,8 @@ no call site repeats it:
   the process (exit 78, ``exitcodes.CONFIG``: systemd does not restart it) with one log line naming the
   problem, instead of a client retrying forever;
 * :func:`send_deadletter` -- a refused record onto the dead-letter topic (the controllers), and
-  :data:`DEADLETTER_SEND_FAILURES`, the dead letters of any stage (the stream worker's too) never written.
+  ``opsloop_deadletter_send_failures_total`` (:mod:`opsloop.deadletter_metrics`), the dead letters of any
+  stage (the stream worker's too) never written.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from typing import Any, Callable, Sequence
 
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
-from prometheus_client import Counter
 
 from opsloop import exitcodes
 from opsloop.config import KafkaSettings
+from opsloop.deadletter_metrics import DEADLETTER_SEND_FAILURES
 from opsloop.records import deadletter_record
 from opsloop.records.deadletter import ValueIs, deadletter_key, replayed_from_header
 from opsloop.topics import Topic
@@ -36,11 +37,6 @@ from opsloop.kafka_security import (KafkaSecurityError, KafkaUnreachable, faust_
 # Exit status of a service whose Kafka settings cannot work: a bad configuration, not restarted by systemd.
 EXIT_KAFKA_SETTINGS = exitcodes.CONFIG
 
-# Here in the core, not in a stage, so the stream worker and every controller count under one name. A dead
-# letter not written is a refused record gone for good: alerted (OpsloopDeadLettersNotWritten).
-DEADLETTER_SEND_FAILURES = Counter("opsloop_deadletter_send_failures_total",
-                                   "Dead letters never written to the dead-letter topic (the send raised, or the "
-                                   "broker refused or timed out the delivery): the refused record is lost", ["stage"])
 
 
 def kafka_settings(kafka: KafkaSettings | str) -> KafkaSettings:
@@ -138,7 +134,7 @@ def send_deadletter(producer: Any, kafka: KafkaSettings, reason: str, *, source_
     what ``value`` holds (``record``: its bytes, replayable). Never raises nor waits: the caller has counted
     the refusal already, and a broker hiccup must not stop the service. A dead letter not written (``send``
     raised, or its future failed later: the broker refused it, the delivery timed out) is counted once in
-    :data:`DEADLETTER_SEND_FAILURES` and logged ``deadletter_failed``."""
+    :data:`~opsloop.deadletter_metrics.DEADLETTER_SEND_FAILURES` and logged ``deadletter_failed``."""
     where = {"stage": stage, "source_topic": source_topic, "partition": partition, "offset": offset}
     try:
         future = producer.send(kafka.topic(Topic.DEADLETTER), key=deadletter_key(key), value=deadletter_record(

@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Mappi
 import orjson
 from prometheus_client import Counter
 
-from opsloop.kafka_clients import DEADLETTER_SEND_FAILURES
+from opsloop.deadletter_metrics import DEADLETTER_SEND_FAILURES
 from opsloop.log import Sampled, get_logger
 from opsloop.records import DEADLETTER_VALUE_LIMIT, Metric, deadletter_record
 from opsloop.records.deadletter import ValueIs, replayed_from_header

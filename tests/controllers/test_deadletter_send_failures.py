@@ -16,7 +16,7 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
 from opsloop.config import KafkaSettings
-from opsloop.kafka_clients import DEADLETTER_SEND_FAILURES
+from opsloop.deadletter_metrics import DEADLETTER_SEND_FAILURES
 from opsloop.topics import Topic
 from opsloop.controllers.edge.service.kafka_io import DecisionPublisher
 from opsloop.controllers.paging.config import PagingConfig

@@ -13,7 +13,8 @@ from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from kafka.future import Future
 
 from opsloop.config import KafkaSettings
-from opsloop.kafka_clients import DEADLETTER_SEND_FAILURES, send_deadletter
+from opsloop.deadletter_metrics import DEADLETTER_SEND_FAILURES
+from opsloop.kafka_clients import send_deadletter
 from opsloop.log import get_logger
 from tests.helpers import captured_logs
 

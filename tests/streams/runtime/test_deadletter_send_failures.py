@@ -18,7 +18,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
-from opsloop.kafka_clients import DEADLETTER_SEND_FAILURES
+from opsloop.deadletter_metrics import DEADLETTER_SEND_FAILURES
 from opsloop.records import Metric
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.batch import DeadLetter, process_batch
