@@ -56,8 +56,9 @@ def produce(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
 
 
 def test_paging_counts_the_dead_letter_the_broker_refuses(tmp_path: Path, kafka_bootstrap: str) -> None:
-    """The small dead letter first, written; then the big one, refused. In this order on purpose: kafka-python's
-    idempotent producer (its default) takes a refused batch as a fatal error and fails every later send."""
+    """The small dead letter first, written; then the big one, refused. (The order once mattered: kafka-python's
+    idempotent producer, its default, took a refused batch as fatal and failed every later send; the services'
+    producers are not idempotent since, tests/core/test_service_producer.py.)"""
     kafka = small_deadletter_topic(kafka_bootstrap)
     findings = kafka.topic(Topic.FINDINGS)
     ensure_topics(kafka_bootstrap, findings)
