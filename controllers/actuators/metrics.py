@@ -34,6 +34,8 @@ FINDINGS_DROPPED = Counter("opsloop_actuator_findings_dropped_total",
                            ["edge", "listener"])
 REJECTED = Counter("opsloop_actuator_rejected_records_total", "edge.weights records that are not a valid decision")
 ASSIGNED = Gauge("opsloop_actuator_assigned_partitions", "edge.weights partitions assigned to this actuator")
+# /metrics is served from its own thread: a run loop that hangs still answers scrapes (up == 1); this does not move
+LAST_POLL = Gauge("opsloop_actuator_last_poll_timestamp_seconds", "When edge.weights was last polled (the run loop)")
 
 
 def set_family(gauge: Gauge, prefix: tuple[str, ...], values: dict[str, float]) -> None:

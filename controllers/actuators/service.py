@@ -454,6 +454,7 @@ class ActuatorService:
         waits = [max(0.0, s.retry_at - now) for s in self.slots.values() if s.pending is not None]
         timeout = min([self.config.poll_timeout_s, *waits])
         polled = self._consumer.poll(timeout_ms=max(10, int(timeout * 1000)))
+        metrics.LAST_POLL.set(time.time())
         polled_records = [r for recs in polled.values() for r in recs]
         records = [(r.key, r.value) for r in polled_records]
         if records:

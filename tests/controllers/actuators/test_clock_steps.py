@@ -102,3 +102,14 @@ def test_a_decision_computed_an_hour_ago_by_the_wall_clock_is_still_held(tmp_pat
                                                               listener="l", age_s=HOUR).encode()))
     svc.step()
     assert sink.results[-1] == "held" and _fail_static(edge) == 1
+
+
+def test_each_step_marks_its_poll_so_a_hung_run_loop_is_alerted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/metrics answers from its own thread: a hung run loop still scrapes, with every gauge at its last value.
+    EdgeWeightActuatorStuck reads the poll time each step sets (wall clock: Prometheus compares it with time())."""
+    svc, *_ = _started(tmp_path, monkeypatch)
+    first = metrics.LAST_POLL._value.get()
+    assert abs(first - time.time()) < HOUR   # the step's own wall clock, not 0
+    monkeypatch.setattr(time, "time", lambda: first + 30.0)
+    svc.step()
+    assert metrics.LAST_POLL._value.get() == first + 30.0
