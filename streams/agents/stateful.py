@@ -58,15 +58,14 @@ from faust.types import TP, EventT
 from opsloop.config import Settings
 from opsloop.log import get_logger
 from opsloop.records import Finding
-from opsloop.records.deadletter import deadletter_key
 from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler, Publication
 from opsloop.streams.agents.findings_sink import OUTBOX_FILE, FindingsRetry, FindingsSink
 from opsloop.streams.bounded import STATE_DROPPED, UNREADABLE
 from opsloop.streams.detectors.findingbook import CLEARED
 from opsloop.streams.runtime import health
-from opsloop.streams.runtime.app import raw_topic
-from opsloop.streams.runtime.batch import DeadLetter, FanOut, gc_paused, process_batch
+from opsloop.streams.runtime.app import deadletter_sender, partition_highwater, raw_topic
+from opsloop.streams.runtime.batch import FanOut, gc_paused, process_batch
 from opsloop.streams.runtime.take import consumer_lag, take_batches
 
 log = get_logger("stream.agents")
@@ -223,7 +222,7 @@ class StatefulAgent:
         self.max_clock_skew_s = settings.stream.max_clock_skew_s
         self.needs_restore = True
         self._refusal_clears: list[Publication] = []   # the restore's clears of refused keys, for the next publish
-        self.deadletter = raw_topic(app, Topic.DEADLETTER)
+        self._send_deadletter, self._highwater = deadletter_sender(app), partition_highwater(app)
         self._all = FanOut(name, self.handlers)
         # handler -> state key -> home partition (where the key's records come from); an entry goes
         # with its key's table entry (deleted: forgotten by TTL or cap) or with its partition (revoked)
@@ -272,16 +271,6 @@ class StatefulAgent:
         self.app.agent(source, name=self.name)(agent)
         # the findings outbox sent again when no batch comes; its leftovers logged at stop
         self.app.add_dependency(FindingsRetry(self.sink, self.retry_interval_s))
-
-    async def _send_deadletter(self, dl: DeadLetter) -> Any:
-        # the delivery's future back to process_batch, which counts a failed delivery
-        return await self.deadletter.send(key=deadletter_key(dl.key), value=dl.encode())
-
-    def _highwater(self, topic: str, partition: int) -> int | None:
-        try:
-            return self.app.consumer.highwater(TP(topic, partition))
-        except Exception:  # noqa: BLE001 - not assigned yet / no fetch yet
-            return None
 
     def revoke(self, partitions: set[int]) -> None:
         """Stop writing under ``partitions``' events (maybe no longer ours); the assignment that

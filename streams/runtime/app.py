@@ -21,7 +21,7 @@ from opsloop.records.deadletter import deadletter_key
 from opsloop.topics import Topic
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.assignment import install_assignment_metrics
-from opsloop.streams.runtime.batch import DeadLetter, FanOut, Handler, process_batch
+from opsloop.streams.runtime.batch import DeadLetter, FanOut, Handler, Highwater, SendDeadLetter, process_batch
 from opsloop.streams.runtime.membership import install_membership_guard
 from opsloop.streams.runtime.progress import install_partition_progress
 from opsloop.streams.runtime.take import consumer_lag, take_batches
@@ -97,6 +97,26 @@ def raw_topic(app: faust.App, *topics: Topic | str) -> faust.TopicT:
 AfterBatch = Callable[[], Awaitable[None]]
 
 
+def deadletter_sender(app: faust.App) -> SendDeadLetter:
+    """What an agent gives :func:`process_batch` to dead-letter with: the send returns the delivery's future,
+    which process_batch watches (a dead letter the broker refuses later is counted)."""
+    deadletter = raw_topic(app, Topic.DEADLETTER)
+
+    async def send_deadletter(dl: DeadLetter) -> Any:
+        return await deadletter.send(key=deadletter_key(dl.key), value=dl.encode())
+    return send_deadletter
+
+
+def partition_highwater(app: faust.App) -> Highwater:
+    """A partition's highwater as the app's consumer knows it; None before it is assigned or first fetched."""
+    def highwater(topic: str, partition: int) -> int | None:
+        try:
+            return app.consumer.highwater(TP(topic, partition))
+        except Exception:  # noqa: BLE001 - not assigned yet / no fetch yet
+            return None
+    return highwater
+
+
 def batch_agent(app: faust.App, name: str, topics: Iterable[Topic], handlers: Sequence[Handler], settings: Settings,
                 after_batch: Sequence[AfterBatch] = ()) -> None:
     """Register one agent that feeds every handler batches of valid samples from ``topics``.
@@ -107,19 +127,9 @@ def batch_agent(app: faust.App, name: str, topics: Iterable[Topic], handlers: Se
     """
     source = raw_topic(app, *topics)
     health.deadletter_series(source.topics)
-    deadletter = raw_topic(app, Topic.DEADLETTER)
+    send_deadletter, highwater = deadletter_sender(app), partition_highwater(app)
     size, within = settings.stream.batch_size, settings.stream.batch_within_s
     handler: Handler = handlers[0] if len(handlers) == 1 else FanOut(name, handlers)
-
-    async def send_deadletter(dl: DeadLetter) -> Any:
-        # the delivery's future back to process_batch, which counts a failed delivery
-        return await deadletter.send(key=deadletter_key(dl.key), value=dl.encode())
-
-    def highwater(topic: str, partition: int) -> int | None:
-        try:
-            return app.consumer.highwater(TP(topic, partition))
-        except Exception:  # noqa: BLE001 - not assigned yet / no fetch yet
-            return None
 
     async def agent(stream: faust.StreamT) -> None:
         async for events in take_batches(stream, size, within, settings.stream.batch_backlog_within_s,
