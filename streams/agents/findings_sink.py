@@ -83,7 +83,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Iterator, cast
 
-import mode
 import orjson
 from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.metrics_core import Metric as PromMetric
@@ -95,6 +94,7 @@ from opsloop.log import Sampled, get_logger
 from opsloop.streams.agents.base import Publication
 from opsloop.streams.detectors.findingbook import CLEARED, OPENED, REFRESHED, UPDATED
 from opsloop.streams.detectors.state_check import event_time
+from opsloop.streams.runtime.periodic import PeriodicService
 
 log = get_logger("stream.findings")
 
@@ -623,20 +623,17 @@ class FindingsSink:
             self.active.update(f)
 
 
-class FindingsRetry(mode.Service):
+class FindingsRetry(PeriodicService):
     """Sends the sink's outbox every ``interval_s`` when no batch does (a quiet topic after an outage),
     and saves and logs what is left unsent when the worker stops. Started with the app (``app.add_dependency``)."""
 
     def __init__(self, sink: FindingsSink, interval_s: float = RETRY_INTERVAL_S, **kwargs: Any) -> None:
-        self.sink, self.interval_s = sink, interval_s
-        super().__init__(**kwargs)
+        self.sink = sink
+        super().__init__(interval_s, **kwargs)
 
-    @mode.Service.task
-    async def _retry(self) -> None:
-        while not self.should_stop:
-            await self.sleep(self.interval_s)
-            if self.sink.pending and not self.sink.busy:   # busy: a batch is sending it right now
-                await self.sink.retry()
+    async def once(self) -> None:
+        if self.sink.pending and not self.sink.busy:   # busy: a batch is sending it right now
+            await self.sink.retry()
 
     async def on_stop(self) -> None:
         self.sink.log_unsent()

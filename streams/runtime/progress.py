@@ -27,12 +27,12 @@ import asyncio
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 import faust
-import mode
 from faust.exceptions import ConsumerNotStarted
 from faust.types import TP
 
 from opsloop.log import Sampled, get_logger
 from opsloop.streams.runtime import health
+from opsloop.streams.runtime.periodic import PeriodicService
 
 log = get_logger("stream.progress")
 FAILED_LOG = Sampled(60.0)
@@ -100,7 +100,8 @@ class PartitionProgress:
         known: dict[TP, int | None] = self.app.consumer._committed_offset   # Faust's own (a defaultdict)
         # None: not known; 0: stored as None too. A partition never written (highwater 0) has nothing to ask
         # about: committed 0, nothing waiting (the quiet partitions of a quiet topic are asked about never)
-        unknown = sorted(tp for tp in assigned if not known.get(tp) and self._highwater(tp))
+        highwaters = {tp: self._highwater(tp) for tp in assigned}
+        unknown = sorted(tp for tp in assigned if not known.get(tp) and highwaters[tp])
         on_broker: Mapping[TP, int] = {}
         if unknown and self.broker_skip > 0:
             self.broker_skip -= 1
@@ -116,7 +117,7 @@ class PartitionProgress:
         now_assigned = self.assigned(sources)   # a rebalance may have come during the fetch
         self.forget(self.exported - now_assigned)
         for tp in sorted(assigned & now_assigned):
-            highwater = self._highwater(tp)
+            highwater = highwaters[tp]
             committed = known.get(tp) or on_broker.get(tp)
             if committed is None and highwater == 0:
                 committed = 0
@@ -167,19 +168,16 @@ class PartitionProgress:
         return await thread.call_thread(fetch)
 
 
-class _ProgressService(mode.Service):
+class _ProgressService(PeriodicService):
     """Runs the ticks from the app's start, as the recovery watchdog (a stuck first recovery is also a
     worker that holds partitions and processes nothing)."""
 
     def __init__(self, progress: PartitionProgress, interval_s: float, **kwargs: Any) -> None:
-        self.progress, self.interval_s = progress, interval_s
-        super().__init__(**kwargs)
+        self.progress = progress
+        super().__init__(interval_s, **kwargs)
 
-    @mode.Service.task
-    async def _run(self) -> None:
-        while not self.should_stop:
-            await self.sleep(self.interval_s)
-            await self.progress.safe_tick()
+    async def once(self) -> None:
+        await self.progress.safe_tick()
 
 
 def install_partition_progress(app: faust.App, interval_s: float) -> PartitionProgress:

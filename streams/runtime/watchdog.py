@@ -51,12 +51,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import faust
-import mode
 from faust.types import TP
 
 from opsloop import exitcodes
 from opsloop.log import get_logger
 from opsloop.streams.runtime import health
+from opsloop.streams.runtime.periodic import PeriodicService
 
 log = get_logger("stream.watchdog")
 
@@ -222,22 +222,19 @@ async def _leave_group(app: Any, timeout_s: float = 2.0) -> None:
         log.warning("leave_group_failed", error=f"{type(e).__name__}: {e}")
 
 
-class _WatchdogService(mode.Service):
+class _WatchdogService(PeriodicService):
     """Runs the checks from the app's start (Faust's ``app.task`` would start only after the first
     recovery, the one that may hang)."""
 
     def __init__(self, dog: RecoveryWatchdog, interval_s: float, **kwargs: Any) -> None:
-        self.dog, self.interval_s = dog, interval_s
-        super().__init__(**kwargs)
+        self.dog = dog
+        super().__init__(interval_s, **kwargs)
 
-    @mode.Service.task
-    async def _watch(self) -> None:
-        while not self.should_stop:
-            await self.sleep(self.interval_s)
-            try:
-                await self.dog.check()
-            except Exception as e:  # noqa: BLE001 - the watchdog must not die of one bad look
-                log.error("recovery_watchdog_failed", error=f"{type(e).__name__}: {e}", exc_info=True)
+    async def once(self) -> None:
+        try:
+            await self.dog.check()
+        except Exception as e:  # noqa: BLE001 - the watchdog must not die of one bad look
+            log.error("recovery_watchdog_failed", error=f"{type(e).__name__}: {e}", exc_info=True)
 
 
 def install_recovery_watchdog(app: faust.App, stall_s: float, interval_s: float = 1.0) -> RecoveryWatchdog:
