@@ -38,7 +38,6 @@ from opsloop.kafka_security import (KafkaSecurityError, KafkaUnreachable, faust_
 EXIT_KAFKA_SETTINGS = exitcodes.CONFIG
 
 
-
 def kafka_settings(kafka: KafkaSettings | str) -> KafkaSettings:
     """Accept a plain bootstrap string (PLAINTEXT, no prefix: tests, tools) where settings are expected."""
     return kafka if isinstance(kafka, KafkaSettings) else KafkaSettings(bootstrap_servers=kafka)
