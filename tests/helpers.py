@@ -19,7 +19,8 @@ from typing import Any, Callable, Coroutine, Iterator, TypeVar
 import orjson
 import requests
 import yaml
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -174,6 +175,16 @@ def metrics_up(port: int) -> bool:
     return requests.get(f"http://127.0.0.1:{port}/metrics", timeout=1).ok
 
 
+def create_topics(bootstrap: str, *names: str, partitions: int = 1, max_message_bytes: int | None = None) -> None:
+    """New topics; ``max_message_bytes``: their ``max.message.bytes`` (the broker refuses a larger record for good)."""
+    configs = {} if max_message_bytes is None else {"max.message.bytes": str(max_message_bytes)}
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(n, partitions, 1, topic_configs=configs) for n in names])
+    finally:
+        admin.close()
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
@@ -207,7 +218,7 @@ def run_cli(*args: str, input: str | None = None, timeout: float = 120) -> subpr
                           input=input, timeout=timeout, cwd=REPO)
 
 
-__all__ = ["free_port", "metrics_up", "opsloop_process", "prom_query", "read_topic", "run_cli", "scrape_metric",
+__all__ = ["create_topics", "free_port", "metrics_up", "opsloop_process", "prom_query", "read_topic", "run_cli", "scrape_metric",
            "metric_samples", "metric_value", "samples_named", "unique", "wait_until", "write_config"]
 
 

@@ -12,8 +12,7 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
-from kafka import KafkaAdminClient, KafkaProducer
-from kafka.admin import NewTopic
+from kafka import KafkaProducer
 
 from opsloop.config import KafkaSettings
 from opsloop.deadletter_metrics import DEADLETTER_SEND_FAILURES
@@ -22,7 +21,7 @@ from opsloop.controllers.edge.service.kafka_io import DecisionPublisher
 from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.service import PagingService
 from tests.alerting import ensure_topics
-from tests.helpers import captured_logs, read_topic, unique, wait_until
+from tests.helpers import captured_logs, create_topics, read_topic, unique, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -37,12 +36,7 @@ def failures(stage: str) -> float:
 def small_deadletter_topic(bootstrap: str) -> KafkaSettings:
     """Settings with a fresh topic prefix whose dead-letter topic takes at most MAX_MESSAGE_BYTES per record."""
     kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=unique("dlfail") + ".")
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        admin.create_topics([NewTopic(kafka.topic(Topic.DEADLETTER), 1, 1,
-                                      topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)})])
-    finally:
-        admin.close()
+    create_topics(bootstrap, kafka.topic(Topic.DEADLETTER), max_message_bytes=MAX_MESSAGE_BYTES)
     return kafka
 
 

@@ -10,17 +10,16 @@ request in flight so a retry keeps the order, duplicates left to the consumers (
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 from kafka import KafkaProducer
-from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError
 
 from opsloop.config import KafkaSettings
 from opsloop.controllers.edge.service.kafka_io import DecisionPublisher
 from opsloop.kafka_clients import service_producer
-from tests.helpers import unique
+from tests.helpers import create_topics, unique
 
 pytestmark = pytest.mark.integration
 
@@ -28,15 +27,11 @@ LIMIT = 2000   # the small topic's max.message.bytes
 
 
 @pytest.fixture
-def topics(kafka_bootstrap: str) -> Iterator[tuple[str, str]]:
+def topics(kafka_bootstrap: str) -> tuple[str, str]:
     small, plain = unique("refusing"), unique("plain")
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="test-service-producer")
-    try:
-        admin.create_topics([NewTopic(small, 1, 1, topic_configs={"max.message.bytes": str(LIMIT)}),
-                             NewTopic(plain, 1, 1)])
-        yield small, plain
-    finally:
-        admin.close()
+    create_topics(kafka_bootstrap, small, max_message_bytes=LIMIT)
+    create_topics(kafka_bootstrap, plain)
+    return small, plain
 
 
 def _refused_then_sent(producer: KafkaProducer, small: str, plain: str) -> None:

@@ -15,13 +15,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kafka.admin import KafkaAdminClient, NewTopic
 from prometheus_client import REGISTRY
 
 from opsloop.collect.publisher import Publisher
 from opsloop.config import KafkaSettings
 from opsloop.records import metric
-from tests.helpers import read_topic, unique
+from tests.helpers import create_topics, read_topic, unique
 
 pytestmark = pytest.mark.integration
 
@@ -40,12 +39,8 @@ def _power(host: str, seq: int) -> list:
 def test_a_record_refused_for_good_is_counted_lost_and_later_rounds_are_delivered(kafka_bootstrap: str,
                                                                                     tmp_path: Path) -> None:
     prefix, host, collector = f"{unique('refused')}.", unique("h"), unique("refusing")
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="test-refused-record")
-    try:
-        admin.create_topics([NewTopic(f"{prefix}telemetry.lb", 1, 1, topic_configs={"max.message.bytes": str(LIMIT)}),
-                             NewTopic(f"{prefix}telemetry.ipmi", 1, 1)])
-    finally:
-        admin.close()
+    create_topics(kafka_bootstrap, f"{prefix}telemetry.lb", max_message_bytes=LIMIT)
+    create_topics(kafka_bootstrap, f"{prefix}telemetry.ipmi")
     publisher = Publisher(KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix), tmp_path / "spool",
                           collector=collector, send_timeout_s=5.0)
     try:

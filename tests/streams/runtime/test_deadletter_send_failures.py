@@ -15,8 +15,7 @@ from typing import Any, Sequence
 
 import orjson
 import pytest
-from kafka import KafkaAdminClient, KafkaProducer
-from kafka.admin import NewTopic
+from kafka import KafkaProducer
 
 from opsloop.deadletter_metrics import DEADLETTER_SEND_FAILURES
 from opsloop.records import Metric
@@ -25,7 +24,8 @@ from opsloop.streams.runtime.batch import DeadLetter, process_batch
 from opsloop.topics import Topic
 from tests.alerting import ensure_topics
 from tests.e2e.pipeline import pipeline_config, start_worker
-from tests.helpers import ConsumerMsg, captured_logs, read_topic, scrape_metric, unique, wait_until, write_config
+from tests.helpers import (ConsumerMsg, captured_logs, create_topics, read_topic, scrape_metric, unique, wait_until,
+                           write_config)
 
 BAD = [ConsumerMsg("telemetry.lb", 3, 70 + i, b"k", b"{not json " + b"secret" * 10) for i in range(2)]
 
@@ -89,12 +89,7 @@ def test_a_worker_counts_the_dead_letter_the_broker_refuses(stack: Any, tmp_path
     doc["kafka"]["topic_prefix"] = prefix
     write_config(config, doc)
     lb, deadletter = f"{prefix}{Topic.LB.value}", f"{prefix}{Topic.DEADLETTER.value}"
-    admin = KafkaAdminClient(bootstrap_servers=stack.kafka_bootstrap)
-    try:
-        admin.create_topics([NewTopic(deadletter, doc["kafka"]["partitions"], 1,
-                                      topic_configs={"max.message.bytes": "1024"})])
-    finally:
-        admin.close()
+    create_topics(stack.kafka_bootstrap, deadletter, partitions=doc["kafka"]["partitions"], max_message_bytes=1024)
     ensure_topics(stack.kafka_bootstrap, lb)
     port = doc["stream"]["metrics_port"]
     worker = start_worker(tmp_path, config, doc, stack)
