@@ -28,6 +28,7 @@ from kafka.errors import KafkaError
 from opsloop import exitcodes
 from opsloop.config import KafkaSettings
 from opsloop.deadletter_metrics import DEADLETTER_SEND_FAILURES
+from opsloop.log import Sampled
 from opsloop.records import deadletter_record
 from opsloop.records.deadletter import ValueIs, deadletter_key, replayed_from_header
 from opsloop.topics import Topic
@@ -119,6 +120,8 @@ def connect_with_retry(connect: Callable[[], None], stop: threading.Event, servi
     return False
 
 
+DEADLETTER_LOST_LOG = Sampled(60.0)
+
 # a consumed record's headers as kafka-python gives them (``ConsumerRecord.headers``)
 RecordHeaders = Sequence[tuple[str, bytes | None]]
 
@@ -151,4 +154,6 @@ def send_deadletter(producer: Any, kafka: KafkaSettings, reason: str, *, source_
 
 def _deadletter_lost(log: Any, where: dict[str, Any], error: BaseException) -> None:
     DEADLETTER_SEND_FAILURES.labels(where["stage"]).inc()
-    log.error("deadletter_failed", **where, error=f"{type(error).__name__}: {error}"[:300])
+    # a poison topic with a broken dead-letter topic loses one per record: one line a minute per source topic
+    DEADLETTER_LOST_LOG.error(log, "deadletter_failed", key=f"{where['stage']}:{where['source_topic']}", **where,
+                              error=f"{type(error).__name__}: {error}"[:300])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -120,18 +121,27 @@ class Sampled:
         self.every_s = every_s
         self.clock = clock   # None: time.monotonic, looked up at each call
         self._last: dict[str, tuple[float, int]] = {}   # key -> (monotonic time logged, left out since)
+        self._lock = threading.Lock()
 
     def warning(self, log: "EventLogger", event: str, key: str = "", **fields: Any) -> bool:
         """Log ``event`` unless a line for ``key`` went out within ``every_s``; True when logged."""
+        return self._sampled(log.warning, event, key, fields)
+
+    def error(self, log: "EventLogger", event: str, key: str = "", **fields: Any) -> bool:
+        """As :meth:`warning`, at error level (something lost for good, each counted)."""
+        return self._sampled(log.error, event, key, fields)
+
+    def _sampled(self, emit: Callable[..., None], event: str, key: str, fields: dict[str, Any]) -> bool:
         now = self.clock() if self.clock is not None else time.monotonic()
-        last, left_out = self._last.get(key, (float("-inf"), 0))
-        if now - last < self.every_s:
-            self._last[key] = (last, left_out + 1)
-            return False
-        if len(self._last) >= self.MAX_KEYS and key not in self._last:
-            self._last.clear()
-        self._last[key] = (now, 0)
-        log.warning(event, unlogged_since=left_out, **fields)
+        with self._lock:   # a producer's I/O thread logs beside the service's own
+            last, left_out = self._last.get(key, (float("-inf"), 0))
+            if now - last < self.every_s:
+                self._last[key] = (last, left_out + 1)
+                return False
+            if len(self._last) >= self.MAX_KEYS and key not in self._last:
+                self._last.clear()
+            self._last[key] = (now, 0)
+        emit(event, unlogged_since=left_out, **fields)
         return True
 
 

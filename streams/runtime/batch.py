@@ -33,6 +33,7 @@ from opsloop.streams.runtime import health
 log = get_logger("stream")
 # a poison topic dead-letters every record: one log line a minute per agent (the counter counts each)
 DEADLETTER_LOG = Sampled(60.0)
+DEADLETTER_LOST_LOG = Sampled(60.0)
 # the stage its dead letters carry (deadletter_record's default): their failures' label
 DEADLETTER_STAGE = "stream"
 
@@ -621,5 +622,7 @@ def _deadletter_delivered(agent: str, topic: str, partition: int | None, offset:
 
 def _deadletter_lost(agent: str, topic: str, partition: int | None, offset: int | None, error: BaseException) -> None:
     DEADLETTER_SEND_FAILURES.labels(DEADLETTER_STAGE).inc()
-    log.error("deadletter_send_failed", agent=agent, source_topic=topic, partition=partition, offset=offset,
-              error=f"{type(error).__name__}: {error}"[:300])
+    # a poison topic with a broken dead-letter topic loses one per record: one line a minute per source topic
+    DEADLETTER_LOST_LOG.error(log, "deadletter_send_failed", key=f"{agent}:{topic}", agent=agent,
+                              source_topic=topic, partition=partition, offset=offset,
+                              error=f"{type(error).__name__}: {error}"[:300])

@@ -9,17 +9,25 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from kafka.future import Future
 
 from opsloop.config import KafkaSettings
 from opsloop.deadletter_metrics import DEADLETTER_SEND_FAILURES
+from opsloop import kafka_clients
 from opsloop.kafka_clients import send_deadletter
-from opsloop.log import get_logger
+from opsloop.log import Sampled, get_logger
 from tests.helpers import captured_logs
 
 log = get_logger("test.deadletter")
 SECRET = b"record-contents-never-logged"
+
+
+@pytest.fixture(autouse=True)
+def fresh_log_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's first loss is logged, whatever another test logged for the same stage and topic before."""
+    monkeypatch.setattr(kafka_clients, "DEADLETTER_LOST_LOG", Sampled(60.0), raising=False)
 
 
 def failures(stage: str) -> float:
@@ -85,3 +93,24 @@ def test_a_delivered_dead_letter_and_a_producer_without_futures_count_nothing() 
         future.success("metadata")
         dead_letter(Producer(future=None), "paging")   # a stand-in producer (tests) returns nothing
     assert failures("paging") == before and not logs.lines
+
+
+def test_a_flood_of_lost_dead_letters_is_counted_each_and_logged_once_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poison topic whose dead-letter topic refuses everything: every loss counted, one line a minute per stage
+    and source topic naming how many were left out (before: one error line per record, a flood of the log)."""
+    now = [0.0]
+    monkeypatch.setattr(kafka_clients, "DEADLETTER_LOST_LOG", Sampled(60.0, clock=lambda: now[0]), raising=False)
+    before = failures("paging")
+    with captured_logs() as logs:
+        for _ in range(100):
+            dead_letter(Producer(future=Future().failure(MessageSizeTooLargeError("too large"))), "paging")
+        now[0] = 30.0
+        dead_letter(Producer(error=KafkaTimeoutError("metadata")), "actuator")   # another stage: its own line
+        now[0] = 61.0
+        dead_letter(Producer(future=Future().failure(MessageSizeTooLargeError("too large"))), "paging")
+    assert failures("paging") == before + 101
+    lines = [ln for ln in logs.lines if ln.startswith("deadletter_failed")]
+    assert len(lines) == 3
+    assert "'stage': 'paging'" in lines[0] and "'unlogged_since': 0" in lines[0]
+    assert "'stage': 'actuator'" in lines[1]
+    assert "'stage': 'paging'" in lines[2] and "'unlogged_since': 99" in lines[2]
