@@ -17,6 +17,10 @@ from opsloop.controllers.actuators.mapping import HAPROXY_MAX_WEIGHT
 from opsloop.controllers.actuators.safety import increases_first
 
 
+# `show stat` statuses of a server that gets no new load-balanced traffic, whatever its weight
+NOT_SERVING = ("DOWN", "MAINT", "DRAIN", "NOLB")
+
+
 def _kind(error: HaproxyError) -> str:
     text = str(error)
     return "unreachable" if ("admin socket" in text or "does not exist" in text) else "command"
@@ -90,7 +94,10 @@ class HaproxyTarget:
         return text + reset
 
     def down(self, stored: dict[str, int] | None = None) -> set[str]:
-        """Origins whose server HAProxy reports DOWN or in maintenance (health checks); ``stored`` unused.
+        """Origins whose server takes no new traffic: DOWN, MAINT, and DRAIN / NOLB (an operator's
+        ``set server ... state drain``, an agent's drain, ``disable-on-404``; HAProxy 2.6 shows a weight of
+        0 as UP, so our own 0 is none of these). ``set weight`` does not undrain a server: counted as
+        serving, every share moved onto drained servers took the listener down (503). ``stored`` unused.
         ActuatorError when ``show stat`` fails: an unknown health view is not "nothing DOWN"."""
         try:
             rows = parse_show_stat(self.api.show_stat())
@@ -100,4 +107,4 @@ class HaproxyTarget:
             raise ActuatorError(f"{self.describe()}: show stat: {e}", "parse") from None
         status = {r.get("svname"): r.get("status", "") for r in rows if r.get("pxname") == self.config.backend}
         return {o for o, srv in self.config.servers.items()
-                if status.get(srv, "").upper().startswith(("DOWN", "MAINT"))}
+                if status.get(srv, "").upper().startswith(NOT_SERVING)}

@@ -5,7 +5,10 @@ The batch is ``ipvsadm -R`` restore input, one ``-e`` (edit real server) line pe
     -e -t 192.0.2.10:443 -r 10.0.0.1:443 -m -w 700
 
 The forwarding method (``-g``/``-m``/``-i``) is repeated from the live listing because an edit
-without it resets the real server to the default (direct routing). ``ipvsadm -R`` is not atomic
+without it resets the real server to the default (direct routing); so are the connection thresholds
+(``-x``/``-y``, read with ``-Ln --exact --thresholds`` before each batch): the kernel sets them from every
+edit (``__ip_vs_update_dest``), so an edit without them took off the limit keepalived's ``uthreshold`` or
+an operator had put on an origin. ``ipvsadm -R`` is not atomic
 (line by line): the lines that raise a weight come first, and when it fails, the weights read before
 are restored with a second ``-R`` and the error raised.
 The ``-Ln`` listing is parsed by :func:`opsloop.lb.ipvs.parse_ipvsadm_list` (the LB client the LVS collector shares).
@@ -109,35 +112,63 @@ class LvsTarget:
     def read(self) -> dict[str, int]:
         return {o: r.weight for o, r in self._live().items()}
 
+    def _thresholds(self) -> dict[str, tuple[int, int]]:
+        """Each origin's (upper, lower) connection threshold, 0 = none. The ``--thresholds`` listing has the
+        plain one's shape with ``Uthreshold Lthreshold`` where ``Forward Weight`` stand (ipvsadm.c)."""
+        text = self._run(["-Ln", "--exact", "--thresholds"])
+        if "Uthreshold" not in "\n".join(text.splitlines()[:3]):
+            raise ActuatorError(f"{self.describe()}: ipvsadm -Ln --thresholds: no 'Uthreshold' header: "
+                                f"{text[:120]!r}", "parse")
+        try:
+            services = parse_ipvsadm_list(text, "ipvsadm -Ln --thresholds")
+        except LvsParseError as e:
+            raise ActuatorError(f"{self.describe()}: {e}", "parse") from None
+        svc = next((s for s in services if s.key == self.service), None)
+        by_key = {(r.key.address, r.key.port): r for r in (svc.reals if svc else [])}
+        out: dict[str, tuple[int, int]] = {}
+        for origin, key in self.reals.items():
+            real = by_key.get((key.address, key.port))
+            if real is None or not real.forward.isdigit():   # its forward column is the upper threshold
+                raise ActuatorError(f"{self.describe()}: real server {self.config.reals[origin]} ({origin}): no "
+                                    "thresholds in ipvsadm -Ln --thresholds", "parse")
+            out[origin] = (int(real.forward), real.weight)
+        return out
+
     def restore_input(self, weights: dict[str, int], forward: dict[str, str],
-                      current: dict[str, int] | None = None) -> str:
+                      current: dict[str, int] | None = None,
+                      thresholds: dict[str, tuple[int, int]] | None = None) -> str:
         """``-R`` input; with ``current`` (the weights live now) the increases come first: ``-R`` applies
-        line by line, so a batch torn part-way never leaves less total weight than before or after."""
+        line by line, so a batch torn part-way never leaves less total weight than before or after.
+        ``thresholds``: each real's live (upper, lower) connection limits, written again (an edit resets them)."""
         lines = []
         for origin in increases_first(weights, current or {}):
             weight = weights[origin]
             if not 0 <= weight <= IPVS_MAX_WEIGHT:
                 raise ActuatorError(f"{self.describe()}: weight {weight} for {origin} outside 0..65535", "config")
             real = self.reals[origin]
+            upper, lower = (thresholds or {}).get(origin, (0, 0))
+            limits = ["-x", str(upper), "-y", str(lower)] if upper or lower else []
             lines.append(" ".join(["-e", *service_args(self.service), "-r",
                                    f"{_host(real.address, real.family)}:{real.port}",
-                                   _FORWARD_FLAGS.get(forward.get(origin, "Route"), "-g"), "-w", str(weight)]))
+                                   _FORWARD_FLAGS.get(forward.get(origin, "Route"), "-g"), "-w", str(weight),
+                                   *limits]))
         return "\n".join(lines) + "\n"
 
     def write(self, weights: dict[str, int]) -> None:
         unknown = sorted(set(weights) - set(self.reals))
         if unknown:
             raise ActuatorError(f"{self.describe()}: no real server configured for origin(s) {unknown}", "config")
+        limits = self._thresholds()   # unreadable: nothing written (an edit without them would lift them)
         live = self._live()
         forward = {o: r.forward for o, r in live.items()}
         before = {o: r.weight for o, r in live.items()}
         try:
-            self._run(["-R"], self.restore_input(weights, forward, before))
+            self._run(["-R"], self.restore_input(weights, forward, before, limits))
         except ActuatorError as e:
             # -R is not atomic: put back what was live before, then report the original error; ordered
             # against the batch just tried (worst case fully applied), so the undo is increases-first too
             try:
-                self._run(["-R"], self.restore_input(before, forward, {**before, **weights}))
+                self._run(["-R"], self.restore_input(before, forward, {**before, **weights}, limits))
                 note = "previous weights restored"
             except ActuatorError as undo:
                 note = f"restoring the previous weights failed too: {undo}"

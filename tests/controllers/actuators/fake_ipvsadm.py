@@ -4,6 +4,9 @@ State (JSON) holds the services; ``-Ln [--exact]`` prints them in ipvsadm 1.31's
 (``print_title``: header lines; ``print_service_entry``: ``"%s  %s %s"`` service, ``"  -> %-28s
 %-7s %-6d %-10u %-10u"`` real server). ``-R`` reads ``-e`` lines from stdin and edits weights (and
 forwarding) line by line, failing like ipvsadm at the first bad line (earlier lines stay applied).
+An edit sets a real's connection thresholds (``-x``/``-y``) to what it gives, 0 when left out, as the kernel
+does (``__ip_vs_update_dest``); ``-Ln --exact --thresholds`` prints them
+(``"  -> %-28s %-10u %-10u %-10u %-10u"``).
 Every call is appended to ``<state>.calls`` (argv + stdin). A ``<state>.mode`` file switches
 behaviour: ``fail`` = the no-IPVS-kernel error (exit 2), ``freeze`` = accept edits but change nothing.
 """
@@ -19,13 +22,21 @@ NO_KERNEL = ("Can't initialize ipvs: Protocol not available\n"
 FORWARD = {"-g": "Route", "-m": "Masq", "-i": "Tunnel"}
 
 
-def listing(state: dict) -> str:
-    out = ["IP Virtual Server version 1.2.1 (size=4096)", "Prot LocalAddress:Port Scheduler Flags",
-           "  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn"]
+def listing(state: dict, thresholds: bool = False) -> str:
+    if thresholds:
+        out = ["IP Virtual Server version 1.2.1 (size=4096)",
+               "Prot LocalAddress:Port            Uthreshold Lthreshold ActiveConn InActConn", "  -> RemoteAddress:Port"]
+    else:
+        out = ["IP Virtual Server version 1.2.1 (size=4096)", "Prot LocalAddress:Port Scheduler Flags",
+               "  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn"]
     for svc in state["services"]:
         out.append(f"{svc['proto']}  {svc['addr']} {svc['sched']}" + (f" {svc['flags']}" if svc.get("flags") else ""))
         for r in svc["reals"]:
-            out.append(f"  -> {r['addr']:<28} {r['fwd']:<7} {r['w']:<6d} {r['active']:<10d} {r['inactive']:<10d}")
+            if thresholds:
+                out.append(f"  -> {r['addr']:<28} {r.get('x', 0):<10d} {r.get('y', 0):<10d} {r['active']:<10d} "
+                           f"{r['inactive']:<10d}")
+            else:
+                out.append(f"  -> {r['addr']:<28} {r['fwd']:<7} {r['w']:<6d} {r['active']:<10d} {r['inactive']:<10d}")
     return "\n".join(out) + "\n"
 
 
@@ -40,7 +51,7 @@ def edit(state: dict, tokens: list[str]) -> str | None:
             i += 1
         elif t in ("-e", ):
             i += 1
-        elif t in ("-t", "-u", "-f", "-r", "-w") and i + 1 < len(tokens):
+        elif t in ("-t", "-u", "-f", "-r", "-w", "-x", "-y") and i + 1 < len(tokens):
             opts[t] = tokens[i + 1]
             i += 2
         else:
@@ -59,6 +70,7 @@ def edit(state: dict, tokens: list[str]) -> str | None:
     if not state.get("frozen"):
         real["w"] = weight
         real["fwd"] = opts.get("fwd", "Route")  # an edit without -g/-m/-i resets to direct routing
+        real["x"], real["y"] = int(opts.get("-x", "0")), int(opts.get("-y", "0"))  # and without -x/-y: no limit
     return None
 
 
@@ -77,7 +89,7 @@ def main(argv: list[str]) -> int:
     state = json.loads(path.read_text())
     state["frozen"] = mode == "freeze"
     if args[:1] == ["-Ln"]:
-        sys.stdout.write(listing(state))
+        sys.stdout.write(listing(state, thresholds="--thresholds" in args))
         return 0
     if args == ["-R"]:
         for n, line in enumerate((stdin or "").splitlines(), start=1):

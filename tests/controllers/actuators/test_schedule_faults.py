@@ -128,7 +128,7 @@ class FakeLvs(LvsTarget):
         if fault == "refuse":
             raise ActuatorError(f"{self.describe()}: ipvsadm exit 2: Memory allocation problem", "command")
         if args[:1] == ["-Ln"]:
-            return "garbage\x00 here\n" if fault == "garbage" else listing(self.state)
+            return "garbage\x00 here\n" if fault == "garbage" else listing(self.state, thresholds="--thresholds" in args)
         lines = [x for x in (stdin or "").splitlines() if x.strip()]
         # a torn -R: a hang part-way (or after all lines) leaves the lines before it applied
         cut = len(lines) if fault != "hang_after" else self.rng.randint(0, len(lines))
