@@ -14,8 +14,9 @@ Neutron's iptables firewall driver (hybrid OVS or linuxbridge) builds, in the fi
 A port is protected when, walking from the built-in FORWARD chain as a packet to (ingress) or
 from (egress) its tap device would, the walk reaches the port's ingress and egress chains, and
 the ingress chain ends in a DROP/REJECT (its own or its fallback chain's). The walk honours
-physdev conditions for this device and stops at an unconditional ACCEPT/DROP/REJECT/RETURN, so a
-blanket ``-A FORWARD -j ACCEPT`` inserted before Neutron's jump shadows every port. Other
+physdev conditions for this device and stops at an unconditional ACCEPT/DROP/REJECT/RETURN, an
+unconditional goto, or an unconditional jump into a chain that always gives a verdict, so a blanket
+``-A FORWARD -j ACCEPT`` (or ``-A neutron-filter-top -j ACCEPT``) before Neutron's jump shadows every port. Other
 match conditions (addresses, conntrack state, ...) are assumed to be able to match.
 
 The incident of "Temporary elevated reachability" is exactly the case of present-looking
@@ -32,6 +33,7 @@ from opsloop.collectors.iptables.parse import Chain, Rule, Ruleset
 Direction = Literal["ingress", "egress"]
 _TERMINAL = frozenset({"ACCEPT", "DROP", "REJECT", "RETURN"})
 _DENY = frozenset({"DROP", "REJECT"})
+_VERDICTS = frozenset({"ACCEPT", "DROP", "REJECT"})
 _MAX_DEPTH = 32  # iptables itself limits nesting; guards against jump loops in bad input
 
 
@@ -113,6 +115,7 @@ def _applies(rule: Rule, device: str, direction: Direction) -> bool:
 
 def _reaches(ruleset: Ruleset, start: str, goal: str, device: str, direction: Direction) -> bool:
     seen: set[str] = set()
+    decides: dict[str, bool] = {}
     stack = [(start, 0)]
     while stack:
         name, depth = stack.pop()
@@ -127,28 +130,67 @@ def _reaches(ruleset: Ruleset, start: str, goal: str, device: str, direction: Di
                 continue
             if rule.target == goal:
                 return True
-            if rule.target and rule.target not in _TERMINAL and ruleset.chain("filter", rule.target):
-                stack.append((rule.target, depth + 1))
-            if rule.unconditional and rule.target in _TERMINAL:
-                break  # later rules of this chain are unreachable
+            sub = ruleset.chain("filter", rule.target) if rule.target and rule.target not in _TERMINAL else None
+            if sub is not None:
+                stack.append((sub.name, depth + 1))
+            # Later rules of this chain are unreachable after an unconditional verdict, an unconditional
+            # goto (it never comes back here), or an unconditional jump into a chain that always decides:
+            # an ACCEPT inside neutron-filter-top ends the packet's walk as surely as one in FORWARD.
+            if rule.unconditional and (rule.target in _TERMINAL or rule.goto
+                                       or (sub is not None and _always_decides(ruleset, sub, device, direction,
+                                                                               decides))):
+                break
     return False
+
+
+def _always_decides(ruleset: Ruleset, chain: Chain, device: str, direction: Direction,
+                    memo: dict[str, bool]) -> bool:
+    """Does every packet to/from ``device`` entering ``chain`` get its verdict (ACCEPT/DROP/REJECT) there,
+    never coming back to the caller? A RETURN that may match, or a goto into a chain that may return, says no."""
+    if chain.name in memo:
+        return memo[chain.name]
+    memo[chain.name] = False   # a jump loop (or a chain being decided): may return
+    if len(memo) > 4 * _MAX_DEPTH:
+        return False
+    result = False
+    for rule in chain.rules:
+        if not _applies(rule, device, direction) or rule.target is None:
+            continue
+        if rule.target == "RETURN":
+            break
+        sub = ruleset.chain("filter", rule.target) if rule.target not in _TERMINAL else None
+        sub_decides = sub is not None and _always_decides(ruleset, sub, device, direction, memo)
+        if rule.goto and not sub_decides:
+            break   # the goto'd chain may end: the packet goes back to our caller
+        if rule.unconditional and (rule.target in _VERDICTS or sub_decides):
+            result = True
+            break
+    memo[chain.name] = result
+    return result
 
 
 def _ends_in_deny(ruleset: Ruleset, chain: Chain, seen: set[str]) -> bool:
     """Does traffic that matches no accepting rule end in DROP/REJECT inside this chain?"""
+    return _default_verdict(ruleset, chain, seen) in _DENY
+
+
+def _default_verdict(ruleset: Ruleset, chain: Chain, seen: set[str]) -> str | None:
+    """The verdict of traffic matching only the chain's unconditional rules; None when it returns."""
     if chain.name in seen or len(seen) > _MAX_DEPTH:
-        return False
+        return None
     seen.add(chain.name)
     for rule in chain.rules:
         if not rule.unconditional or rule.target is None:
             continue
-        if rule.target in _DENY:
-            return True
-        if rule.target in ("ACCEPT", "RETURN"):
-            return False
+        if rule.target in _VERDICTS:
+            return rule.target
+        if rule.target == "RETURN":
+            return None
         sub = ruleset.chain("filter", rule.target)
-        if sub is not None and _ends_in_deny(ruleset, sub, seen):
-            return True
+        # A jump into a chain that accepts everything ends the walk there: a DROP after it is never met.
+        verdict = _default_verdict(ruleset, sub, seen) if sub is not None else None
+        if verdict is not None:
+            return verdict
         if rule.goto:
-            return False
-    return False
+            return None
+    return None

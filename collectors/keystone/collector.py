@@ -160,6 +160,9 @@ class KeystoneCollector:
                 f"{unparsed} of {len(result.lines)} lines unparsable this round; e.g. " + " | ".join(examples)))
         if result.missing:
             out.errors.append(CollectError(path, "no_reading", f"log {path} does not exist (yet)"))
+        if result.error:
+            out.errors.append(CollectError(path, result.error_kind, f"{result.error}: this log is not read until "
+                                                                    "it can be opened (the collector's user?)"))
         out.metrics.append(metric(src.metric_name, {
             "lines": float(len(result.lines)), "parsed": float(len(records)), "unparsed": float(unparsed),
             "rotations": float(result.rotated), "truncations": float(result.truncated),

@@ -8,7 +8,9 @@ Rotation is handled the way ``tail -F`` does it:
   open the new file from its start;
 - truncation in place (logrotate ``copytruncate``): the file is shorter than our offset; we
   restart from its start;
-- the file missing: nothing to read yet (not an error until it stays missing; the caller decides).
+- the file missing: nothing to read yet (not an error until it stays missing; the caller decides);
+- the file not openable (a rotation that created it ``0640 root:adm``, a directory at the path): said in
+  ``error``, never raised (it cost the round every other source's samples, and the start a traceback).
 
 A partial last line (the writer is mid-line) is held back until its newline arrives. Reads are
 bounded per call so that a huge backlog cannot stall a collection round.
@@ -32,6 +34,8 @@ class TailResult:
     missing: bool = False     # the path did not exist
     overlong: int = 0         # lines cut at MAX_LINE_BYTES
     backlog: bool = False     # stopped at max_bytes with more to read
+    error: str = ""           # the path exists but could not be opened or stat'ed (why)
+    error_kind: str = ""      # "permission" or "tool"
 
 
 class LogTail:
@@ -62,6 +66,9 @@ class LogTail:
             result.missing = True
             self._first_open = False  # a file that appears later is read from its start
             return False
+        except OSError as e:   # _first_open kept: with start_at="end" its history stays unread once readable
+            _note_error(result, self.path, "open", e)
+            return False
         st = os.fstat(f.fileno())
         self._file, self._inode = f, (st.st_dev, st.st_ino)
         if self._first_open and self._start_at == "end":
@@ -81,6 +88,9 @@ class LogTail:
             current: tuple[int, int] | None = (st.st_dev, st.st_ino)
         except FileNotFoundError:
             current, st = None, None  # rotated away, new file not yet created: drain the old one
+        except OSError as e:          # the directory turned unsearchable: drain what we hold, say why
+            _note_error(result, self.path, "stat", e)
+            current, st = None, None
         if current is not None and current != self._inode:
             budget -= self._drain(result, budget)  # the rest of the old file first
             if budget <= 0:
@@ -126,3 +136,8 @@ class LogTail:
         if self._pending:
             result.lines.append(self._pending[:MAX_LINE_BYTES].decode("utf-8", "replace"))
             self._pending = b""
+
+
+def _note_error(result: TailResult, path: Path, what: str, e: OSError) -> None:
+    result.error = f"cannot {what} {path}: {e.strerror or e}"
+    result.error_kind = "permission" if isinstance(e, PermissionError) else "tool"

@@ -57,7 +57,8 @@ SEND_FAILURES = Counter("opsloop_collector_send_failures_total", "Send attempts 
                         ["collector"])
 SPOOLED = Gauge("opsloop_spool_records", "Records waiting in the on-disk spool", ["collector"])
 SPOOL_BYTES = Gauge("opsloop_spool_bytes", "Bytes in the on-disk spool", ["collector"])
-SPOOL_DROPPED = Counter("opsloop_spool_dropped_records_total", "Records dropped because the spool was full",
+SPOOL_DROPPED = Counter("opsloop_spool_dropped_records_total",
+                        "Records dropped because the spool was full, or lost with its directory removed",
                         ["collector"])
 SPOOL_QUARANTINED = Counter("opsloop_spool_quarantined_lines_total",
                             "Spool lines that did not decode, moved to the spool's quarantine directory",

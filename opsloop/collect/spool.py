@@ -13,7 +13,8 @@ a file in the spool directory that is not a segment is quarantined whole.
 
 Bounded: past ``max_bytes`` the oldest segments are dropped and counted
 (``opsloop_spool_dropped_records_total``); monitoring data is worth less the older it is, and a
-full disk on a hypervisor is worse than a gap.
+full disk on a hypervisor is worse than a gap. A spool directory removed while running is made again
+by the next write, the records that went with it counted dropped as well.
 """
 
 from __future__ import annotations
@@ -115,7 +116,13 @@ class Spool:
                 seq = self._next_seq
                 self._next_seq += 1
             path = self.dir / f"{seq:012d}.jsonl"
-            _replace_segment(path, data)
+            try:
+                _replace_segment(path, data)
+            except FileNotFoundError:
+                if self.dir.is_dir():
+                    raise
+                self._recreate_dir()
+                _replace_segment(path, data)
             self._records += len(lines)
             self._bytes += len(data)
             self._enforce_bound()
@@ -179,6 +186,18 @@ class Spool:
             sync_dir(self.dir)
         self._records += len(keep) - old_records
         self._bytes += len(data) - old_bytes
+
+    def _recreate_dir(self) -> None:
+        """The spool directory was removed under us (a tmpfiles or an operator's clean-up): every later write
+        failed until a restart, so an outage's rounds were lost past the publisher's memory. Made again; the
+        segments that went with it are counted dropped (the totals still held them)."""
+        gone = self._records
+        log.error("spool_dir_recreated", dir=str(self.dir), lost_records=gone,
+                  error="the spool directory was removed while running; its segments are lost")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dropped_records += gone
+        self._records = 0
+        self._bytes = 0
 
     def _enforce_bound(self) -> None:
         if self._bytes <= self.max_bytes:

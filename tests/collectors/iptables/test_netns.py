@@ -156,6 +156,17 @@ def test_blanket_accept_shadows_every_port(hypervisors):
     assert [p["protected"] for p in _ports(_collect(hv)).values()] == [0, 0]
 
 
+def test_accept_in_neutron_filter_top_shadows_every_port(hypervisors):
+    """An ACCEPT in a chain FORWARD jumps to first ends the walk there: Neutron's chains, all present, are
+    never reached (the kernel accepts at neutron-filter-top)."""
+    hv = hypervisors("hv1", backend="legacy")
+    assert [p["protected"] for p in _ports(_collect(hv, families=["ipv4"])).values()] == [1, 1]
+    hv.ipt("-I", "neutron-filter-top", "1", "-j", "ACCEPT")
+    ports = _ports(_collect(hv, families=["ipv4"]))
+    assert [(p["protected"], p["ingress_chain"], p["ingress_jump"]) for p in ports.values()] == [(0, 1, 0)] * 2
+    assert all("no jump" in p["reason"] for p in ports.values())
+
+
 def test_rule_drift_changes_that_hosts_fingerprints_only(hypervisors):
     hv1, hv2 = hypervisors("hv1"), hypervisors("hv2")
     before = _rulesets(_collect(hv1, hv2))

@@ -98,6 +98,39 @@ def test_blanket_accept_before_neutron_shadows_every_port():
     assert _status(text).protected
 
 
+def test_accept_inside_a_chain_jumped_to_unconditionally_shadows_every_port():
+    """An ACCEPT ends the packet's walk wherever it is: one in neutron-filter-top (jumped to from FORWARD
+    before neutron-openvswi-FORWARD) or in an operator's chain shadows Neutron as one in FORWARD does."""
+    top = NFT_SAVE.replace("-A neutron-filter-top -j neutron-openvswi-local",
+                           "-A neutron-filter-top -j ACCEPT\n-A neutron-filter-top -j neutron-openvswi-local")
+    assert not _status(top, PORT_A).protected and not _status(top, PORT_B).protected
+    assert "no jump" in _status(top).reason
+    nested = NFT_SAVE.replace(":neutron-openvswi-local - [0:0]", ":neutron-openvswi-local - [0:0]\n:allow-all - [0:0]")
+    nested = nested.replace("-A neutron-filter-top -j neutron-openvswi-local",
+                            "-A neutron-filter-top -j neutron-openvswi-local\n-A neutron-openvswi-local -j allow-all\n"
+                            "-A allow-all -j LOG\n-A allow-all -j ACCEPT")
+    assert not _status(nested).protected   # FORWARD -> top -> local -> allow-all: ACCEPT, two levels down
+    goto = NFT_SAVE.replace("-A FORWARD -j neutron-filter-top", "-A FORWARD -g neutron-filter-top")
+    assert not _status(goto).protected     # a goto never comes back to FORWARD's later rules
+    # Chains that may hand the packet back do not shadow: a conditional ACCEPT, a RETURN before the ACCEPT,
+    # an ACCEPT for another device.
+    for rules in ("-A neutron-filter-top -p tcp -j ACCEPT", "-A neutron-filter-top -p tcp -j RETURN\n"
+                  "-A neutron-filter-top -j ACCEPT", "-A neutron-filter-top -m physdev --physdev-out tapffffffff-ff "
+                  "-j RETURN\n-A neutron-filter-top -j ACCEPT"):
+        text = NFT_SAVE.replace("-A neutron-filter-top -j neutron-openvswi-local", rules)
+        assert _status(text).protected == ("tapffffffff" not in rules), rules
+
+
+def test_ingress_chain_jumping_to_an_accept_all_chain_does_not_end_in_drop():
+    fallback = f"-A {PREFIX}-i0695f2ca-b -j {PREFIX}-sg-fallback"
+    text = NFT_SAVE.replace(fallback, f"-A {PREFIX}-i0695f2ca-b -j accept-all\n{fallback}").replace(
+        f":{PREFIX}-local - [0:0]", f":{PREFIX}-local - [0:0]\n:accept-all - [0:0]").replace(
+        f"-A {PREFIX}-sg-chain -j ACCEPT", f"-A {PREFIX}-sg-chain -j ACCEPT\n-A accept-all -j ACCEPT")
+    s = _status(text)
+    assert s.ingress_jump and not s.ingress_default_drop and not s.protected and "DROP/REJECT" in s.reason
+    assert _status(text, PORT_B).protected
+
+
 def test_wildcard_negation_goto_and_jump_loops():
     prefix_rules = NFT_SAVE.replace("--physdev-out tap0695f2ca-bf --physdev-is-bridged -m comment --comment "
                                     "\"Jump to the VM specific chain.\"", "--physdev-out tap0695+")

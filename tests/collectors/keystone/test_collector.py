@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
@@ -176,3 +180,67 @@ def test_missing_credentials_with_other_sources_is_a_round_error(tmp_path, monke
     r = build(cfg).collect()
     assert any(e.kind == "auth" and e.target == "probe-credentials" and "password" in e.message for e in r.errors)
     assert by_name(r.metrics, "s3_frontend_requests")
+
+
+UNREADABLE_LOG_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    from pathlib import Path
+    from opsloop.collectors.keystone import Config, build
+    d = Path(sys.argv[1])
+    uw, fe, line = d / "uwsgi-access.log", d / "s3-access.log", sys.argv[2]
+    nginx = sys.argv[3]
+
+    def summary(r):
+        return {"errors": [[e.target, e.kind, e.message] for e in r.errors],
+                "uwsgi_parsed": [m.fields["parsed"] for m in r.metrics if m.name == "keystone_logfile"],
+                "frontend_requests": [m.fields["requests"] for m in r.metrics if m.name == "s3_frontend_requests"]}
+
+    def add(path, text):
+        with open(path, "a") as f:
+            f.write(text)
+
+    cfg = Config(host="ks-1", probes={"enabled": False}, uwsgi_access_log=str(uw),
+                 frontend={"access_logs": [str(fe)]})
+    c = build(cfg)
+    add(uw, line)
+    add(fe, nginx)
+    out = {"readable": summary(c.collect())}
+    # logrotate "create 0640 root adm": the new file is not readable by the collector's user
+    add(uw, line)
+    os.rename(uw, d / "uwsgi-access.log.1")
+    uw.write_text(line * 2)
+    uw.chmod(0)
+    add(fe, nginx * 3)
+    out["rotated_unreadable"] = summary(c.collect())
+    uw.chmod(0o600)
+    out["readable_again"] = summary(c.collect())
+    # the collector starting while the log is unreadable
+    uw.chmod(0)
+    try:
+        out["start_unreadable"] = summary(build(cfg).collect())
+    except Exception as e:
+        out["start_unreadable"] = f"{type(e).__name__}: {e}"
+    print(json.dumps(out))
+""")
+
+
+def test_unreadable_access_log_costs_its_own_lines_only(tmp_path):
+    """A log the collector may not read (the file logrotate created 0640 root:adm) is a `permission` error for
+    that log; the round's other sources still report, the rotated file is drained, and the log is read once
+    readable. It used to fail the whole round every interval (and the start with a traceback)."""
+    uwsgi = (TESTDATA / "uwsgi-access.log").read_text().splitlines()[0] + "\n"
+    # without CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH, root is refused a mode-0 file like any user
+    res = subprocess.run(["setpriv", "--bounding-set", "-dac_override,-dac_read_search", sys.executable, "-c",
+                          UNREADABLE_LOG_SCRIPT, str(tmp_path), uwsgi, nginx_line("AKA", 40)],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["readable"] == {"errors": [], "uwsgi_parsed": [1], "frontend_requests": [1]}
+    rotated = out["rotated_unreadable"]
+    assert rotated["frontend_requests"] == [3] and rotated["uwsgi_parsed"] == [1]   # the old file drained
+    [(target, kind, message)] = rotated["errors"]
+    assert (target, kind) == (str(tmp_path / "uwsgi-access.log"), "permission") and "Permission denied" in message
+    assert out["readable_again"] == {"errors": [], "uwsgi_parsed": [2], "frontend_requests": [0]}
+    start = out["start_unreadable"]
+    assert isinstance(start, dict), start
+    assert [e[1] for e in start["errors"]] == ["permission"] and start["frontend_requests"] == [0]

@@ -90,6 +90,18 @@ def test_missing_file_is_reported_and_later_read_from_its_start(tmp_path):
     assert tail.read_lines().lines == ["early line"]
 
 
+def test_unopenable_path_is_an_error_not_a_raise_and_is_read_once_it_opens(tmp_path):
+    log = tmp_path / "a.log"
+    log.mkdir()                                # a directory where the log should be: open() fails
+    tail = LogTail(log, start_at="start")      # used to raise here (and the collector's start with it)
+    r = tail.read_lines()
+    assert r.error.startswith(f"cannot open {log}") and r.error_kind == "tool" and not r.missing and not r.lines
+    log.rmdir()
+    append(log, "first\n")
+    r = tail.read_lines()
+    assert r.lines == ["first"] and not r.error
+
+
 def test_budget_bounds_one_read_and_the_rest_comes_later(tmp_path):
     log = tmp_path / "a.log"
     log.write_text("")
