@@ -11,7 +11,10 @@ Actions: page_opened, page_delivered, page_resolved, page_severity_changed, and 
 refused an alert: result ``sent`` when its ``OpsloopPageRejected`` fallback went in its place, ``failed``
 when that was refused too and the page is lost; the reason says why).
 
-The audit topic must never stop paging: a failed write is logged and counted, not retried.
+The audit topic must never stop paging: a failed write is logged and counted, not retried. That holds for a
+write the broker refuses after ``send`` returned (no ACL to write, a record over the topic's
+``max.message.bytes``, a partition without a leader past the delivery timeout): kafka-python fails the send's
+future on its I/O thread, and before, that loss was neither counted nor logged.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import time
 from typing import Any, Protocol
 
 from opsloop.records import AuditRecord
-from opsloop.log import get_logger
+from opsloop.log import Sampled, get_logger
 
 from opsloop.controllers.paging import metrics
 
 log = get_logger("paging.audit")
 ACTOR = "opsloop-paging"
+FAIL_LOG = Sampled(60.0)      # a topic refusing writes fails every record: one line a minute (each counted)
 
 
 class _Producer(Protocol):
@@ -72,16 +76,26 @@ class Auditor:
         if self.producer is None:
             return
         try:
-            self.producer.send(self.topic, key=finding_id.encode(), value=rec.encode())
+            future = self.producer.send(self.topic, key=finding_id.encode(), value=rec.encode())
         except Exception as e:  # noqa: BLE001 - the audit path must not break paging
             metrics.AUDIT_FAILURES.inc()
             log.error("audit_write_failed", error=str(e), action=action, finding_id=finding_id)
+            return
+        add_errback = getattr(future, "add_errback", None)   # kafka-python's future; a test double returns none
+        if add_errback is not None:
+            add_errback(_not_written, self.topic, action, finding_id)
 
     def flush(self, timeout_s: float = 2.0) -> None:
         if self.producer is None:
             return
         try:
             self.producer.flush(timeout=timeout_s)
-        except Exception as e:  # noqa: BLE001
-            metrics.AUDIT_FAILURES.inc()
-            log.error("audit_flush_failed", error=str(e))
+        except Exception as e:  # noqa: BLE001 - not counted: a record still in flight is counted if it fails
+            log.warning("audit_flush_failed", error=str(e)[:500])   # (_not_written); counted here, it was twice
+
+
+def _not_written(topic: str, action: str, finding_id: str, error: BaseException) -> None:
+    """A record the broker refused or never acknowledged (runs on the producer's I/O thread): counted, logged."""
+    metrics.AUDIT_FAILURES.inc()
+    FAIL_LOG.error(log, "audit_write_failed", key="refused", error=str(error)[:500], topic=topic, action=action,
+                   finding_id=finding_id)

@@ -19,6 +19,9 @@ DROPPED = Counter("opsloop_paging_alerts_dropped_total",   # once per page: its 
 RESOLVES_DROPPED = Counter("opsloop_paging_resolves_dropped_total",
                            "Queued resolves dropped over max_pending_resolves, by kind: best_effort (alert never "
                            "delivered from here), paged (an alert we sent; it ends at its endsAt instead)", ["kind"])
+STATE_SAVE_FAILURES = Counter("opsloop_paging_state_save_failures_total",   # paging goes on, offsets held
+                              "State file writes that failed (disk full, read-only): paging goes on, the offsets "
+                              "are committed after the next save that succeeds")
 AUDIT_FAILURES = Counter("opsloop_paging_audit_failures_total", "Audit records that could not be written to Kafka")
 ACTIVE = Gauge("opsloop_paging_active_alerts", "Open findings paged as firing alerts")
 PENDING = Gauge("opsloop_paging_pending_alerts", "Alerts due for delivery but not delivered yet")

@@ -18,6 +18,13 @@ is logged, the page is counted and audited lost once (until it is delivered or c
 that gets through is logged (``page_delivered_late``) and audited as delivered (``page_delivered``). The pages
 lost right now are a gauge (``opsloop_paging_pages_lost``, set after every delivery step): it stays up while a
 lost page is refused at its re-sends, after the counter's increase has ended.
+
+A state file that cannot be written (disk full, read-only, a directory in its place) does not stop paging: each
+failed save is logged (``state_save_failed``) and counted (``opsloop_paging_state_save_failures_total``), the
+step delivers anyway and the offsets are not committed until a save succeeds (a crash replays them onto the last
+saved book: alerts re-sent with the same labels, which Alertmanager dedupes). Before, the save raised before
+delivery at every step: no page, re-send or resolve went out, the open alerts expired in Alertmanager at their
+``endsAt`` (on-call told they resolved), and no alert fired (the loop still polled).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from opsloop.controllers.paging.mapping import FALLBACK_ALERTNAME, Links, iso
 log = get_logger("paging")
 REJECT_LOG = Sampled(60.0)   # a poison stream: one line a minute (the counter counts each)
 DROP_LOG = Sampled(60.0)     # a long outage drops one resolve per clear: one line a minute per kind
+SAVE_LOG = Sampled(60.0)     # a full disk fails every step's save: one line a minute (the counter counts each)
 
 AUDIT_ACTIONS = {"open": "page_opened", "resolve": "page_resolved", "severity_changed": "page_severity_changed"}
 
@@ -71,6 +79,7 @@ class PagingService:
         self._caught_up = config.start_offset == "latest"
         self._catch_up_targets: dict[TopicPartition, int] | None = None
         self._dirty = False
+        self._uncommitted = False   # records handled while the state could not be saved: committed after a save
 
     # -- wiring ---------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -112,6 +121,19 @@ class PagingService:
         path.parent.mkdir(parents=True, exist_ok=True)
         replace_file(path, orjson.dumps(self.book.to_dict()))   # a crash leaves the old or the new, never half
         self._dirty = False
+
+    def _try_save(self) -> bool:
+        """Save the state if it changed; False when the file cannot be written (said and counted): paging goes on."""
+        if not self._dirty:
+            return True
+        try:
+            self.save_state()
+        except OSError as e:
+            metrics.STATE_SAVE_FAILURES.inc()
+            SAVE_LOG.error(log, "state_save_failed", key="save", path=str(self.config.state_file),
+                           error=str(e)[:500], open=len(self.book.open))
+            return False
+        return True
 
     # -- one step -------------------------------------------------------------------------
     def handle_records(self, values: list[bytes | None], now: float,
@@ -305,14 +327,17 @@ class PagingService:
                                 [getattr(rec, "headers", None) for rec in records])
         if not self._caught_up:
             self._check_caught_up()
-        if self._dirty:   # Alertmanager never sees what the state file does not hold: else a crash after the
-            self.save_state()   # post replays these records onto an older book (a stale clear, a second page)
+        # Saved before the post: a crash after it must not replay these records onto an older book (a stale
+        # clear, a second page). A file we cannot write must not stop paging though: deliver anyway.
+        self._try_save()
         self.deliver(now)
         self.auditor.flush(timeout_s=2.0)
-        if self._dirty:
-            self.save_state()
-        if values:
+        # the offsets only once the state holding their records is saved: a crash replays them, none is lost
+        if self._try_save() and (values or self._uncommitted):
             self._consumer.commit()
+            self._uncommitted = False
+        elif values:
+            self._uncommitted = True
 
     def run(self, stop: threading.Event) -> None:
         if self._consumer is None:
@@ -331,8 +356,7 @@ class PagingService:
                     log.error("step_failed", error=str(e)[:500], exc_info=True)
                     stop.wait(1.0)
         finally:
-            if self._dirty:
-                self.save_state()
+            self._try_save()   # a file we cannot write is said and counted; the clients are closed all the same
             self.close()
 
     def close(self) -> None:
