@@ -89,15 +89,24 @@ class PanedHeavyHitters:
     def offer(self, timestamp: float, item: Hashable, weight: int = 1) -> bool:
         """Count one event; True when it opened a new pane (a good moment to evaluate)."""
         pane = int(timestamp // self.pane_s)
+        rolled = self._advance(pane)
+        target = next((s for p, s in reversed(self.panes) if p == pane), None)
+        if target is None:       # older than the window, or a pane already gone: too late to count
+            return rolled
+        target.offer(str(item), weight)
+        return rolled
+
+    def advance(self, timestamp: float) -> bool:
+        """Let time pass without an event (a round with nothing to count): True when it opened a new pane. The
+        panes it passes expire, so a window whose events stopped empties instead of holding its last counts."""
+        return self._advance(int(timestamp // self.pane_s))
+
+    def _advance(self, pane: int) -> bool:
         rolled = False
         if not self.panes or pane > self.panes[-1][0]:
             self.panes.append((pane, SpaceSaving(self.capacity)))
             rolled = len(self.panes) > 1
         self._expire(pane)
-        target = next((s for p, s in reversed(self.panes) if p == pane), None)
-        if target is None:       # older than the window, or a pane already gone: too late to count
-            return rolled
-        target.offer(str(item), weight)
         return rolled
 
     def _expire(self, newest: int) -> None:

@@ -187,6 +187,16 @@ class HeavyHitterDetector:
             return self.evaluate(timestamp, where or {})
         return []
 
+    def advance(self, timestamp: float, where: dict[str, str] | None = None) -> bool:
+        """A round that counted no validation (none made, or all cached): the window moves on all the same and
+        is evaluated when a pane closes (True then; the findings go to the book). Without it the window stood
+        still once validations stopped, and a heavy hitter's finding stayed open for good (caching its
+        validations, the fix it asks for, did that)."""
+        if not self.window.advance(timestamp):
+            return False
+        self.evaluate(timestamp, where or {})
+        return True
+
     def evaluate(self, now: float, where: dict[str, str]) -> list[Finding]:
         total, ranked = self.window.shares()
         out: list[Finding] = []

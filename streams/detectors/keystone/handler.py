@@ -6,7 +6,8 @@ what ``collectors/keystone`` publishes per round:
 * ``keystone_probe{host, probe}`` p50_ms and ``keystone_requests{host, method, endpoint}`` p50_ms (for
   the validation endpoints, rounds with at least ``regime_min_count`` requests) -> one
   ``LatencyRegimeDetector`` per source (``probe:<name>`` / ``<METHOD> <endpoint>``);
-* ``s3_frontend_credential{host, access_key}`` keystone_validations -> ``HeavyHitterDetector``;
+* ``s3_frontend_credential{host, access_key}`` keystone_validations -> ``HeavyHitterDetector`` (its window
+  moves on with every ``s3_frontend_*`` round, validations or none, so a heavy hitter cached away clears);
 * ``s3_frontend_requests{host}`` small_requests/small_p50_ms/small_p95_ms -> ``SmallRequestP95Detector``.
 
 Gauges: ``opsloop_keystone_small_request_p95_seconds{host}`` (the last round, as measured),
@@ -18,6 +19,7 @@ the sliding window; access key *ids*, never secrets) and ``opsloop_keystone_wind
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -29,6 +31,7 @@ from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler, drop_children, number
 from opsloop.streams.detectors.keystone.settings import KeystoneSettings
 from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.sketches import PanedHeavyHitters
 from opsloop.streams.runtime.gauges import MAX_LABEL_VALUE, label_value
 from opsloop.streams.detectors.keystone.detector import (MAX_LATENCY_MS, OTHER_CREDENTIALS, HeavyHitterDetector,
                                                          LatencyRegimeDetector, SmallRequestP95Detector, probe_latency)
@@ -94,6 +97,7 @@ class KeystoneHandler(DetectorHandler):
 
     def process(self, metrics: Sequence[Metric], now: float) -> None:
         shares_changed: set[str] = set()
+        frontend_rounds: dict[str, float] = {}   # host -> newest s3_frontend_* round read: the heavy window's time
         for m in metrics:
             host = m.tags.get("host")
             if not host or m.name not in self.names:
@@ -122,6 +126,13 @@ class KeystoneHandler(DetectorHandler):
                 continue
             st.last_ts[series] = m.timestamp
             self.touch(host)
+            if m.name.startswith("s3_frontend_"):
+                frontend_rounds[host] = max(m.timestamp, frontend_rounds.get(host, m.timestamp))
+        # After the batch's counts: a round that counted validations has opened its pane (and evaluated) already;
+        # one that counted none (every validation cached, no signed request) moves the window on here
+        for host, ts in frontend_rounds.items():
+            if self.hosts[host].heavy.advance(ts, {"host": host}):
+                shares_changed.add(host)   # panes expired: the shares shown change
         for host in shares_changed:
             self._show_shares(host, self.hosts[host])
 
@@ -219,7 +230,21 @@ class KeystoneHandler(DetectorHandler):
         for book in st.books():
             book.check_about({"host": key}, "book")
             book.refresh_s = self.refresh_s
+        self._configure(st)
         self.hosts[key] = st
+
+    def _configure(self, st: HostState) -> None:
+        """The knobs configured now on a restored host, not the stored ones: before, a ``p95_limit_ms`` or a
+        ``heavy_share`` raised by the operator (say, to stop a false page) never applied to a host already
+        watched. The learned state is kept; heavy-hitter panes of another size cannot be, they count afresh."""
+        s = self.settings
+        for det in st.regimes.values():
+            det.regime_ratio, det.drift = s.regime_ratio, math.log10(s.regime_ratio) / 2.0
+        st.heavy.share, st.heavy.min_total = s.heavy_share, s.heavy_min_total
+        window = st.heavy.window
+        if (window.window_s, window.pane_s) != (s.heavy_window_s, s.heavy_pane_s):
+            st.heavy.window = PanedHeavyHitters(s.heavy_window_s, s.heavy_pane_s, window.capacity)
+        st.p95.window_s, st.p95.p95_limit_ms, st.p95.min_requests = s.p95_window_s, s.p95_limit_ms, s.p95_min_requests
 
     def after_restore(self) -> None:
         for host, st in self.hosts.items():

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from opsloop.streams.detectors.plugin import Strict
+from opsloop.streams.detectors.sketches import MAX_PANES
 
 
 class KeystoneSettings(Strict):
@@ -18,3 +19,11 @@ class KeystoneSettings(Strict):
     heavy_window_s: float = Field(default=300.0, gt=0)
     heavy_pane_s: float = Field(default=60.0, gt=0)
     regime_min_count: int = Field(default=3, ge=1, description="requests behind a round's p50 to use it")
+
+    @model_validator(mode="after")
+    def _panes(self) -> "KeystoneSettings":
+        # refused at load: before, such a window loaded and every keystone sample raised in the handler
+        if not self.heavy_pane_s <= self.heavy_window_s <= self.heavy_pane_s * MAX_PANES:
+            raise ValueError(f"heavy_pane_s ({self.heavy_pane_s:g}) must be at most heavy_window_s "
+                             f"({self.heavy_window_s:g}), and the window at most {MAX_PANES} panes")
+        return self

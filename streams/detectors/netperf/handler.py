@@ -121,9 +121,14 @@ class NetperfHandler(DetectorHandler):
         self.last_ts = {}
 
     def restore_key(self, key: str, state: Mapping[str, Any]) -> None:
-        det = NetperfDetector.from_dict(get(state, "detector", ""))
-        det.book.check_about({"target_set": key}, "detector.book")
-        det.book.refresh_s = self.refresh_s
+        was = NetperfDetector.from_dict(get(state, "detector", ""))   # every field checked
+        was.book.check_about({"target_set": key}, "detector.book")
+        was.book.refresh_s = self.refresh_s
+        # the knobs configured now, not the stored ones: before, a drop_ratio raised by the operator (say, to
+        # stop a flapping finding) never applied to a target set already measured; the learned results are kept
+        det = self._new_detector()
+        det.history = {k: v[-det.baseline_runs:] for k, v in was.history.items()}
+        det.by_queues, det.book = was.by_queues, was.book
         stored = {s: event_time(v, f"last_ts[{s!r}]") for s, v in obj(state.get("last_ts", {}), "last_ts").items()}
         self.detectors[key] = det
         self.last_ts[key] = {s: t for s, v in stored.items()

@@ -10,11 +10,13 @@ with erasure coding 2+1. An idle Gen 3 box drew 136 W (82 W with its disks in st
 
 Per server the detector keeps a smoothed mean (EWMA) of the watts it reads (``ipmi_power{host}`` field
 ``watts``, or ``avg_watts``), and its inventory entry (``ServerSpec``: generation, raw TB,
-protection, fill ratio, in service or not). Findings:
+protection, fill ratio, in service or not; moved to another generation, its findings of the old one clear).
+Findings:
 
 * ``power.cost`` (info): energy per year and cost per usable TB-year of each server, the published table;
 * ``power.generation_deviation`` (warning): a server whose mean draw deviates from the median of its
-  generation by more than ``deviation_ratio`` (needs ``min_generation_size`` servers);
+  generation by more than ``deviation_ratio`` (needs ``min_generation_size`` servers; cleared when its server
+  is no longer compared: out of service, or too few left);
 * ``power.idle_candidate`` (info): a server not in service (or with utilisation below
   ``idle_utilisation``) that still draws power: a candidate for powering down, with the yearly saving.
 
@@ -35,7 +37,7 @@ from typing import Any, Mapping
 from opsloop.records import Finding, Severity
 from opsloop.records import Metric
 
-from opsloop.streams.detectors.findingbook import FindingBook
+from opsloop.streams.detectors.findingbook import FindingBook, where_key
 from opsloop.streams.detectors.state_check import StateError, count, flag, get, items, obj, real, text
 
 HOURS_PER_YEAR = 8760.0
@@ -190,30 +192,52 @@ class PowerDetector:
         done = self.book.clear(IDLE, where, now, "in use again")
         return [done] if done else []
 
+    def set_spec(self, spec: ServerSpec, now: float) -> list[Finding]:
+        """Take ``spec`` as its host's inventory entry. A host moved to another generation (the config or the
+        collector's tag corrected) has its findings about the old one cleared at ``now``: their ``where`` names
+        the old generation, so nothing else ever refreshed or cleared them (a deviation page open for good)."""
+        old = self.inventory.get(spec.host)
+        self.inventory[spec.host] = spec
+        if old is None or old.generation == spec.generation or not self.book.open:
+            return []
+        where = {"host": spec.host, "generation": old.generation}
+        why = f"{spec.host} is now of generation {spec.generation}, no longer of {old.generation}"
+        return [f for d in (COST, IDLE, DEVIATION) if (f := self.book.clear(d, where, now, why)) is not None]
+
     def deviation(self, generation: str, now: float) -> list[Finding]:
-        """Compare every in-service server of ``generation`` with the generation's median draw."""
+        """Compare every in-service server of ``generation`` with the generation's median draw.
+
+        A deviation of a server no longer compared (taken out of service, moved to another generation, or
+        its generation now too small to have a median) is cleared: left open, nothing else cleared it."""
         hosts = [h for h, s in self.inventory.items() if s.generation == generation and s.in_service
                  and self.sums.get(h, [0, 0])[1] >= self.min_samples]
         self.deviation_work += len(hosts)
-        if len(hosts) < self.min_generation_size:
-            return []
-        means = {h: self.mean_watts(h) or 0.0 for h in hosts}
-        norm = statistics.median(means.values())
         out: list[Finding] = []
-        for h, w in means.items():
-            where = {"host": h, "generation": generation}
-            dev = (w - norm) / norm if norm > 0 else 0.0
-            if abs(dev) > self.deviation_ratio:
-                out.append(self.book.raise_(
-                    detector=DEVIATION, what="power draw deviates from its generation", where=where,
-                    observed=round(w, 1), expected=round(norm, 1), score=min(1.0, abs(dev) / (3 * self.deviation_ratio)),
-                    severity=Severity.WARNING,
-                    explanation=(f"{h} draws {w:.0f} W, {dev:+.0%} against the {generation} median {norm:.0f} W "
-                                 f"(tolerance {self.deviation_ratio:.0%})"), now=now, runbook=RUNBOOK))
-            else:
-                done = self.book.clear(DEVIATION, where, now, "back in line with its generation")
-                if done:
-                    out.append(done)
+        keep: set[str] = set()
+        if len(hosts) >= self.min_generation_size:
+            means = {h: self.mean_watts(h) or 0.0 for h in hosts}
+            norm = statistics.median(means.values())
+            for h, w in means.items():
+                where = {"host": h, "generation": generation}
+                dev = (w - norm) / norm if norm > 0 else 0.0
+                if abs(dev) > self.deviation_ratio:
+                    out.append(self.book.raise_(
+                        detector=DEVIATION, what="power draw deviates from its generation", where=where,
+                        observed=round(w, 1), expected=round(norm, 1),
+                        score=min(1.0, abs(dev) / (3 * self.deviation_ratio)), severity=Severity.WARNING,
+                        explanation=(f"{h} draws {w:.0f} W, {dev:+.0%} against the {generation} median {norm:.0f} W "
+                                     f"(tolerance {self.deviation_ratio:.0%})"), now=now, runbook=RUNBOOK))
+                    keep.add(where_key(DEVIATION, where))
+                else:
+                    done = self.book.clear(DEVIATION, where, now, "back in line with its generation")
+                    if done:
+                        out.append(done)
+            why = f"no longer compared: not an in-service server of {generation} with a reading"
+        else:
+            why = (f"no longer compared: fewer than {self.min_generation_size} in-service servers of {generation} "
+                   "to take a median of")
+        if self.book.open:
+            out += self.book.clear_all_except(DEVIATION, keep, now, why, match={"generation": generation})
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -124,7 +124,7 @@ class PowerHandler(DetectorHandler):
             if spec is not None and old is not spec and old != spec:
                 if old is not None and (old.generation, old.protection) != (spec.generation, spec.protection):
                     self._hide_hosts({host})   # its gauges carry the old labels
-                det.inventory[host] = spec
+                det.set_spec(spec, m.timestamp)   # its findings about the old generation cleared
             # The generation comparison once per generation and batch, below, not per sample.
             det.update({"host": host, "watts": watts, "timestamp": m.timestamp}, deviation=False)
             self.touch(host)
