@@ -19,7 +19,7 @@ from opsloop.collectors.ipmi.config import Config, ResolvedHost
 from opsloop.collectors.ipmi.credentials import CredentialError, resolve_password, scrub
 from opsloop.collectors.ipmi.parse import (ParseError, classify_failure, parse_dcmi_power, parse_sdr_csv, pick_total,
                                    power_sensors, preview)
-from opsloop.collectors.ipmi.runner import ToolResult, run_tool
+from opsloop.collectors.ipmi.runner import MAX_OUTPUT_BYTES, ToolResult, run_tool
 from opsloop.collect.types import CollectError, CollectorUnavailable, Round
 from opsloop.records import Metric, metric
 from opsloop.validation import WireError
@@ -209,6 +209,9 @@ class IpmiCollector:
         if res.timed_out:
             raise _ReadFailed("timeout", f"ipmitool {' '.join(command)} killed after {res.seconds:.1f}s "
                                          f"(per-BMC timeout_s={self.config.timeout_s:g}); BMC hung or too slow")
+        if res.overflowed:
+            raise _ReadFailed("tool", f"{tool} {' '.join(command)} printed more than {MAX_OUTPUT_BYTES} bytes "
+                                      "and was killed: not ipmitool's output")
         return res
 
     def _argv(self, host: ResolvedHost, tool: str, command: list[str]) -> list[str]:

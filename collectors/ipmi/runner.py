@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 
-from opsloop.collect.tool import reap
+from opsloop.collect.tool import communicate_bounded, reap
 
 MAX_OUTPUT_BYTES = 1024 * 1024  # an SDR dump is a few KiB; anything near this is garbage
 
@@ -26,6 +26,7 @@ class ToolResult:
     stderr: str
     timed_out: bool
     seconds: float
+    overflowed: bool = False  # printed more than MAX_OUTPUT_BYTES: killed there, the output cut
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -45,13 +46,17 @@ def run_tool(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | 
         list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=dict(env) if env is not None else None, start_new_session=True, close_fds=True,
     )
-    timed_out = False
+    timed_out = overflowed = False
     try:
-        out, err = proc.communicate(timeout=max(timeout_s, 0.001))
-    except subprocess.TimeoutExpired:
+        out, err, overflowed = communicate_bounded(proc, max(timeout_s, 0.001), MAX_OUTPUT_BYTES)
+        if overflowed:   # read no further: memory stays bounded whatever the tool prints
+            _kill_group(proc)
+            reap(proc)
+    except subprocess.TimeoutExpired as e:
         timed_out = True
         _kill_group(proc)
-        out, err = reap(proc)  # bounds the wait for pipes an orphan of the tool holds
+        rest_out, rest_err = reap(proc)  # bounds the wait for pipes an orphan of the tool holds
+        out, err = (e.output or b"") + rest_out, (e.stderr or b"") + rest_err
     except BaseException:
         _kill_group(proc)
         reap(proc)
@@ -60,9 +65,10 @@ def run_tool(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | 
     # unrelated process. A child that kept our pipes open makes communicate() time out while
     # the leader is still unreaped, and is then killed with the group above.
     return ToolResult(
-        returncode=None if timed_out else proc.returncode,
+        returncode=None if timed_out or overflowed else proc.returncode,
         stdout=out[:MAX_OUTPUT_BYTES].decode("utf-8", "replace"),
         stderr=err[:MAX_OUTPUT_BYTES].decode("utf-8", "replace"),
         timed_out=timed_out,
         seconds=time.monotonic() - started,
+        overflowed=overflowed,
     )

@@ -13,7 +13,7 @@ from opsloop.collectors.lvs.config import Config
 from opsloop.lb.ipvs import (RATE_FIELDS, STAT_FIELDS, IpvsadmListing, LvsParseError, RealKey, Service,
                                   ServiceKey, parse_ipvsadm, parse_proc_ip_vs, parse_proc_ip_vs_stats)
 from opsloop.collectors.lvs.rates import RateTracker, Rates
-from opsloop.collect.tool import ToolMissing, ToolTimeout, run_tool
+from opsloop.collect.tool import ToolMissing, ToolOutputTooLarge, ToolTimeout, run_tool
 
 _UNAVAILABLE_KINDS = frozenset({"unsupported", "tool"})
 
@@ -87,7 +87,7 @@ class LvsCollector:
         source = " ".join(argv)
         try:
             res = run_tool(argv, self.config.timeout_s)
-        except ToolMissing as e:
+        except (ToolMissing, ToolOutputTooLarge) as e:
             raise SourceFailed(source, "tool", str(e)) from None
         except ToolTimeout as e:
             raise SourceFailed(source, "timeout", str(e)) from None
