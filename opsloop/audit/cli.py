@@ -25,8 +25,9 @@ EPILOG = """examples:
   opsloop audit install-templates --config opsloop.yaml             # audit + Filebeat log templates
 
 The Elasticsearch URL comes from --es, else controllers.audit.elasticsearch_url in --config, else
-http://127.0.0.1:29200. `search` exits 0 when records were found, 1 when none, 2 on bad input or an
-unreachable Elasticsearch.
+http://127.0.0.1:29200. `search` prints at most the newest 200 records of the window and says how many
+earlier ones it left out; a hit that is not a valid audit record is skipped and named. It exits 0 when
+records were found, 1 when none, 2 on bad input, an unreachable Elasticsearch or only unreadable hits.
 """
 
 
@@ -90,9 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         for r in answer.records:
             sys.stdout.write(r.encode().decode() + "\n")
+        if answer.left_out:   # stdout stays JSON lines; the cut is said where a pipe does not hide it
+            print(f"opsloop audit: the newest {len(answer.records)} of {answer.total} records; {answer.left_out} "
+                  f"earlier ones left out (an earlier --at shows them)", file=sys.stderr)
+        for u in answer.unreadable:
+            print(f"opsloop audit: skipped a document that is not a valid audit record: {u}", file=sys.stderr)
     else:
         print(render(answer))
-    return 0 if answer.records else 1
+    if answer.records:
+        return 0
+    return 2 if answer.unreadable else 1   # "nothing happened" only when nothing matched at all
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 
 One Elasticsearch query over the audit trail (``opsloop-audit*``): every record about the edge
 (weight pushes, holds, rollbacks, pages) from ``window`` before the named minute to the end of
-that minute, oldest first::
+that minute, printed oldest first. At most 200 are fetched: the **newest** 200 (the query sorts newest
+first), so that the minute asked about is always in the answer, and the answer says how many
+earlier ones it left out (a controller audits every decision of every listener: four listeners at
+15 s fill 200 in 12.5 minutes)::
 
     GET opsloop-audit*/_search
-    {"size": 200, "sort": [{"@timestamp": "asc"}],
+    {"size": 200, "sort": [{"@timestamp": "desc"}], "track_total_hits": true,
      "query": {"bool": {"filter": [
          {"term": {"edge": "ams1"}},
          {"range": {"@timestamp": {"gte": "2026-11-22T03:02:00Z", "lt": "2026-11-22T03:13:00Z"}}}]}}}
@@ -63,11 +66,14 @@ def _iso(t: datetime) -> str:
 
 
 def why_query(edge: str, at: datetime, window: timedelta) -> dict[str, Any]:
-    """The query body (documented above): the edge's records in [minute(at) - window, minute(at) + 1 min)."""
+    """The query body (documented above): the newest of the edge's records in
+    [minute(at) - window, minute(at) + 1 min), and how many there are in all."""
     minute = at.replace(second=0, microsecond=0)
     return {
         "size": MAX_HITS,
-        "sort": [{"@timestamp": "asc"}],
+        # newest first: a window holding more than MAX_HITS keeps the minute asked about, not its start
+        "sort": [{"@timestamp": "desc"}],
+        "track_total_hits": True,
         "query": {"bool": {"filter": [
             {"term": {"edge": edge}},
             {"range": {"@timestamp": {"gte": _iso(minute - window), "lt": _iso(minute + MINUTE)}}},
@@ -80,7 +86,14 @@ class WhyAnswer:
     edge: str
     start: datetime
     end: datetime
-    records: list[AuditRecord]
+    records: list[AuditRecord]   # oldest first: the newest MAX_HITS of the window
+    total: int | None = None     # records in the window (None: as many as ``records``)
+    unreadable: tuple[str, ...] = ()   # "<_id>: why" of documents that are not valid audit records
+
+    @property
+    def left_out(self) -> int:
+        """Earlier records of the window not in ``records`` (more than MAX_HITS matched)."""
+        return max(0, (self.total or 0) - len(self.records))
 
     @property
     def weight_changes(self) -> list[AuditRecord]:
@@ -94,9 +107,20 @@ def why_weights_changed(client: Any, edge: str, at: datetime, window: timedelta 
                         index: str = INDEX_PATTERN) -> WhyAnswer:
     body = why_query(edge, at, window)
     resp = client.search(index=index, ignore_unavailable=True, allow_no_indices=True, **body)
-    records = [AuditRecord.from_document(h["_source"]) for h in resp["hits"]["hits"]]
+    hits = resp["hits"]
+    records: list[AuditRecord] = []
+    unreadable: list[str] = []
+    for h in reversed(hits["hits"]):
+        # one document this version cannot read (a newer writer's mode, a hand-made one) must not hide the rest
+        try:
+            records.append(AuditRecord.from_document(h.get("_source") or {}))
+        except (ValueError, TypeError, OverflowError) as e:   # AuditError is a ValueError
+            unreadable.append(f"{h.get('_id')}: {e}"[:300])
+    total = hits.get("total")
     minute = at.replace(second=0, microsecond=0)
-    return WhyAnswer(edge, minute - window, minute + MINUTE, records)
+    return WhyAnswer(edge, minute - window, minute + MINUTE, records,
+                     total=int(total["value"]) - len(unreadable) if isinstance(total, dict) else None,
+                     unreadable=tuple(unreadable))
 
 
 def _fmt(v: Any) -> str:
@@ -108,10 +132,18 @@ def _fmt(v: Any) -> str:
 def render(answer: WhyAnswer) -> str:
     """A human answer: one block per record, the weight moves and the reason."""
     head = f"edge {answer.edge}, {_iso(answer.start)} .. {_iso(answer.end)}:"
+    bad = [f"    {u}" for u in answer.unreadable]
+    if bad:
+        bad.insert(0, f"{len(bad)} document(s) not readable as audit records (skipped):")
+    if not answer.records and bad:
+        return "\n".join([f"{head} no readable audit record.", *bad])
     if not answer.records:
         return (f"{head} no audit record.\nNothing in opsloop acted on this edge then; if its weights changed, "
                 f"the change did not come through opsloop (check the load balancer's own logs).")
     lines = [f"{head} {len(answer.records)} audit record(s), {len(answer.weight_changes)} live weight change(s)"]
+    if answer.left_out:
+        lines.append(f"  (the newest {len(answer.records)} of {answer.total}: {answer.left_out} earlier record(s) "
+                     f"left out; an earlier --at shows them)")
     for r in answer.records:
         version = f" v{r.version}" if r.version is not None else ""
         lines.append(f"{r.timestamp}  {r.mode.value:<7} {r.result:<10} {r.action}{version}  by {r.actor}"
@@ -125,4 +157,4 @@ def render(answer: WhyAnswer) -> str:
             lines.append(f"    error: {r.error}")
         if r.labels:
             lines.append("    " + ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items())))
-    return "\n".join(lines)
+    return "\n".join(lines + bad)

@@ -117,7 +117,8 @@ def test_why_query_covers_the_named_minute_and_the_window_before() -> None:
     flt = q["query"]["bool"]["filter"]
     assert flt[0] == {"term": {"edge": "ams"}}
     assert flt[1]["range"]["@timestamp"] == {"gte": "2026-11-22T03:02:00.000Z", "lt": "2026-11-22T03:13:00.000Z"}
-    assert q["sort"] == [{"@timestamp": "asc"}]
+    # newest first (printed oldest first): more than MAX_HITS in the window keeps the minute asked about
+    assert q["sort"] == [{"@timestamp": "desc"}] and q["track_total_hits"] is True
 
 
 def test_render_says_what_moved_and_why() -> None:
