@@ -48,6 +48,15 @@ Pure state, no I/O (the service posts and persists). Rules:
   :meth:`PagingBook.delivered` reports it late) or cleared; the resolve of such a page, refused too, does not
   count again (``PendingResolve.page_lost``). Before, every re-send counted the same page again.
   :meth:`PagingBook.lost_pages` counts the open alerts lost right now (the service's gauge).
+* A resolve delivered is kept (:class:`SentResolve`, in the state file) and re-sent with its own endsAt at the
+  re-send interval until ``resend_resolved_s`` past it, as Prometheus does (``resolvedRetention``): an
+  Alertmanager that took it and restarted (alerts are not persisted) or a cluster peer that never got it still
+  sends the resolve notification its notification log owes. Before, it was sent once: lost that way, the
+  receiver's incident (PagerDuty's) stayed open for good. Only resolves of alerts delivered from here (not
+  best-effort ones), the labels delivered (a fallback's when it replaced the alert), at most
+  ``max_pending_resolves`` (the oldest go first, not counted: each was delivered once); a re-send never ends
+  after now (a clock stepped back: an endsAt ahead would re-open the alert). An alert of the same labels open
+  again replaces it: never resolved by a late re-send.
 """
 
 from __future__ import annotations
@@ -69,6 +78,9 @@ DEFAULT_MAX_PENDING_RESOLVES = 10_000
 MAX_CLOSED = 10_000        # ids not open whose newest record is kept (about 60 bytes each in the state file)
 MAX_CLEARED_PER_ID = 4     # incidents cleared last per id (a replay or a re-sent clear reaches a few back at most)
 MAX_CLOCK_SKEW_S = 300.0   # stream.max_clock_skew_s: samples further ahead never made it into a finding
+DEFAULT_RESEND_RESOLVED_S = 900.0   # prometheus/notifier's resolvedRetention
+
+LabelKey = tuple[str, tuple[tuple[str, str], ...]]   # finding id and sorted labels: one alert in Alertmanager
 
 
 @dataclass(slots=True)
@@ -115,6 +127,12 @@ class PendingResolve:
 
 
 @dataclass(slots=True)
+class SentResolve(PendingResolve):
+    """A resolve delivered, re-sent until ``resend_resolved_s`` past its endsAt (book docstring)."""
+    last_sent: float | None = None   # None: re-sent at once (restored from the state file)
+
+
+@dataclass(slots=True)
 class Outgoing:
     """One alert of a post and the book's own record it is sent for: firing (an :class:`OpenAlert`) or a
     resolve (a :class:`PendingResolve`), so a refusal or a delivery is told apart without reading the alert."""
@@ -154,6 +172,9 @@ class PagingBook:
     closed: dict[str, tuple[float, float, bool]] = field(default_factory=dict)
     # Ids with incidents cleared: first_seen of the last ``MAX_CLEARED_PER_ID`` each, the id cleared last last.
     cleared: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    resend_resolved_s: float = DEFAULT_RESEND_RESOLVED_S
+    # Resolves delivered, re-sent for resend_resolved_s past their endsAt, oldest first.
+    resolved: dict[LabelKey, SentResolve] = field(default_factory=dict)
     # Ids with a best-effort resolve queued, oldest first: the cap finds its victim without a scan.
     _best_effort: dict[str, None] = field(default_factory=dict, init=False, repr=False, compare=False)
     _queued: int = field(default=0, init=False, repr=False, compare=False)
@@ -161,6 +182,8 @@ class PagingBook:
     def __post_init__(self) -> None:
         if self.max_pending_resolves < 1:
             raise ValueError(f"max_pending_resolves must be at least 1, not {self.max_pending_resolves}")
+        if not 0 <= self.resend_resolved_s < math.inf:
+            raise ValueError(f"resend_resolved_s must be finite and at least 0, not {self.resend_resolved_s}")
 
     # -- findings in ----------------------------------------------------------------------
     def check(self, finding: Finding, now: float) -> None:
@@ -197,6 +220,7 @@ class PagingBook:
             return [Action("ignore", fid, labels_for(finding), why)]
         labels = labels_for(finding)
         annotations = annotations_for(finding, self.links)
+        self.resolved.pop(_key(fid, labels), None)   # open again: a late re-send of its resolve must not end it
         if current is None:
             self.closed.pop(fid, None)
             self.open[fid] = OpenAlert(fid, labels, annotations, finding.first_seen, finding.last_seen,
@@ -274,6 +298,7 @@ class PagingBook:
 
     def _queue_resolve(self, r: PendingResolve) -> None:
         fid = r.finding_id
+        self.resolved.pop(_key(fid, r.labels), None)   # this newer resolve of the same alert replaces it
         queue = self.resolves.setdefault(fid, [])
         before = len(queue)
         queue[:] = [q for q in queue if q.labels != r.labels] + [r]
@@ -316,6 +341,10 @@ class PagingBook:
         """What :meth:`due` posts, each alert with the record it is sent for (resolves first)."""
         out = [Outgoing(postable(r.labels, r.annotations, r.starts_at, r.ends_at), r)
                for queue in self.resolves.values() for r in queue]
+        self._expire_resolved(now)
+        for s in self._resends_due(now):
+            ends = min(s.ends_at, now)   # a clock stepped back: an endsAt ahead would re-open the alert
+            out.append(Outgoing(postable(s.labels, s.annotations, min(s.starts_at, ends), ends), s))
         for a in self.open.values():
             if a.last_sent is None or now - a.last_sent >= self.resend_interval_s:
                 out.append(Outgoing(self._firing(a, now), a))
@@ -348,7 +377,28 @@ class PagingBook:
         if self.resolves:
             return 0.0
         waits = [0.0 if a.last_sent is None else a.last_sent + self.resend_interval_s - now for a in self.open.values()]
+        waits += [at - now for s in self.resolved.values() if (at := self._resend_at(s, now)) is not None]
         return max(0.0, min(waits)) if waits else float("inf")
+
+    def _resend_at(self, s: SentResolve, now: float) -> float | None:
+        """When ``s`` is re-sent next (``now`` for a restored one); None when never again: its retention ends
+        first, or an alert of its labels is open again (the firing one stands)."""
+        until = s.ends_at + self.resend_resolved_s
+        at = now if s.last_sent is None else s.last_sent + self.resend_interval_s
+        if now >= until or at >= until:
+            return None
+        a = self.open.get(s.finding_id)
+        if a is not None and a.outgoing()[0] == s.labels:   # the fallback's labels too, once it is refused
+            return None
+        return at
+
+    def _resends_due(self, now: float) -> list[SentResolve]:
+        return [s for s in self.resolved.values() if (at := self._resend_at(s, now)) is not None and at <= now]
+
+    def forget_resolved(self, s: SentResolve) -> None:
+        """Re-send ``s`` no more (Alertmanager refused its re-send: it took it before, nothing is lost)."""
+        if self.resolved.get(_key(s.finding_id, s.labels)) is s:
+            del self.resolved[_key(s.finding_id, s.labels)]
 
     def lost(self, refused: Outgoing, now: float) -> bool:
         """Alertmanager refused ``refused`` (one of ``outgoing(now)``) and its fallback: nothing reached it.
@@ -364,11 +414,15 @@ class PagingBook:
         record.lost_at = now
         return True
 
-    def delivered(self, now: float, lost: Collection[OpenAlert | PendingResolve] = ()) -> Delivered:
+    def delivered(self, now: float, lost: Collection[OpenAlert | PendingResolve] = (),
+                  replaced: Collection[Outgoing] = ()) -> Delivered:
         """Mark what ``due(now)`` returned as delivered: alerts paged for the first time, resolves sent, alerts
         delivered after being lost. ``lost``: the records (of ``outgoing(now)``) marked by :meth:`lost`: sent
-        (tried again at the re-send interval, not at once), but not delivered."""
+        (tried again at the re-send interval, not at once), but not delivered. ``replaced``: the fallbacks
+        Alertmanager took in place of a refused alert, each with its record (a resolve is re-sent as its fallback)."""
         refused = {id(r) for r in lost}   # by record, not finding id: a severity change posts two of one id
+        for s in self._resends_due(now):
+            s.last_sent = now
         first: list[OpenAlert] = []
         late: list[Late] = []
         for a in self.open.values():
@@ -383,10 +437,36 @@ class PagingBook:
                     a.lost_at, a.lost_tries = None, 0
                 a.delivered_once = True
         resolved = self._queued
+        self._keep_resolved(now, refused, {id(o.record): o.alert for o in replaced})
         self.resolves.clear()
         self._best_effort.clear()
         self._queued = 0
         return Delivered(first, resolved, late)
+
+    def _keep_resolved(self, now: float, refused: set[int], replaced: dict[int, dict[str, Any]]) -> None:
+        """The queued resolves just delivered join the ones re-sent for ``resend_resolved_s``."""
+        self._expire_resolved(now)
+        if self.resend_resolved_s <= 0:
+            return
+        for queue in self.resolves.values():
+            for r in queue:
+                if r.best_effort or id(r) in refused:   # never paged from here, or nothing reached Alertmanager
+                    continue
+                sent = replaced.get(id(r))
+                labels, annotations = (sent["labels"], sent["annotations"]) if sent else (r.labels, r.annotations)
+                a = self.open.get(r.finding_id)
+                if a is not None and a.outgoing()[0] == labels:
+                    continue   # open again before the resolve went out: that alert stands
+                key = _key(r.finding_id, labels)
+                self.resolved.pop(key, None)   # re-inserted: now the newest
+                self.resolved[key] = SentResolve(r.finding_id, labels, annotations, r.starts_at, r.ends_at,
+                                                 page_lost=r.page_lost, last_sent=now)
+        while len(self.resolved) > self.max_pending_resolves:
+            del self.resolved[next(iter(self.resolved))]
+
+    def _expire_resolved(self, now: float) -> None:
+        for key in [k for k, s in self.resolved.items() if now >= s.ends_at + self.resend_resolved_s]:
+            del self.resolved[key]   # past its retention: the next save leaves it out
 
     def lost_pages(self) -> int:
         """Open alerts lost right now (refused with their fallback at their last try): the service's gauge, which
@@ -397,13 +477,14 @@ class PagingBook:
         """How many alerts ``due(now)`` would return, without building them (the service asks every step)."""
         firing = sum(1 for a in self.open.values()
                      if a.last_sent is None or now - a.last_sent >= self.resend_interval_s)
-        return self._queued + firing
+        return self._queued + len(self._resends_due(now)) + firing
 
     # -- persistence ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION,
                 "open": [_open_entry(a) for a in self.open.values()],
                 "resolves": [_resolve_entry(r) for q in self.resolves.values() for r in q],
+                "resolved": [_resolve_entry(s) for s in self.resolved.values()],
                 "closed": [[fid, *mark] for fid, mark in self.closed.items()],
                 "cleared": [[fid, *marks] for fid, marks in self.cleared.items()]}
 
@@ -425,9 +506,14 @@ class PagingBook:
         closed = dict(_closed_mark(m, f"closed[{i}]") for i, m in enumerate(_entries(doc, "closed")))
         # absent from a file from before it: then only the newest closed incident is known cleared
         cleared = dict(_cleared_marks(m, f"cleared[{i}]") for i, m in enumerate(_entries(doc, "cleared")))
+        # absent from a file from before it: nothing re-sent
+        sent = [_checked(SentResolve, s, f"resolved[{i}]") for i, s in enumerate(_entries(doc, "resolved"))]
         self.open, self.resolves, self.closed = opened, {}, dict(list(closed.items())[-MAX_CLOSED:])
         self.cleared = dict(list(cleared.items())[-MAX_CLOSED:])
         self._best_effort, self._queued = {}, 0
+        self.resolved = {_key(s.finding_id, s.labels): s for s in sent[-self.max_pending_resolves:]}
+        for s in self.resolved.values():
+            s.last_sent = None   # re-sent at once, as the open alerts are
         for r in pending:   # the bound applies to a saved queue too (a state file from before it, a lower bound)
             self._queue_resolve(r)
 
@@ -445,7 +531,12 @@ def _resolve_entry(r: PendingResolve) -> dict[str, Any]:
     entry = asdict(r)
     if not entry["page_lost"]:   # as in _open_entry
         del entry["page_lost"]
+    entry.pop("last_sent", None)   # a SentResolve's: restored ones are re-sent at once
     return entry
+
+
+def _key(fid: str, labels: dict[str, str]) -> LabelKey:
+    return fid, tuple(sorted(labels.items()))
 
 
 def _entries(doc: dict[str, Any], key: str) -> list[Any]:

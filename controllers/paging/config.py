@@ -18,7 +18,7 @@ from opsloop.config import DEFAULT_RUN_DIR, LOOPBACK, Settings
 from opsloop.runbooks import dashboard_base_url, runbook_base_url
 from opsloop.validation import describe_validation_error
 
-from opsloop.controllers.paging.book import DEFAULT_MAX_PENDING_RESOLVES
+from opsloop.controllers.paging.book import DEFAULT_MAX_PENDING_RESOLVES, DEFAULT_RESEND_RESOLVED_S
 
 
 class PagingConfigError(ValueError):
@@ -54,6 +54,9 @@ class PagingConfig(BaseModel):
     # Resolves queued while Alertmanager is away or during a replay (about 1.4 KiB each): beyond this the
     # oldest for findings never open here go first (controllers/paging/book.py), each one counted.
     max_pending_resolves: int = Field(default=DEFAULT_MAX_PENDING_RESOLVES, ge=1, le=1_000_000)
+    # A resolve delivered is re-sent (its own endsAt) at resend_interval_s for this long, as Prometheus does: an
+    # Alertmanager restarted before it notified the resolve (alerts are not persisted) still notifies it. 0: once.
+    resend_resolved_s: float = Field(default=DEFAULT_RESEND_RESOLVED_S, ge=0, le=86_400)
 
     @field_validator("alertmanager_urls")
     @classmethod

@@ -19,6 +19,10 @@ that gets through is logged (``page_delivered_late``) and audited as delivered (
 lost right now are a gauge (``opsloop_paging_pages_lost``, set after every delivery step): it stays up while a
 lost page is refused at its re-sends, after the counter's increase has ended.
 
+A resolve Alertmanager took is re-sent at the re-send interval for ``resend_resolved_s`` (book docstring): one
+restarted before it notified the resolve still does. A re-send it refuses is logged (``resolve_resend_rejected``)
+and not sent again, never counted as a lost page: the resolve went through before.
+
 A state file that cannot be written (disk full, read-only, a directory in its place) does not stop paging: each
 failed save is logged (``state_save_failed``) and counted (``opsloop_paging_state_save_failures_total``), the
 step delivers anyway and the offsets are not committed until a save succeeds (a crash replays them onto the last
@@ -47,7 +51,7 @@ from opsloop.log import Sampled, get_logger
 from opsloop.controllers.paging import metrics
 from opsloop.controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError, Backoff
 from opsloop.controllers.paging.audit import Auditor
-from opsloop.controllers.paging.book import Action, Late, OpenAlert, Outgoing, PagingBook, PendingResolve
+from opsloop.controllers.paging.book import Action, Late, OpenAlert, Outgoing, PagingBook, PendingResolve, SentResolve
 from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.mapping import FALLBACK_ALERTNAME, Links, iso
 
@@ -70,7 +74,8 @@ class PagingService:
         self.book = PagingBook(min_severity=Severity(config.min_severity), resend_interval_s=config.resend_interval_s,
                                alert_ttl_s=config.alert_ttl_s,
                                links=Links(config.dashboard_base_url, config.runbook_base_url),
-                               max_pending_resolves=config.max_pending_resolves, on_drop=self._resolve_dropped)
+                               max_pending_resolves=config.max_pending_resolves, on_drop=self._resolve_dropped,
+                               resend_resolved_s=config.resend_resolved_s)
         self.client = client or AlertmanagerClient(config.alertmanager_urls, config.request_timeout_s)
         self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
         self._consumer = consumer
@@ -105,7 +110,8 @@ class PagingService:
             log.error("state_unreadable", path=str(path), error=str(e))
             return
         log.info("state_restored", path=str(path), open=len(self.book.open),
-                 resolves=sum(len(q) for q in self.book.resolves.values()), pages_lost=self.book.lost_pages())
+                 resolves=sum(len(q) for q in self.book.resolves.values()), resolved=len(self.book.resolved),
+                 pages_lost=self.book.lost_pages())
         # at once: a restart waiting for Kafka would export 0 and restart OpsloopPagingPageStillLost's 15 min
         metrics.PAGES_LOST.set(self.book.lost_pages())
 
@@ -202,6 +208,7 @@ class PagingService:
         refused, accepted = _split(items, result.rejected)
         _count_sent(accepted)   # what Alertmanager took, now: a failed fallback post below does not undo it
         fallbacks, lost = self._replace_rejected(refused, now)
+        replaced: list[Outgoing] = []
         if fallbacks:
             try:
                 again = self.client.post([o.alert for o in fallbacks])
@@ -220,7 +227,7 @@ class PagingService:
                 lost.append(o.record)
             _count_sent(replaced)   # a fallback accepted: the page (or its resolve) went out
             accepted += replaced
-        done = self.book.delivered(now, lost)   # a lost page is not audited as delivered
+        done = self.book.delivered(now, lost, replaced)   # a lost page is not audited as delivered
         metrics.POSTS.inc()
         metrics.LAST_DELIVERY.set(time.time())
         late = {id(x.alert): x for x in done.late}
@@ -245,6 +252,14 @@ class PagingService:
         fallbacks: list[Outgoing] = []
         lost: list[OpenAlert | PendingResolve] = []
         for refused, reason in rejected:
+            if isinstance(refused.record, SentResolve):
+                # a re-send of a resolve Alertmanager took before: nothing is lost, it is not sent again
+                self.book.forget_resolved(refused.record)
+                self._dirty = True
+                labels, fid = _who(refused.alert)
+                log.warning("resolve_resend_rejected", alertname=labels.get("alertname"), finding_id=fid,
+                            reason=reason)
+                continue
             fallback = self.book.rejected(refused, reason, now)
             if fallback is None:
                 self._lost(refused, reason, now)

@@ -118,13 +118,18 @@ def test_open_resend_resolve_lifecycle() -> None:
     assert ts(resend[0]["endsAt"]) == pytest.approx(now + 61 + 240, abs=0.01)
     first = b.delivered(now + 61).first
     assert first == []                                             # a re-send is not a new page
-    # cleared: one resolve with endsAt = now, then nothing
+    # cleared: a resolve with endsAt = now, re-sent with that endsAt at the re-send interval for
+    # resend_resolved_s (15 min), then nothing
     assert [a.kind for a in b.apply(finding(cleared=True), now + 70)] == ["resolve"]
     out = b.due(now + 70)
     assert len(out) == 1 and ts(out[0]["endsAt"]) == pytest.approx(now + 70, abs=0.01)
     assert out[0]["labels"] == due[0]["labels"]
     assert b.delivered(now + 70)[1] == 1
-    assert b.due(now + 200) == [] and b.open == {}
+    assert b.due(now + 100) == [] and b.open == {} and b.next_due(now + 100) == pytest.approx(30)
+    again = b.due(now + 130)
+    assert [(a["labels"], a["endsAt"]) for a in again] == [(out[0]["labels"], out[0]["endsAt"])]
+    assert b.delivered(now + 130)[1] == 0                          # a re-send: no resolve counted again
+    assert b.due(now + 70 + 900) == [] and b.next_due(now + 70 + 900) == float("inf")
 
 
 def test_undelivered_alert_stays_due() -> None:
