@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "deploy" / "systemd"
 OPSLOOP = Path(sys.executable).parent / "opsloop"
 INSTALLED = "/opt/opsloop/venv/bin/opsloop"
-# template -> the instances verified (each collector with a drop-in, one plain one, one edge node)
-INSTANCES = {"opsloop-collector@.service": ["iptables", "lvs", "ipmi"], "opsloop-actuator@.service": ["ams1"]}
+# template -> the instances verified (each collector: all have a drop-in, its /metrics port; one edge node)
+INSTANCES = {"opsloop-collector@.service": ["haproxy", "iptables", "lvs", "ipmi", "keystone", "netperf"],
+             "opsloop-actuator@.service": ["ams1"]}
 
 
 def unit_sections(path: Path) -> configparser.ConfigParser:
@@ -92,11 +93,14 @@ def test_capabilities_only_where_the_work_needs_them() -> None:
     granted = {}
     for conf in UNITS.glob("*.service.d/*.conf"):
         s = unit_sections(conf)["Service"]
-        granted[f"{conf.parent.name}/{conf.name}"] = (s.get("AmbientCapabilities", ""), s.get("SupplementaryGroups", ""))
+        grant = (s.get("AmbientCapabilities", ""), s.get("SupplementaryGroups", ""))
+        if any(grant):   # the others only set a port (test_unit_instances.py)
+            granted[f"{conf.parent.name}/{conf.name}"] = grant
     assert granted == {
         "opsloop-collector@iptables.service.d/capabilities.conf": ("CAP_NET_ADMIN CAP_NET_RAW", ""),
         "opsloop-collector@lvs.service.d/capabilities.conf": ("CAP_NET_ADMIN", ""),
         "opsloop-actuator@.service.d/haproxy.conf": ("", "haproxy"),
+        "opsloop-collector@haproxy.service.d/haproxy.conf": ("", "haproxy"),   # the same admin socket
     }
 
 
@@ -113,7 +117,7 @@ def test_environment_overrides_in_the_units_are_valid_settings(monkeypatch: pyte
     """Every OPSLOOP__ variable a unit sets names a real setting (the config check would reject a typo)."""
     from opsloop.config import load_settings
 
-    for path in sorted(UNITS.glob("*.service")):
+    for path in sorted([*UNITS.glob("*.service"), *UNITS.glob("*.service.d/*.conf")]):
         env = [line.split("=", 1)[1] for line in path.read_text().splitlines() if line.startswith("Environment=OPSLOOP__")]
         for assignment in env:
             key, value = assignment.split("=", 1)
