@@ -101,7 +101,10 @@ class EdgeService:
 
         def connect() -> None:
             nonlocal recovered
-            recovered = recover_decisions(kafka) if self.cfg.recover else {}
+            # the topology's pairs: the read back from the topic's end stops once each has its newest record
+            expected = [(name, e.name) for name in self.store.listener_names()
+                        for e in self.store.snapshot(name).spec.edges]
+            recovered = recover_decisions(kafka, expected=expected) if self.cfg.recover else {}
             self.publisher = DecisionPublisher(kafka)
             # Once a broker answers (a broker away at start would make this fail for good, and the
             # demand consumer would then wait for a topic nobody creates).

@@ -156,7 +156,7 @@ class FakeProducer:
 
 class FakeTopicConsumer:
     """``KafkaConsumer`` over one topic of :class:`Broker`, one partition: for ``recover_decisions``
-    (from the beginning) and for ``DemandConsumer`` (the batch in ``feed``, then the consumer's stop)."""
+    (chunks read back from the end) and for ``DemandConsumer`` (the batch in ``feed``, then the consumer's stop)."""
 
     def __init__(self, broker: Broker, feed: list[ConsumerMsg] | None = None, stop: Any = None,
                  hidden: frozenset[bytes] = frozenset(), **_: Any) -> None:
@@ -183,7 +183,13 @@ class FakeTopicConsumer:
     def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
         return {tp: len(self.broker.topic(self.topic_name)) for tp in tps}
 
-    def position(self, tp: Any) -> int:
+    def beginning_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        return {tp: 0 for tp in tps}
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.pos = offset
+
+    def position(self, tp: Any, timeout_ms: int | None = None) -> int:
         return self.pos
 
     def poll(self, timeout_ms: int = 0) -> dict[Any, list[ConsumerMsg]]:
