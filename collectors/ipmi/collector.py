@@ -172,13 +172,16 @@ class IpmiCollector:
             raise _ReadFailed("parse", f"SDR: {e}") from None
         if not sensors:
             raise _ReadFailed("unsupported", "SDR: no sensor in Watts on this BMC")
+        # one implausible reading fails the whole dump (a garbled reply), before any of its sensors is kept:
+        # the host's round is failed, not half published
+        wild = next((s for s in sensors if s.value is not None and s.value > self.config.max_plausible_watts), None)
+        if wild is not None:
+            raise _ReadFailed("parse", f"SDR sensor {wild.name!r} reads {wild.value:g} W, above "
+                                       f"max_plausible_watts={self.config.max_plausible_watts:g}")
         for s in sensors:
             if s.value is None:
                 out.errors.append(CollectError(host.name, "no_reading",
                                                f"SDR sensor {s.name!r} has no reading (status {s.status or '?'})"))
-            elif s.value > self.config.max_plausible_watts:
-                raise _ReadFailed("parse", f"SDR sensor {s.name!r} reads {s.value:g} W, above "
-                                           f"max_plausible_watts={self.config.max_plausible_watts:g}")
             else:
                 out.metrics.append(self._sample("ipmi_power_sensor", host, {"source": "sdr", "sensor": s.name},
                                                 {"watts": s.value}))

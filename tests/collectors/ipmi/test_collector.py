@@ -312,3 +312,20 @@ def test_round_deadline_bounds_the_round(fleet: BMCFleet, tmp_path: Path) -> Non
     assert errs["stor-g1"] == [("timeout", "not read: the round passed round_timeout_s=0.5 before this BMC's turn")]
     assert status(rnd)["stor-g1"]["up"] is False
     assert ipmitool_children() == []
+
+
+def test_an_implausible_sdr_sensor_fails_the_host_before_any_of_its_sensors_is_kept(tmp_path: Path) -> None:
+    # A garbled dump: a good PSU first, then one far above max_plausible_watts. The host's round fails whole;
+    # the good PSU's reading from the same garbled reply is not published as a sample either.
+    tool = tmp_path / "ipmitool"
+    tool.write_text("#!/bin/bash\n"
+                    "echo 'PSU1 Input Power,240,Watts,ok,10.1,Power Supply,Current,,,,,,,,,,0.000,255.000'\n"
+                    "echo 'PSU2 Input Power,65280,Watts,ok,10.2,Power Supply,Current,,,,,,,,,,0.000,255.000'\n")
+    tool.chmod(0o755)
+    collector = build(Config.model_validate(
+        {"hosts": [{"name": "psu", "bmc": "127.0.0.1", "source": "sdr"}], "ipmitool": str(tool)}))
+    rnd = collector.collect()
+    (kind, message), = errors(rnd)["psu"]
+    assert kind == "parse" and "'PSU2 Input Power' reads 65280 W" in message
+    assert [m for m in rnd.metrics if m.name.startswith("ipmi_power") and m.tags.get("host") == "psu"] == []
+    assert status(rnd)["psu"]["up"] is False
