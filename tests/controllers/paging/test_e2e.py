@@ -175,6 +175,30 @@ def test_hypervisor_down_inhibits_its_firewall_alerts(actuator, producer, webhoo
     assert paged == {"HypervisorDown"}
 
 
+def test_a_critical_alert_inhibits_the_warning_of_the_same_thing_only(test_alertmanager) -> None:
+    """The critical variant silences its warning for the same thing, and "the same thing" includes the findings'
+    where-labels: before, a critical alert on one VM inhibited the warning of the same name on another VM of the
+    same hypervisor (the rule's `equal` named the hypervisor, not the VM), and that warning never reached anyone."""
+    hv = unique("hv-sev")
+    now = datetime.now(timezone.utc)
+
+    def alert(severity: str, vm: str) -> dict[str, Any]:
+        return {"labels": {"alertname": "FirewallUnprotectedPort", "severity": severity, "signal": "firewall",
+                           "hypervisor": hv, "vm": vm, "port": "p1"},
+                "annotations": {"summary": f"{vm} on {hv}"},
+                "startsAt": now.isoformat(), "endsAt": (now + timedelta(minutes=10)).isoformat()}
+
+    alerts = [alert("critical", "web-1"), alert("warning", "web-1"), alert("warning", "db-2")]
+    requests.post(f"{am_url(test_alertmanager)}/api/v2/alerts", json=alerts, timeout=5).raise_for_status()
+
+    def inhibited(vm: str) -> bool | None:
+        found = am_alerts(test_alertmanager, hypervisor=hv, vm=vm, severity="warning")
+        return bool(found[0]["status"]["inhibitedBy"]) if found else None
+
+    wait_until(lambda: inhibited("web-1"), timeout=30, what="the warning of the critical's own VM inhibited")
+    assert inhibited("db-2") is False
+
+
 def test_keystone_findings_are_muted_in_the_accounting_window(actuator, producer, webhook, test_alertmanager) -> None:
     proc, port = actuator
     host, target_set = unique("ks"), unique("vm6")
