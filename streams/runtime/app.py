@@ -22,6 +22,7 @@ from opsloop.topics import Topic
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.assignment import install_assignment_metrics
 from opsloop.streams.runtime.batch import DeadLetter, FanOut, Handler, Highwater, SendDeadLetter, process_batch
+from opsloop.streams.runtime.client_logs import limit_client_logs
 from opsloop.streams.runtime.membership import install_membership_guard
 from opsloop.streams.runtime.progress import install_partition_progress
 from opsloop.streams.runtime.take import consumer_lag, take_batches
@@ -52,6 +53,8 @@ def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
         broker_heartbeat_interval=min(3.0, s.session_timeout_s / 3),
     )
     app.transport = kafka_transport(app, s.fetch_max_wait_ms)
+    # a broker away: aiokafka logs each retry (~120 lines a second); counted, one line a minute per kind
+    limit_client_logs()
     app.opsloop_topic_prefix = settings.kafka.topic_prefix   # read by raw_topic
     install_recovery_watchdog(app, s.recovery_stall_s)
     # a batch taken across a pause of a heartbeat interval or more: handled only if still a member
