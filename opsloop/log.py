@@ -13,7 +13,7 @@ import logging
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import orjson
 
@@ -120,7 +120,7 @@ class Sampled:
     def __init__(self, every_s: float = 60.0, clock: Callable[[], float] | None = None) -> None:
         self.every_s = every_s
         self.clock = clock   # None: time.monotonic, looked up at each call
-        self._last: dict[str, tuple[float, int]] = {}   # key -> (monotonic time logged, left out since)
+        self._last: dict[Hashable, tuple[float, int]] = {}   # key -> (monotonic time logged, left out since)
         self._lock = threading.Lock()
 
     def warning(self, log: "EventLogger", event: str, key: str = "", **fields: Any) -> bool:
@@ -132,17 +132,25 @@ class Sampled:
         return self._sampled(log.error, event, key, fields)
 
     def _sampled(self, emit: Callable[..., None], event: str, key: str, fields: dict[str, Any]) -> bool:
+        left_out = self.admit(key)
+        if left_out is None:
+            return False
+        emit(event, unlogged_since=left_out, **fields)
+        return True
+
+    def admit(self, key: Hashable) -> int | None:
+        """None when a line for ``key`` went out within ``every_s`` (this one is counted as left out); else
+        how many were left out since the last line (the caller logs this one)."""
         now = self.clock() if self.clock is not None else time.monotonic()
         with self._lock:   # a producer's I/O thread logs beside the service's own
             last, left_out = self._last.get(key, (float("-inf"), 0))
             if now - last < self.every_s:
                 self._last[key] = (last, left_out + 1)
-                return False
+                return None
             if len(self._last) >= self.MAX_KEYS and key not in self._last:
                 self._last.clear()
             self._last[key] = (now, 0)
-        emit(event, unlogged_since=left_out, **fields)
-        return True
+        return left_out
 
 
 def get_logger(name: str) -> EventLogger:

@@ -18,11 +18,12 @@ line goes out for the first of its kind (logger, level, message template) and th
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Callable
 
 from prometheus_client import Counter
+
+from opsloop.log import Sampled
 
 CLIENT_WARNINGS = Counter("opsloop_stream_kafka_client_warnings_total",
                           "Warnings and errors the worker's Kafka client (aiokafka) logged, each counted; "
@@ -33,28 +34,19 @@ CLIENT_LOGGERS = "aiokafka"   # the logger and every logger under it
 class ClientLogLimiter(logging.Filter):
     """A logger filter: see the module docstring. ``clock`` is injectable for tests."""
 
-    MAX_KINDS = 1000   # a library that formats its messages itself makes one kind per line: stay bounded
-
     def __init__(self, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
-        self.every_s, self.clock = every_s, clock
-        self._last: dict[tuple[str, int, str], tuple[float, int]] = {}   # kind -> (logged at, left out since)
-        self._lock = threading.Lock()   # the consumer logs from its own thread, the producer from the loop's
+        # one line per kind (logger, level, message template) and every_s, bounded as Sampled keeps its keys
+        # (a library that formats its messages itself makes one kind per line)
+        self._sampled = Sampled(every_s, clock)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
         CLIENT_WARNINGS.labels(record.name, record.levelname.lower()).inc()
-        kind = (record.name, record.levelno, str(record.msg))
-        now = self.clock()
-        with self._lock:
-            last, left_out = self._last.get(kind, (float("-inf"), 0))
-            if now - last < self.every_s:
-                self._last[kind] = (last, left_out + 1)
-                return False
-            if len(self._last) >= self.MAX_KINDS and kind not in self._last:
-                self._last.clear()
-            self._last[kind] = (now, 0)
+        left_out = self._sampled.admit((record.name, record.levelno, str(record.msg)))
+        if left_out is None:
+            return False
         record.fields = {"unlogged_since": left_out}   # JsonFormatter writes a record's ``fields``
         return True
 
