@@ -169,6 +169,7 @@ class ControlLoop:
         self.publish = publish
         self.clock = clock
         self.started_at = clock()
+        M.INTERVAL.set(settings.interval_s)
         self._last_tick: tuple[float, float] | None = None   # (wall clock, controller clock) of the last tick
         self.lock = threading.Lock()   # the API reads status while the loop writes it
         self.listeners: dict[str, ListenerState] = {}
@@ -301,6 +302,7 @@ class ControlLoop:
                 self._attempted(state, now, "error", redact_credentials(f"{type(e).__name__}: {e}")[:500])
                 out[state.name] = None
             M.TICK_SECONDS.observe(time.perf_counter() - t0)
+        M.LAST_TICK.set(self.clock())   # every interval run, whatever each listener's outcome (EdgeControllerStuck)
         return out
 
     def _tick_listener(self, state: ListenerState, now: float, control_now: float) -> Decision | None:

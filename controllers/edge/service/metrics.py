@@ -23,6 +23,10 @@ MODE = Gauge("opsloop_edge_mode", "1 for the mode of the last decision", ["liste
 INPUTS_AGE = Gauge("opsloop_edge_inputs_age_seconds", "Age of the demand the last decision used", ["listener"])
 SHED = Gauge("opsloop_edge_shed_requests_per_second", "Demand above healthy capacity (shed fairly)", ["listener"])
 TICKS = Counter("opsloop_edge_ticks_total", "Controller intervals run", ["listener", "outcome"])
+# the loop's liveness: /metrics answers from its own thread, so a hung loop still scrapes with its last gauges
+LAST_TICK = Gauge("opsloop_edge_last_tick_timestamp_seconds", "Unix time the control loop last finished an interval "
+                  "(any outcome)")
+INTERVAL = Gauge("opsloop_edge_interval_seconds", "The control loop's interval (controllers.edge.interval_s)")
 TICK_SECONDS = Histogram("opsloop_edge_tick_seconds", "Time to decide and publish one interval",
                          buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
 PUBLISH_ERRORS = Counter("opsloop_edge_publish_errors_total", "Records Kafka did not acknowledge", ["topic"])

@@ -447,3 +447,23 @@ def test_a_record_beyond_the_records_ranges_fails_the_tick_naming_it_and_is_neve
         else:
             [(records, _)] = h.published
             assert [EdgeWeights.decode(r.encode()).stamp for r in records] == [(epoch, decided.version)]
+
+
+def test_every_interval_run_stamps_the_loops_liveness_whatever_its_outcome(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/metrics answers from its own thread: a hung loop still scrapes, with its last gauges. The last interval's
+    time (and the interval, the alert's yardstick) is what EdgeControllerStuck reads: stamped by every tick —
+    waiting for demand, deciding, or a listener whose tick raised."""
+    h = Harness("alive")
+    assert h.gauge("opsloop_edge_interval_seconds") == 1.0
+    h.step()                                   # waiting for demand
+    assert h.gauge("opsloop_edge_last_tick_timestamp_seconds") == h.clock.t
+    h.demand("e1", 20.0)
+    assert h.step() is not None                # a decision
+    assert h.gauge("opsloop_edge_last_tick_timestamp_seconds") == h.clock.t
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug in one listener's tick")
+
+    monkeypatch.setattr(h.loop, "_tick_listener", broken)
+    assert h.step() is None                    # counted an error, the loop goes on
+    assert h.gauge("opsloop_edge_last_tick_timestamp_seconds") == h.clock.t
