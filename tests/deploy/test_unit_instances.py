@@ -136,13 +136,18 @@ def test_two_collectors_on_one_host_both_serve_metrics(tmp_path: Path) -> None:
         assert all(proc.poll() is None for proc in procs.values())
     finally:
         for proc in procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    """End a process this test started, by its own handle (SIGTERM, then SIGKILL after 30 s)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture
@@ -176,12 +181,7 @@ backend be_web
         assert proc.poll() is None, proc.stderr.read()   # type: ignore[union-attr]
         yield sock
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         if proc.stderr is not None:
             proc.stderr.close()
         shutil.rmtree(folder, ignore_errors=True)
