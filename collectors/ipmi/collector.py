@@ -28,6 +28,8 @@ _DCMI = ["dcmi", "power", "reading"]
 _SDR = ["-c", "sdr", "elist", "full"]
 # Failure kinds that mean the BMC gave no answer in time (or was not reached before the round deadline).
 _UNANSWERED = frozenset({"unreachable", "timeout"})
+# Start order of the next round (lowest first): not read at all, then did not answer, then answered.
+_RANK_NOT_READ, _RANK_UNANSWERED, _RANK_ANSWERED = 0, 1, 2
 
 
 class _ReadFailed(Exception):
@@ -54,12 +56,13 @@ class IpmiCollector:
         self.hosts = hosts
         # Hosts whose BMC said "no DCMI": rounds left before DCMI is probed again.
         self._skip_dcmi: dict[str, int] = {}
-        # Each host's place in the next round, (answered, -read seconds) of its last read: those that
-        # did not answer start first, then the slowest, so their timeouts overlap with the quick
-        # reads instead of forming a tail at the end. Not answering ranks first on its own: a live
-        # BMC's one slow read (a retransmit on a loaded host) can take as long as a dead one's, and
-        # is quick again next time.
-        self._start_rank: dict[str, tuple[bool, float]] = {}
+        # Each host's place in the next round, (rank, -read seconds) of its last round: those not read
+        # at all (the round's deadline came first) start first, else dead BMCs that eat the whole round
+        # would push them out again every round, for ever; then those that did not answer, then the
+        # slowest, so their timeouts overlap with the quick reads instead of forming a tail at the end.
+        # Not answering ranks ahead on its own: a live BMC's one slow read (a retransmit on a loaded
+        # host) can take as long as a dead one's, and is quick again next time.
+        self._start_rank: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
 
     # --- round --------------------------------------------------------------------------------
@@ -77,7 +80,7 @@ class IpmiCollector:
             return rnd
         deadline = time.monotonic() + self.config.round_timeout_s
         workers = min(self.config.concurrency, len(self.hosts))
-        order = sorted(self.hosts, key=lambda h: self._start_rank.get(h.name, (True, 0.0)))
+        order = sorted(self.hosts, key=lambda h: self._start_rank.get(h.name, (_RANK_ANSWERED, 0.0)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ipmi") as pool:
             outcomes = list(pool.map(lambda h: self._read_host(h, tool, deadline), order))
         for o in outcomes:
@@ -106,8 +109,14 @@ class IpmiCollector:
         except Exception as e:  # noqa: BLE001 - one BMC's surprise must not fail the round
             out.errors.append(CollectError(host.name, "tool", scrub(f"{type(e).__name__}: {e}", password)))
         seconds = time.monotonic() - started
+        if out.calls == 0 and any(e.kind == "timeout" for e in out.errors):
+            rank = _RANK_NOT_READ   # no ipmitool ran: the round's deadline came before this BMC's turn
+        elif any(e.kind in _UNANSWERED for e in out.errors):
+            rank = _RANK_UNANSWERED
+        else:
+            rank = _RANK_ANSWERED
         with self._lock:
-            self._start_rank[host.name] = (not any(e.kind in _UNANSWERED for e in out.errors), -seconds)
+            self._start_rank[host.name] = (rank, -seconds)
         out.metrics.append(self._status(out, seconds))
         return out
 

@@ -1,7 +1,9 @@
 """Per-second rates from monotonically increasing LVS counters, across wraps and resets.
 
 Counters come as 32-bit (connections and packets through ipvsadm's sockopt interface and older
-kernels' /proc/net/ip_vs_stats) or 64-bit values. When a counter goes down between two reads:
+kernels' /proc/net/ip_vs_stats) or 64-bit values. Bytes are 64-bit in every source (``__u64`` in
+``struct ip_vs_stats_user`` and the netlink attributes, ``%16LX`` in /proc), so they are never read
+as a 32-bit wrap. When a counter goes down between two reads:
 
 * **wrap**: the previous value was in the top quarter of the 32- (or 64-) bit range and the new
   one in the bottom quarter; the increase is ``2**bits - prev + cur``;
@@ -19,13 +21,16 @@ from dataclasses import dataclass
 
 _W32 = 1 << 32
 _W64 = 1 << 64
+# 64-bit in every source: a reset bytes counter that stood between 3/4 * 2**32 and 2**32 (a service with
+# 3-4 GB served) is not a 32-bit wrap (that read added up to 1 GiB to one round's rate, unflagged).
+WIDE_FIELDS = frozenset({"bytes_in", "bytes_out"})
 
 
-def counter_increase(prev: int, cur: int) -> tuple[int, bool]:
-    """(increase, was_reset) between two reads of one counter."""
+def counter_increase(prev: int, cur: int, *, wide: bool = False) -> tuple[int, bool]:
+    """(increase, was_reset) between two reads of one counter; ``wide``: known to be 64-bit."""
     if cur >= prev:
         return cur - prev, False
-    width = _W32 if prev < _W32 else _W64
+    width = _W32 if prev < _W32 and not wide else _W64
     if prev >= width - width // 4 and cur < width // 4:
         return width - prev + cur, False
     return cur, True
@@ -63,7 +68,7 @@ class RateTracker:
         for name, cur in values.items():
             if name not in prev.values:
                 continue
-            inc, was_reset = counter_increase(prev.values[name], cur)
+            inc, was_reset = counter_increase(prev.values[name], cur, wide=name in WIDE_FIELDS)
             reset |= was_reset
             per_second[name] = inc / dt
         return Rates(per_second, reset, dt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -174,6 +175,28 @@ def test_wrong_password_is_an_auth_error_without_the_secret(fleet: BMCFleet, tmp
     assert power(rnd) == {}
 
 
+def test_a_fifo_as_password_file_fails_that_host_and_the_round_ends(fleet: BMCFleet, tmp_path: Path) -> None:
+    fifo = tmp_path / "pw.fifo"
+    os.mkfifo(fifo, 0o600)   # nobody writes: the old open() waited for ever, and the round with it
+    inv = {"hosts": [{**fleet["stor-g1"].inventory_entry(), "password_file": str(fifo)},
+                     fleet["stor-g2"].inventory_entry()]}
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    rounds: list[Round] = []
+    t = threading.Thread(target=lambda: rounds.append(build(Config(inventory=path, timeout_s=8)).collect()),
+                         daemon=True)
+    t.start()
+    t.join(60)   # a deadline for waiting, far above a round of two BMCs
+    if t.is_alive():   # release the blocked reader so the thread ends, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(60)
+        pytest.fail("collect() blocked on the FIFO password file")
+    [rnd] = rounds
+    (kind, message), = errors(rnd)["stor-g1"]
+    assert kind == "auth" and "not a regular file" in message
+    assert power(rnd)["stor-g2"]["fields"]["watts"] == 205.0
+
+
 def test_forced_dcmi_on_a_bmc_without_it_is_unsupported(fleet: BMCFleet, tmp_path: Path) -> None:
     inv = {"hosts": [{**fleet["sdr-only"].inventory_entry(), "source": "dcmi"}]}
     path = tmp_path / "inv.yaml"
@@ -311,6 +334,22 @@ def test_round_deadline_bounds_the_round(fleet: BMCFleet, tmp_path: Path) -> Non
     assert errs["dead"][0][0] == "timeout" and "killed" in errs["dead"][0][1]
     assert errs["stor-g1"] == [("timeout", "not read: the round passed round_timeout_s=0.5 before this BMC's turn")]
     assert status(rnd)["stor-g1"]["up"] is False
+    assert ipmitool_children() == []
+
+
+def test_a_bmc_not_read_for_the_round_deadline_starts_first_next_round(fleet: BMCFleet, tmp_path: Path) -> None:
+    # Dead BMCs that alone fill the round (here one worker, and -N 10: the dead one would wait far past the
+    # round's deadline) pushed the live BMCs behind them out of every round, for ever: the not-read ranked
+    # behind "did not answer". Not read this round means first in the next.
+    collector = collector_for(fleet, tmp_path, ["dead", "stor-g1"], concurrency=1, round_timeout_s=5,
+                              timeout_s=60, retransmit_timeout_s=10)
+    first = collector.collect()
+    assert errors(first)["stor-g1"] == [("timeout", "not read: the round passed round_timeout_s=5 before this "
+                                                    "BMC's turn")]
+    second = collector.collect()
+    assert [m.tags["host"] for m in second.metrics if m.name == "ipmi_bmc"] == ["stor-g1", "dead"]
+    assert power(second)["stor-g1"]["fields"]["watts"] == 248.0 and "stor-g1" not in errors(second)
+    assert errors(second)["dead"][0][0] == "timeout"   # still started, cut at the round's deadline
     assert ipmitool_children() == []
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import stat
+import threading
 import time
 from pathlib import Path
 
@@ -144,6 +146,45 @@ def test_overlong_password_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPSLOOP_TEST_LONG", "x" * 21)
     with pytest.raises(CredentialError, match="20 bytes"):
         resolve_password(_host(password_env="OPSLOOP_TEST_LONG"))
+
+
+def _resolve_in_thread(path: Path) -> list[object]:
+    """resolve_password in a thread, joined with a generous deadline: the old code blocked for ever
+    in open() on a FIFO. A writer opened and closed afterwards releases such a reader."""
+    result: list[object] = []
+
+    def run() -> None:
+        try:
+            result.append(resolve_password(_host(password_file=str(path))))
+        except CredentialError as e:
+            result.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive() and stat.S_ISFIFO(os.stat(path).st_mode):
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))   # EOF for the blocked reader
+        t.join(30)
+    assert not t.is_alive()
+    return result
+
+
+def test_password_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "pw.fifo"
+    os.mkfifo(fifo, 0o600)   # no writer: a plain open() for reading waits for one for ever
+    [err] = _resolve_in_thread(fifo)
+    assert isinstance(err, CredentialError) and "not a regular file" in str(err), err
+
+
+def test_password_file_that_is_a_device_or_huge_is_refused(tmp_path: Path) -> None:
+    # /dev/zero was read until memory ran out; /dev/null stands in for any device (safe on the old code)
+    [err] = _resolve_in_thread(Path("/dev/null"))
+    assert isinstance(err, CredentialError) and "not a regular file" in str(err), err
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 100_000)
+    big.chmod(0o600)
+    with pytest.raises(CredentialError, match="larger than 4096 bytes"):
+        resolve_password(_host(password_file=str(big)))
 
 
 def test_scrub_removes_the_secret() -> None:

@@ -164,6 +164,28 @@ def test_32bit_packet_counter_wrap(tmp_path):
     assert rs.fields["pkts_in_rate"] == pytest.approx(1500 / 5) and rs.fields["counter_reset"] == 0
 
 
+def test_reset_64bit_bytes_counter_just_under_2_to_32_is_not_a_wrap(tmp_path):
+    # The recording's real server already stands at 4294000000 bytes (a 32-bit "top quarter" value); bytes
+    # are 64-bit in every source, so going down to 1500 is a reset, not a wrap adding ~967 kB.
+    text = STATS[0].read_text()
+    coll, clock, live = _collector(tmp_path)
+    coll.collect()
+    clock.now += 5
+    live.write_text(text.replace(" 4294000000 ", " 1500 "))   # ipvsadm -Z on that server's counters
+    rs = _find(coll.collect().metrics, "ipvs_real_server", address="192.168.82.22", virtual_address="192.168.0.22")
+    assert rs.fields["bytes_in_rate"] == pytest.approx(1500 / 5)
+    assert rs.fields["counter_reset"] == 1
+
+
+@pytest.mark.parametrize("name", ["bytes_in", "bytes_out"])
+def test_bytes_counters_are_64bit_in_the_tracker(name):
+    t = RateTracker()
+    t.update("k", {name: 3_500_000_000, "pkts_in": (1 << 32) - 100}, 0.0)
+    r = t.update("k", {name: 10, "pkts_in": 100}, 10.0)
+    assert r is not None and r.reset
+    assert r.per_second == {name: 1.0, "pkts_in": 20.0}   # bytes reset; 32-bit packets still wrap
+
+
 def test_service_missing_for_a_round_starts_afresh(tmp_path):
     coll, clock, live = _collector(tmp_path, proc_ip_vs=None, proc_ip_vs_stats=None)
     coll.collect()
