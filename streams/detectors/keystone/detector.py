@@ -20,7 +20,8 @@ both < 65536) fell from ~750 ms to ~100 ms once credentials were cached. A night
 * ``SmallRequestP95Detector``: per tumbling window of ``window_s``, the p95 of requests with both
   sizes below 65536 bytes (LogHistogram, ~1 % error); p95 above ``p95_limit_ms`` (default 500 ms) ->
   ``keystone.small_request_p95`` (warning); every closed window is also returned as a point
-  (timestamp, p95) for dashboards.
+  (timestamp, p95) for dashboards. A window with fewer than ``min_requests`` small requests neither raises
+  nor clears; ``QUIET_WINDOWS`` such windows in a row clear an open finding ("too little traffic to measure").
 
 Input adapters (``collectors/keystone`` aggregates per round, so the detectors take summaries):
 ``probe_latency`` reads ``keystone_probe{host, probe}`` (and ``keystone_requests{host, method, endpoint}``)
@@ -60,6 +61,10 @@ MAX_LATENCY_MS = 1e9
 LOG_MIN, LOG_MAX = math.log10(MIN_LATENCY_MS), math.log10(MAX_LATENCY_MS)
 MAX_TOP = 1000        # credentials a heavy-hitter evaluation names
 MAX_SERIES = 288      # closed p95 windows kept (a day of 5-minute windows)
+# Windows in a row with fewer than min_requests small requests (none at all, between rounds, included) that clear
+# an open p95 finding: its p95 can no longer be measured. Not the first one: clients backing off a slow Keystone
+# make a dip, and a page cleared and re-opened by it would be a new incident.
+QUIET_WINDOWS = 3
 
 
 class LatencyRegimeDetector:
@@ -242,6 +247,7 @@ class SmallRequestP95Detector:
         self.window_start: float | None = None
         self.hist = LogHistogram()
         self.series: list[tuple[float, float]] = []    # closed windows (start, p95), last 288 kept
+        self.quiet = 0   # windows in a row below min_requests, up to QUIET_WINDOWS
         self.book = book if book is not None else FindingBook()   # the handler's, with its refresh
 
     @staticmethod
@@ -254,7 +260,8 @@ class SmallRequestP95Detector:
         if self.window_start is None:
             self.window_start = start
         elif start > self.window_start:
-            out = self._close(where or {})
+            # windows between the closed one and this one saw no round at all: quiet ones too
+            out = self._close(where or {}, int((start - self.window_start) // self.window_s) - 1)
             self.window_start = start
             return out
         return []
@@ -280,12 +287,21 @@ class SmallRequestP95Detector:
             self.hist.add(max_ms, at_max)  # type: ignore[arg-type]
         return out
 
-    def _close(self, where: dict[str, str]) -> list[Finding]:
+    def _close(self, where: dict[str, str], skipped: int = 0) -> list[Finding]:
         assert self.window_start is not None
         end = self.window_start + self.window_s
         hist, self.hist = self.hist, LogHistogram()
         if hist.count < self.min_requests:
-            return []
+            # Before, such windows left an open finding as it was: a page opened at a daytime peak stayed
+            # open all night, about a condition nobody could measure any more.
+            self.quiet = min(QUIET_WINDOWS, self.quiet + 1 + max(0, skipped))
+            if self.quiet < QUIET_WINDOWS:
+                return []
+            done = self.book.clear(SMALL_P95, where, end, (
+                f"too little traffic to measure: fewer than {self.min_requests} small requests in each of the "
+                f"last {QUIET_WINDOWS} windows of {self.window_s:.0f} s"))
+            return [done] if done else []
+        self.quiet = min(QUIET_WINDOWS, max(0, skipped))
         p95 = hist.quantile(0.95) or 0.0
         self.series.append((self.window_start, p95))
         del self.series[:-MAX_SERIES]
@@ -304,7 +320,7 @@ class SmallRequestP95Detector:
     def to_dict(self) -> dict[str, Any]:
         return {"window_s": self.window_s, "p95_limit_ms": self.p95_limit_ms, "min_requests": self.min_requests,
                 "window_start": self.window_start, "hist": self.hist.to_dict(),
-                "series": [list(p) for p in self.series], "book": self.book.to_dict()}
+                "series": [list(p) for p in self.series], "quiet": self.quiet, "book": self.book.to_dict()}
 
     @classmethod
     def from_dict(cls, doc: Any, field: str = "p95") -> "SmallRequestP95Detector":
@@ -319,6 +335,7 @@ class SmallRequestP95Detector:
         start = get(doc, "window_start", field)
         det.window_start = None if start is None else event_time(start, f"{field}.window_start")
         det.hist = LogHistogram.from_dict(get(doc, "hist", field), f"{field}.hist")
+        det.quiet = whole(doc.get("quiet", 0), f"{field}.quiet", 0, QUIET_WINDOWS)   # absent: an older state
         for i, point in enumerate(items(get(doc, "series", field), f"{field}.series", MAX_SERIES)):
             where = f"{field}.series[{i}]"
             t, p95 = items(point, where, length=2)

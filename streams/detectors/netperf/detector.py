@@ -45,6 +45,9 @@ SET_METRIC = "netperf_throughput"
 # valid on the wire) it is a corrupt reading: refused, or it became the baseline and every finding of the
 # series carried it.
 MAX_GBPS = 1e5
+# The longest queue count (its decimal text, a sign included) a result or a stored state may carry. Beyond it
+# (a tag of 25 digits) it was taken at ingest and refused by every restore: the set started afresh at each restart.
+MAX_QUEUES_LEN = 20
 # Tags that identify neither the configuration under test nor the series.
 _NOT_LABELS = frozenset({"host", "target_set", "queues", "label", "opsloop_topic"})
 
@@ -68,6 +71,9 @@ class NetperfResult:
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"netperf result needs timestamp and one of {VALUE_FIELDS} as numbers, "
                              f"queues as an integer (got {dict(doc)!r:.200})") from None
+        if result.queues is not None and len(str(result.queues)) > MAX_QUEUES_LEN:
+            raise ValueError(f"netperf result: queues {q!r:.60} is not a queue count (at most {MAX_QUEUES_LEN} "
+                             f"characters; got {dict(doc)!r:.200})")
         if not 0.0 <= gbps <= MAX_GBPS:   # also refuses nan
             raise ValueError(f"netperf result: throughput {value!r:.60} Gb/s is not a plausible reading "
                              f"(expected 0 to {MAX_GBPS:g}; got {dict(doc)!r:.200})")
@@ -234,6 +240,6 @@ def _queues(q: str, field: str) -> str:
         ok = str(int(q)) == q
     except ValueError:
         ok = False
-    if not ok or len(q) > 20:
+    if not ok or len(q) > MAX_QUEUES_LEN:
         raise StateError(field, "not a queue count")
     return q

@@ -16,7 +16,9 @@ Findings:
 * ``power.cost`` (info): energy per year and cost per usable TB-year of each server, the published table;
 * ``power.generation_deviation`` (warning): a server whose mean draw deviates from the median of its
   generation by more than ``deviation_ratio`` (needs ``min_generation_size`` servers; cleared when its server
-  is no longer compared: out of service, or too few left);
+  is no longer compared: out of service, or too few left). The generation is the servers this detector reads:
+  with several stream workers, those of its worker's partitions (records are keyed by host), so the median is
+  of that share, and the explanation says of how many servers;
 * ``power.idle_candidate`` (info): a server not in service (or with utilisation below
   ``idle_utilisation``) that still draws power: a candidate for powering down, with the yearly saving.
 
@@ -49,7 +51,8 @@ RUNBOOK = "runbooks/power.md"
 # valid on the wire) it is a corrupt reading: refused, or one such reading kept the host's mean at
 # 1e262 W for thousands of readings, and as its first reading made its yearly cost inf.
 MAX_HOST_WATTS = 1e5
-# The largest raw capacity a restored inventory entry may claim (a 1 EB server is a damaged state).
+# The largest raw capacity an inventory entry may claim (a 1 EB server is a damaged state, or a corrupt tag:
+# refused at ingest and in the settings too).
 MAX_RAW_TB = 1e6
 _EC = re.compile(r"^ec:(\d+)\+(\d+)$")
 _REPLICA = re.compile(r"^replica:(\d+)$")
@@ -225,8 +228,10 @@ class PowerDetector:
                         detector=DEVIATION, what="power draw deviates from its generation", where=where,
                         observed=round(w, 1), expected=round(norm, 1),
                         score=min(1.0, abs(dev) / (3 * self.deviation_ratio)), severity=Severity.WARNING,
+                        # how many servers the median is of: with N stream workers each compares only its share
                         explanation=(f"{h} draws {w:.0f} W, {dev:+.0%} against the {generation} median {norm:.0f} W "
-                                     f"(tolerance {self.deviation_ratio:.0%})"), now=now, runbook=RUNBOOK))
+                                     f"of the {len(means)} servers compared (tolerance {self.deviation_ratio:.0%})"),
+                        now=now, runbook=RUNBOOK))
                     keep.add(where_key(DEVIATION, where))
                 else:
                     done = self.book.clear(DEVIATION, where, now, "back in line with its generation")
@@ -346,12 +351,18 @@ def power_reading(m: Metric) -> tuple[str, float] | None:
 
 
 def spec_from_tags(host: str, tags: Mapping[str, str], protection: str, fill_ratio: float) -> ServerSpec | None:
-    """The inventory entry from the collector's metadata tags, or None if they do not say enough."""
+    """The inventory entry from the collector's metadata tags, or None if they do not say enough.
+
+    Raises ValueError for a ``raw_capacity_tb`` beyond ``MAX_RAW_TB`` (inf included): taken, it was stored and
+    refused by every restore (:func:`_stored_spec`), so the host started afresh at each restart."""
     generation = tags.get("generation")
     try:
         raw_tb = float(tags.get("raw_capacity_tb", ""))
     except ValueError:
         return None
-    if not generation or not (0 < raw_tb < float("inf")):   # also refuses nan
+    if raw_tb > MAX_RAW_TB:
+        raise ValueError(f"raw_capacity_tb {tags['raw_capacity_tb']!r:.60} of host {host!r:.100} is no server's "
+                         f"raw capacity (expected at most {MAX_RAW_TB:g} TB)")
+    if not generation or not raw_tb > 0:   # also refuses nan
         return None
     return ServerSpec(host=host, generation=generation, raw_tb=raw_tb, protection=protection, fill_ratio=fill_ratio)

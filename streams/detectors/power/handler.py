@@ -118,8 +118,12 @@ class PowerHandler(DetectorHandler):
                 host = label_value(self.name, "host", host)
             if self.is_replay(m.timestamp, self.last_ts.get(host)):
                 continue   # replayed after a crash: already counted
+            try:
+                spec = self._spec(host, m.tags)
+            except ValueError as e:   # a tag no restore would take back: refused before it reaches the state
+                self.reject("power_sample_rejected", m, str(e))
+                continue
             self.last_ts[host] = m.timestamp
-            spec = self._spec(host, m.tags)
             old = det.inventory.get(host)
             if spec is not None and old is not spec and old != spec:
                 if old is not None and (old.generation, old.protection) != (spec.generation, spec.protection):

@@ -8,12 +8,12 @@ from pydantic import Field, field_validator
 # record's bound (every finding naming it failed to build)
 from opsloop.records.finding import WhereValue
 from opsloop.streams.detectors.plugin import Strict
-from opsloop.streams.detectors.power.detector import protection_efficiency
+from opsloop.streams.detectors.power.detector import MAX_RAW_TB, protection_efficiency
 
 
 class PowerHost(Strict):
     generation: WhereValue | None = None
-    raw_tb: float | None = Field(default=None, gt=0)
+    raw_tb: float | None = Field(default=None, gt=0, le=MAX_RAW_TB)   # what a restore takes back
     protection: str | None = None
     fill_ratio: float | None = Field(default=None, gt=0, le=1)
     in_service: bool | None = None
