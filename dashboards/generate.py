@@ -431,7 +431,7 @@ def control_loop_panels() -> list[Panel]:
               [Query('opsloop_edge_mode{listener=~"$listener"} == 1', "{{listener}} {{mode}}")], unit="bool", e2e_loop=True),
         Panel("Why: input age and shed demand", "Age of the demand the last decision used (hold when older than "
               "the controller's stale_after_s) and the demand above healthy capacity (shed when above 0). The reason "
-              "text of each decision is in the orange audit annotations and the open edge findings below.",
+              "text of each decision is in the orange audit annotations and the open edge conditions below.",
               [Query('opsloop_edge_inputs_age_seconds{listener=~"$listener"}', "{{listener}} inputs age (s)"),
                Query('opsloop_edge_shed_requests_per_second{listener=~"$listener"}', "{{listener}} shed (req/s)")],
               unit="short", e2e_loop=True),
@@ -469,7 +469,15 @@ def control_loop_panels() -> list[Panel]:
               "edge from shadow to live.",
               [Query(f"opsloop_actuator_shadow_diff{{{sel}}}", "{{edge}} {{listener}}")],
               unit="percentunit", max=1.0, thresholds=[(0.1, "orange"), (0.3, "red")]),
-        findings_panel("edge[.].*", ', listener=~"$listener"', "edge"),
+        # Not findings_panel: the edge findings come from the controller and the actuators, which publish them
+        # to the findings topic only; opsloop_finding_active is the stream worker's, so that table stayed empty.
+        Panel("Open edge conditions", "What raises the edge findings, now: a listener shedding (mode shed: "
+              "edge.capacity_shortfall) or on held or fallback weights (edge.weights_held), an edge failing static "
+              "(edge.fail_static, set by its actuator or the controller). The findings themselves page through the "
+              "paging actuator; no stream worker exports them as opsloop_finding_active.",
+              [Query('opsloop_edge_mode{listener=~"$listener", mode!="normal"} == 1'),
+               Query('max by (listener, edge) (opsloop_edge_fail_static{listener=~"$listener"}) == 1')],
+              kind="table", width=FULL_WIDTH, height=7),
     ]
 
 

@@ -18,8 +18,11 @@ def deadletter_series(topics: Iterable[str]) -> None:
     """The dead-letter counter's series of each source topic (and of the handlers) exist at 0 from the agent's
     start: OpsloopDeadLetterGrowing takes their increase(), which a series born at its first dead letter never
     shows (a first bad record on a clean topic was not alerted)."""
+    topics = tuple(topics)
     for topic in (*topics, NO_SOURCE_TOPIC):
         DEADLETTERED.labels(topic)
+    for topic in topics:   # ... and the samples': OpsloopTelemetrySilent sees a topic silent since a restart
+        SAMPLES_IN.labels(topic)
 
 
 ERRORS = Counter("opsloop_stream_errors_total", "Handler errors (the samples a handler fails on are dead-lettered, the worker goes on)",

@@ -7,6 +7,7 @@ fail: their structure, and their queries against a live Prometheus filled by the
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import sys
@@ -231,6 +232,32 @@ def test_every_metric_a_panel_queries_is_exported_by_the_code() -> None:
         for where, expr in all_queries(model):
             unknown |= {(where, n) for n in re.findall(r"\b(opsloop_[a-z0-9_]+)", expr) if n not in exported}
     assert not unknown, "\n".join(f"{w}: {n}" for w, n in sorted(unknown))
+
+
+def _stream_detector_names() -> set[str]:
+    """'<family>.<name>' string constants in streams/: the findings a stream worker raises and exports."""
+    pattern = re.compile(r"^[a-z]+\.[a-z][a-z0-9_]*$")
+    trees = [ast.parse(src.read_text()) for src in sorted((REPO / "streams").rglob("*.py"))]
+    return {node.value for tree in trees for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and pattern.match(node.value)}
+
+
+def test_findings_panels_query_only_findings_a_stream_worker_exports() -> None:
+    """opsloop_finding_active is the stream worker's alone (streams/agents/findings_sink.py). The edge findings come
+    from the edge controller and the actuators, which send them to the findings topic only: the edge board's table
+    of them was valid PromQL on a metric that exists, and empty forever."""
+    detectors = _stream_detector_names()
+    assert {"firewall.unprotected_port", "power.generation_deviation", "keystone.heavy_hitter"} <= detectors
+    assert "edge.fail_static" not in detectors
+    empty = []
+    for model in _committed().values():
+        for where, expr in all_queries(model):
+            for sel in re.findall(r"opsloop_finding_active\{([^}]*)\}", expr):
+                m = re.search(r'detector(=~|=)"([^"]*)"', sel)
+                if m and not any(re.fullmatch(m.group(2) if m.group(1) == "=~" else re.escape(m.group(2)), d)
+                                 for d in detectors):
+                    empty.append(f"{where}: {sel}")
+    assert not empty, "no stream detector matches:\n" + "\n".join(empty)
 
 
 @pytest.mark.integration
