@@ -8,7 +8,11 @@ The forwarding method (``-g``/``-m``/``-i``) is repeated from the live listing b
 without it resets the real server to the default (direct routing); so are the connection thresholds
 (``-x``/``-y``, read with ``-Ln --exact --thresholds`` before each batch): the kernel sets them from every
 edit (``__ip_vs_update_dest``), so an edit without them took off the limit keepalived's ``uthreshold`` or
-an operator had put on an origin. ``ipvsadm -R`` is not atomic
+an operator had put on an origin. So are a tunnelled real's encapsulation settings (``--tun-type``, ``--tun-port``,
+``--tun-nocsum|--tun-csum|--tun-remcsum``; kernel >= 5.2), read with ``-Ln --tun-info`` (ipvsadm >= 1.30) when a
+real of the target is tunnelled: libipvs sends them with every edit and the kernel takes them, so an edit without
+them turned a GUE or GRE real into an IPIP one (its traffic encapsulated in what the real does not decapsulate:
+lost). ``ipvsadm -R`` is not atomic
 (line by line): the lines that raise a weight come first, and when it fails, the weights read before
 are restored with a second ``-R`` and the error raised.
 The ``-Ln`` listing is parsed by :func:`opsloop.lb.ipvs.parse_ipvsadm_list` (the LB client the LVS collector shares).
@@ -17,6 +21,8 @@ The ``-Ln`` listing is parsed by :func:`opsloop.lb.ipvs.parse_ipvsadm_list` (the
 from __future__ import annotations
 
 import os
+import platform
+import re
 import signal
 import subprocess
 
@@ -31,6 +37,18 @@ from opsloop.controllers.actuators.safety import increases_first
 
 _FORWARD_FLAGS = {"Route": "-g", "Masq": "-m", "Tunnel": "-i", "Local": "-g"}
 _PROTO_FLAGS = {"tcp": "-t", "udp": "-u", "sctp": "--sctp-service", "fwm": "-f"}
+# ipvsadm.c fwd_tun_info / tunflags[]: TunnelInfo ipip, gue:PORT:FLAGS, gre:FLAGS (n/a: not tunnelled)
+_TUN_CSUM = {"-c": "--tun-nocsum", "+c": "--tun-csum", "r+c": "--tun-remcsum"}
+# tunnel types other than ipip (GUE, GRE) came with kernel 5.2: before it, an edit cannot change an encapsulation
+_TUNNEL_TYPES_SINCE = (5, 2)
+_TUN_INFO = re.compile(r"^(?:(?P<none>n/a|ipip)|gue:(?P<port>\d{1,5}):(?P<gue>-c|\+c|r\+c)|gre:(?P<gre>-c|\+c|r\+c))$")
+
+
+def kernel_has_tunnel_types(release: str | None = None) -> bool:
+    """Whether this kernel (``uname -r``) knows tunnel types besides ipip; an unreadable release counts as yes
+    (the safe answer: the tunnel settings are then required)."""
+    m = re.match(r"(\d+)\.(\d+)", platform.release() if release is None else release)
+    return m is None or (int(m[1]), int(m[2])) >= _TUNNEL_TYPES_SINCE
 
 
 def _host(address: str, family: str) -> str:
@@ -134,12 +152,49 @@ class LvsTarget:
             out[origin] = (int(real.forward), real.weight)
         return out
 
+    def _tunnels(self) -> dict[str, list[str]]:
+        """Each origin's tunnel options to write again (none for IPIP, the default, or a real not tunnelled).
+        The ``--tun-info`` listing has the plain one's shape with a ``TunnelInfo`` column after ``Forward``
+        (ipvsadm.c); it is dropped from each real's line with ``Forward`` and read in the forward slot."""
+        try:
+            text = self._run(["-Ln", "--exact", "--tun-info"])
+        except ActuatorError as e:
+            raise ActuatorError(f"{e} (a tunnelled real's encapsulation is read with ipvsadm >= 1.30; nothing "
+                                "written: an edit without it resets the real to ipip)", e.kind) from None
+        lines = text.splitlines()
+        if "TunnelInfo" not in "\n".join(lines[:3]):
+            raise ActuatorError(f"{self.describe()}: ipvsadm -Ln --tun-info: no 'TunnelInfo' header: "
+                                f"{text[:120]!r}", "parse")
+        reals = [" ".join(["  ->", p[1], *p[3:]]) if p[:1] == ["->"] and len(p) == 7 else raw
+                 for raw, p in ((raw, raw.split()) for raw in lines)]
+        try:
+            services = parse_ipvsadm_list("\n".join(reals), "ipvsadm -Ln --tun-info")
+        except LvsParseError as e:
+            raise ActuatorError(f"{self.describe()}: {e}", "parse") from None
+        svc = next((s for s in services if s.key == self.service), None)
+        by_key = {(r.key.address, r.key.port): r for r in (svc.reals if svc else [])}
+        out: dict[str, list[str]] = {}
+        for origin, key in self.reals.items():
+            real = by_key.get((key.address, key.port))
+            m = _TUN_INFO.match(real.forward) if real is not None else None
+            if m is None or (m["port"] is not None and not 0 < int(m["port"]) <= 65535):
+                raise ActuatorError(f"{self.describe()}: real server {self.config.reals[origin]} ({origin}): "
+                                    f"tunnel info {real.forward if real else None!r} not understood in ipvsadm -Ln "
+                                    "--tun-info; nothing written", "parse")
+            if m["gue"]:
+                out[origin] = ["--tun-type", "gue", "--tun-port", m["port"], _TUN_CSUM[m["gue"]]]
+            elif m["gre"]:
+                out[origin] = ["--tun-type", "gre", _TUN_CSUM[m["gre"]]]
+        return out
+
     def restore_input(self, weights: dict[str, int], forward: dict[str, str],
                       current: dict[str, int] | None = None,
-                      thresholds: dict[str, tuple[int, int]] | None = None) -> str:
+                      thresholds: dict[str, tuple[int, int]] | None = None,
+                      tunnels: dict[str, list[str]] | None = None) -> str:
         """``-R`` input; with ``current`` (the weights live now) the increases come first: ``-R`` applies
         line by line, so a batch torn part-way never leaves less total weight than before or after.
-        ``thresholds``: each real's live (upper, lower) connection limits, written again (an edit resets them)."""
+        ``thresholds``: each real's live (upper, lower) connection limits, written again (an edit resets them);
+        ``tunnels``: each tunnelled real's ``--tun-*`` options, likewise."""
         lines = []
         for origin in increases_first(weights, current or {}):
             weight = weights[origin]
@@ -151,7 +206,7 @@ class LvsTarget:
             lines.append(" ".join(["-e", *service_args(self.service), "-r",
                                    f"{_host(real.address, real.family)}:{real.port}",
                                    _FORWARD_FLAGS.get(forward.get(origin, "Route"), "-g"), "-w", str(weight),
-                                   *limits]))
+                                   *limits, *(tunnels or {}).get(origin, [])]))
         return "\n".join(lines) + "\n"
 
     def write(self, weights: dict[str, int]) -> None:
@@ -159,16 +214,27 @@ class LvsTarget:
         if unknown:
             raise ActuatorError(f"{self.describe()}: no real server configured for origin(s) {unknown}", "config")
         limits = self._thresholds()   # unreadable: nothing written (an edit without them would lift them)
+        # read before the live listing (its forward column says whether they are needed), so that nothing
+        # lies between that listing and the batch; needed and unreadable: nothing written (an edit without
+        # them makes a GUE/GRE real an IPIP one); not needed: an ipvsadm before 1.30 (no --tun-info) is fine
+        unreadable: ActuatorError | None = None
+        try:
+            tunnels = self._tunnels()
+        except ActuatorError as e:
+            tunnels, unreadable = {}, e
         live = self._live()
         forward = {o: r.forward for o, r in live.items()}
         before = {o: r.weight for o, r in live.items()}
+        # an older kernel has ipip only: nothing an edit could reset (RHEL 7: kernel 3.10, ipvsadm 1.27)
+        if unreadable is not None and "Tunnel" in forward.values() and kernel_has_tunnel_types():
+            raise unreadable
         try:
-            self._run(["-R"], self.restore_input(weights, forward, before, limits))
+            self._run(["-R"], self.restore_input(weights, forward, before, limits, tunnels))
         except ActuatorError as e:
             # -R is not atomic: put back what was live before, then report the original error; ordered
             # against the batch just tried (worst case fully applied), so the undo is increases-first too
             try:
-                self._run(["-R"], self.restore_input(before, forward, {**before, **weights}, limits))
+                self._run(["-R"], self.restore_input(before, forward, {**before, **weights}, limits, tunnels))
                 note = "previous weights restored"
             except ActuatorError as undo:
                 note = f"restoring the previous weights failed too: {undo}"

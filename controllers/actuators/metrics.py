@@ -32,6 +32,8 @@ FINDINGS_QUEUED = Gauge("opsloop_actuator_findings_queued",
 FINDINGS_DROPPED = Counter("opsloop_actuator_findings_dropped_total",
                            "Older finding states dropped unsent: more than the bound waited for the broker",
                            ["edge", "listener"])
+COMMIT_FAILURES = Counter("opsloop_actuator_commit_failures_total",
+                          "Offset commits of edge.weights the broker did not take within the bound (retried)")
 REJECTED = Counter("opsloop_actuator_rejected_records_total", "edge.weights records that are not a valid decision")
 ASSIGNED = Gauge("opsloop_actuator_assigned_partitions", "edge.weights partitions assigned to this actuator")
 # /metrics is served from its own thread: a run loop that hangs still answers scrapes (up == 1); this does not move

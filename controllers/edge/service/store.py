@@ -8,7 +8,9 @@ Health has an *override*: ``None`` follows the load balancers' checks (and the f
 ``False`` pins it down (an operator draining an origin), ``True`` pins it up over the file's
 ``healthy`` but not over a load balancer reporting the server DOWN -- unless ``force`` is set too
 (an operator who knows the check is wrong). With an overrides file the changes survive a restart
-(:mod:`opsloop.controllers.edge.service.overrides`).
+(:mod:`opsloop.controllers.edge.service.overrides`): written after the change, outside the store's lock (a slow
+disk's fsync held every ``snapshot()`` of the control loop before), by whichever writer comes first the newest
+state (a write never puts an older state over a newer one); the API call returns once its change is on disk.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class TopologyStore:
         self._overrides: dict[str, dict[str, bool]] = {lst.name: {} for lst in topology.listeners}
         self._forced: dict[str, set[str]] = {lst.name: set() for lst in topology.listeners}
         self._lock = threading.Lock()
+        self._save_lock = threading.Lock()   # one overrides write at a time, outside self._lock
+        self._change_seq = 0                 # changes so far (under self._lock) ...
+        self._saved_seq = 0                  # ... the newest of them on disk (under self._save_lock)
         self.audit = audit or AuditLog()
         self.changes = 0
         self.overrides_file = overrides_file
@@ -105,6 +110,7 @@ class TopologyStore:
         with self._lock:
             before = self._apply_capacity(listener, origin, value)
             self._changed()
+        self._save()
         self._audit(actor, "edge.topology.capacity", listener, origin, before, {"capacity_rps": value}, reason)
         return self.origin(listener, origin)
 
@@ -120,6 +126,7 @@ class TopologyStore:
         with self._lock:
             before = self._apply_health(listener, origin, healthy, force)
             self._changed()
+        self._save()
         after = {"health_override": healthy, **({"health_forced": True} if force else {})}
         self._audit(actor, "edge.topology.health", listener, origin, before, after, reason)
         return self.origin(listener, origin)
@@ -131,6 +138,7 @@ class TopologyStore:
         with self._lock:
             before = self._apply_latency(listener, edge, origin, ms)
             self._changed()
+        self._save()
         self._audit(actor, "edge.topology.latency", listener, f"{edge}->{origin}", before,
                     {"latency_ms": ms}, reason, edge=edge)
         return {"listener": listener, "edge": edge, "origin": origin, "latency_ms": ms}
@@ -177,20 +185,36 @@ class TopologyStore:
 
     # -- overrides file ---------------------------------------------------------------------
     def _changed(self) -> None:
-        """Under the lock: count the change and write every API change so far (it stands either way)."""
+        """Under the lock: count the change (written by :meth:`_save`, after the lock; it stands either way)."""
         self.changes += 1
-        if self.overrides_file is None:
-            return
+        self._change_seq += 1
+
+    def _overlay(self) -> tuple[int, Overrides]:
+        """Under the lock: every API change so far, a deep copy (written after the lock, changes go on)."""
         # Pinned health is exactly the API's pins (the file's own health lives in the topology).
         health = {name: dict(pins) for name, pins in self._overrides.items() if pins}
         forced = {name: sorted(origins) for name, origins in self._forced.items() if origins}
-        try:
-            save_overrides(self.overrides_file, self._saved.model_copy(update={"health": health,
-                                                                              "health_forced": forced}))
-        except OSError as e:
-            SAVE_FAILURES.inc()
-            log.error("overrides_not_saved", file=str(self.overrides_file), error=str(e),
-                      consequence="the change applies now but a restart would undo it")
+        return self._change_seq, self._saved.model_copy(deep=True, update={"health": health,
+                                                                           "health_forced": forced})
+
+    def _save(self) -> None:
+        """Write the newest state to the overrides file, outside the store's lock: the control loop's
+        snapshots do not wait for the disk. Under the save lock the newest state is taken, so a change whose
+        write waited finds it written by a later one's (and a write that failed is made by the next change)."""
+        if self.overrides_file is None:
+            return
+        with self._save_lock:
+            with self._lock:
+                seq, overlay = self._overlay()
+            if seq <= self._saved_seq:
+                return
+            try:
+                save_overrides(self.overrides_file, overlay)
+                self._saved_seq = seq
+            except OSError as e:
+                SAVE_FAILURES.inc()
+                log.error("overrides_not_saved", file=str(self.overrides_file), error=str(e),
+                          consequence="the change applies now but a restart would undo it")
 
     def _restore(self, saved: Overrides) -> None:
         """Apply the overrides that still fit the topology file (not audited again); skip and name the others."""

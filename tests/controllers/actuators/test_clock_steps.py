@@ -46,7 +46,7 @@ class Consumer:
     def assignment(self) -> set[Any]:
         return set()
 
-    def commit(self) -> None:
+    def commit(self, timeout_ms: int | None = None) -> None:
         pass
 
 

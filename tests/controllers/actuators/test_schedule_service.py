@@ -127,7 +127,7 @@ class Consumer:
     def assignment(self) -> set[Any]:
         return {0}
 
-    def commit(self) -> None:
+    def commit(self, timeout_ms: int | None = None) -> None:
         if self.world.crash == "commit":
             self.world.crash = None
             raise Crash("commit")

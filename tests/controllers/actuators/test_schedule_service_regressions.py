@@ -157,7 +157,7 @@ class ListConsumer:
     def assignment(self) -> set[int]:
         return {0}
 
-    def commit(self) -> None:
+    def commit(self, timeout_ms: int | None = None) -> None:
         self.committed = self.position
 
     def close(self) -> None:

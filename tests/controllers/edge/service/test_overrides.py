@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
+from opsloop.controllers.edge.service import overrides as overrides_mod
 from opsloop.controllers.edge.service.config import TopologySpec
 from opsloop.controllers.edge.service.overrides import OverridesError, load_overrides
 from opsloop.controllers.edge.service.store import TopologyStore
 from opsloop.audit.trail import AuditLog
+from tests.trickle import ends_within
 
 
 class Recorder:
@@ -86,3 +89,59 @@ def test_a_failed_save_keeps_the_change_and_counts_it(tmp_path: Path) -> None:
     store.set_capacity("web", "near", 33)
     assert store.origin("web", "near")["capacity_rps"] == 33
     assert REGISTRY.get_sample_value("opsloop_edge_overrides_save_failures_total") == before + 1
+
+
+class SlowDisk:
+    """The overrides file's write (temporary file, fsync, rename) held until released: a slow or hung disk."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        real = overrides_mod.replace_file
+
+        def slow_replace(path: Path, data: bytes) -> None:
+            self.entered.set()
+            assert self.release.wait(60), "the slow write was never released"
+            real(path, data)
+
+        monkeypatch.setattr(overrides_mod, "replace_file", slow_replace)
+
+
+def test_a_slow_overrides_write_does_not_hold_the_control_loops_snapshot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, the file was written under the store's lock: while a disk took its time (fsync), every
+    ``snapshot()`` of the control loop -- one per listener per tick -- waited for it, the loop stalled."""
+    path = tmp_path / "overrides.json"
+    store = TopologyStore(topology(), AuditLog(), path)
+    disk = SlowDisk(monkeypatch)
+    change = threading.Thread(target=store.set_capacity, args=("web", "near", 55), daemon=True)
+    change.start()
+    try:
+        assert disk.entered.wait(30), "the API change never reached the disk"
+        snap = ends_within(lambda: store.snapshot("web"), limit_s=20)   # the write still hangs
+        assert next(o for o in snap.spec.origins if o.name == "near").capacity_rps == 55   # applied already
+        assert change.is_alive()               # the API call returns once its change is on disk
+    finally:
+        disk.release.set()
+        change.join(30)
+    assert load_overrides(path).capacity_rps == {"web": {"near": 55}}
+
+
+def test_changes_whose_writes_overlap_leave_the_newest_state_on_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second change made while the first one's write hangs: the file ends with both, never the first alone."""
+    path = tmp_path / "overrides.json"
+    store = TopologyStore(topology(), AuditLog(), path)
+    disk = SlowDisk(monkeypatch)
+    first = threading.Thread(target=store.set_capacity, args=("web", "near", 55), daemon=True)
+    first.start()
+    assert disk.entered.wait(30), "the first change never reached the disk"
+    second = threading.Thread(target=store.set_health, args=("web", "far", False), daemon=True)
+    second.start()
+    disk.release.set()
+    first.join(30)
+    second.join(30)
+    assert not first.is_alive() and not second.is_alive()
+    saved = load_overrides(path)
+    assert saved.capacity_rps == {"web": {"near": 55}} and saved.health == {"web": {"far": False}}
+    assert not [p for p in path.parent.iterdir() if p.name != "overrides.json"]   # no temporary left
