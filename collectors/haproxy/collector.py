@@ -7,7 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from opsloop.collect import CollectError, Round
-from opsloop.lb.haproxy import HaproxyAPI, HaproxyError, StatParseError, parse_show_stat_rows
+from opsloop.lb.haproxy import HaproxyAPI, HaproxyError, StatParseError, parse_show_stat_rows, reply_torn
 from opsloop.records import Metric, metric
 from opsloop.validation import WireError
 
@@ -70,6 +70,9 @@ class HaproxyCollector:
             except WireError as e:
                 # One bad row costs that row only; the rows after it are still good samples.
                 bad.append(f"row {row.get('pxname')}/{row.get('svname')}: {e}")
+        if reply_torn(text):   # the tear is bad[0] (it says what was kept), then the rows refused besides
+            rest = f"; {len(bad) - 1} row(s) refused besides, first: {bad[1]}" if len(bad) > 1 else ""
+            return out, CollectError(lb, "parse", bad[0] + rest)
         if bad:
             return out, CollectError(lb, "parse", f"{len(bad)} show stat row(s) refused; first: {bad[0]}")
         return out, None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,9 +27,10 @@ _ERR_PREVIEW = 200
 
 
 class TargetFailed(Exception):
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, missing: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        self.missing = missing   # the executable (argv[0]) does not exist
 
 
 @dataclass(slots=True)
@@ -108,12 +110,15 @@ class IptablesCollector:
         for backend in backends:
             tool = SAVE_TOOLS[(family, backend)]
             argv = self._in_netns(target, [tool])
+            cmd = [*self.config.command_prefix, *argv]
             try:
-                res = self._run([*self.config.command_prefix, *argv], what=tool)
+                res = self._run(cmd, what=tool)
             except TargetFailed as e:
-                if e.kind == "tool" and self.config.backend == "auto":
+                if e.missing and cmd[0] == tool and self.config.backend == "auto":
                     continue  # backend not installed: it cannot hold rules either
-                raise
+                raise   # a missing wrapper (sudo, ip) or output past the bound is no absent backend
+            if self.config.backend == "auto" and tool_not_found(res, tool):
+                continue  # the same, said by a wrapper (ip netns exec, sudo, env) with its exit status
             self._check_save_result(res, tool)
             try:
                 read[(family, backend)] = parse_ruleset(res.stdout)
@@ -210,10 +215,26 @@ class IptablesCollector:
     def _run(self, argv: list[str], what: str) -> ToolResult:
         try:
             return run_tool(argv, self.config.timeout_s)
-        except (ToolMissing, ToolOutputTooLarge) as e:
+        except ToolMissing as e:
+            raise TargetFailed("tool", f"{what}: {e}", missing=True) from None
+        except ToolOutputTooLarge as e:
             raise TargetFailed("tool", f"{what}: {e}") from None
         except ToolTimeout as e:
             raise TargetFailed("timeout", f"{what}: {e}") from None
+
+
+# What a wrapper (ip netns exec, sudo, env, nsenter, a shell) says when the command it was given does not exist
+_NOT_FOUND = ("No such file or directory", "command not found", ": not found")
+
+
+def tool_not_found(res: ToolResult, tool: str) -> bool:
+    """A failed run whose stderr says ``tool`` itself could not be found: ``exec of "iptables-legacy-save"
+    failed: No such file or directory`` (ip netns exec), ``sudo: ...: command not found``, ``env: '...': No
+    such file or directory``. The save tools' own errors start with their version banner, never this."""
+    if res.returncode == 0:
+        return False
+    return any(re.search(rf"(?<![\w.-]){re.escape(tool)}(?![\w.-])", line) and any(n in line for n in _NOT_FOUND)
+               for line in res.stderr.splitlines())
 
 
 def _rank(status: PortStatus) -> tuple[int, int, int, int]:

@@ -21,6 +21,8 @@ _ERROR_PREFIXES = ("No such server", "No such backend", "No such proxy", "Unknow
 
 
 REPLY_TIMEOUT_FACTOR = 5   # a whole reply may take this many per-read timeouts (show stat of a large HAProxy)
+# HAProxy's CLI ends every answer with an empty line: `show stat` is its last row, "\n", then "\n"
+REPLY_END = "\n\n"
 
 
 class HaproxyError(RuntimeError):
@@ -97,6 +99,16 @@ class StatParseError(ValueError):
     pass
 
 
+def reply_torn(text: str) -> bool:
+    """The reply ends without HAProxy's end-of-answer empty line: the connection closed mid-answer."""
+    return not text.endswith(REPLY_END)
+
+
+def _torn_message(text: str) -> str:
+    return (f"show stat reply torn: {len(text)} bytes without HAProxy's end-of-answer empty line "
+            "(connection closed mid-answer: HAProxy reloaded or died, or a proxy in between)")
+
+
 def parse_show_stat_rows(text: str) -> tuple[list[dict[str, str]], list[str]]:
     """Parse ``show stat`` CSV (header ``# pxname,svname,...``) into one dict per row (strings),
     and one message per refused row.
@@ -105,7 +117,47 @@ def parse_show_stat_rows(text: str) -> tuple[list[dict[str, str]], list[str]]:
     comma): a shorter one is a reply torn mid-row, and zipping it would emit a cut number (a stot
     of 121 read as 12) as good. Such rows are refused and named; the other rows are kept.
     A missing or wrong header refuses the whole output (StatParseError).
+
+    A reply without its end (:func:`reply_torn`) cut between two rows reads as a whole, smaller round:
+    that is the first message. HAProxy dumps proxy by proxy (FRONTEND, servers, BACKEND), so every proxy
+    before the last one read is whole and kept; the last one only when closed by its BACKEND row, else
+    its rows are refused too (a backend short of servers reads as less demand, a server's state unread
+    as serving; missing altogether, its last record ages instead).
     """
+    torn = reply_torn(text)
+    try:
+        rows, errors = _parse_rows(text)
+    except StatParseError as e:
+        if torn:   # cut before or inside the header: say so, not only that the header is bad
+            raise StatParseError(f"{_torn_message(text)}: {e}") from None
+        raise
+    if not torn:
+        return rows, errors
+    open_rows = _open_proxy_rows(rows)
+    kept = rows[:len(rows) - open_rows]
+    cut = f"{_torn_message(text)}; {len(kept)} row(s) of whole proxies kept"
+    if open_rows:
+        cut += f", the last proxy's {open_rows} refused ({rows[-1].get('pxname', '')[:80]!r}: no BACKEND row)"
+    return kept, [cut, *errors]
+
+
+def _open_proxy_rows(rows: list[dict[str, str]]) -> int:
+    """How many trailing rows belong to a proxy whose BACKEND row was not read (0: the last is closed)."""
+    if not rows:
+        return 0
+    last = rows[-1]
+    closed = last.get("type") == "1" if "type" in last else last.get("svname") == "BACKEND"
+    if closed:
+        return 0
+    n = 0
+    for row in reversed(rows):
+        if row.get("pxname") != last.get("pxname"):
+            break
+        n += 1
+    return n
+
+
+def _parse_rows(text: str) -> tuple[list[dict[str, str]], list[str]]:
     if not text.startswith("# "):
         raise StatParseError(f"show stat output does not start with the '# pxname,...' header: {text[:80]!r}")
     lines = text[2:].splitlines()

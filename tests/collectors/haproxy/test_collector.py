@@ -30,7 +30,8 @@ def test_recorded_show_stat_parses_into_samples() -> None:
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("", "header"), ("hello", "header"), ("# foo,bar\n1,2\n", "pxname,svname"), ("# pxname,svname,x\na\n", "line 2"),
+    ("", "header"), ("hello", "header"), ("# foo,bar\n1,2\n", "pxname,svname"),
+    ("# pxname,svname,x\na\n\n", "line 2"),
 ])
 def test_bad_show_stat_is_a_clear_error(text: str, needle: str) -> None:
     with pytest.raises(StatParseError, match=needle):

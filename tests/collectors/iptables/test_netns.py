@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from opsloop.collect import tool as tool_module
+from opsloop.collect.tool import ToolResult
 from opsloop.collectors.iptables import Config, build
+from opsloop.collectors.iptables.collector import tool_not_found
 from opsloop.collectors.iptables.neutron_layout import LayoutPort, filter_table
 from opsloop.collect.types import Round
 from tests.helpers import REPO
@@ -298,3 +302,82 @@ def test_recorded_ip6tables_nft_save_is_read_as_protected():
     text = (REPO / "collectors/iptables/testdata/neutron-1port.ip6tables-nft-save.txt").read_text()
     status = analyze_port(parse_ruleset(text), PREFIX, "aaaaaaaa-1111-4222-8333-444455556666", "tapaaaaaaaa-11")
     assert status.protected and status.spoof_rules == 3
+
+
+def _nft_only_host(bindir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tools' PATH holds iptables-nft only (no *-legacy-save), as on a RHEL 9 / nft-only Debian hypervisor."""
+    bindir.mkdir()
+    for tool in ("iptables-nft-save", "ip6tables-nft-save"):
+        (bindir / tool).symlink_to("/usr/sbin/xtables-nft-multi")
+    for tool in ("ip", "env"):
+        (bindir / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setitem(tool_module._ENV, "PATH", str(bindir))
+
+
+@pytest.mark.parametrize("prefix", [[], ["env"]], ids=["netns", "netns+prefix"])
+def test_auto_backend_on_an_nft_only_host_behind_a_wrapper(hypervisors, tmp_path, monkeypatch, prefix):
+    hv = hypervisors("hv1")   # rules in nft
+    _nft_only_host(tmp_path / "bin", monkeypatch)
+    # `ip netns exec` / `env` report the missing iptables-legacy-save with an exit status: before, that
+    # failed the whole target (kind tool) on every nft-only hypervisor run in a netns or behind sudo
+    rnd = _collect(hv, command_prefix=prefix)
+    assert rnd.errors == []
+    assert [p["protected"] for p in _ports(rnd).values()] == [1, 1]
+    assert _rulesets(rnd)["hv1"]["backend"] == "nft"
+    # asked for by name, a missing backend is still an error
+    rnd = _collect(hv, command_prefix=prefix, backend="legacy")
+    assert [(e.target, e.kind) for e in rnd.errors] == [("hv1", "tool")]
+    assert "iptables-legacy-save" in rnd.errors[0].message
+
+
+def test_auto_backend_on_an_nft_only_host_behind_a_prefix_alone(hypervisors, tmp_path, monkeypatch):
+    hv = hypervisors("hv1")
+    _nft_only_host(tmp_path / "bin", monkeypatch)
+    # no netns: the prefix itself says "env: 'iptables-legacy-save': No such file or directory" (exit 127);
+    # the host's own ruleset is read (its ports are not ours: only the round's success is checked)
+    rnd = _collect_cfg({"targets": [{"host": "hv1", "ports_file": str(hv.ports_file)}], "command_prefix": ["env"]})
+    assert rnd.errors == [] and _rulesets(rnd)["hv1"]["backend"] == "nft"
+
+
+def test_nothing_installed_behind_a_wrapper_is_one_tool_error(hypervisors, tmp_path, monkeypatch):
+    hv = hypervisors("hv1")
+    _nft_only_host(tmp_path / "bin", monkeypatch)
+    for tool in ("iptables-nft-save", "ip6tables-nft-save"):
+        (tmp_path / "bin" / tool).unlink()
+    rnd = _collect(hv, command_prefix=["env"])
+    assert [(e.target, e.kind) for e in rnd.errors] == [("hv1", "tool")]
+    assert "neither iptables-legacy-save nor iptables-nft-save could be run" in rnd.errors[0].message
+
+
+def test_missing_wrapper_or_oversized_output_is_no_absent_backend(hypervisors, monkeypatch):
+    hv = hypervisors("hv1")   # rules in nft only: legacy's save prints an empty ruleset
+    rnd = _collect(hv, command_prefix=["opsl-no-such-sudo"])
+    # before: both backends skipped as "not installed", the error said to install the iptables package
+    assert [(e.target, e.kind) for e in rnd.errors] == [("hv1", "tool")]
+    assert "cannot run 'opsl-no-such-sudo'" in rnd.errors[0].message
+    # nft's save killed past the output bound: before, skipped like an absent backend, and legacy's empty
+    # ruleset read as every port's chains gone, with no error
+    monkeypatch.setattr(tool_module, "MAX_OUTPUT_BYTES", 4096)
+    rnd = _collect(hv)
+    assert [(e.target, e.kind) for e in rnd.errors] == [("hv1", "tool")]
+    assert "iptables-nft-save" in rnd.errors[0].message and "printed more than 4096 bytes" in rnd.errors[0].message
+    assert not [m for m in rnd.metrics if m.name in ("iptables_vm_port", "iptables_ruleset")]
+
+
+@pytest.mark.parametrize("stderr, missing", [
+    ('exec of "iptables-legacy-save" failed: No such file or directory\n', True),   # ip netns exec
+    ("env: 'iptables-legacy-save': No such file or directory\n", True),             # env
+    ("sudo: iptables-legacy-save: command not found\n", True),                     # sudo
+    ("sh: 1: iptables-legacy-save: not found\n", True),                            # a shell
+    ("nsenter: failed to execute iptables-legacy-save: No such file or directory\n", True),
+    # the wrapper's own or another command's failure, the tool's own errors: not "tool missing"
+    ("env: 'ip': No such file or directory\n", False),
+    ('Cannot open network namespace "x": No such file or directory\n', False),
+    ("iptables-save v1.8.9 (legacy): Cannot initialize: Table does not exist\n", False),
+    ("sudo: a password is required\n", False),
+    ("ip6tables-legacy-save: command not found\n", False),
+])
+def test_tool_not_found_reads_the_wrappers_words(stderr: str, missing: bool) -> None:
+    res = ToolResult(("x",), 127, "", stderr)
+    assert tool_not_found(res, "iptables-legacy-save") is missing
+    assert not tool_not_found(ToolResult(("x",), 0, "", stderr), "iptables-legacy-save")

@@ -79,7 +79,7 @@ class MemoryHaproxy:
         self.weights[server] = weight
 
     def show_stat(self) -> str:
-        return "# pxname,svname,status\nbe_web,srv1,UP\n"
+        return "# pxname,svname,status\nbe_web,srv1,UP\n\n"   # HAProxy ends every answer with an empty line
 
 
 def test_why_two_origins_on_one_server_cannot_work(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ class RuntimeSocket:
                 self.dead = True  # the write went through; everything after it times out
             return ""
         if cmd == "show stat":
-            return "# pxname,svname,status\n" + "".join(f"{BACKEND},{s},UP\n" for s in self.weights)
+            return "# pxname,svname,status\n" + "".join(f"{BACKEND},{s},UP\n" for s in self.weights) + "\n"
         return "Unknown command.\n"
 
     def _serve(self) -> None:

@@ -89,7 +89,9 @@ class FakeRuntime(HaproxyAPI):
             self.weights[m.group(1)] = int(m.group(2))
             return ""
         if cmd == "show stat":
-            return "# pxname,svname,status,\n" + "".join(f"{BACKEND},{s},{st},\n" for s, st in self.status.items())
+            # HAProxy ends every answer with an empty line (a reply without it is torn)
+            rows = "".join(f"{BACKEND},{s},{st},\n" for s, st in self.status.items())
+            return "# pxname,svname,status,\n" + rows + "\n"
         return "Unknown command.\n"
 
     def down(self) -> set[str]:
