@@ -3,12 +3,14 @@
 Telemetry has one topic per signal family; the derived topics carry findings, demand, weights and the
 audit trail. A sample is routed by the prefix of its metric name (our collectors' and Telegraf's input
 names) unless its ``opsloop_topic`` tag names a topic; its key is the source of the series, so one series
-always lands in one partition. ``kafka.topic_prefix`` is applied by the clients, not here.
+always lands in one partition (a power reading's: its server's generation, see ``TOPIC_KEY_TAGS``).
+``kafka.topic_prefix`` is applied by the clients, not here.
 """
 
 from __future__ import annotations
 
 import enum
+from types import MappingProxyType
 from typing import Mapping
 
 from opsloop.validation import WireError
@@ -59,6 +61,11 @@ TOPIC_TAG = "opsloop_topic"
 # set first: its state (baseline, open drop) is per set while any host may measure it, and keyed by the
 # host a set measured from another host came from another partition, its state living in two.
 KEY_TAGS = ("target_set", "host", "edge", "server", "hypervisor", "instance")
+# Tags tried before KEY_TAGS for one topic's records. A server's power reading by its generation: the power
+# detector compares each server with its generation's median, so all of them must reach one worker; keyed by
+# host, each of N stream workers compared the servers of its own partitions (a share). Per topic, so no other
+# topic's keys move. A reading without the tag (its generation only in the detector's config) keeps its host.
+TOPIC_KEY_TAGS: Mapping[Topic, tuple[str, ...]] = MappingProxyType({Topic.IPMI: ("generation",)})
 
 
 def topic_for(name: str, tags: Mapping[str, str]) -> Topic:
@@ -74,9 +81,16 @@ def topic_for(name: str, tags: Mapping[str, str]) -> Topic:
     raise WireError(f"name {name!r} maps to no telemetry topic (set tag {TOPIC_TAG})")
 
 
-def series_key(name: str, tags: Mapping[str, str]) -> str:
-    """Kafka key: the source of the series, so one series always lands in one partition."""
-    for t in KEY_TAGS:
+def series_key(name: str, tags: Mapping[str, str], topic: Topic | None = None) -> str:
+    """Kafka key: the source of the series, so one series always lands in one partition (``topic``: the
+    sample's, when the caller has it; else found here, and a sample of no topic keyed by KEY_TAGS alone)."""
+    if topic is None:
+        try:
+            topic = topic_for(name, tags)
+        except WireError:
+            topic = None
+    first = TOPIC_KEY_TAGS.get(topic, ()) if topic is not None else ()
+    for t in (*first, *KEY_TAGS):
         v = tags.get(t)
         if v:
             return v

@@ -17,8 +17,9 @@ Findings:
 * ``power.generation_deviation`` (warning): a server whose mean draw deviates from the median of its
   generation by more than ``deviation_ratio`` (needs ``min_generation_size`` servers; cleared when its server
   is no longer compared: out of service, or too few left). The generation is the servers this detector reads:
-  with several stream workers, those of its worker's partitions (records are keyed by host), so the median is
-  of that share, and the explanation says of how many servers;
+  readings that carry their generation are keyed by it (``opsloop.topics.TOPIC_KEY_TAGS``), so with several
+  stream workers one reads all of it; a reading without it (its generation only in the detector's settings)
+  is keyed by host and compared with its worker's share. The explanation says of how many servers;
 * ``power.idle_candidate`` (info): a server not in service (or with utilisation below
   ``idle_utilisation``) that still draws power: a candidate for powering down, with the yearly saving.
 
@@ -228,7 +229,8 @@ class PowerDetector:
                         detector=DEVIATION, what="power draw deviates from its generation", where=where,
                         observed=round(w, 1), expected=round(norm, 1),
                         score=min(1.0, abs(dev) / (3 * self.deviation_ratio)), severity=Severity.WARNING,
-                        # how many servers the median is of: with N stream workers each compares only its share
+                        # how many servers the median is of: with N stream workers, readings without their
+                        # generation (keyed by host) are compared only with their worker's share
                         explanation=(f"{h} draws {w:.0f} W, {dev:+.0%} against the {generation} median {norm:.0f} W "
                                      f"of the {len(means)} servers compared (tolerance {self.deviation_ratio:.0%})"),
                         now=now, runbook=RUNBOOK))

@@ -3,7 +3,10 @@
 Feeds ``opsloop.streams.detectors.power.detector.PowerDetector``. A server's inventory entry (generation, raw TB,
 protection, fill ratio) comes from ``streams.detectors.power.hosts`` or else from the
 collector's metadata tags (``generation``, ``raw_capacity_tb``) with the configured defaults
-(``replica:3``, 70 % fill: the published cost table's assumptions). State key: the host.
+(``replica:3``, 70 % fill: the published cost table's assumptions). State key: the host, written to the partition
+its readings come from: its generation's when they carry the ``generation`` tag (``opsloop.topics``
+``TOPIC_KEY_TAGS``: a generation compared whole by one worker), else its own. The config's generation names the
+host's generation here; the record's tag routes it: keep them equal.
 
 Gauges, per host (labels host, generation), so the published cost table is a Grafana panel:
 ``opsloop_power_watts`` (smoothed draw), ``opsloop_power_energy_per_year_joules``, ``opsloop_power_eur_per_year``,
