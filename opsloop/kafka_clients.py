@@ -14,6 +14,9 @@ no call site repeats it:
 * :func:`send_deadletter` -- a refused record onto the dead-letter topic (the controllers), and
   ``opsloop_deadletter_send_failures_total`` (:mod:`opsloop.deadletter_metrics`), the dead letters of any
   stage (the stream worker's too) never written.
+
+What the client libraries log themselves (each retry of each loop while a broker is away) is counted and limited
+to one line a minute per kind by the common logging setup (:class:`opsloop.log.ClientLogLimiter`).
 """
 
 from __future__ import annotations

@@ -5,17 +5,26 @@
 
 Secrets never go to logs: callers pass no credentials, :func:`redact` masks keys that look secret, and
 ``user:password@`` in any URL of a line is masked (:mod:`opsloop.redact`).
+
+The Kafka client libraries log each failed attempt of each retry loop: with the broker away kafka-python (every
+service but the stream worker) wrote 3-5 lines a second per service, aiokafka (the worker) 120 to 6,000
+(aio-libs/aiokafka#496), for the whole outage. :data:`KAFKA_CLIENT_LOGS`, on the handler :func:`setup_logging`
+makes (and the worker's Faust logging config), counts each of their warnings and errors in
+``opsloop_kafka_client_log_lines_total{logger,level}`` and lets a line through for the first of its kind and then
+once a minute per kind, carrying ``fields.unlogged_since`` (:class:`ClientLogLimiter`).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import time
 from typing import Any, Callable, Hashable
 
 import orjson
+from prometheus_client import Counter
 
 from opsloop.redact import redact_credentials
 
@@ -34,7 +43,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "service": getattr(record, "service", _service),
             "logger": record.name,
-            "event": getattr(record, "event", record.getMessage()),
+            "event": record.event if hasattr(record, "event") else _message(record),
         }
         fields = getattr(record, "fields", None)
         if fields:
@@ -43,10 +52,19 @@ class JsonFormatter(logging.Formatter):
             doc["exception"] = self.formatException(record.exc_info)
         try:
             text = orjson.dumps(doc, default=_shown).decode()
-        except (orjson.JSONEncodeError, TypeError):   # an int beyond 64 bits, a non-str key: was a "Logging error" traceback
+        except (orjson.JSONEncodeError, TypeError):   # an int beyond 64 bits, a non-str key: was a "Logging error"
             text = orjson.dumps(_plain(doc), default=_shown).decode()
         # Credentials in URLs (Alertmanager, Elasticsearch) never reach a log line, whoever logs them.
         return redact_credentials(text)
+
+
+def _message(record: logging.LogRecord) -> str:
+    """A library's own line (its ``msg % args``); arguments that do not fit the format (a library bug) give the
+    template and the arguments as they are, not logging's "--- Logging error ---" traceback instead of the line."""
+    try:
+        return record.getMessage()
+    except Exception as e:  # noqa: BLE001 - a bad format must not cost the log line
+        return f"{_shown(record.msg)} (arguments not formatted: {type(e).__name__}: {_shown(record.args)[:200]})"
 
 
 def _shown(value: Any) -> str:
@@ -92,7 +110,8 @@ class EventLogger:
 
 
 def setup_logging(service: str, level: str = "info", stream: Any = None) -> None:
-    """Send every logger (ours and the libraries') through the JSON formatter, to stderr by default."""
+    """Send every logger (ours and the libraries') through the JSON formatter, to stderr by default; the Kafka
+    clients' warnings and errors counted, one line a minute per kind (:data:`KAFKA_CLIENT_LOGS`)."""
     global _service
     _service = service
     handler = logging.StreamHandler(stream or sys.stderr)
@@ -100,6 +119,8 @@ def setup_logging(service: str, level: str = "info", stream: Any = None) -> None
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # on the handler, not the loggers: it sees every client logger, those a later import creates too
+    handler.addFilter(KAFKA_CLIENT_LOGS)
     # Chatty clients: their INFO lines are connection churn, not events.
     for noisy in ("kafka", "aiokafka", "urllib3", "elastic_transport"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -151,6 +172,47 @@ class Sampled:
                 self._last.clear()
             self._last[key] = (now, 0)
         return left_out
+
+
+# kafka-python's loggers (kafka.net.manager, kafka.cluster, kafka.coordinator, ...) and aiokafka's
+KAFKA_CLIENT_LOGGERS = ("kafka", "aiokafka")
+KAFKA_CLIENT_LINES = Counter("opsloop_kafka_client_log_lines_total",
+                             "Warnings and errors a Kafka client library (kafka-python, aiokafka) logged, each "
+                             "counted; logged once a minute per kind", ["logger", "level"])
+_NUMBERS = re.compile(r"[0-9]+")
+
+
+class ClientLogLimiter(logging.Filter):
+    """A handler filter for the Kafka client libraries' records (``loggers`` and every logger under them): each
+    warning and error is counted in ``opsloop_kafka_client_log_lines_total{logger,level}``; the first of its kind
+    (logger, level, message template) goes out at once, then one per ``every_s``, carrying ``fields.unlogged_since``
+    (as :class:`Sampled` does for our own events). Lines below warning and other loggers' pass untouched.
+    ``clock`` is injectable for tests."""
+
+    KIND_CHARS = 200   # of the template: a kind's key stays small (Sampled keeps at most MAX_KEYS of them)
+
+    def __init__(self, every_s: float = 60.0, clock: Callable[[], float] | None = None,
+                 loggers: tuple[str, ...] = KAFKA_CLIENT_LOGGERS) -> None:
+        super().__init__()
+        self.loggers = loggers
+        self._sampled = Sampled(every_s, clock)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or not any(
+                record.name == n or record.name.startswith(n + ".") for n in self.loggers):
+            return True
+        KAFKA_CLIENT_LINES.labels(record.name, record.levelname.lower()).inc()
+        # a message the library formats itself ("... (backoff 0.20 secs)", a port) is one kind whatever its numbers
+        kind = _NUMBERS.sub("#", _shown(record.msg)[:self.KIND_CHARS])
+        left_out = self._sampled.admit((record.name, record.levelno, kind))
+        if left_out is None:
+            return False
+        record.fields = {"unlogged_since": left_out}   # JsonFormatter writes a record's ``fields``
+        return True
+
+
+# One per process: every handler that carries it (setup_logging's, the stream worker's) shares its minute.
+KAFKA_CLIENT_LOGS = ClientLogLimiter()
 
 
 def get_logger(name: str) -> EventLogger:

@@ -11,7 +11,7 @@ import faust
 from opsloop import exitcodes
 from opsloop.config import ConfigError, Settings, load_settings
 from opsloop.kafka_clients import preflight_or_exit
-from opsloop.log import JsonFormatter, get_logger, setup_logging
+from opsloop.log import KAFKA_CLIENT_LOGS, JsonFormatter, get_logger, setup_logging
 from opsloop.metrics import serve_metrics
 from opsloop.kafka_admin import ensure_topics
 from opsloop.topics import Topic
@@ -54,7 +54,10 @@ def _logging_config(level: str) -> dict[str, object]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"json": {"()": JsonFormatter}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+        # Faust replaces setup_logging's handler: the same limiter on its own (aiokafka logs each retry of each loop)
+        "filters": {"kafka_client": {"()": lambda: KAFKA_CLIENT_LOGS}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr",
+                                "filters": ["kafka_client"]}},
         "root": {"handlers": ["stderr"], "level": level.upper()},
         "loggers": {n: {"level": "WARNING"} for n in ("aiokafka", "kafka", "faust.transport", "mode")},
     }

@@ -22,6 +22,8 @@ RESOLVES_DROPPED = Counter("opsloop_paging_resolves_dropped_total",
 STATE_SAVE_FAILURES = Counter("opsloop_paging_state_save_failures_total",   # paging goes on, offsets held
                               "State file writes that failed (disk full, read-only): paging goes on, the offsets "
                               "are committed after the next save that succeeds")
+COMMIT_FAILURES = Counter("opsloop_paging_commit_failures_total",
+                          "Offset commits of the findings topic the broker did not take within the bound (retried)")
 AUDIT_FAILURES = Counter("opsloop_paging_audit_failures_total", "Audit records that could not be written to Kafka")
 ACTIVE = Gauge("opsloop_paging_active_alerts", "Open findings paged as firing alerts")
 PENDING = Gauge("opsloop_paging_pending_alerts", "Alerts due for delivery but not delivered yet")

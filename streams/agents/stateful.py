@@ -21,6 +21,11 @@ its state and send its findings, both async. This loop follows the same pattern 
    the owner of the key missed the newer state (``tests/streams/agents/test_state_partition.py``).
    A key whose records come from a new partition (netperf: a target set measured from another
    host) moves there and is deleted from the old one (``_delete_copy``), so it keeps one copy.
+   A source partition with no changelog partition of its number (partitions added to a telemetry
+   topic, not to the changelog): its keys' state is not written (``state_not_written``, counted in
+   ``opsloop_stream_errors_total``), kept in memory. Before, the write went to the producer, which
+   asserted on the unknown partition: its buffer crashed, the worker stopped, and every restart
+   replayed the batch and crashed again (``tests/streams/test_partitions_added.py``).
 2. **Restore**: at the first batch after start or after a partition assignment, the handler's
    state is replaced by the table's (already recovered by Faust: consumption of an assigned
    partition resumes only after its table partitions are recovered). A value a handler cannot use
@@ -45,7 +50,9 @@ its state and send its findings, both async. This loop follows the same pattern 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 import weakref
 from pathlib import Path
 from typing import Any, Iterator, Mapping, MutableMapping, Sequence
@@ -56,7 +63,7 @@ from faust.streams import _current_event
 from faust.types import TP, EventT
 
 from opsloop.config import Settings
-from opsloop.log import get_logger
+from opsloop.log import Sampled, get_logger
 from opsloop.records import Finding
 from opsloop.topics import Topic
 from opsloop.streams.agents.base import DetectorHandler, Publication
@@ -73,6 +80,9 @@ log = get_logger("stream.agents")
 STATE_TABLE = "detector-state"
 AGENT_NAME = "detectors"
 KEY_SEP = "|"
+# state not written for want of a changelog partition: every batch of those keys, one line a minute
+NOT_WRITTEN_LOG = Sampled(60.0)
+METADATA_REFRESH_S = 5.0   # at most one producer metadata refresh asked for per interval (a grown changelog)
 
 
 class UnreadableState:
@@ -236,6 +246,8 @@ class StatefulAgent:
         self._source_topics: set[str] = set()
         self.home_unknown = 0   # writes of a key whose home was not known (module docstring)
         self.home_moved = 0     # keys whose records came from another partition than their state's
+        self.not_written = 0    # state writes skipped: their partition has no changelog partition
+        self._refreshed_at = float("-inf")   # monotonic time of the last producer metadata refresh asked for
 
     @property
     def topics(self) -> list[str]:
@@ -262,6 +274,7 @@ class StatefulAgent:
         async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
             # the whole new assignment (Faust sends it all after each rebalance)
             self.assign({tp.partition for tp in assigned if tp.topic in self._source_topics})
+            self._check_partition_counts()
 
         async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
             self.revoke({tp.partition for tp in revoked if tp.topic in self._source_topics})
@@ -434,6 +447,8 @@ class StatefulAgent:
         clears, self._refusal_clears = self._refusal_clears, []
         await self.sink.publish([*clears, *(p for h in self.handlers for p in h.drain_outbox())])
         unknown: list[str] = []
+        writable = self.changelog_partitions()
+        unwritten: dict[int, list[str]] = {}   # partition without a changelog partition -> keys not written
         with gc_paused():   # synchronous: a state dict per touched key, all alive until written
             for (h, key), fallback in touched.items():
                 event = self._home_event(h, key)
@@ -444,9 +459,16 @@ class StatefulAgent:
                     unknown.append(key)
                     event = fallback
                     self._home[h.name].setdefault(key, event.message.partition)   # where it lives now
+                if writable is not None and event.message.partition not in writable:
+                    # The producer asserts on a partition it does not know, in Faust's buffer task: that
+                    # crashed the worker. Kept in memory; its old copy (if any) left as it is.
+                    unwritten.setdefault(event.message.partition, []).append(f"{h.name}{KEY_SEP}{key}")
+                    continue
                 if (h, key) in moved:
-                    self._delete_copy(h, key, moved[(h, key)])
+                    self._delete_copy(h, key, moved[(h, key)], writable)
                 self.write_state(h, key, event)
+        if unwritten:
+            self._not_written(unwritten, writable)
         if moved:
             self.home_moved += len(moved)
             health.STATE_HOME_MOVED.labels(self.name).inc(len(moved))
@@ -458,7 +480,8 @@ class StatefulAgent:
             health.STATE_HOME_UNKNOWN.labels(self.name).inc(len(unknown))
             log.warning("state_home_unknown", agent=self.name, keys=len(unknown), example=unknown[0])
 
-    def _delete_copy(self, handler: DetectorHandler, key: str, partition: int) -> None:
+    def _delete_copy(self, handler: DetectorHandler, key: str, partition: int,
+                     writable: frozenset[int] | None = None) -> None:
         """Tombstone ``key`` in the partition its state lived in before its records moved (the netperf
         state key, a target set, moves when another host measures the set). Left there, that copy
         stayed for good and a restart recovering that partition last brought it back: the state from
@@ -466,10 +489,82 @@ class StatefulAgent:
         partition yet (newly assigned, or a restart): the copy stays, as before (counted all the same)."""
         event = self._last.get(partition)
         table_key = handler.name + KEY_SEP + key
-        if event is None or table_key not in self.table:
+        if event is None or table_key not in self.table or (writable is not None and partition not in writable):
             return
         with _as_current(event):
             del self.table[table_key]   # the memory entry comes back with the write that follows
+
+    def changelog_partitions(self) -> frozenset[int] | None:
+        """The state changelog's partitions a write can go to: those the app's producer knows (it asserts on
+        any other), else as many as the consumer's metadata says; None: neither knows the topic yet."""
+        name = self._changelog_name()
+        if name is None:
+            return None
+        try:
+            known = self.app.producer._ensure_producer().client.cluster.partitions_for_topic(name)
+        except Exception:  # noqa: BLE001 - producer not started (or another driver): the consumer's view
+            known = None
+        if known is not None:
+            return frozenset(known)
+        count = self._topic_partitions(name)
+        return None if count is None else frozenset(range(count))
+
+    def _changelog_name(self) -> str | None:
+        topic = getattr(self.table, "changelog_topic", None)   # None: a table without one (a test's)
+        return None if topic is None else topic.get_topic_name()
+
+    def _topic_partitions(self, topic: str | None) -> int | None:
+        if topic is None:
+            return None
+        try:
+            return self.app.consumer.topic_partitions(topic)
+        except Exception:  # noqa: BLE001 - consumer not started yet: not known
+            return None
+
+    def _not_written(self, unwritten: dict[int, list[str]], writable: frozenset[int] | None) -> None:
+        """Count and say the batch's state writes skipped for want of a changelog partition; ask the producer
+        for fresh metadata when the consumer already sees more changelog partitions (the changelog grown)."""
+        keys = sum(len(v) for v in unwritten.values())
+        self.not_written += keys
+        health.ERRORS.labels(self.name).inc()   # per batch, as handler errors: OpsloopStreamHandlerErrors
+        name = self._changelog_name()
+        count = self._topic_partitions(name)
+        NOT_WRITTEN_LOG.error(log, "state_not_written", key=self.name, agent=self.name, keys=keys,
+                              partitions=sorted(unwritten), changelog=name,
+                              changelog_partitions=None if writable is None else len(writable),
+                              example=next(iter(unwritten.values()))[0],
+                              why="records of a source partition the state changelog has no partition of: "
+                                  "grow the telemetry topics and the changelog to the same partition count",
+                              kept="in memory only: a restart or a rebalance starts these keys afresh")
+        if count is not None and writable is not None and count > len(writable):
+            self._refresh_producer_metadata()
+
+    def _refresh_producer_metadata(self) -> None:
+        now = time.monotonic()
+        if now - self._refreshed_at < METADATA_REFRESH_S:
+            return
+        self._refreshed_at = now
+        try:
+            fut = asyncio.ensure_future(self.app.producer._ensure_producer().client.force_metadata_update())
+        except Exception as e:  # noqa: BLE001 - the next refused batch asks again
+            log.warning("producer_metadata_refresh_failed", error=f"{type(e).__name__}: {e}")
+            return
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())   # retrieved: no "never retrieved"
+
+    def _check_partition_counts(self) -> None:
+        """Log each source topic whose partition count is not the state changelog's (after an assignment):
+        the state of its partitions beyond the changelog's is not written, and its keys' state may be held
+        by another worker than their records (Faust assigns a table's partitions with the topics of its count)."""
+        name = self._changelog_name()
+        changelog = self._topic_partitions(name)
+        if changelog is None:
+            return
+        counts = {t: n for t in sorted(self._source_topics) if (n := self._topic_partitions(t)) is not None}
+        differ = {t: n for t, n in counts.items() if n != changelog}
+        if differ:
+            log.error("state_partitions_mismatch", changelog=name, changelog_partitions=changelog, topics=differ,
+                      why="a source topic's partitions added or removed without the changelog's: grow the "
+                          "telemetry topics and the changelog to the same partition count")
 
     def _home_event(self, handler: DetectorHandler, key: str) -> EventT | None:
         """The latest event of ``key``'s home partition (None: home not known or not assigned)."""

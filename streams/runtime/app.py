@@ -22,7 +22,6 @@ from opsloop.topics import Topic
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.assignment import install_assignment_metrics
 from opsloop.streams.runtime.batch import DeadLetter, FanOut, Handler, Highwater, SendDeadLetter, process_batch
-from opsloop.streams.runtime.client_logs import limit_client_logs
 from opsloop.streams.runtime.membership import install_membership_guard
 from opsloop.streams.runtime.progress import install_partition_progress
 from opsloop.streams.runtime.take import consumer_lag, take_batches
@@ -30,6 +29,9 @@ from opsloop.streams.runtime.transport import kafka_transport
 from opsloop.streams.runtime.watchdog import install_recovery_watchdog
 
 log = get_logger("stream")
+
+# one metadata request per 30 s per worker (tests/streams/test_topic_recreated.py)
+CONSUMER_METADATA_MAX_AGE_MS = 30_000
 
 
 def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
@@ -51,10 +53,11 @@ def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
         broker_commit_interval=1.0,
         broker_session_timeout=s.session_timeout_s,
         broker_heartbeat_interval=min(3.0, s.session_timeout_s / 3),
+        # Partitions added to a source topic, or a deleted one created again, are consumed only once the
+        # consumer's metadata shows them: Faust's default refresh (5 min) left them unread that long, unsaid.
+        consumer_metadata_max_age_ms=CONSUMER_METADATA_MAX_AGE_MS,
     )
     app.transport = kafka_transport(app, s.fetch_max_wait_ms)
-    # a broker away: aiokafka logs each retry (~120 lines a second); counted, one line a minute per kind
-    limit_client_logs()
     app.opsloop_topic_prefix = settings.kafka.topic_prefix   # read by raw_topic
     install_recovery_watchdog(app, s.recovery_stall_s)
     # a batch taken across a pause of a heartbeat interval or more: handled only if still a member

@@ -40,6 +40,24 @@ def test_any_field_value_is_one_json_line(value: object, shown: object, capsys: 
     assert "Logging error" not in capsys.readouterr().err
 
 
+def test_a_library_line_whose_arguments_do_not_fit_its_format_is_one_json_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A library's ``log.warning("%s: %d", name)`` (one argument short): logging's own formatting raises inside the
+    handler, which printed "--- Logging error ---" and a traceback to stderr and lost the line."""
+    stream = io.StringIO()
+    setup_logging("test", stream=stream)
+    try:
+        logging.getLogger("kafka.conn").warning("node %s: %d retries", "b1")
+        logging.getLogger("kafka.conn").warning("fine %s", "line")
+    finally:
+        logging.getLogger().handlers[:] = []
+    docs = [orjson.loads(line) for line in stream.getvalue().splitlines()]
+    assert [d["logger"] for d in docs] == ["kafka.conn", "kafka.conn"]
+    assert docs[0]["event"].startswith("node %s: %d retries (arguments not formatted: TypeError")
+    assert "'b1'" in docs[0]["event"]
+    assert docs[1]["event"] == "fine line"
+    assert "Logging error" not in capsys.readouterr().err
+
 def test_a_repeating_event_is_logged_once_a_minute_per_key_with_the_count_left_out(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A poison stream's 1,000 refusals in a minute make one line, not 1,000; the next line, a

@@ -10,8 +10,9 @@ health change gives a new version and the actuator applies it in HAProxy; no pro
 
 The outage is said, not shouted: the worker's Kafka client (aiokafka) logged every retry, ~120 lines a second
 (~5,000 for this outage, most at error level); now each is counted in
-``opsloop_stream_kafka_client_warnings_total`` and logged once a minute per kind
-(``streams/runtime/client_logs.py``). Old code: the log-flood assertion fails (and the counter is missing).
+``opsloop_kafka_client_log_lines_total`` and logged once a minute per kind
+(``opsloop.log.ClientLogLimiter``, on the worker's log handler). Old code: the log-flood assertion fails (and the
+counter is missing).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from prometheus_client import REGISTRY
 
 from opsloop.lab.traffic import TrafficGenerator
 from opsloop.lb.haproxy import HaproxyAPI
-from opsloop.streams.runtime.client_logs import ClientLogLimiter
+from opsloop.log import ClientLogLimiter
 from opsloop.topics import Topic
 from tests.alerting import am_url, ensure_topics, start_actuator, start_alertmanager, webhook_receiver
 from tests.e2e.pipeline import (BACKEND, EdgeControl, applied, loop_config, start_collector, start_weight_actuator,
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.integration
 OUTAGE_S = 40
 RATE = 80.0
 NEAR_CAPACITY = 40.0
-CLIENT_WARNINGS = "opsloop_stream_kafka_client_warnings_total"
+CLIENT_WARNINGS = "opsloop_kafka_client_log_lines_total"
 # aiokafka log lines the worker may write in one outage: each kind (logger, level, message) once a minute,
 # the outage spans one or two minutes; some ten kinds come up (the old code: ~5,000 lines)
 MAX_CLIENT_LINES = 60

@@ -143,7 +143,7 @@ class Consumer:
         self.position += len(batch)
         return {0: batch} if batch else {}
 
-    def commit(self) -> None:
+    def commit(self, timeout_ms: int | None = None) -> None:
         self.act.crash_point("commit")
         self.act.committed = self.position
 

@@ -104,7 +104,7 @@ class Consumer:
         batch = self.batches.pop(0) if self.batches else []
         return {0: [ConsumerMsg("findings", 0, i, None, f.encode()) for i, f in enumerate(batch)]} if batch else {}
 
-    def commit(self) -> None:
+    def commit(self, timeout_ms: int | None = None) -> None:
         pass
 
 
