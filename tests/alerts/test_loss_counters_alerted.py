@@ -69,6 +69,10 @@ NOT_ALERTED = {
     # logged (spool_lines_quarantined, spool_file_quarantined), one line each time.
     "opsloop_spool_quarantined_lines_total":
         "lines damaged on disk by a crash, kept in quarantine and logged; the crash alerts",
+    # Replay-guard entries, not records: past 2,048 series of one Keystone host in the heavy-hitter window the
+    # oldest entries go; every sample is still counted once, only a crash's replay of those may count twice.
+    "opsloop_keystone_replay_guard_dropped_total":
+        "guard entries, not records: nothing lost, a replay after a crash may count twice; logged",
 }
 
 _NAME_CHARS = r"[A-Za-z0-9_:]"

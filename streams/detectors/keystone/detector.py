@@ -16,7 +16,9 @@ both < 65536) fell from ~750 ms to ~100 ms once credentials were cached. A night
 * ``HeavyHitterDetector``: Space-Saving sketches over a sliding window (see sketches.py); a
   credential with at least ``share`` of the window's validations (and ``min_total`` validations in
   the window) -> ``keystone.heavy_hitter`` (warning), evaluated when a pane closes. Input: one
-  event per validation with the credential's *ID* (EC2 access key / user id), never its secret.
+  event per validation with the credential's *ID* (EC2 access key / user id), never its secret. A round
+  that would bring its pane's count past ``MAX_COUNT`` (2^53, what a restore takes) is refused (ValueError),
+  as one that would bring the p95 window's past it.
 * ``SmallRequestP95Detector``: per tumbling window of ``window_s``, the p95 of requests with both
   sizes below 65536 bytes (LogHistogram, ~1 % error); p95 above ``p95_limit_ms`` (default 500 ms) ->
   ``keystone.small_request_p95`` (warning); every closed window is also returned as a point
@@ -44,7 +46,7 @@ from opsloop.records import Metric
 
 from opsloop.streams.detectors.findingbook import FindingBook, where_key
 from opsloop.streams.detectors.sketches import LogHistogram, PanedHeavyHitters
-from opsloop.streams.detectors.state_check import MAX_EVENT_TIME, event_time, get, items, obj, real
+from opsloop.streams.detectors.state_check import MAX_COUNT, MAX_EVENT_TIME, event_time, get, items, obj, real
 from opsloop.streams.detectors.state_check import count as whole
 
 REGIME = "keystone.latency_regime"
@@ -188,6 +190,13 @@ class HeavyHitterDetector:
             raise ValueError("credential id is empty")
         if weight < 0:
             raise ValueError(f"validation count must be >= 0 (got {weight})")
+        # A pane's count beyond MAX_COUNT is a state no restore takes (its key started afresh at every restart,
+        # its open findings cleared): refused here instead, nothing counted.
+        pane = int(timestamp // self.window.pane_s)
+        counted = next((s.total for p, s in self.window.panes if p == pane), 0)
+        if counted + weight > MAX_COUNT:
+            raise ValueError(f"validation count {weight} would bring its pane's to {counted + weight}, beyond the "
+                             f"{MAX_COUNT} a stored state holds")
         if self.window.offer(timestamp, credential, weight):
             return self.evaluate(timestamp, where or {})
         return []
@@ -275,7 +284,13 @@ class SmallRequestP95Detector:
 
     def update_summary(self, timestamp: float, count: int, p50_ms: float, p95_ms: float, max_ms: float | None = None,
                        where: dict[str, str] | None = None) -> list[Finding]:
-        """Merge one round's summary of ``count`` small requests (see the module docstring)."""
+        """Merge one round's summary of ``count`` small requests (see the module docstring). ValueError, nothing
+        changed, when the window's count would pass MAX_COUNT (a state no restore takes)."""
+        start = timestamp - timestamp % self.window_s
+        counted = 0 if self.window_start is not None and start > self.window_start else self.hist.count
+        if counted + max(0, count) > MAX_COUNT:
+            raise ValueError(f"small request count {count} would bring its window's to {counted + count}, beyond "
+                             f"the {MAX_COUNT} a stored state holds")
         out = self._roll(timestamp, where)
         if count <= 0:
             return out

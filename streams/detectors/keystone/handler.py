@@ -19,16 +19,19 @@ the sliding window; access key *ids*, never secrets) and ``opsloop_keystone_wind
 
 from __future__ import annotations
 
+import hashlib
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from opsloop.labels import label_string
+from opsloop.log import Sampled
 from opsloop.records import Metric
 from opsloop.topics import Topic
-from opsloop.streams.agents.base import DetectorHandler, drop_children, number
+from opsloop.streams.agents.base import DetectorHandler, drop_children, log, number
 from opsloop.streams.detectors.keystone.settings import KeystoneSettings
 from opsloop.streams.detectors.findingbook import FindingBook
 from opsloop.streams.detectors.sketches import PanedHeavyHitters
@@ -46,6 +49,8 @@ REGIME = Gauge("opsloop_keystone_latency_regime_seconds", "Typical latency of th
 SHARE = Gauge("opsloop_keystone_credential_share", "Share of Keystone validations over the sliding window",
               ["host", "credential"])
 WINDOW_TOTAL = Gauge("opsloop_keystone_window_validations", "Keystone validations in the sliding window", ["host"])
+GUARD_DROPPED = Counter("opsloop_keystone_replay_guard_dropped_total",
+                        "Series whose last round a host's replay guard forgot past its cap, still in the window")
 
 VALIDATION_ENDPOINTS = ("/v3/auth/tokens", "/v3/s3tokens", "/v3/ec2tokens")
 MIN_LATENCY_MS = 0.1   # a 0 ms round (sub-millisecond log resolution) is fast, not missing
@@ -54,6 +59,16 @@ SHOWN_CREDENTIALS = 5
 # JSON cannot carry (an int of 1e300 made the host's state unwritable) and no restore would take.
 MAX_ROUND_COUNT = 1e12
 S_PER_MS = 1e-3   # the wire carries milliseconds (collector fields *_ms); Prometheus gets seconds
+# The replay guard (series -> last round's event time) is part of the host's state, one Kafka record of the
+# changelog: kept bounded, else rotating access keys (one series each) grew it past the producer's 1 MB and
+# the record crashed the worker. A credential series goes once its last round is older than the heavy-hitter
+# window (a replay of it is not counted anyway), any other after an hour of the host's rounds without it;
+# past the cap, the oldest go (counted). A series key is at most MAX_SERIES_KEY printable ASCII characters.
+CREDENTIAL_SERIES = "s3_frontend_credential|"
+REPLAY_HORIZON_S = 3600.0
+MAX_GUARDED_SERIES = 2048
+MAX_SERIES_KEY = 160
+GUARD_LOG = Sampled(60.0)
 
 
 @dataclass(slots=True)
@@ -98,13 +113,14 @@ class KeystoneHandler(DetectorHandler):
     def process(self, metrics: Sequence[Metric], now: float) -> None:
         shares_changed: set[str] = set()
         frontend_rounds: dict[str, float] = {}   # host -> newest s3_frontend_* round read: the heavy window's time
+        guarded: set[str] = set()   # hosts whose replay guard took a series
         for m in metrics:
             host = m.tags.get("host")
             if not host or m.name not in self.names:
                 continue
             if len(host) > MAX_LABEL_VALUE:   # a label value: bounded before it keys any state
                 host = label_value(self.name, "host", host)
-            series = m.name + "|" + label_string(m.tags, skip=("host",))
+            series = series_key(m)
             known = self.hosts.get(host)
             if known is not None and self.is_replay(m.timestamp, known.last_ts.get(series)):
                 continue   # replayed after a crash: already counted
@@ -125,6 +141,7 @@ class KeystoneHandler(DetectorHandler):
                 self.reject("keystone_sample_rejected", m, str(e), metric=m.name)
                 continue
             st.last_ts[series] = m.timestamp
+            guarded.add(host)
             self.touch(host)
             if m.name.startswith("s3_frontend_"):
                 frontend_rounds[host] = max(m.timestamp, frontend_rounds.get(host, m.timestamp))
@@ -135,6 +152,33 @@ class KeystoneHandler(DetectorHandler):
                 shares_changed.add(host)   # panes expired: the shares shown change
         for host in shares_changed:
             self._show_shares(host, self.hosts[host])
+        for host in guarded:   # after the window moved on: what it no longer counts needs no guard
+            self._bound_guard(host, self.hosts[host])
+
+    def _bound_guard(self, host: str, st: HostState) -> None:
+        """Forget the series a replay can no longer double-count (see CREDENTIAL_SERIES); then, past
+        MAX_GUARDED_SERIES, the oldest (counted, logged): a replay of those after a crash may count once more."""
+        guard = st.last_ts
+        if not guard:
+            return
+        horizon = max(guard.values()) - max(REPLAY_HORIZON_S, st.heavy.window.window_s, st.p95.window_s)
+        panes = st.heavy.window.panes
+        # a replayed round of a pane before the window's oldest is not counted (PanedHeavyHitters.offer)
+        oldest = panes[0][0] if panes else None
+        pane_s = st.heavy.window.pane_s
+        stale = [s for s, t in guard.items() if t < horizon or (
+            oldest is not None and s.startswith(CREDENTIAL_SERIES) and int(t // pane_s) < oldest)]
+        for s in stale:
+            del guard[s]
+        over = len(guard) - MAX_GUARDED_SERIES
+        if over > 0:
+            for s in heapq.nsmallest(over, guard, key=guard.__getitem__):
+                del guard[s]
+            GUARD_DROPPED.inc(over)
+            GUARD_LOG.warning(log, "keystone_replay_guard_full", key=host, handler=self.name, host=host,
+                              dropped=over, kept=MAX_GUARDED_SERIES,
+                              why="more series in the heavy-hitter window than the guard keeps (a scanner "
+                                  "trying access keys?): a replay of the oldest after a crash may count again")
 
     def _latency(self, host: str, st: HostState, m: Metric) -> None:
         count = number(m.fields, "count")
@@ -180,8 +224,8 @@ class KeystoneHandler(DetectorHandler):
             raise ValueError(f"s3_frontend_requests: a count above {MAX_ROUND_COUNT:g} or a latency above "
                              f"{MAX_LATENCY_MS:g} ms is no round's (fields {dict(m.fields)!r:.200})")
         if count > 0 and p50 is not None and p95 is not None:
-            P95_ROUND.labels(host).set(p95 * S_PER_MS)
             st.p95.update_summary(m.timestamp, int(count), p50, p95, number(m.fields, "max_ms"), {"host": host})
+            P95_ROUND.labels(host).set(p95 * S_PER_MS)   # once taken (ValueError: refused, nothing shown)
         else:
             st.p95.update_summary(m.timestamp, 0, 0.0, 0.0, None, {"host": host})
         if st.p95.series:
@@ -231,6 +275,7 @@ class KeystoneHandler(DetectorHandler):
             book.check_about({"host": key}, "book")
             book.refresh_s = self.refresh_s
         self._configure(st)
+        self._bound_guard(key, st)   # a state written before the bound (or with other settings)
         self.hosts[key] = st
 
     def _configure(self, st: HostState) -> None:
@@ -254,3 +299,12 @@ class KeystoneHandler(DetectorHandler):
             if st.p95.series:
                 P95_WINDOW.labels(host).set(st.p95.series[-1][1] * S_PER_MS)
             self._show_shares(host, st)
+
+
+def series_key(m: Metric) -> str:
+    """The replay guard's key of ``m``'s series: name and tags but the host, or, when that is longer than
+    MAX_SERIES_KEY or not printable ASCII, the name and a hash of it (a tag of 700 kB made a key that long)."""
+    series = m.name + "|" + label_string(m.tags, skip=("host",))
+    if len(series) <= MAX_SERIES_KEY and series.isascii() and series.isprintable():
+        return series
+    return m.name + "|#" + hashlib.sha1(series.encode("utf-8", "surrogatepass")).hexdigest()
