@@ -13,28 +13,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 from prometheus_client import REGISTRY
 
 from opsloop.controllers.paging.config import PagingConfig
 from opsloop.controllers.paging.service import PagingService
+from tests.controllers.actuators.test_commit_bounded import RecordingConsumer as CommitRecordingConsumer
 from tests.controllers.actuators.test_commit_bounded import _closed_port
 from tests.helpers import unique
 
 
-class RecordingConsumer(KafkaConsumer):
-    """kafka-python's consumer, noting the bound each commit was given; polls return nothing (broker gone)."""
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.commit_timeouts: list[int | None] = []
+class RecordingConsumer(CommitRecordingConsumer):
+    """kafka-python's consumer noting each commit's bound (the actuator's test's); polls return nothing."""
 
     def poll(self, timeout_ms: int = 0, **kw: Any) -> dict:
         return {}
-
-    def commit(self, offsets: Any = None, timeout_ms: int | None = None) -> None:
-        self.commit_timeouts.append(timeout_ms)
-        super().commit(offsets, timeout_ms=timeout_ms)
 
 
 def _failures() -> float:
