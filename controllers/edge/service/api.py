@@ -5,7 +5,10 @@ time, read the current weights and decision status. OpenAPI 3 spec at ``GET /ope
   (:func:`hmac.compare_digest`); 401 without it. The token is read from a file or the environment by
   the service and never logged. ``/openapi.json`` is public (it holds no data).
 * Binds loopback by default (``controllers.edge.api.bind``). A slow or idle client is cut off after
-  ``timeout_s`` (socket timeout); at most ``max_connections`` are served at once, more get 503 at
+  ``timeout_s``: a request (line, headers and body) must arrive whole within it from when it is awaited, not
+  only each read (a client sending a header byte every few seconds held its connection slot for ever, and
+  ``max_connections`` of them, no token needed, kept every operator out); at most ``max_connections`` are
+  served at once, more get 503 at
   once; the token is checked before the body is read (an unauthenticated client cannot make the
   server read 64 KiB); the request line is logged as its path only (no query string, no
   ``user:password@`` of an absolute URL).
@@ -18,9 +21,11 @@ Plain :mod:`http.server` (threaded): a handful of small JSON requests, no event 
 from __future__ import annotations
 
 import hmac
+import io
 import re
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -193,6 +198,15 @@ class EdgeApi:
             def log_message(self, format: str, *args: object) -> None:  # no header/token leakage
                 pass
 
+            def setup(self) -> None:
+                super().setup()
+                self._reads = _RequestDeadline(self.connection, timeout_s)
+                self.rfile = io.BufferedReader(self._reads)
+
+            def handle_one_request(self) -> None:
+                self._reads.restart()   # the next request (or the wait for it) has timeout_s from now
+                super().handle_one_request()
+
             def _handle(self, method: str) -> None:
                 path = request_path(self.path)
                 try:
@@ -261,6 +275,33 @@ class EdgeApi:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
+
+
+class _RequestDeadline(io.RawIOBase):
+    """A connection's reads, bounded together: each waits at most what is left of ``timeout_s`` since
+    :meth:`restart` (the socket timeout alone bounds one read, so a trickle of bytes never ended)."""
+
+    def __init__(self, sock: socket.socket, timeout_s: float) -> None:
+        super().__init__()
+        self.sock = sock
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+
+    def restart(self) -> None:
+        self.deadline = time.monotonic() + self.timeout_s
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"request not complete within {self.timeout_s:g} s")
+        self.sock.settimeout(min(left, self.timeout_s))
+        try:
+            return self.sock.recv_into(buffer)
+        finally:
+            self.sock.settimeout(self.timeout_s)   # the reply's writes keep their own timeout
 
 
 _BUSY_BODY = b'{"error": "too many open connections"}'

@@ -7,6 +7,11 @@ No record may pin the book: one stamped further in the future than ``max_clock_s
 (it would stay "newest" forever, hide every later record and never age into ``stale -> hold``),
 counted in ``opsloop_edge_demand_rejected_total{reason="future"}``. Keys not updated for ``ttl_s``
 are dropped (an LB or backend that went away), counted in ``opsloop_edge_demand_dropped_total``.
+
+Partitions added to the topic while the service runs (``kafka-topics --alter --partitions``) are read from their
+beginning once the consumer's metadata shows them (``metadata_max_age_ms``, 10 s), logged ``demand_partitions_added``:
+the producers hash some keys onto them at once, and an edge whose demand moved there was never read again before (its
+listener held, fail static, until a restart).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ log = get_logger("controller.edge.inputs")
 MAX_CLOCK_SKEW_S = 5.0
 TTL_S = 3600.0
 PRUNE_EVERY_S = 60.0
+# how soon partitions added to edge.demand are seen (kafka-python's default: 5 min of an edge's demand unread)
+METADATA_MAX_AGE_MS = 10_000
 
 
 class DemandBook:
@@ -90,8 +97,10 @@ class DemandConsumer:
     """Reads ``edge.demand`` from its end in a daemon thread into a :class:`DemandBook`."""
 
     def __init__(self, kafka: KafkaSettings | str, book: DemandBook, topic: str = Topic.EDGE_DEMAND.value,
-                 deadletter: Callable[[Any, str], None] | None = None) -> None:
+                 deadletter: Callable[[Any, str], None] | None = None,
+                 metadata_max_age_ms: int = METADATA_MAX_AGE_MS) -> None:
         self.kafka = kafka_settings(kafka)   # a bootstrap string means PLAINTEXT, no topic prefix
+        self.metadata_max_age_ms = metadata_max_age_ms
         self.book = book
         self.deadletter = deadletter   # (consumer record, reason): where a record that is no demand goes
         self.topic = self.kafka.topic(topic)
@@ -119,7 +128,8 @@ class DemandConsumer:
 
     def _consume(self) -> None:
         consumer = KafkaConsumer(**client_options(self.kafka), group_id=None, enable_auto_commit=False,
-                                 client_id="opsloop-edge-controller", fetch_max_wait_ms=100)
+                                 client_id="opsloop-edge-controller", fetch_max_wait_ms=100,
+                                 metadata_max_age_ms=self.metadata_max_age_ms)
         try:
             parts: set[int] | None = None
             while not self._stop.is_set() and not parts:
@@ -135,6 +145,7 @@ class DemandConsumer:
                 consumer.position(tp)  # resolve the end offset now, before records arrive
             self.assigned.set()
             while not self._stop.is_set():
+                tps = self._grow(consumer, tps)
                 for records in consumer.poll(timeout_ms=200).values():
                     for r in records:
                         try:
@@ -147,3 +158,16 @@ class DemandConsumer:
         finally:
             consumer.close()
 
+    def _grow(self, consumer: KafkaConsumer, tps: list[TopicPartition]) -> list[TopicPartition]:
+        """``tps`` plus the partitions added to the topic since (read from their beginning: their first records
+        came before the metadata showed them); read from the cached metadata while the topic is in it."""
+        known = {tp.partition for tp in tps}
+        added = sorted(p for p in consumer.partitions_for_topic(self.topic) or () if p not in known)
+        if not added:
+            return tps
+        new = [TopicPartition(self.topic, p) for p in added]
+        consumer.assign(tps + new)   # kept partitions keep their positions
+        consumer.seek_to_beginning(*new)
+        log.warning("demand_partitions_added", topic=self.topic, partitions=added, total=len(tps) + len(new),
+                    consequence="their demand is read from their beginning")
+        return tps + new
