@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,9 +110,9 @@ class TopologyStore:
         value = _checked(check_capacity, "capacity_rps", capacity_rps)
         with self._lock:
             before = self._apply_capacity(listener, origin, value)
-            self._changed()
+            at = self._changed()
         self._save()
-        self._audit(actor, "edge.topology.capacity", listener, origin, before, {"capacity_rps": value}, reason)
+        self._audit(actor, "edge.topology.capacity", listener, origin, before, {"capacity_rps": value}, reason, at)
         return self.origin(listener, origin)
 
     def set_health(self, listener: str, origin: str, healthy: Any, reason: str = "",
@@ -125,10 +126,10 @@ class TopologyStore:
                                 f"balancers' checks), got healthy {healthy!r}")
         with self._lock:
             before = self._apply_health(listener, origin, healthy, force)
-            self._changed()
+            at = self._changed()
         self._save()
         after = {"health_override": healthy, **({"health_forced": True} if force else {})}
-        self._audit(actor, "edge.topology.health", listener, origin, before, after, reason)
+        self._audit(actor, "edge.topology.health", listener, origin, before, after, reason, at)
         return self.origin(listener, origin)
 
     def set_latency(self, listener: str, edge: str, origin: str, latency_ms: Any, reason: str = "",
@@ -137,10 +138,10 @@ class TopologyStore:
         ms = None if math.isinf(value) else value   # infinite: no path
         with self._lock:
             before = self._apply_latency(listener, edge, origin, ms)
-            self._changed()
+            at = self._changed()
         self._save()
         self._audit(actor, "edge.topology.latency", listener, f"{edge}->{origin}", before,
-                    {"latency_ms": ms}, reason, edge=edge)
+                    {"latency_ms": ms}, reason, at, edge=edge)
         return {"listener": listener, "edge": edge, "origin": origin, "latency_ms": ms}
 
     # -- one change, applied and remembered for the overrides file (under the lock) ---------
@@ -184,10 +185,12 @@ class TopologyStore:
         return before
 
     # -- overrides file ---------------------------------------------------------------------
-    def _changed(self) -> None:
-        """Under the lock: count the change (written by :meth:`_save`, after the lock; it stands either way)."""
+    def _changed(self) -> float:
+        """Under the lock: count the change (written by :meth:`_save`, after the lock; it stands either way)
+        and return when it took effect: its audit record's time (recorded after the save, which may be slow)."""
         self.changes += 1
         self._change_seq += 1
+        return time.time()
 
     def _overlay(self) -> tuple[int, Overrides]:
         """Under the lock: every API change so far, a deep copy (written after the lock, changes go on)."""
@@ -254,7 +257,7 @@ class TopologyStore:
                             f"(origins: {[o.name for o in spec.origins]})", 404)
 
     def _audit(self, actor: str, action: str, listener: str, target: str, before: dict[str, Any],
-               after: dict[str, Any], reason: str, edge: str | None = None) -> None:
-        self.audit.record(actor=actor, action=action, target=f"edge-topology:{listener}/{target}",
+               after: dict[str, Any], reason: str, at: float, edge: str | None = None) -> None:
+        self.audit.record(time=at, actor=actor, action=action, target=f"edge-topology:{listener}/{target}",
                           listener=listener, edge=edge, before=copy.deepcopy(before), after=after,
                           reason=reason or "changed through the edge API", mode="live", result="applied")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from opsloop.controllers.edge.service import overrides as overrides_mod
+from opsloop.controllers.edge.service import store as store_mod
 from opsloop.controllers.edge.service.config import TopologySpec
 from opsloop.controllers.edge.service.overrides import OverridesError, load_overrides
 from opsloop.controllers.edge.service.store import TopologyStore
@@ -145,3 +147,28 @@ def test_changes_whose_writes_overlap_leave_the_newest_state_on_disk(
     saved = load_overrides(path)
     assert saved.capacity_rps == {"web": {"near": 55}} and saved.health == {"web": {"far": False}}
     assert not [p for p in path.parent.iterdir() if p.name != "overrides.json"]   # no temporary left
+
+
+def test_changes_are_audited_at_the_time_they_took_effect_not_after_a_slow_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit record is written after the overrides file is saved; it was stamped then, so on a slow disk the
+    decisions already made on a change came before its record (``audit search`` orders by time), and two changes
+    whose saves raced could be audited in the reverse order of their effect."""
+    clock = [1_700_000_000.0]
+    monkeypatch.setattr(store_mod, "time", SimpleNamespace(time=lambda: clock[0]), raising=False)
+    rec = Recorder()
+    store = TopologyStore(topology(), AuditLog([rec]), tmp_path / "overrides.json")
+    disk = SlowDisk(monkeypatch)
+    first = threading.Thread(target=store.set_capacity, args=("web", "near", 55), daemon=True)
+    first.start()
+    assert disk.entered.wait(30), "the first change never reached the disk"
+    clock[0] += 60                         # the disk takes a minute; a second change meanwhile
+    second = threading.Thread(target=store.set_health, args=("web", "far", False), daemon=True)
+    second.start()
+    clock[0] += 60
+    disk.release.set()
+    first.join(30)
+    second.join(30)
+    assert not first.is_alive() and not second.is_alive()
+    stamps = {r.action: r.time for r in rec.records}
+    assert stamps == {"edge.topology.capacity": 1_700_000_000.0, "edge.topology.health": 1_700_000_060.0}
