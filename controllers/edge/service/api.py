@@ -28,7 +28,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import orjson
 from prometheus_client import Counter
@@ -175,9 +175,13 @@ class EdgeApi:
             matched_path = True
             if m != method:
                 continue
+            try:   # names are percent-encoded in a path (a listener "192.0.2.1:443/tcp", an origin "dc 2")
+                names = [unquote(g, errors="strict") for g in match.groups()]
+            except UnicodeDecodeError as e:
+                return 400, {"error": f"a name in the path is not UTF-8 once percent-decoded: {e.reason}"}
             try:
                 body = _parse_body(raw) if method == "PUT" else None
-                return 200, fn(body, *match.groups())
+                return 200, fn(body, *names)
             except TopologyError as e:
                 return e.status, {"error": str(e)}
             except ApiError as e:

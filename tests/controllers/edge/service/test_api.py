@@ -127,3 +127,24 @@ def test_dispatch_fuzz_never_crashes(method, path, body, auth) -> None:
     assert status in (200, 400, 401, 404, 405) and isinstance(doc, (dict, list))
     if auth != f"Bearer {TOKEN}":
         assert status in (401, 404)
+
+
+def test_names_are_percent_decoded_from_the_path() -> None:
+    """A listener or origin whose name holds a ``/``, a space or non-ASCII letters is addressed percent-encoded
+    (as curl and requests send it); before, the encoded segment was matched as it was and such an origin could
+    not be drained through the API (404 "no origin 'dc%202'")."""
+    topo = TopologySpec.model_validate({"listeners": [{
+        "name": "192.0.2.1:443/tcp", "edges": [{"name": "ams"}],
+        "origins": [{"name": "dc 2", "capacity_rps": 40}, {"name": "zürich", "capacity_rps": 1000}],
+        "latency_ms": {"ams": {"dc 2": 2, "zürich": 30}}}]})
+    store = TopologyStore(topo, AuditLog())
+    api = EdgeApi(store, TOKEN, lambda: {}, lambda listener: [])
+    auth = f"Bearer {TOKEN}"
+    status, doc = api.dispatch("PUT", "/v1/listeners/192.0.2.1%3A443%2Ftcp/origins/dc%202/health", auth,
+                               b'{"healthy": false}')
+    assert status == 200 and doc["origin"] == "dc 2" and doc["health_override"] is False, doc
+    status, doc = api.dispatch("PUT", "/v1/listeners/192.0.2.1:443%2Ftcp/edges/ams/latency/z%C3%BCrich", auth,
+                               b'{"latency_ms": 12}')
+    assert status == 200 and store.snapshot("192.0.2.1:443/tcp").spec.latency_ms["ams"]["zürich"] == 12
+    status, doc = api.dispatch("GET", "/v1/listeners/192.0.2.1%3A443%2Ftcp/origins/z%FCrich", auth, b"")
+    assert status == 400 and "UTF-8" in doc["error"]
