@@ -253,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR / "pipeline",
                    help="where the processes keep their files and logs (default %(default)s)")
     p.add_argument("--traffic-rate", type=finite(0), default=60.0, help="requests/s through the lab edge")
-    p.add_argument("--stop", action="store_true", help="stop a pipeline started by another `opsloop run`")
+    p.add_argument("--stop", action="store_true",
+                   help="stop a pipeline started by another `opsloop run` (with the config it was started with)")
     p.add_argument("--duration", type=finite(0), default=0, help="run this many seconds, then stop (0 = until Ctrl-C)")
     p.add_argument("--free-ports", action="store_true",
                    help="free loopback ports for the lab and the services the config does not place (tests)")
@@ -264,32 +265,92 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
-    ports = LabPorts.free() if a.free_ports and not a.stop else LabPorts()
+def recorded_config(run_dir: Path) -> tuple[Settings, Path] | None:
+    """The config a pipeline in ``run_dir`` was started with (``effective_config`` wrote it); None if none."""
+    path = run_dir / "opsloop.yaml"
+    if not path.is_file():
+        return None
+    return load_settings(path, discover=False), path
+
+
+def _configure(a: argparse.Namespace, ports: LabPorts) -> tuple[Settings, Path] | None:
+    """``effective_config`` with its errors as one line on stderr (None then)."""
     try:
-        settings, config_path = effective_config(a.config, a.run_dir, ports)
+        return effective_config(a.config, a.run_dir, ports)
     except ConfigError as e:
         print(f"opsloop run: {e}", file=sys.stderr)
-        return 2
     except OSError as e:   # a --run-dir it cannot create or write: was a traceback
         print(f"opsloop run: --run-dir {a.run_dir}: cannot write {e.filename or a.run_dir}: {e.strerror}",
               file=sys.stderr)
+    return None
+
+
+def _stop(a: argparse.Namespace) -> int:
+    # What runs was started with the run dir's opsloop.yaml: rebuilt from --config or the defaults (as before),
+    # a run started with another stack.data_dir kept its Kafka, Prometheus and Alertmanager after `make stop`.
+    try:
+        found = recorded_config(a.run_dir)
+    except ConfigError as e:
+        print(f"opsloop run --stop: {e}; stopping by {a.config or 'the defaults'} instead", file=sys.stderr)
+        found = None
+    found = found or _configure(a, LabPorts())
+    if found is None:
         return 2
+    stop_running(a.run_dir, *found)
+    print("pipeline stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     if a.stop:
-        stop_running(a.run_dir, settings, config_path)
-        print("pipeline stopped")
-        return 0
+        return _stop(a)
     me = run_pidfile(a.run_dir)
-    if me.running():
+    if me.running():   # before the config is written: a refused run rewrote the running one's opsloop.yaml
         print(f"opsloop run: already running (pid {me.read_pid()[0]}, {me.pidfile}); "  # type: ignore[index]
-              "`opsloop run --stop` stops it", file=sys.stderr)
+              "`make stop` (`opsloop run --stop`) stops it", file=sys.stderr)
         return 1
+    ports = LabPorts.free() if a.free_ports else LabPorts()
+    found = _configure(a, ports)
+    if found is None:
+        return 2
+    settings, config_path = found
     write_pidfile(me.pidfile, os.getpid())
     try:
         return _run(a, settings, config_path, ports)
     finally:
         me.pidfile.unlink(missing_ok=True)
+
+
+def opsloop_command() -> str:
+    """The ``opsloop`` next to this interpreter (the venv's): a new user's shell has no venv on its PATH, so
+    the bare ``opsloop ...`` the banner printed was "command not found"."""
+    exe = Path(sys.executable).with_name("opsloop")
+    return str(exe) if exe.exists() else "opsloop"
+
+
+def banner(stack: Stack, s: Settings, run_dir: Path, ports: LabPorts) -> str:
+    """What `opsloop run` prints once everything is up: every address, and commands to paste as they are."""
+    cli, cfg = opsloop_command(), run_dir / "opsloop.yaml"
+    return f"""
+opsloop is running.
+  Prometheus     {stack.prometheus_url}/graph?g0.expr=opsloop_lb_server_requests_per_second
+  Alertmanager   {stack.alertmanager_url}
+  Kafka          {stack.kafka_bootstrap}   (topics telemetry.*, findings, edge.weights, telemetry.deadletter)
+  lab edge       http://127.0.0.1:{ports.frontend}/  (HAProxy; origins near :{ports.near}, far :{ports.far})
+  /metrics       stream worker :{s.stream.metrics_port} · haproxy collector :{s.collector.metrics_port} \
+· ipmi collector :{ports.ipmi_metrics} · paging :{ports.paging_metrics}
+  BMCs           {SIMULATED_BMCS} simulated BMCs (ipmi_sim); set one's power: write watts to \
+{run_dir}/bmcs/state/<host>/watts
+  edge loop      controller :{ports.edge_metrics} (API :{ports.edge_api}, token in {run_dir}/edge-api.token) \
+· actuator :{ports.actuator_metrics}
+                 weights: {cli} weights show --config {cfg} --edge lab-edge
+                 applied versions: {cli} weights history --config {cfg} --edge lab-edge
+  pages          {run_dir}/pager/pages.jsonl (Alertmanager → lab pager on :{ports.pager})
+  dead letters   {cli} deadletter summary --config {cfg} --since 1h
+  logs           {run_dir}/*/ and {s.stack.data_dir}/*/
+Ctrl-C (or `make stop` in another shell) stops everything.
+"""
 
 
 def _run(a: argparse.Namespace, settings: Settings, config_path: Path, ports: LabPorts) -> int:
@@ -319,22 +380,7 @@ def _run(a: argparse.Namespace, settings: Settings, config_path: Path, ports: La
         print("stopping ...", flush=True)
         stop_all(a.run_dir, settings, config_path)
         return 0
-    s = settings
-    print(f"""
-opsloop is running.
-  Prometheus     {stack.prometheus_url}/graph?g0.expr=opsloop_lb_server_requests_per_second
-  Alertmanager   {stack.alertmanager_url}
-  Kafka          {stack.kafka_bootstrap}   (topics telemetry.*, findings, edge.weights, telemetry.deadletter)
-  lab edge       http://127.0.0.1:{ports.frontend}/  (HAProxy; origins near :{ports.near}, far :{ports.far})
-  /metrics       stream worker :{s.stream.metrics_port} · haproxy collector :{s.collector.metrics_port} · ipmi collector :{ports.ipmi_metrics} · paging :{ports.paging_metrics}
-  BMCs           {SIMULATED_BMCS} simulated BMCs (ipmi_sim); set one's power: write watts to {a.run_dir}/bmcs/state/<host>/watts
-  edge loop      controller :{ports.edge_metrics} (API :{ports.edge_api}, token in {a.run_dir}/edge-api.token) · actuator :{ports.actuator_metrics}
-                 weights: opsloop weights show --config {a.run_dir}/opsloop.yaml --edge lab-edge
-  pages          {a.run_dir}/pager/pages.jsonl (Alertmanager → lab pager on :{ports.pager})
-  dead letters   opsloop deadletter summary --config {a.run_dir}/opsloop.yaml --since 1h
-  logs           {a.run_dir}/*/ and {s.stack.data_dir}/*/
-Ctrl-C (or `make stop` in another shell) stops everything.
-""", flush=True)
+    print(banner(stack, settings, a.run_dir, ports), flush=True)
     supervisor = Supervisor(children, max_restarts=a.max_restarts, window_s=a.restart_window)
     deadline = time.monotonic() + a.duration if a.duration else None
     code = 0
