@@ -267,7 +267,9 @@ class ControlLoop:
                   "healthy": dict(zip(state.origins, healthy.tolist())),
                   "checks_down": sorted(down), "pinned_up_but_down": pinned_but_down,
                   "capacity_rps": dict(zip(state.origins, capacity.tolist())),
-                  "origin_load_rps": load, "inputs_age_s": age, "edges_reporting": seen}
+                  "origin_load_rps": load, "inputs_age_s": age, "edges_reporting": seen,
+                  # which edge made the listener hold: stale or never heard from (edges_reporting counts those too)
+                  "stale_edges": [e.name for e, a in zip(spec.edges, ages) if a > stale_after]}
         for o, rps in load.items():
             M.LOAD.labels(state.name, o).set(rps)
         for j, o in enumerate(state.origins):

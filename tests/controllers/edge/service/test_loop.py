@@ -137,6 +137,12 @@ def test_silent_edge_makes_the_listener_hold_only_once_stale() -> None:
     # stale (e2 silent) and nothing to hold: a static fallback once, then it is held
     assert modes and modes[0] is Mode.FALLBACK and set(modes[1:]) <= {Mode.HOLD}
     assert h.gauge("opsloop_edge_fail_static", listener="twoedges", edge="e2") == 1.0
+    # /v1/status names the edge that made the listener hold (edges_reporting counts stale edges too)
+    assert h.loop.status()["twoedges"]["stale_edges"] == ["e2"]
+    h.demand("e2", 30.0)
+    h.demand("e1", 30.0)
+    h.step()
+    assert h.loop.status()["twoedges"]["stale_edges"] == []
 
 
 def test_recovery_continues_version_and_weights() -> None:
