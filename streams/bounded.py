@@ -16,7 +16,8 @@ from prometheus_client import Counter, Gauge
 
 STATE_DROPPED = Counter("opsloop_stream_state_dropped_total",
                         "State keys a stream handler dropped (ttl: silent too long; cap: too many keys; "
-                        "unreadable: its stored state refused at a restore)", ["handler", "reason"])
+                        "unreadable: its stored state refused at a restore; too_large: a write over the producer's record "
+                        "limit, kept in memory only)", ["handler", "reason"])
 UNREADABLE = "unreadable"   # the reason of a stored state a handler refused (opsloop.streams.agents.base)
 STATE_KEYS = Gauge("opsloop_stream_state_keys", "State keys a stream handler holds", ["handler"])
 

@@ -26,6 +26,12 @@ its state and send its findings, both async. This loop follows the same pattern 
    ``opsloop_stream_errors_total``), kept in memory. Before, the write went to the producer, which
    asserted on the unknown partition: its buffer crashed, the worker stopped, and every restart
    replayed the batch and crashed again (``tests/streams/test_partitions_added.py``).
+   A state whose record the producer would refuse (over Faust's ``producer_max_request_size``, weighed as
+   aiokafka weighs it: the bytes of the table's codecs plus record overhead, :meth:`StatefulAgent.record_size`)
+   is not written either (``state_too_large``, ``opsloop_stream_state_dropped_total{reason="too_large"}``),
+   kept in memory, its older copy left where it lives (a moved key's too). Before, aiokafka raised
+   ``MessageSizeTooLargeError`` in Faust's producer buffer task: the worker crashed, every detector with it
+   (``tests/streams/agents/test_state_too_large_live.py``).
 2. **Restore**: at the first batch after start or after a partition assignment, the handler's
    state is replaced by the table's (already recovered by Faust: consumption of an assigned
    partition resumes only after its table partitions are recovered). A value a handler cannot use
@@ -58,6 +64,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, MutableMapping, Sequence
 
 import faust
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from faust.serializers import codecs
 from faust.streams import _current_event
 from faust.types import TP, EventT
@@ -83,6 +90,9 @@ KEY_SEP = "|"
 # state not written for want of a changelog partition: every batch of those keys, one line a minute
 NOT_WRITTEN_LOG = Sampled(60.0)
 METADATA_REFRESH_S = 5.0   # at most one producer metadata refresh asked for per interval (a grown changelog)
+# a state whose changelog record the producer would refuse: not sent, kept in memory (STATE_DROPPED's reason)
+TOO_LARGE = "too_large"
+TOO_LARGE_LOG = Sampled(60.0)   # one line a minute per handler: a big key is refused at every batch touching it
 
 
 class UnreadableState:
@@ -247,6 +257,10 @@ class StatefulAgent:
         self.home_unknown = 0   # writes of a key whose home was not known (module docstring)
         self.home_moved = 0     # keys whose records came from another partition than their state's
         self.not_written = 0    # state writes skipped: their partition has no changelog partition
+        self.too_large = 0      # state writes skipped: the record over the producer's max request size
+        # aiokafka refuses a record whose estimate (key + value + record and batch overhead) is above this, in
+        # Faust's producer buffer task: the worker crashed (write_state)
+        self.max_record_bytes: int = app.conf.producer_max_request_size
         self._refreshed_at = float("-inf")   # monotonic time of the last producer metadata refresh asked for
 
     @property
@@ -464,9 +478,10 @@ class StatefulAgent:
                     # crashed the worker. Kept in memory; its old copy (if any) left as it is.
                     unwritten.setdefault(event.message.partition, []).append(f"{h.name}{KEY_SEP}{key}")
                     continue
-                if (h, key) in moved:
-                    self._delete_copy(h, key, moved[(h, key)], writable)
-                self.write_state(h, key, event)
+                if not self.write_state(h, key, event, moved.get((h, key)), writable) and (h, key) in moved:
+                    # not written (too large, or no JSON): its copy stays where it lived, and so does its home, so the
+                    # move (the write and the old copy's delete) is made by the first write that goes through
+                    self._home[h.name][key] = moved[(h, key)]
         if unwritten:
             self._not_written(unwritten, writable)
         if moved:
@@ -571,13 +586,55 @@ class StatefulAgent:
         p = self._home[handler.name].get(key)
         return None if p is None else self._last.get(p)
 
-    def write_state(self, handler: DetectorHandler, key: str, event: EventT) -> None:
+    def record_size(self, table_key: str, state: Any) -> int | None:
+        """The size the producer gives ``table_key``'s changelog record (None: a table without a changelog).
+
+        Serialised as the table's write does (the changelog topic's ``prepare_*`` with the table's codecs) and
+        weighed as aiokafka weighs it before it sends (``estimate_size_in_bytes``: key, value, headers, record and
+        batch overhead), so the guard refuses exactly what the producer would."""
+        topic = getattr(self.table, "changelog_topic", None)
+        if topic is None:
+            return None
+        headers = topic.prepare_headers(None)
+        k, headers = topic.prepare_key(table_key, self.table.key_serializer, None, headers)
+        v, headers = topic.prepare_value(state, self.table.value_serializer, None, headers)
+        listed = list(headers.items()) if isinstance(headers, Mapping) else list(headers or ())
+        return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(k, v, listed))
+
+    def _too_large(self, handler: DetectorHandler, key: str, size: int) -> None:
+        self.too_large += 1
+        STATE_DROPPED.labels(handler.name, TOO_LARGE).inc()   # per refused write: alerted while it lasts
+        TOO_LARGE_LOG.error(log, "state_too_large", key=handler.name, handler=handler.name, state_key=key[:200],
+                            size=size, limit=self.max_record_bytes,
+                            why="the key's state is larger than one Kafka record may be (Faust's "
+                                "producer_max_request_size): its detector keeps too much for it",
+                            kept="in memory only, its older copy (if any) left in the changelog: a restart or "
+                                 "a rebalance brings that one back, or none")
+
+    def write_state(self, handler: DetectorHandler, key: str, event: EventT, moved_from: int | None = None,
+                    writable: frozenset[int] | None = None) -> bool:
+        """Write ``key``'s state (a tombstone when the handler forgot it) under ``event``; ``moved_from``: the
+        partition its copy lived in before its records moved (deleted there, not when this write is refused).
+        False: not written (its state could not be serialised, or is too large for one record)."""
         try:
             state = handler.state_of(key)
         except Exception as e:  # noqa: BLE001 - one bad key must not lose the others
             log.error("state_serialise_failed", agent=handler.name, key=key, error=f"{type(e).__name__}: {e}")
-            return
+            return False
         table_key = handler.name + KEY_SEP + key
+        if state is not None:
+            try:
+                size = self.record_size(table_key, state)
+            except Exception as e:  # noqa: BLE001 - no JSON for it: the table's write would raise out of the batch
+                log.error("state_serialise_failed", agent=handler.name, key=key, error=f"{type(e).__name__}: {e}")
+                return False
+            if size is not None and size > self.max_record_bytes:
+                # Sent, aiokafka raised MessageSizeTooLargeError in Faust's producer buffer task: the worker
+                # crashed (every detector), the batch's state writes lost with it.
+                self._too_large(handler, key, size)
+                return False
+        if moved_from is not None:
+            self._delete_copy(handler, key, moved_from, writable)
         recovered = self._store_partitions()
         with _as_current(event):
             if state is None:
@@ -592,6 +649,7 @@ class StatefulAgent:
                     # Faust drops a key after a recovery by this map: by its home, as assign() does (a key
                     # written elsewhere for want of its home's event stays while its home is ours)
                     recovered[table_key] = self._home[handler.name].get(key, event.message.partition)
+        return True
 
 
 def detector_agent(app: faust.App, handlers: Sequence[DetectorHandler], settings: Settings, table: faust.Table,

@@ -46,8 +46,9 @@ OTHER_LOSSES = {
 LOSS_SELECTORS = {
     # reason="cap": keys the handler still uses evicted, their state and open findings gone; reason="unreadable":
     # a key's stored state refused at a start (streams/detectors/state_check.py), the key starts afresh;
-    # reason="ttl": keys silent for stream.state_ttl_s (a host retired), housekeeping (NOT_ALERTED's reasons)
-    "opsloop_stream_state_dropped_total": ('reason="cap"', 'reason="unreadable"'),
+    # reason="ttl": keys silent for stream.state_ttl_s (a host retired), housekeeping (NOT_ALERTED's reasons);
+    # reason="too_large": a state over one Kafka record, not written, lost at the next restart or rebalance
+    "opsloop_stream_state_dropped_total": ('reason="cap"', 'reason="unreadable"', 'reason="too_large"'),
     # outcome="rejected": a document Elasticsearch refused (400), dropped (opsloop/audit/indexer.py)
     "opsloop_audit_records_total": ('outcome="rejected"',),
 }
