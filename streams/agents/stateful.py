@@ -12,7 +12,8 @@ its state and send its findings, both async. This loop follows the same pattern 
    of the key's own records (its *home*: the partition number of the records that fed it, see
    ``DetectorHandler.fed``, or until they come the partition Faust recovered it from), so the
    state of a series lives in the same partition number as the series and moves with it on a
-   rebalance (Faust assigns table partitions together with source partitions). Faust writes a table key to the partition of the *current event*, so the key
+   rebalance (Faust assigns table partitions together with source partitions). Faust writes a table key to
+   the partition of the *current event*, so the key
    is written under the latest event of its home partition. Not the partition of the batch
    that touched it: a handler changes keys of other partitions too (the firewall's drift check
    updates findings about every hypervisor of the role, the power handler a whole generation),
@@ -20,7 +21,14 @@ its state and send its findings, both async. This loop follows the same pattern 
    last won, possibly the older one (a finding re-opened, re-paged), and with several workers
    the owner of the key missed the newer state (``tests/streams/agents/test_state_partition.py``).
    A key whose records come from a new partition (netperf: a target set measured from another
-   host) moves there and is deleted from the old one (``_delete_copy``), so it keeps one copy.
+   host, ipmi readings keyed by generation, partitions added) moves there and is deleted from the old one
+   (``_delete_copy``: a tombstone sent straight to that partition, no event of it needed; before, one that got
+   no more records never had one and kept the old copy for good), so it keeps one copy. Of several copies of a
+   key the recovery keeps the one written last, whatever the partitions' order (:class:`StateTable`, by the
+   records' Kafka time; before, the copy recovered last won: the state from before a move, or the old copy's
+   tombstone deleting the new one), and the restore deletes the older copies it found (deployments from before
+   this fix hold such pairs; ``state_old_copies_deleted``; ``tests/streams/agents/test_state_newest_copy.py``,
+   ``test_state_moved_live.py``).
    A source partition with no changelog partition of its number (partitions added to a telemetry
    topic, not to the changelog): its keys' state is not written (``state_not_written``, counted in
    ``opsloop_stream_errors_total``), kept in memory. Before, the write went to the producer, which
@@ -29,7 +37,9 @@ its state and send its findings, both async. This loop follows the same pattern 
    A state whose record the producer would refuse (over Faust's ``producer_max_request_size``, weighed as
    aiokafka weighs it: the bytes of the table's codecs plus record overhead, :meth:`StatefulAgent.record_size`)
    is not written either (``state_too_large``, ``opsloop_stream_state_dropped_total{reason="too_large"}``),
-   kept in memory, its older copy left where it lives (a moved key's too). Before, aiokafka raised
+   kept in memory, its older copy left where it lives (a moved key's too; deleted by the move's first write
+   that fits, or, a not-written key's, by a restore once the new copy is written: the older never wins).
+   Before, aiokafka raised
    ``MessageSizeTooLargeError`` in Faust's producer buffer task: the worker crashed, every detector with it
    (``tests/streams/agents/test_state_too_large_live.py``).
 2. **Restore**: at the first batch after start or after a partition assignment, the handler's
@@ -182,21 +192,107 @@ async def _on_changelog_event(event: EventT) -> None:
         STATE_DROPPED.labels(UNKNOWN_HANDLER, UNREADABLE).inc()
 
 
-def state_table(app: faust.App) -> faust.Table:
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class StateTable(faust.Table):
+    """The ``detector-state`` table: Faust's, except that of several changelog partitions holding a key, the copy
+    written last wins, whatever order they are recovered (or applied as standby) in.
+
+    A key whose records moved partition had a copy in each; Faust applies every changelog partition to one dict,
+    so the partition recovered last won: possibly the copy from before the move (an old baseline, cleared findings
+    open again, open ones lost), or the tombstone of the old copy deleting the new one. Each record applied is
+    stamped with its Kafka timestamp (ms) and partition; a record of another partition than the key's stamp that is
+    older (a value beats a tombstone of the same ms) is not applied, but kept as a *stale copy* for the agent to
+    delete (:meth:`stale_copies`). Records of one partition apply in offset order, as before. This worker's own
+    writes are stamped too, so its own tombstone of an old copy, applied back as a standby record, does not delete
+    the key it has just written elsewhere. Stamps are kept for the keys in memory (and a recovery's tombstones,
+    until it completes)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stamps: dict[Any, tuple[int | None, int, bool]] = {}   # key -> (ms, partition, live) of the copy held
+        self._stale: dict[Any, set[int]] = {}   # key -> partitions whose latest record is an older live copy
+
+    def apply_changelog_batch(self, batch: Any) -> None:
+        super().apply_changelog_batch([e for e in batch if self._newest(e)])
+
+    def _newest(self, event: EventT) -> bool:
+        """Whether ``event`` (a changelog record) is the key's newest copy so far; notes the stale ones."""
+        key, msg = self._to_key(event.key), event.message
+        p, live = msg.partition, msg.value is not None
+        # no order to trust without the writer's time (LogAppendTime: the broker's, not the stamp a delete sets)
+        stamp = getattr(msg, "timestamp", None)
+        ts = None if stamp is None or getattr(msg, "timestamp_type", 0) == 1 else round(stamp * 1000)
+        prev = self._stamps.get(key)
+        older = prev is not None and prev[1] != p and ts is not None and prev[0] is not None \
+            and (ts, live) < (prev[0], prev[2])
+        stale = self._stale.get(key, set())
+        if older:
+            (stale.add if live else stale.discard)(p)   # an older copy (or its delete): not applied
+        else:
+            if prev is not None and prev[1] != p and prev[2]:
+                stale.add(prev[1])   # the copy held so far is older: its partition keeps a stale one
+            stale.discard(p)
+            self._stamps[key] = (ts, p, live)
+        if stale:
+            self._stale[key] = stale
+        else:
+            self._stale.pop(key, None)
+        return not older
+
+    def on_key_set(self, key: Any, value: Any) -> None:
+        super().on_key_set(key, value)
+        self._stamps[key] = (_now_ms(), self.partition_for_key(key) or 0, True)
+
+    def on_key_del(self, key: Any) -> None:
+        super().on_key_del(key)
+        self._stamps.pop(key, None)   # bounded: no stamp kept for a key this worker forgot
+
+    def tombstone(self, key: Any, partition: int, stamp_ms: int | None = None) -> None:
+        """Delete ``key``'s copy in changelog ``partition``, with no event of that partition (memory untouched).
+
+        Stamped ``stamp_ms``: by default now, before the write of the key's new copy that follows, so that copy
+        wins at a recovery; an older copy found by a recovery is deleted at its newest copy's time (a value wins
+        a tie), or the delete, newer, would win over the copy kept."""
+        ms = _now_ms() if stamp_ms is None else stamp_ms
+        self.changelog_topic.send_soon(key=key, value=None, partition=partition, timestamp=ms / 1000.0,
+                                       key_serializer=self.key_serializer, value_serializer="raw",
+                                       callback=self._on_changelog_sent)
+
+    def stale_copies(self) -> dict[Any, tuple[int, int, set[int]]]:
+        """Key -> (partition and time in ms of its newest copy, partitions holding an older live copy), handed over
+        and forgotten: the keys a recovery found in several partitions (before this fix a moved key whose old
+        partition got no more records kept its old copy). Not those without record times (no order to trust)."""
+        out = {k: (stamp[1], stamp[0], parts) for k, parts in self._stale.items()
+               if (stamp := self._stamps.get(k)) is not None and stamp[0] is not None}
+        self._stale.clear()
+        return out
+
+    async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
+        await super().on_recovery_completed(active_tps, standby_tps)
+        # bounded: stamps of the keys held (and of those whose stale copies the agent is still to delete)
+        self._stamps = {k: s for k, s in self._stamps.items() if k in self.data or k in self._stale}
+
+
+def state_table(app: faust.App) -> StateTable:
     """The one state table of all detector agents (create once per app)."""
     existing = app.tables.get(STATE_TABLE)
     if existing is not None:
         return existing  # type: ignore[return-value]
-    table = app.Table(STATE_TABLE, default=None, schema=faust.Schema(key_serializer="json", value_serializer="json"),
-                      help="Detector state per agent and state key (JSON), for restarts and rebalances",
-                      on_changelog_event=_on_changelog_event)
+    table = app.tables.add(StateTable(
+        app, name=STATE_TABLE, default=None, beacon=app.tables.beacon,
+        schema=faust.Schema(key_serializer="json", value_serializer="json"),
+        help="Detector state per agent and state key (JSON), for restarts and rebalances",
+        on_changelog_event=_on_changelog_event))
     # Faust's table and its changelog topic take their serializers from the key and value types (json for
     # none) over the schema's: set after (writes go through the table's, reads through the topic's schema,
     # which each clone of the topic, the recovery's among them, sets from the topic's)
     topic = table.changelog_topic
     table.value_serializer = topic.value_serializer = topic.schema.value_serializer = STATE_CODEC
     table.key_serializer = topic.key_serializer = topic.schema.key_serializer = STATE_KEY_CODEC
-    return table
+    return table  # type: ignore[return-value]
 
 
 def findings_sink(app: faust.App) -> FindingsSink:
@@ -405,6 +501,7 @@ class StatefulAgent:
                     found = []
             restored += found
         self.sink.restore(restored)   # all at once: the findings shown are exactly those held now
+        self._delete_stale_copies(self.changelog_partitions())
         self.needs_restore = False
 
     def _restore_handler(self, h: DetectorHandler, states: dict[str, Any]) -> list[Finding]:
@@ -497,17 +594,37 @@ class StatefulAgent:
 
     def _delete_copy(self, handler: DetectorHandler, key: str, partition: int,
                      writable: frozenset[int] | None = None) -> None:
-        """Tombstone ``key`` in the partition its state lived in before its records moved (the netperf
-        state key, a target set, moves when another host measures the set). Left there, that copy
-        stayed for good and a restart recovering that partition last brought it back: the state from
-        before the move, its cleared findings open again. Not possible without an event of that
-        partition yet (newly assigned, or a restart): the copy stays, as before (counted all the same)."""
-        event = self._last.get(partition)
-        table_key = handler.name + KEY_SEP + key
-        if event is None or table_key not in self.table or (writable is not None and partition not in writable):
+        """Tombstone ``key`` in the partition its state lived in before its records moved (a netperf target set
+        measured from another host, power readings keyed by generation, partitions added), with no event of that
+        partition needed. Before, it was deleted only under an event of that partition: one that gets no more
+        records (the ipmi host partitions after the move to generation keys) never had one, and the old copy stayed
+        for good (a restart recovering it last brought back the state from before the move). That partition may
+        be another worker's: the delete goes straight to the changelog, its memory there is its own."""
+        if writable is not None and partition not in writable:
             return
-        with _as_current(event):
-            del self.table[table_key]   # the memory entry comes back with the write that follows
+        self.table.tombstone(handler.name + KEY_SEP + key, partition)
+
+    def _delete_stale_copies(self, writable: frozenset[int] | None) -> None:
+        """Tombstone the older copies a recovery found beside the newest one of a key of this worker's partitions
+        (:meth:`StateTable.stale_copies`): keys moved before old copies were deleted, or whose delete failed.
+        Left, each restart restored one of them only because it was older (the table keeps the newest)."""
+        stale = getattr(self.table, "stale_copies", None)   # a table of a test: none
+        if stale is None:
+            return
+        deleted, example = 0, None
+        try:
+            for table_key, (home, stamp_ms, partitions) in stale().items():
+                if self._assigned is not None and home not in self._assigned:
+                    continue   # the newest copy is another worker's: its owner deletes the older ones
+                for p in sorted(partitions - {home}):
+                    if writable is None or p in writable:
+                        self.table.tombstone(table_key, p, stamp_ms)
+                        deleted, example = deleted + 1, example or table_key
+        except Exception as e:  # noqa: BLE001 - the restore goes on; the table keeps the newest copy regardless
+            log.error("state_old_copies_delete_failed", agent=self.name, error=f"{type(e).__name__}: {e}"[:500])
+        if deleted:
+            log.warning("state_old_copies_deleted", agent=self.name, copies=deleted, example=repr(example)[:200],
+                        why="a key's older copies in other changelog partitions than its newest (moved keys)")
 
     def changelog_partitions(self) -> frozenset[int] | None:
         """The state changelog's partitions a write can go to: those the app's producer knows (it asserts on

@@ -54,6 +54,10 @@ class ChangelogTable(dict):
         self.log.append((current_event().message.partition, key, None))
         super().__delitem__(key)
 
+    def tombstone(self, key: str, partition: int, stamp_ms: int | None = None) -> None:
+        """The real table's delete of a key's copy in another partition than the current event's."""
+        self.log.append((partition, key, None))
+
     @property
     def data(self) -> Any:
         """Faust's memory store's map of recovered keys to their partition (``_key_partition``)."""

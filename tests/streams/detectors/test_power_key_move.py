@@ -5,9 +5,8 @@ Readings were keyed by host, so each server's state (state key: the host) lived 
 Keyed by generation, the readings of every server of a generation come from one partition: the first of them
 moves each server's state there and deletes (tombstones) the copy in the old partition. Nothing is re-opened
 or lost while the worker runs: no finding is published as ``opened`` or ``cleared`` by the move. A restart
-recovers the state after the move, or, while the old partition still holds the tombstone (until compaction
-removes it), none when it recovers the tombstone last: the server starts afresh (docs/operations.md,
-"Running N stream workers"); never the copy from before the move.
+recovers the state after the move whichever partition it recovers last (the newer copy wins:
+tests/streams/agents/test_state_newest_copy.py); never the copy from before the move.
 """
 
 from __future__ import annotations
@@ -25,19 +24,6 @@ from tests.streams.agents.test_state_partition import ChangelogTable, Event
 T0 = 1_795_500_000.0
 FLEET = {"stor-a": (205.0, 0), "stor-b": (200.0, 1), "stor-c": (210.0, 2), "stor-x": (320.0, 3)}   # W, old partition
 GEN_PARTITION = 2   # the generation's key's
-
-
-class _Changelog:
-    @staticmethod
-    def get_topic_name() -> str:
-        return "power-move-detector-state-changelog"
-
-
-class Table(ChangelogTable):
-    """The changelog-logging table, with the changelog topic name the agent asks its producer about (none
-    knows it here: every partition is written)."""
-
-    changelog_topic = _Changelog()
 
 
 def _reading(host: str, ts: float) -> Metric:
@@ -64,7 +50,7 @@ def _events(sent: list[tuple[bytes, bytes, list[tuple[str, bytes]]]]) -> list[tu
 
 
 def test_the_move_to_generation_keys_keeps_each_servers_findings_in_one_copy() -> None:
-    table = Table()
+    table = ChangelogTable()
     handler = PowerHandler(PowerSettings(min_generation_size=4))
     published: list[tuple[bytes, bytes, list[tuple[str, bytes]]]] = []   # what the agent publishes
     agent = loop_for(handler, table, published)
