@@ -123,6 +123,26 @@ def connect_with_retry(connect: Callable[[], None], stop: threading.Event, servi
     return False
 
 
+# kafka-python's commit() waits for the coordinator up to request_timeout_ms (30 s) with the broker away, then
+# raises: a service loop calling it each step (the weight actuator's ticks, paging's re-sends) waited that long.
+COMMIT_TIMEOUT_S = 2.0
+COMMIT_LOG = Sampled(60.0)   # commits the broker did not take (away): one line a minute
+
+
+def commit_bounded(consumer: Any, log: Any, failures: Any, consequence: str) -> bool:
+    """``consumer.commit()`` waiting at most :data:`COMMIT_TIMEOUT_S`; False when the broker did not take it (away,
+    group rebalanced): counted in ``failures``, logged ``commit_failed`` once a minute, the caller still owes it
+    and tries again next step (``consequence`` says what a restart meanwhile does)."""
+    try:
+        consumer.commit(timeout_ms=int(COMMIT_TIMEOUT_S * 1000))
+    except KafkaError as e:
+        failures.inc()
+        COMMIT_LOG.warning(log, "commit_failed", error=f"{type(e).__name__}: {e}"[:300], timeout_s=COMMIT_TIMEOUT_S,
+                           consequence=consequence)
+        return False
+    return True
+
+
 DEADLETTER_LOST_LOG = Sampled(60.0)
 
 # a consumed record's headers as kafka-python gives them (``ConsumerRecord.headers``)

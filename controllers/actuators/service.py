@@ -54,12 +54,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from kafka.errors import KafkaError
-
 from opsloop.audit.trail import AuditLog
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
-from opsloop.kafka_clients import (RecordHeaders, client_options, connect_with_retry, kafka_settings,
+from opsloop.kafka_clients import (RecordHeaders, client_options, commit_bounded, connect_with_retry, kafka_settings,
                                    preflight_or_exit, send_deadletter, service_producer)
 from opsloop.log import Sampled, get_logger
 
@@ -76,11 +74,6 @@ from opsloop.records import EdgeWeights
 log = get_logger("actuator.service")
 REJECT_LOG = Sampled(60.0)   # a poison stream: one line a minute (the counter counts each)
 SKIP_LOG = Sampled(60.0)     # re-sends of a given-up version: one line a minute per slot
-COMMIT_LOG = Sampled(60.0)   # commits the broker did not take (away): one line a minute
-# A commit blocks until the broker answers, by default request_timeout_ms (30 s) with the broker away: every step
-# then held the ticks (reconcile, fail static, findings) that long. One not done is retried next step (a restart
-# re-reads the records, which are no-ops), so it waits no longer than a tick may.
-COMMIT_TIMEOUT_S = 2.0
 # explanations of what a restarted service says again (its state file says it may not be delivered)
 RESTATED_OPEN = "fail static since before this actuator started"
 RESTATED_CLEAR = "fresh decisions came back before this actuator restarted"
@@ -471,15 +464,10 @@ class ActuatorService:
         self.tick(time.monotonic())
         # committed once nothing is pending, with or without new records (a retried decision done later too)
         if self._uncommitted and all(s.pending is None for s in self.slots.values()):
-            try:
-                self._consumer.commit(timeout_ms=int(COMMIT_TIMEOUT_S * 1000))
-            except KafkaError as e:   # broker away / group rebalanced: still owed, tried again next step
-                metrics.COMMIT_FAILURES.inc()
-                COMMIT_LOG.warning(log, "commit_failed", error=f"{type(e).__name__}: {e}"[:300],
-                                   timeout_s=COMMIT_TIMEOUT_S, consequence="retried next step; a restart "
-                                   "meanwhile re-reads the decisions handled since the last commit (no-ops)")
-                return
-            self._uncommitted = False
+            # bounded: the ticks (reconcile, fail static, findings) wait no longer with the broker away
+            if commit_bounded(self._consumer, log, metrics.COMMIT_FAILURES, "retried next step; a restart "
+                              "meanwhile re-reads the decisions handled since the last commit (no-ops)"):
+                self._uncommitted = False
 
     def run(self, stop: threading.Event) -> None:
         if self._consumer is None:

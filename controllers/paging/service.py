@@ -40,12 +40,11 @@ from typing import Any
 
 import orjson
 from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError
 
 from opsloop.atomic_file import replace_file
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
-from opsloop.kafka_clients import (RecordHeaders, client_options, connect_with_retry, kafka_settings,
+from opsloop.kafka_clients import (RecordHeaders, client_options, commit_bounded, connect_with_retry, kafka_settings,
                                    preflight_or_exit, send_deadletter, service_producer)
 from opsloop.log import Sampled, get_logger
 
@@ -60,10 +59,6 @@ log = get_logger("paging")
 REJECT_LOG = Sampled(60.0)   # a poison stream: one line a minute (the counter counts each)
 DROP_LOG = Sampled(60.0)     # a long outage drops one resolve per clear: one line a minute per kind
 SAVE_LOG = Sampled(60.0)     # a full disk fails every step's save: one line a minute (the counter counts each)
-COMMIT_LOG = Sampled(60.0)   # commits the broker did not take (away): one line a minute
-# kafka-python's commit() waits request_timeout_ms (30 s) with the broker away, then raises: every step (re-sends,
-# resolves, pages of the findings already read) waited that long. One not done stays owed for the next step.
-COMMIT_TIMEOUT_S = 2.0
 
 AUDIT_ACTIONS = {"open": "page_opened", "resolve": "page_resolved", "severity_changed": "page_severity_changed"}
 
@@ -353,22 +348,13 @@ class PagingService:
         self.deliver(now)
         self.auditor.flush(timeout_s=2.0)
         # the offsets only once the state holding their records is saved: a crash replays them, none is lost
+        # bounded: re-sends, resolves and pages of the findings already read wait no longer with the broker away
         if self._try_save() and (values or self._uncommitted):
-            self._commit()
+            self._uncommitted = not commit_bounded(
+                self._consumer, log, metrics.COMMIT_FAILURES, "retried next step; a restart meanwhile replays the "
+                "findings read since the last commit onto the saved state (no second page)")
         elif values:
             self._uncommitted = True
-
-    def _commit(self) -> None:
-        try:
-            self._consumer.commit(timeout_ms=int(COMMIT_TIMEOUT_S * 1000))
-        except KafkaError as e:   # broker away / group rebalanced: owed, tried again next step
-            self._uncommitted = True
-            metrics.COMMIT_FAILURES.inc()
-            COMMIT_LOG.warning(log, "commit_failed", error=f"{type(e).__name__}: {e}"[:300], timeout_s=COMMIT_TIMEOUT_S,
-                               consequence="retried next step; a restart meanwhile replays the findings read since "
-                               "the last commit onto the saved state (no second page)")
-            return
-        self._uncommitted = False
 
     def run(self, stop: threading.Event) -> None:
         if self._consumer is None:
