@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import logging
 import ssl
-import stat
 import threading
 import uuid
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from opsloop.private_file import OpenToOthers, PrivateFileError, read_private_file
 
 Protocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 Mechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -104,15 +105,16 @@ class KafkaSecurity(BaseModel):
 
 
 def read_secret_file(path: Path, setting: str) -> str:
-    """A secret from a file only its owner can read (0600/0400); anything looser is refused."""
+    """A secret from a file only its owner can read (0600/0400); anything looser is refused, and so is a FIFO,
+    a device or a file over 4 KiB (:func:`opsloop.private_file.read_private_file`: never waited on)."""
     try:
-        st = path.stat()
-        text = path.read_text()
+        text = read_private_file(path).decode()
     except OSError as e:
         raise KafkaSecurityError(f"{setting} {path}: {e.strerror}") from None
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise KafkaSecurityError(f"{setting} {path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                                 f"chmod 600 it")
+    except OpenToOthers as e:
+        raise KafkaSecurityError(f"{setting} {path} is readable by others (mode {e.mode:04o}); chmod 600 it") from None
+    except PrivateFileError as e:
+        raise KafkaSecurityError(f"{setting} {path}: {e}") from None
     secret = text.strip()
     if not secret:
         raise KafkaSecurityError(f"{setting} {path} is empty")

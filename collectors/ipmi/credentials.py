@@ -8,13 +8,12 @@ reference, not the value.
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
+from opsloop.private_file import NotRegularFile, OpenToOthers, TooLarge, read_private_file
 from opsloop.collectors.ipmi.config import ResolvedHost
 
 MAX_PASSWORD_BYTES = 20  # IPMI v2 passwords are at most 20 bytes
-_MAX_FILE_BYTES = 4096  # the password and trailing newlines; read at most this much
 
 
 class CredentialError(ValueError):
@@ -40,29 +39,18 @@ def resolve_password(host: ResolvedHost) -> str:
 
 
 def _read_password_file(path: Path, host: str) -> bytes:
-    """The file's bytes, bounded. Non-blocking open and a regular file only: a FIFO without a writer
-    blocked open() for ever (the round, every BMC behind it, never ended) and /dev/zero was read until
-    memory ran out. Mode checked on the descriptor that is read, not on the name."""
+    """The file's bytes (:func:`opsloop.private_file.read_private_file`: a FIFO or device is never waited on)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_private_file(path)
     except OSError as e:
         raise CredentialError(f"password file {path} of {host}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CredentialError(f"password file {path} of {host} is not a regular file")
-        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise CredentialError(f"password file {path} of {host} is readable by group/others: chmod 600 it")
-        try:
-            raw = os.read(fd, _MAX_FILE_BYTES + 1)
-        except OSError as e:
-            raise CredentialError(f"password file {path} of {host}: {e.strerror}") from None
-    finally:
-        os.close(fd)
-    if len(raw) > _MAX_FILE_BYTES:
-        raise CredentialError(f"password file {path} of {host}: larger than {_MAX_FILE_BYTES} bytes, "
-                              "not a password file")
-    return raw
+    except NotRegularFile:
+        raise CredentialError(f"password file {path} of {host} is not a regular file") from None
+    except OpenToOthers:
+        raise CredentialError(f"password file {path} of {host} is readable by group/others: chmod 600 it") from None
+    except TooLarge as e:
+        raise CredentialError(f"password file {path} of {host}: larger than {e.limit} bytes, "
+                              "not a password file") from None
 
 
 def _checked(value: str, where: str) -> str:

@@ -2,18 +2,16 @@
 
 A token written with ``write_text`` and ``chmod``-ed afterwards is readable by everyone on the machine
 for a moment (and forever when the chmod never runs); :func:`create_token_file` opens the file with
-mode 0600 and ``O_EXCL``. :func:`check_private` refuses a token file that group or others may read
-or write, naming the file and the command that fixes it (the token itself is never printed).
+mode 0600 and ``O_EXCL``. The service refuses a token file that group or others may read or write
+(``config.read_token``, through :func:`opsloop.private_file.read_private_file`), naming the file and the
+command that fixes it (the token itself is never printed).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import stat
 from pathlib import Path
-
-from opsloop.config import ConfigError
 
 
 def create_token_file(path: Path, token: str | None = None) -> str:
@@ -25,14 +23,3 @@ def create_token_file(path: Path, token: str | None = None) -> str:
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token
-
-
-def check_private(path: Path, what: str) -> None:
-    """ConfigError when ``path`` is open to group or others (or missing)."""
-    try:
-        mode = stat.S_IMODE(path.stat().st_mode)
-    except OSError as e:
-        raise ConfigError(f"{what} {path}: {e.strerror}") from None
-    if mode & 0o077:
-        raise ConfigError(f"{what} {path}: mode {mode:04o} lets group or others read it; "
-                          f"run `chmod 600 {path}`")
