@@ -14,6 +14,10 @@ from opsloop.private_file import NotRegularFile, OpenToOthers, TooLarge, read_pr
 from opsloop.collectors.ipmi.config import ResolvedHost
 
 MAX_PASSWORD_BYTES = 20  # IPMI v2 passwords are at most 20 bytes
+# Shorter (non-empty) passwords are refused: masking one by substring would mangle every message and, by
+# where the masks land, give it away ("F***iled" for "a"); IPMI 2.0's RAKP hands any caller an HMAC of the
+# password to crack offline, so a 1-2 character one protects the BMC no better than none.
+MIN_PASSWORD_CHARS = 3
 
 
 class CredentialError(ValueError):
@@ -58,11 +62,16 @@ def _checked(value: str, where: str) -> str:
         raise CredentialError(f"{where}: password longer than {MAX_PASSWORD_BYTES} bytes (IPMI limit)")
     if "\n" in value or "\0" in value:
         raise CredentialError(f"{where}: password contains a newline or NUL")
+    if 0 < len(value) < MIN_PASSWORD_CHARS:
+        raise CredentialError(f"{where}: password shorter than {MIN_PASSWORD_CHARS} characters: it cannot be kept "
+                              "out of logged ipmitool output; set a longer BMC password (or none, for an "
+                              "anonymous BMC)")
     return value
 
 
 def scrub(text: str, secret: str) -> str:
-    """Remove a secret from text that is about to be logged or returned in an error."""
-    if secret and len(secret) >= 3:
+    """Remove a secret from text that is about to be logged or returned in an error
+    (:func:`resolve_password` never returns a shorter one than this masks)."""
+    if len(secret) >= MIN_PASSWORD_CHARS:
         return text.replace(secret, "***")
     return text

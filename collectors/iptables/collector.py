@@ -137,6 +137,10 @@ class IptablesCollector:
             return
         if "Cannot open network namespace" in res.stderr:
             raise TargetFailed("unreachable", _preview(res.stderr))
+        # checked before the privilege: the wrapper's exec says "Permission denied" for a file mode too
+        if tool_not_executable(res, tool):
+            raise TargetFailed("tool", f"{tool} is not executable (its file mode, or a noexec mount): the wrapper "
+                                       f"could not run it ({_preview(res.stderr)})")
         if looks_like_permission_error(res.stderr):
             raise TargetFailed("permission", f"{tool}: permission denied: the collector needs root or "
                                              f"CAP_NET_ADMIN+CAP_NET_RAW ({_preview(res.stderr)})")
@@ -235,6 +239,17 @@ def tool_not_found(res: ToolResult, tool: str) -> bool:
         return False
     return any(re.search(rf"(?<![\w.-]){re.escape(tool)}(?![\w.-])", line) and any(n in line for n in _NOT_FOUND)
                for line in res.stderr.splitlines())
+
+
+def tool_not_executable(res: ToolResult, tool: str) -> bool:
+    """A failed run whose stderr says a wrapper could not exec ``tool`` (EACCES): ``exec of "iptables-nft-save"
+    failed: Permission denied`` (ip netns exec), ``env: '...': Permission denied``, ``nsenter: failed to execute
+    ...: Permission denied``. The tool's own refusal puts its version banner between name and message
+    (``iptables-legacy-save v1.8.9 (legacy): Cannot initialize: Permission denied``): a privilege problem."""
+    if res.returncode == 0:
+        return False
+    exec_denied = re.compile(rf"(?<![\w.-]){re.escape(tool)}['\"\u2019]?(?: failed)?: Permission denied")
+    return any(exec_denied.search(line) for line in res.stderr.splitlines())
 
 
 def _rank(status: PortStatus) -> tuple[int, int, int, int]:

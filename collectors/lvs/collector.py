@@ -50,9 +50,14 @@ class LvsCollector:
 
         services = attempt(self._read_file, cfg.proc_ip_vs, parse_proc_ip_vs) if cfg.proc_ip_vs else None
         totals = attempt(self._read_file, cfg.proc_ip_vs_stats, parse_proc_ip_vs_stats) if cfg.proc_ip_vs_stats else None
+        # Each counter source is timed when it was read: a clock read after the later sources put a slow or
+        # hung ipvsadm's seconds (up to timeout_s) into the interval of counters read before it, so one
+        # round's rates came out too low and the next round's too high.
+        totals_at = self._clock()
         stats = attempt(self._read_ipvsadm, cfg.ipvsadm_stats_command, "stats") if cfg.ipvsadm_stats_command else None
+        stats_at = self._clock()
         rates = attempt(self._read_ipvsadm, cfg.ipvsadm_rate_command, "rate") if cfg.ipvsadm_rate_command else None
-        now, ts = self._clock(), time.time()
+        ts = time.time()
 
         if len(errors) == attempted and all(e.kind in _UNAVAILABLE_KINDS for e in errors):
             raise CollectorUnavailable(
@@ -60,9 +65,9 @@ class LvsCollector:
                 + ". Load the ip_vs kernel module and install ipvsadm, or point the sources elsewhere.")
 
         out = Round(errors=[CollectError(e.source, e.kind, str(e)) for e in errors])
-        out.metrics.extend(self._service_metrics(services, stats, rates, now, ts))
+        out.metrics.extend(self._service_metrics(services, stats, rates, stats_at, ts))
         if totals is not None:
-            out.metrics.append(self._totals_metric(totals, now, ts))
+            out.metrics.append(self._totals_metric(totals, totals_at, ts))
         self._tracker.end_round()
         return out
 

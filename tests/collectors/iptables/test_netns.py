@@ -18,7 +18,7 @@ import pytest
 from opsloop.collect import tool as tool_module
 from opsloop.collect.tool import ToolResult
 from opsloop.collectors.iptables import Config, build
-from opsloop.collectors.iptables.collector import tool_not_found
+from opsloop.collectors.iptables.collector import tool_not_executable, tool_not_found
 from opsloop.collectors.iptables.neutron_layout import LayoutPort, filter_table
 from opsloop.collect.types import Round
 from tests.helpers import REPO
@@ -362,6 +362,44 @@ def test_missing_wrapper_or_oversized_output_is_no_absent_backend(hypervisors, m
     assert [(e.target, e.kind) for e in rnd.errors] == [("hv1", "tool")]
     assert "iptables-nft-save" in rnd.errors[0].message and "printed more than 4096 bytes" in rnd.errors[0].message
     assert not [m for m in rnd.metrics if m.name in ("iptables_vm_port", "iptables_ruleset")]
+
+
+@pytest.mark.parametrize("prefix", [[], ["env"]], ids=["netns", "netns+prefix"])
+def test_a_non_executable_save_tool_in_a_netns_is_a_tool_error_not_permission(hypervisors, tmp_path, monkeypatch,
+                                                                               prefix):
+    hv = hypervisors("hv1")
+    _nft_only_host(tmp_path / "bin", monkeypatch)
+    save = tmp_path / "bin" / "iptables-nft-save"
+    save.unlink()
+    save.write_text("#!/bin/sh\nexec /usr/sbin/xtables-nft-multi iptables-save \"$@\"\n")
+    save.chmod(0o644)   # installed without its x bit: `ip netns exec` says "exec of ... failed: Permission denied"
+    rnd = _collect(hv, command_prefix=prefix, backend="nft", families=["ipv4"])
+    # before: kind "permission", the message telling the operator to grant root/CAP_NET_ADMIN
+    assert [(e.target, e.kind) for e in rnd.errors] == [("hv1", "tool")], rnd.errors
+    assert "iptables-nft-save is not executable" in rnd.errors[0].message
+    assert "Permission denied" in rnd.errors[0].message and "CAP_NET_ADMIN" not in rnd.errors[0].message
+    assert not [m for m in rnd.metrics if m.name in ("iptables_vm_port", "iptables_ruleset")]
+    save.chmod(0o755)   # the same file, executable: read as usual
+    rnd = _collect(hv, command_prefix=prefix, backend="nft", families=["ipv4"])
+    assert rnd.errors == [] and [p["protected"] for p in _ports(rnd).values()] == [1, 1]
+
+
+@pytest.mark.parametrize("stderr, denied", [
+    ('exec of "iptables-legacy-save" failed: Permission denied\n', True),             # ip netns exec
+    ("env: 'iptables-legacy-save': Permission denied\n", True),                       # env, LC_ALL=C
+    ("env: \u2018iptables-legacy-save\u2019: Permission denied\n", True),             # env, UTF-8 locale
+    ("nsenter: failed to execute iptables-legacy-save: Permission denied\n", True),
+    ("sh: 1: iptables-legacy-save: Permission denied\n", True),
+    # the tool's own refusal, the namespace's, another command's: a privilege problem, not the tool's mode
+    ("iptables-legacy-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)\n", False),
+    ('setting the network namespace "x" failed: Operation not permitted\n', False),
+    ("mount --make-rslave /: Permission denied\n", False),
+    ("env: 'ip': Permission denied\n", False),
+    ('exec of "ip6tables-legacy-save" failed: Permission denied\n', False),
+])
+def test_tool_not_executable_reads_the_wrappers_words(stderr: str, denied: bool) -> None:
+    assert tool_not_executable(ToolResult(("x",), 126, "", stderr), "iptables-legacy-save") is denied
+    assert not tool_not_executable(ToolResult(("x",), 0, "", stderr), "iptables-legacy-save")
 
 
 @pytest.mark.parametrize("stderr, missing", [

@@ -31,6 +31,7 @@ def recorder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     exe.write_text(RECORDER)
     exe.chmod(0o755)
     (d / "pw").write_text("pw\n")
+    (d / "pw").chmod(0o600)
     return exe
 
 
@@ -77,6 +78,7 @@ def test_in_band_call_passes_through_without_credentials(recorder: Path) -> None
 
 def test_per_bmc_file_overrides_the_default(recorder: Path, tmp_path: Path) -> None:
     (tmp_path / "10.0.0.17").write_text("x\n")
+    (tmp_path / "10.0.0.17").chmod(0o600)
     res = _run(recorder, "-H", "10.0.0.17", "-U", "u", "-P", "", "-I", "lanplus", "sdr",
                OPSLOOP_IPMI_PASSWORD_DIR=str(tmp_path), OPSLOOP_IPMI_PASSWORD_FILE=str(recorder.parent / "pw"))
     argv = res.stdout.splitlines()
@@ -95,3 +97,31 @@ def test_truncated_options_are_named(recorder: Path, argv: list[str], error: str
 def test_pointing_the_wrapper_at_itself_is_refused(recorder: Path) -> None:
     res = _run(recorder, "sdr", OPSLOOP_IPMITOOL_BIN=str(IPMITOOL_WRAPPER))
     assert res.returncode == 2 and "points at this wrapper" in res.stderr
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620])
+def test_a_password_file_open_to_others_is_refused_without_printing_it(recorder: Path, tmp_path: Path,
+                                                                        mode: int) -> None:
+    # opsloop's own reader refuses such a file; before, the wrapper handed it to ipmitool -f all the same
+    pw = tmp_path / "bmc-pw"
+    pw.write_text("S3cr3t-BMC-pw\n")
+    pw.chmod(mode)
+    res = _run(recorder, "-H", "10.0.0.17", "-U", "u", "-P", "", "-I", "lanplus", "sdr",
+               OPSLOOP_IPMI_PASSWORD_FILE=str(pw))
+    assert res.returncode == 2 and res.stdout == ""   # ipmitool never ran
+    assert f"password file {pw} for BMC 10.0.0.17 is open to group/others (mode {mode:o}): chmod 600" in res.stderr
+    assert "S3cr3t" not in res.stderr
+    # the per-BMC file is held to the same rule
+    (tmp_path / "10.0.0.17").write_text("S3cr3t-BMC-pw\n")
+    (tmp_path / "10.0.0.17").chmod(mode)
+    res = _run(recorder, "-H", "10.0.0.17", "-U", "u", "-P", "", "-I", "lanplus", "sdr",
+               OPSLOOP_IPMI_PASSWORD_DIR=str(tmp_path))
+    assert res.returncode == 2 and res.stdout == "" and "open to group/others" in res.stderr
+
+
+def test_a_fifo_as_password_file_is_refused(recorder: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "pw.fifo"
+    os.mkfifo(fifo, 0o600)   # ipmitool -f would wait on it for a writer until Telegraf's timeout
+    res = _run(recorder, "-H", "10.0.0.17", "-U", "u", "-P", "", "-I", "lanplus", "sdr",
+               OPSLOOP_IPMI_PASSWORD_FILE=str(fifo))
+    assert res.returncode == 2 and res.stdout == "" and "is not a regular file" in res.stderr
