@@ -2,9 +2,12 @@
 
 Per run, every stream of the set starts at once (one process each, bounded by ``max_processes``) and
 the streams' throughputs are added up; the run is repeated R times and the set reports the mean, min,
-max and standard deviation of the per-run sums in Gb/s. A target that fails is left out of that
-run's sum, named in the event (``failed``), and returned as a CollectError; the others are still
-measured. Sets run one after another: two sets measured at once would share the links they measure.
+max and standard deviation in Gb/s of the sums of the *complete* runs (every stream answered for its
+whole ``run_s``). A run where a stream failed or ended early is partial: its sum of the streams that
+answered is reported apart (``partial_mean_gbps``), never mixed into ``mean_gbps``; ``streams_ok`` of
+``streams_attempted`` says how much was measured. A failed target is named in the event (``failed``) and
+returned as a CollectError; the others are still measured. Sets run one after another: two sets
+measured at once would share the links they measure.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from opsloop.records import Metric, metric
 from opsloop.validation import WireError
 
 from opsloop.collectors.netperf.config import Config, Target, TargetSet
-from opsloop.collectors.netperf.drivers import TEST, Driver, Outcome, driver_for
+from opsloop.collectors.netperf.drivers import TEST, Driver, Outcome, check_length, driver_for
 from opsloop.collectors.netperf.runner import Runner, ToolMissing
 from opsloop.collectors.netperf.schedule import JitterSchedule, RoundGuard
 from opsloop.collectors.netperf.stats import Summary, summarize
@@ -46,11 +49,15 @@ _INSTALL_HINT = {
 class _SetResult:
     """What one target set's measurement gathered, run by run."""
 
-    run_totals: list[float] = field(default_factory=list)
-    complete_runs: int = 0
+    complete_totals: list[float] = field(default_factory=list)  # runs where every stream answered
+    partial_totals: list[float] = field(default_factory=list)   # runs where only some did
     per_target_bps: dict[Target, list[float]] = field(default_factory=dict)
+    per_target_streams_ok: dict[Target, int] = field(default_factory=dict)
     failures: dict[Target, list[Outcome]] = field(default_factory=dict)
     retransmits: int | None = None
+    streams_ok: int = 0
+    streams_attempted: int = 0
+    short_streams: int = 0
 
 
 def _gbps_fields(s: Summary) -> dict[str, float]:
@@ -70,6 +77,7 @@ class NetperfCollector:
         self._guard = RoundGuard(config.lock_file)
         self._schedules = {s.name: JitterSchedule(s.interval_s, s.jitter_s, clock, rng) for s in config.target_sets}
         self._drivers = {d: driver_for(d, config.netperf_path, config.iperf3_path) for d in config.drivers()}
+        self._starved: set[str] = set()  # sets the last round's deadline left without a single run
 
     @property
     def busy(self) -> bool:
@@ -100,36 +108,48 @@ class NetperfCollector:
                                                   f"{self.config.lock_file!r})")])
             deadline = self._clock() + self.config.max_round_s
             rnd = Round()
-            for tset in self.config.target_sets:
-                schedule = self._schedules[tset.name]
-                if not schedule.due():
-                    continue
+            due = [s for s in self.config.target_sets if self._schedules[s.name].due()]
+            # A set the last round's deadline left unmeasured goes first: in config order, a set before it
+            # that fills max_round_s would starve it every round.
+            due.sort(key=lambda s: s.name not in self._starved)
+            for tset in due:
+                measured = True
                 try:
-                    self._measure(tset, deadline, rnd)
+                    measured = self._measure(tset, deadline, rnd)
                 finally:
-                    schedule.done()
+                    if measured:
+                        self._starved.discard(tset.name)
+                        self._schedules[tset.name].done()
+                    else:
+                        self._starved.add(tset.name)  # still due: not measured is not done
             return rnd
 
     # -- one target set -------------------------------------------------------------------------
 
-    def _measure(self, tset: TargetSet, deadline: float, rnd: Round) -> None:
+    def _measure(self, tset: TargetSet, deadline: float, rnd: Round) -> bool:
+        """Measure one set into ``rnd``; False when the round deadline left no time for even its first run."""
         if tset.netns and not os.path.exists(f"/run/netns/{tset.netns}"):
             rnd.errors.append(CollectError(tset.name, "tool", f"network namespace {tset.netns!r} does not exist "
                                                               "(see `ip netns list`)"))
-            return
+            return True
         driver = self._drivers[tset.driver]
         targets = tset.parsed_targets()
-        result = _SetResult(per_target_bps={t: [] for t in targets}, failures={t: [] for t in targets})
+        result = _SetResult(per_target_bps={t: [] for t in targets}, failures={t: [] for t in targets},
+                            per_target_streams_ok={t: 0 for t in targets})
+        # iperf3 carries all of a target's streams in one process: one outcome stands for that many.
+        streams_each = tset.streams_per_target // driver.processes_per_target(tset)
         started_at, started = time.time(), self._clock()
+        unmeasured = False
         for run in range(tset.repetitions):
             remaining = deadline - self._clock()
             if remaining < tset.run_s + _START_SLACK_S:
                 rnd.errors.append(CollectError(tset.name, "timeout",
                                                f"round deadline (max_round_s={self.config.max_round_s:g}) "
                                                f"reached: {run} of {tset.repetitions} runs measured"))
+                unmeasured = run == 0
                 break
             timeout_s = min(tset.run_s + tset.timeout_margin_s, remaining)
-            self._record_run(self._run_once(tset, driver, targets, timeout_s), targets, result)
+            self._record_run(self._run_once(tset, driver, targets, timeout_s), targets, result, streams_each)
         duration_s = self._clock() - started
         try:
             rnd.metrics.extend(self._samples(tset, targets, result, started_at, duration_s))
@@ -140,8 +160,12 @@ class NetperfCollector:
             if failed:
                 kind = collections.Counter(o.kind for o in failed).most_common(1)[0][0]
                 last = next(o for o in reversed(failed) if o.kind == kind)
+                short = sum(o.short for o in failed)
+                early = f" ({short} ended early)" if short and not last.short else ""
                 rnd.errors.append(CollectError(f"{tset.name}/{target}", kind or "tool",
-                                               f"failed in {len(failed)} of {tset.repetitions} runs: {last.message}"))
+                                               f"failed in {len(failed)} of {tset.repetitions} runs{early}: "
+                                               f"{last.message}"))
+        return not unmeasured
 
     def _run_once(self, tset: TargetSet, driver: Driver, targets: list[Target],
                   timeout_s: float) -> list[Outcome]:
@@ -154,13 +178,13 @@ class NetperfCollector:
                 done = self.runner.run(prefix + driver.argv(tset, target, index), timeout_s)
             except ToolMissing as e:
                 return Outcome(target, kind="tool", message=str(e))
-            return driver.interpret(done, tset, target, timeout_s)
+            return check_length(driver.interpret(done, tset, target, timeout_s), tset, driver.name)
 
         with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix=f"netperf-{tset.name}") as pool:
             return list(pool.map(one, jobs))
 
     @staticmethod
-    def _record_run(outcomes: list[Outcome], targets: list[Target], result: _SetResult) -> None:
+    def _record_run(outcomes: list[Outcome], targets: list[Target], result: _SetResult, streams_each: int) -> None:
         by_target: dict[Target, list[Outcome]] = {t: [] for t in targets}
         for o in outcomes:
             by_target[o.target].append(o)
@@ -168,6 +192,8 @@ class NetperfCollector:
         for target, outs in by_target.items():
             good = [o.result for o in outs if o.result is not None]
             bad = [o for o in outs if not o.ok]
+            result.streams_attempted += len(outs) * streams_each
+            result.short_streams += sum(o.short for o in bad) * streams_each
             if good:
                 bps = sum(r.bits_per_second for r in good)
                 if not math.isfinite(bps) or not math.isfinite(total + bps):
@@ -179,6 +205,8 @@ class NetperfCollector:
             if good:
                 total += bps
                 any_ok = True
+                result.streams_ok += len(good) * streams_each
+                result.per_target_streams_ok[target] += len(good) * streams_each
                 if not bad:
                     result.per_target_bps[target].append(bps)
                 retrans = [r.retransmits for r in good if r.retransmits is not None]
@@ -188,9 +216,8 @@ class NetperfCollector:
                 all_ok = False
                 result.failures[target].append(bad[-1])
         if any_ok:
-            result.run_totals.append(total)
-        if all_ok:
-            result.complete_runs += 1
+            # Only a run where every stream answered is the set's throughput; a partial sum is kept apart.
+            (result.complete_totals if all_ok else result.partial_totals).append(total)
 
     def _samples(self, tset: TargetSet, targets: list[Target], result: _SetResult, started_at: float,
                  duration_s: float) -> list[Metric]:
@@ -198,13 +225,19 @@ class NetperfCollector:
                 **tset.labels}
         failed = [str(t) for t in targets if result.failures[t]]
         fields: dict[str, float | int | str] = {
-            "runs": len(result.run_totals), "runs_planned": tset.repetitions, "complete_runs": result.complete_runs,
+            "runs": len(result.complete_totals) + len(result.partial_totals), "runs_planned": tset.repetitions,
+            "complete_runs": len(result.complete_totals),
             "targets": len(targets), "failed_targets": len(failed), "failed": ",".join(failed),
-            "streams": tset.streams, "run_s": tset.run_s, "duration_s": round(duration_s, 3),
+            "streams": tset.streams, "streams_ok": result.streams_ok, "streams_attempted": result.streams_attempted,
+            "short_streams": result.short_streams, "run_s": tset.run_s, "duration_s": round(duration_s, 3),
         }
-        summary = summarize([to_gbps(x) for x in result.run_totals])
+        summary = summarize([to_gbps(x) for x in result.complete_totals])
         if summary is not None:
             fields.update(_gbps_fields(summary))
+        partial = summarize([to_gbps(x) for x in result.partial_totals])
+        if partial is not None:
+            # Named apart so that no reader of mean_gbps takes N-1 of N streams for the set's throughput.
+            fields["partial_mean_gbps"] = round(partial.mean, 6)
         if result.retransmits is not None:
             fields["retransmits"] = result.retransmits
         out = [metric(SET_METRIC, fields, tags, started_at)]
@@ -212,7 +245,7 @@ class NetperfCollector:
             per = summarize([to_gbps(x) for x in result.per_target_bps[target]])
             tfields: dict[str, float | int | str] = {
                 "runs_ok": len(result.per_target_bps[target]), "runs_failed": len(result.failures[target]),
-                "streams": tset.streams_per_target}
+                "streams": tset.streams_per_target, "streams_ok": result.per_target_streams_ok[target]}
             if per is not None:
                 tfields.update(_gbps_fields(per))
             ttags = {"host": self.config.host, "target_set": tset.name, "driver": tset.driver, "test": TEST,

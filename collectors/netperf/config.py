@@ -85,6 +85,9 @@ class TargetSet(BaseModel):
     data_port: int | None = Field(default=None, ge=1, le=65535,
                                   description="netperf: pin the remote data port; stream i uses data_port + i")
     omni_output: Literal["keyval", "csv"] = "keyval"
+    min_elapsed_ratio: float = Field(default=0.9, ge=0, le=1,
+                                     description="a stream that ran less than this x run_s ended early and "
+                                                 "counts as failed (0: never)")
 
     @field_validator("labels", mode="before")
     @classmethod

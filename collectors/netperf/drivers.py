@@ -30,6 +30,7 @@ class Outcome:
     result: StreamResult | None = None
     kind: str | None = None
     message: str | None = None
+    short: bool = False  # a result whose stream ended well before run_s (counted as a failure)
 
     @property
     def ok(self) -> bool:
@@ -83,9 +84,14 @@ class NetperfDriver:
             return _timeout("netperf", target, timeout_s)
         if done.returncode == 0:
             try:
-                return Outcome(target, result=parse_netperf(done.stdout, tset.omni_output))
+                result = parse_netperf(done.stdout, tset.omni_output)
             except ParseError as e:
                 return Outcome(target, kind="parse", message=f"{target}: {e}")
+            if result.elapsed_s is None:
+                # We asked for ELAPSED_TIME: without it the output is torn, and a run cut short looks whole.
+                return Outcome(target, kind="parse",
+                               message=f"{target}: netperf output lacks ELAPSED_TIME: {preview(done.stdout)}")
+            return Outcome(target, result=result)
         netns = _netns_failure(done, target)
         if netns:
             return netns
@@ -129,6 +135,19 @@ class Iperf3Driver:
                 return Outcome(target, kind="tool",
                                message=f"iperf3 to {target} exited {done.returncode}: {preview(done.output)}")
             return Outcome(target, kind="parse", message=f"{target}: {e}")
+
+
+def check_length(outcome: Outcome, tset: TargetSet, tool: str) -> Outcome:
+    """A result whose stream ran less than ``min_elapsed_ratio`` x ``run_s`` becomes a failure: netperf
+    exits 0 with a valid result when interrupted (SIGINT) or given a shorter -l, and that rate, taken
+    while the other streams still ran, is not the link's throughput over the run."""
+    r = outcome.result
+    if r is None or r.elapsed_s is None or r.elapsed_s >= tset.min_elapsed_ratio * tset.run_s:
+        return outcome
+    return Outcome(outcome.target, kind="tool", short=True,
+                   message=f"{tool} to {outcome.target} ran {r.elapsed_s:g}s of run_s={tset.run_s} (below "
+                           f"min_elapsed_ratio={tset.min_elapsed_ratio:g}): it ended early (netserver/iperf3 "
+                           "stopped or the client interrupted); its throughput is left out")
 
 
 def driver_for(name: str, netperf_path: str, iperf3_path: str) -> Driver:

@@ -126,7 +126,9 @@ class Runner:
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True, env=env)
-        except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+        except OSError as e:
+            # Not only missing: ENOEXEC (a script without #!), EAGAIN (no process slot) ... each a per-target
+            # error; raised past the collector it lost the whole round, the other sets' samples too.
             raise ToolMissing(f"cannot run {argv[0]!r}: {e.strerror or e}") from None
         with self._lock:
             self._alive.add(proc.pid)

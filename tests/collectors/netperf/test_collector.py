@@ -106,11 +106,13 @@ def test_a_down_target_is_reported_and_the_others_still_measured(netservers: lis
     assert "no netserver answering" in err.message and "2 of 2 runs" in err.message
     [s] = only(rnd, SET_METRIC)
     assert (s.fields["runs"], s.fields["complete_runs"], s.fields["failed_targets"]) == (2, 0, 1)
-    assert s.fields["failed"] == dead and s.fields["mean_gbps"] > 0
+    assert (s.fields["streams_ok"], s.fields["streams_attempted"]) == (2, 4)
+    # No run was complete: the sum of the target that answered is partial, not the set's throughput.
+    assert s.fields["failed"] == dead and "mean_gbps" not in s.fields and s.fields["partial_mean_gbps"] > 0
     [down] = only(rnd, TARGET_METRIC, target=dead)
-    assert down.fields["runs_failed"] == 2 and "mean_gbps" not in down.fields
+    assert down.fields["runs_failed"] == 2 and down.fields["streams_ok"] == 0 and "mean_gbps" not in down.fields
     [up] = only(rnd, TARGET_METRIC, target=targets(netservers[:1])[0])
-    assert up.fields["mean_gbps"] == pytest.approx(s.fields["mean_gbps"])
+    assert up.fields["mean_gbps"] == pytest.approx(s.fields["partial_mean_gbps"])
 
 
 def test_all_targets_down_reports_failures_without_throughput() -> None:
@@ -197,7 +199,7 @@ def test_iperf3_targets_whose_sum_overflows_are_a_parse_error_not_a_crash(tmp_pa
     [err] = rnd.errors
     assert err.kind == "parse" and "sum to a non-finite bit rate" in err.message
     [s] = only(rnd, SET_METRIC)
-    assert s.fields["failed_targets"] == 1 and s.fields["mean_gbps"] == pytest.approx(1.5e299)
+    assert s.fields["failed_targets"] == 1 and s.fields["partial_mean_gbps"] == pytest.approx(1.5e299)
 
 
 def test_a_set_whose_samples_break_the_wire_format_does_not_lose_the_others(tmp_path: Path,
@@ -252,6 +254,31 @@ def test_round_deadline_bounds_the_repetitions(netservers: list[Server]) -> None
     assert err.kind == "timeout" and "max_round_s=2.5" in err.message
 
 
+def test_a_set_the_round_deadline_left_unmeasured_is_measured_next_round(netservers: list[Server]) -> None:
+    # "first" takes the whole round (its third run cannot start before max_round_s), so "second" gets no run.
+    sets = [{"name": "first", "targets": targets(netservers[:1]), "run_s": 1, "repetitions": 3, "interval_s": 3600},
+            {"name": "second", "targets": targets(netservers[1:]), "run_s": 1, "repetitions": 1, "interval_s": 3600}]
+    c = build(Config(max_round_s=3.5, target_sets=sets))
+    rnd = c.collect()
+    [second] = only(rnd, SET_METRIC, target_set="second")
+    assert second.fields["runs"] == 0
+    assert any(e.target == "second" and e.kind == "timeout" and "0 of 1 runs" in e.message for e in rnd.errors)
+    # Not measured is not done: it is still due (before, it waited interval_s, and every round the same).
+    again = c.collect()
+    assert [m.tags["target_set"] for m in only(again, SET_METRIC)] == ["second"]
+    assert only(again, SET_METRIC)[0].fields["complete_runs"] == 1 and again.errors == []
+
+
+def test_a_set_starved_by_an_earlier_one_goes_first_next_round(netservers: list[Server]) -> None:
+    # Both measured every round; "first" alone fills max_round_s. "second" must not be left out for good.
+    sets = [{"name": "first", "targets": targets(netservers[:1]), "run_s": 1, "repetitions": 3},
+            {"name": "second", "targets": targets(netservers[1:]), "run_s": 1, "repetitions": 1}]
+    c = build(Config(max_round_s=3.5, target_sets=sets))
+    assert only(c.collect(), SET_METRIC, target_set="second")[0].fields["runs"] == 0
+    [second] = only(c.collect(), SET_METRIC, target_set="second")
+    assert second.fields["complete_runs"] == 1
+
+
 def test_iperf3_driver_same_output(iperf3_servers: list[Server]) -> None:
     dead = f"127.0.0.1:{free_port()}"
     c = collector(driver="iperf3", targets=[*targets(iperf3_servers), dead], streams_per_target=2,
@@ -262,7 +289,9 @@ def test_iperf3_driver_same_output(iperf3_servers: list[Server]) -> None:
     [s] = only(rnd, SET_METRIC, driver="iperf3", queues="4")
     f = s.fields
     assert (f["runs"], f["targets"], f["failed_targets"], f["streams"]) == (2, 3, 1, 6)
-    assert 0 < f["min_gbps"] <= f["mean_gbps"] <= f["max_gbps"] and f["retransmits"] >= 0
+    # One iperf3 process carries a target's two streams: the dead one fails both.
+    assert (f["streams_ok"], f["streams_attempted"], f["complete_runs"]) == (8, 12, 0)
+    assert f["partial_mean_gbps"] > 0 and "mean_gbps" not in f and f["retransmits"] >= 0
     ok = [m for m in only(rnd, TARGET_METRIC) if m.tags["target"] != dead]
     assert len(ok) == 2 and all(m.fields["runs_ok"] == 2 for m in ok)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +66,12 @@ def test_own_session_per_tool() -> None:
     done = Runner().run(["sh", "-c", "ps -o pgid= -p $$; echo $$"], timeout_s=10)
     pgid, pid = done.stdout.split()
     assert pgid == pid and int(pgid) != os.getpgid(0)
+
+
+def test_a_tool_that_cannot_be_executed_raises_tool_missing(tmp_path: Path) -> None:
+    # Executable but no #! line: execve fails with ENOEXEC, an OSError that is neither "missing" nor "denied".
+    tool = tmp_path / "netperf"
+    tool.write_bytes(b"\x00\x01not a program\n")
+    tool.chmod(0o755)
+    with pytest.raises(ToolMissing, match="Exec format error"):
+        Runner().run([str(tool)], timeout_s=1)
