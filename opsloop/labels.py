@@ -1,8 +1,23 @@
-"""Label sets as one unambiguous string: the key of a finding, a tag set or a detector's series."""
+"""Label sets as one unambiguous string: the key of a finding, a tag set or a detector's series; and the one bound
+on a label value every stage applies (:func:`shorten`)."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Iterable, Mapping
+
+# A finding's where-label value as the stream worker exports it (opsloop_finding_active, which the rule backstops
+# carry) and as the paging actuator posts it: one bound, one shortening, so Alertmanager's inhibition finds the
+# page and its backstop equal (before, 128 there and 256 here: one finding paged twice under two labels).
+MAX_LABEL_VALUE = 256
+
+
+def shorten(text: str, limit: int = MAX_LABEL_VALUE) -> str:
+    """``text`` if it fits, else a prefix and a hash of the whole, ``limit`` characters in all (distinct texts stay
+    distinct; the same text always gives the same value)."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - 9] + "_" + hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 _LABEL_ESCAPES = str.maketrans({"\\": "\\\\", ",": "\\,", "=": "\\=", "|": "\\|"})
 

@@ -11,7 +11,8 @@ service but the stream worker) wrote 3-5 lines a second per service, aiokafka (t
 (aio-libs/aiokafka#496), for the whole outage. :data:`KAFKA_CLIENT_LOGS`, on the handler :func:`setup_logging`
 makes (and the worker's Faust logging config), counts each of their warnings and errors in
 ``opsloop_kafka_client_log_lines_total{logger,level}`` and lets a line through for the first of its kind and then
-once a minute per kind, carrying ``fields.unlogged_since`` (:class:`ClientLogLimiter`).
+once a minute per kind, carrying ``fields.unlogged_since`` when some were left out (:class:`ClientLogLimiter`).
+At ``--log-level debug`` the Kafka clients' own lines (debug, info) go out too (:func:`quiet_loggers`).
 """
 
 from __future__ import annotations
@@ -121,9 +122,20 @@ def setup_logging(service: str, level: str = "info", stream: Any = None) -> None
     root.setLevel(level.upper())
     # on the handler, not the loggers: it sees every client logger, those a later import creates too
     handler.addFilter(KAFKA_CLIENT_LOGS)
-    # Chatty clients: their INFO lines are connection churn, not events.
-    for noisy in ("kafka", "aiokafka", "urllib3", "elastic_transport"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for name, pinned in quiet_loggers(level).items():
+        logging.getLogger(name).setLevel(pinned)
+
+
+# Chatty clients: their INFO lines are connection churn, not events.
+QUIET_LOGGERS = ("kafka", "aiokafka", "urllib3", "elastic_transport")
+
+
+def quiet_loggers(level: str) -> dict[str, int]:
+    """The level each chatty client logger is set to under ``level``: WARNING, but at debug the Kafka clients'
+    own (NOTSET: the root's), which an operator debugging a broker problem needs; their warnings and errors
+    stay counted and limited (:data:`KAFKA_CLIENT_LOGS`)."""
+    debug = level.upper() == "DEBUG"
+    return {n: logging.NOTSET if debug and n in KAFKA_CLIENT_LOGGERS else logging.WARNING for n in QUIET_LOGGERS}
 
 
 class Sampled:
@@ -156,7 +168,9 @@ class Sampled:
         left_out = self.admit(key)
         if left_out is None:
             return False
-        emit(event, unlogged_since=left_out, **fields)
+        if left_out:   # written only when lines were left out: ``unlogged_since: 0`` on every line said nothing
+            fields = {"unlogged_since": left_out, **fields}
+        emit(event, **fields)
         return True
 
     def admit(self, key: Hashable) -> int | None:
@@ -207,7 +221,8 @@ class ClientLogLimiter(logging.Filter):
         left_out = self._sampled.admit((record.name, record.levelno, kind))
         if left_out is None:
             return False
-        record.fields = {"unlogged_since": left_out}   # JsonFormatter writes a record's ``fields``
+        if left_out:   # JsonFormatter writes a record's ``fields``; none when nothing was left out
+            record.fields = {"unlogged_since": left_out}
         return True
 
 

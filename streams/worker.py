@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 
 import faust
@@ -11,7 +12,8 @@ import faust
 from opsloop import exitcodes
 from opsloop.config import ConfigError, Settings, load_settings
 from opsloop.kafka_clients import preflight_or_exit
-from opsloop.log import KAFKA_CLIENT_LOGS, JsonFormatter, get_logger, setup_logging
+from opsloop.log import (KAFKA_CLIENT_LOGGERS, KAFKA_CLIENT_LOGS, JsonFormatter, get_logger, quiet_loggers,
+                         setup_logging)
 from opsloop.metrics import serve_metrics
 from opsloop.kafka_admin import ensure_topics
 from opsloop.topics import Topic
@@ -59,7 +61,10 @@ def _logging_config(level: str) -> dict[str, object]:
         "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr",
                                 "filters": ["kafka_client"]}},
         "root": {"handlers": ["stderr"], "level": level.upper()},
-        "loggers": {n: {"level": "WARNING"} for n in ("aiokafka", "kafka", "faust.transport", "mode")},
+        # the Kafka clients' own lines at --log-level debug (quiet_loggers), Faust's transport and mode stay quiet
+        "loggers": {**{n: {"level": "WARNING"} for n in ("faust.transport", "mode")},
+                    **{n: {"level": logging.getLevelName(pinned)} for n, pinned in quiet_loggers(level).items()
+                       if n in KAFKA_CLIENT_LOGGERS}},
     }
 
 

@@ -14,13 +14,18 @@ when that was refused too and the page is lost; the reason says why).
 The audit topic must never stop paging: a failed write is logged and counted, not retried. That holds for a
 write the broker refuses after ``send`` returned (no ACL to write, a record over the topic's
 ``max.message.bytes``, a partition without a leader past the delivery timeout): kafka-python fails the send's
-future on its I/O thread, and before, that loss was neither counted nor logged.
+future on its I/O thread, and before, that loss was neither counted nor logged. Nor may it hold the loop up: a
+topic the producer gets no metadata for (not created, on brokers that do not auto-create) made every ``send`` block
+the producer's ``max_block_ms`` (5 s) first, one record after another in the paging step, delaying the pages behind
+them. After one such timeout the records of the next :data:`UNAVAILABLE_RETRY_S` are counted lost at once, not sent.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
+
+from kafka.errors import KafkaTimeoutError
 
 from opsloop.records import AuditRecord
 from opsloop.log import Sampled, get_logger
@@ -30,6 +35,8 @@ from opsloop.controllers.paging import metrics
 log = get_logger("paging.audit")
 ACTOR = "opsloop-paging"
 FAIL_LOG = Sampled(60.0)      # a topic refusing writes fails every record: one line a minute (each counted)
+# a send that timed out (no metadata for the topic within max_block_ms): not tried again for this long (monotonic)
+UNAVAILABLE_RETRY_S = 60.0
 
 
 class _Producer(Protocol):
@@ -59,9 +66,11 @@ def audit_record(action: str, finding_id: str, labels: dict[str, str], detail: s
 
 
 class Auditor:
-    def __init__(self, producer: _Producer | None, topic: str) -> None:
+    def __init__(self, producer: _Producer | None, topic: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.producer = producer
         self.topic = topic
+        self.clock = clock
+        self._retry_at: float | None = None   # clock time the topic is tried again after a send timed out
 
     def record(self, action: str, finding_id: str, labels: dict[str, str], detail: str = "",
                result: str | None = None) -> None:
@@ -75,8 +84,22 @@ class Auditor:
             return
         if self.producer is None:
             return
+        if self._retry_at is not None:
+            if self.clock() < self._retry_at:   # not sent: it would block max_block_ms again, and again be lost
+                metrics.AUDIT_FAILURES.inc()
+                FAIL_LOG.error(log, "audit_write_failed", key="unavailable", topic=self.topic, action=action,
+                               finding_id=finding_id, error="topic unavailable: its last send timed out",
+                               retry_in_s=round(self._retry_at - self.clock(), 1))
+                return
+            self._retry_at = None
         try:
             future = self.producer.send(self.topic, key=finding_id.encode(), value=rec.encode())
+        except KafkaTimeoutError as e:   # no metadata for the topic (not created?) or no buffer within max_block_ms
+            metrics.AUDIT_FAILURES.inc()
+            self._retry_at = self.clock() + UNAVAILABLE_RETRY_S
+            log.error("audit_write_failed", error=str(e)[:500], topic=self.topic, action=action, finding_id=finding_id,
+                      consequence=f"audit records of the next {UNAVAILABLE_RETRY_S:g}s counted lost, not sent")
+            return
         except Exception as e:  # noqa: BLE001 - the audit path must not break paging
             metrics.AUDIT_FAILURES.inc()
             log.error("audit_write_failed", error=str(e), action=action, finding_id=finding_id)

@@ -57,6 +57,8 @@ Pure state, no I/O (the service posts and persists). Rules:
   ``max_pending_resolves`` (the oldest go first, not counted: each was delivered once); a re-send never ends
   after now (a clock stepped back: an endsAt ahead would re-open the alert). An alert of the same labels open
   again replaces it: never resolved by a late re-send.
+* Re-sends are due ``resend_interval_s`` after the last send, on the wall clock; one last sent "after" now (our
+  clock stepped back since) is due at once. Before, they waited for the time lost: the open alerts expired.
 """
 
 from __future__ import annotations
@@ -346,7 +348,7 @@ class PagingBook:
             ends = min(s.ends_at, now)   # a clock stepped back: an endsAt ahead would re-open the alert
             out.append(Outgoing(postable(s.labels, s.annotations, min(s.starts_at, ends), ends), s))
         for a in self.open.values():
-            if a.last_sent is None or now - a.last_sent >= self.resend_interval_s:
+            if self._due(a.last_sent, now):
                 out.append(Outgoing(self._firing(a, now), a))
         return out
 
@@ -376,15 +378,27 @@ class PagingBook:
         """Seconds until something is due (0 when something is due now)."""
         if self.resolves:
             return 0.0
-        waits = [0.0 if a.last_sent is None else a.last_sent + self.resend_interval_s - now for a in self.open.values()]
+        waits = [self._next_send(a.last_sent, now) - now for a in self.open.values()]
         waits += [at - now for s in self.resolved.values() if (at := self._resend_at(s, now)) is not None]
         return max(0.0, min(waits)) if waits else float("inf")
+
+    def _next_send(self, last_sent: float | None, now: float) -> float:
+        """When an alert last sent at ``last_sent`` is sent again: ``now`` if never sent (restored) or if sent "after"
+        now (the wall clock stepped back since: waiting for the lost time paused every re-send, and the alerts
+        expired in Alertmanager at their endsAt), else a re-send interval after it."""
+        if last_sent is None or last_sent > now:
+            return now
+        return last_sent + self.resend_interval_s
+
+    def _due(self, last_sent: float | None, now: float) -> bool:
+        """Whether it is sent again at ``now`` (:meth:`_next_send`)."""
+        return last_sent is None or last_sent > now or now - last_sent >= self.resend_interval_s
 
     def _resend_at(self, s: SentResolve, now: float) -> float | None:
         """When ``s`` is re-sent next (``now`` for a restored one); None when never again: its retention ends
         first, or an alert of its labels is open again (the firing one stands)."""
         until = s.ends_at + self.resend_resolved_s
-        at = now if s.last_sent is None else s.last_sent + self.resend_interval_s
+        at = self._next_send(s.last_sent, now)
         if now >= until or at >= until:
             return None
         a = self.open.get(s.finding_id)
@@ -426,7 +440,7 @@ class PagingBook:
         first: list[OpenAlert] = []
         late: list[Late] = []
         for a in self.open.values():
-            if a.last_sent is None or now - a.last_sent >= self.resend_interval_s:
+            if self._due(a.last_sent, now):
                 a.last_sent = now
                 if id(a) in refused:
                     continue
@@ -476,7 +490,7 @@ class PagingBook:
     def pending(self, now: float) -> int:
         """How many alerts ``due(now)`` would return, without building them (the service asks every step)."""
         firing = sum(1 for a in self.open.values()
-                     if a.last_sent is None or now - a.last_sent >= self.resend_interval_s)
+                     if self._due(a.last_sent, now))
         return self._queued + len(self._resends_due(now)) + firing
 
     # -- persistence ----------------------------------------------------------------------

@@ -36,12 +36,13 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urljoin
 
+from opsloop.labels import MAX_LABEL_VALUE, shorten
 from opsloop.records import Finding, Severity
 from opsloop.runbooks import dashboard_base_url, runbook_base_url
 
 SOURCE = "opsloop-paging"
 RESERVED_LABELS = frozenset({"alertname", "severity", "signal", "detector", "source", "backstop"})
-MAX_LABEL_VALUE = 256
+# MAX_LABEL_VALUE, shorten: core (opsloop.labels), the stream worker exports where-labels with the same bound
 MAX_LABEL_NAME = 100
 MAX_ALERTNAME = 120
 MAX_WHERE_LABELS = 20     # plus the five we set: well inside the audit record's 32 labels
@@ -94,13 +95,6 @@ def label_name(key: str) -> str:
     if name in RESERVED_LABELS or name.startswith("__"):
         name = "where_" + name.lstrip("_")
     return name
-
-
-def shorten(text: str, limit: int) -> str:
-    """``text`` if it fits, else a prefix and a hash of the whole (distinct texts stay distinct)."""
-    if len(text) <= limit:
-        return text
-    return text[: limit - 9] + "_" + hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
 def distinct_label_names(keys: list[str], clean: Callable[[str], str],

@@ -44,9 +44,11 @@ from kafka import KafkaConsumer, TopicPartition
 from opsloop.atomic_file import replace_file
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
+from opsloop.kafka_admin import ensure_topics
 from opsloop.kafka_clients import (RecordHeaders, client_options, commit_bounded, connect_with_retry, kafka_settings,
                                    preflight_or_exit, send_deadletter, service_producer)
 from opsloop.log import Sampled, get_logger
+from opsloop.topics import Topic
 
 from opsloop.controllers.paging import metrics
 from opsloop.controllers.paging.alertmanager import AlertmanagerClient, AlertmanagerError, Backoff
@@ -87,17 +89,36 @@ class PagingService:
         self._uncommitted = False   # records handled while the state could not be saved: committed after a save
 
     # -- wiring ---------------------------------------------------------------------------
-    def _connect(self) -> None:
+    def _connect(self, create_topics: bool = False) -> None:
+        """Build the clients not given; ``create_topics``: the missing topics too, once the producer reached a broker
+        (its bootstrap waits for one; the admin client's would take 30 s to fail) and before the consumer asks."""
+        if self._producer is None:
+            self._producer = service_producer(self.kafka, self.client_id, linger_ms=5, max_block_ms=5000,
+                                              request_timeout_ms=5000)
+        if create_topics and self._consumer is None:
+            self._ensure_topics()
         if self._consumer is None:
             self._consumer = KafkaConsumer(
                 self.topic, group_id=self.group_id, **client_options(self.kafka),
                 client_id=self.client_id, enable_auto_commit=False, auto_offset_reset=self.config.start_offset,
                 max_poll_records=500,
                 metadata_max_age_ms=10_000)  # see a topic created after we subscribed within seconds
-        if self._producer is None:
-            self._producer = service_producer(self.kafka, self.client_id, linger_ms=5, max_block_ms=5000,
-                                              request_timeout_ms=5000)
         self.auditor.producer = self._producer
+
+    def _ensure_topics(self) -> None:
+        """Create the topics paging reads and writes if missing, with the configured partitions. Started before the
+        stream workers (which create them), the consumer and the producer asked for topics that did not exist: each
+        an error line from kafka-python ("Topic ... not found in cluster metadata"), a topic auto-created with the
+        broker's defaults, and on brokers that do not auto-create, audit and dead-letter sends that block."""
+        try:
+            created = ensure_topics(self.kafka, self.kafka.partitions, self.kafka.replication_factor,
+                                    [self.config.topic, self.config.audit_topic, Topic.DEADLETTER.value],
+                                    timeout_s=10.0)
+        except Exception as e:  # noqa: BLE001 - no right to create topics, say: the clients work with what exists
+            log.warning("topics_not_created", error=f"{type(e).__name__}: {e}"[:300])
+            return
+        if created:
+            log.info("topics_created", topics=created)
 
     def load_state(self) -> None:
         path = self.config.state_file
@@ -357,9 +378,11 @@ class PagingService:
             self._uncommitted = True
 
     def run(self, stop: threading.Event) -> None:
-        if self._consumer is None:
+        own = self._consumer is None
+        if own:
             preflight_or_exit(self.kafka, "paging", log)   # a wrong password or CA: exit now, say why
-        if not connect_with_retry(self._connect, stop, "paging", log):   # broker away at start: wait
+        # broker away at start: wait
+        if not connect_with_retry(lambda: self._connect(create_topics=own), stop, "paging", log):
             self.close()
             return
         self.load_state()

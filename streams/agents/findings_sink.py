@@ -90,6 +90,7 @@ from prometheus_client.metrics_core import Metric as PromMetric
 from opsloop.atomic_file import replace_file
 from opsloop.config import StreamSettings
 from opsloop.records import Finding
+from opsloop.labels import shorten
 from opsloop.log import Sampled, get_logger
 from opsloop.streams.agents.base import Publication
 from opsloop.streams.detectors.findingbook import CLEARED, OPENED, REFRESHED, UPDATED
@@ -132,7 +133,6 @@ KEEP_SET_ASIDE = 3
 
 _LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 _RESERVED = frozenset({"detector", "severity", "id", "job", "instance", "__name__"})
-MAX_LABEL_VALUE = 128
 
 
 def finding_labels(f: Finding) -> dict[str, str]:
@@ -144,7 +144,8 @@ def finding_labels(f: Finding) -> dict[str, str]:
             name = "where_" + name.lstrip("_")
         if name in _RESERVED:
             name = "where_" + name
-        labels.setdefault(name, str(v)[:MAX_LABEL_VALUE])
+        # the paging actuator's bound and shortening: its page inhibits this finding's backstop (equal labels)
+        labels.setdefault(name, shorten(str(v)))
     return labels
 
 

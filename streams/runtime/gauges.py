@@ -18,13 +18,12 @@ values that differ past the cut stay two series; counted in
 
 from __future__ import annotations
 
-import hashlib
 from typing import TypeVar
 
 from prometheus_client import Counter
 from prometheus_client.metrics import MetricWrapperBase
 
-MAX_LABEL_VALUE = 256   # the paging stage's bound on an alert's label value
+from opsloop.labels import MAX_LABEL_VALUE, shorten   # the paging stage's bound and shortening, shared
 SHORTENED = Counter("opsloop_stream_label_values_shortened_total",
                     f"Tag values longer than {MAX_LABEL_VALUE} characters shortened to a prefix and a hash "
                     "before they became a metric label", ["handler", "tag"])
@@ -54,5 +53,4 @@ def label_value(handler: str, tag: str, value: str) -> str:
     if len(value) <= MAX_LABEL_VALUE:
         return value
     SHORTENED.labels(handler, tag).inc()
-    digest = hashlib.sha1(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-    return f"{value[:MAX_LABEL_VALUE - 9]}_{digest}"
+    return shorten(value)

@@ -80,4 +80,28 @@ def test_a_repeating_event_is_logged_once_a_minute_per_key_with_the_count_left_o
     finally:
         logging.getLogger().handlers[:] = []
     docs = [orjson.loads(line) for line in stream.getvalue().splitlines()][:3]
-    assert [(d["fields"]["n"], d["fields"]["unlogged_since"]) for d in docs] == [(0, 0), (0, 0), (1000, 999)]
+    # written only when some were left out
+    assert [(d["fields"]["n"], d["fields"].get("unlogged_since")) for d in docs] == [(0, None), (0, None), (1000, 999)]
+
+
+@pytest.mark.parametrize("level, shown", [("debug", True), ("info", False)])
+def test_the_kafka_clients_own_lines_go_out_at_debug_only(level: str, shown: bool) -> None:
+    """``--log-level debug`` left the Kafka clients pinned at WARNING: an operator debugging a broker problem got
+    none of their lines. At info they stay quiet (connection churn); other chatty libraries stay quiet at debug."""
+    root = logging.getLogger()
+    handlers, root_level = root.handlers[:], root.level
+    quiet = {n: logging.getLogger(n).level for n in ("kafka", "aiokafka", "urllib3", "elastic_transport")}
+    stream = io.StringIO()
+    try:
+        setup_logging("test", level, stream=stream)
+        logging.getLogger("kafka.conn").debug("connecting to %s", "127.0.0.1:9092")
+        logging.getLogger("aiokafka.consumer").info("joined group %s", "g")
+        logging.getLogger("urllib3.connectionpool").debug("Starting new HTTP connection")
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(root_level)
+        for name, lv in quiet.items():
+            logging.getLogger(name).setLevel(lv)
+    said = [(d["logger"], d["event"]) for d in map(orjson.loads, stream.getvalue().splitlines())]
+    assert said == ([("kafka.conn", "connecting to 127.0.0.1:9092"), ("aiokafka.consumer", "joined group g")]
+                    if shown else [])

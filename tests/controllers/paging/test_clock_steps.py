@@ -8,6 +8,7 @@ ignored whatever their stamps. A clear of the open incident still applies whatev
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -128,3 +129,58 @@ def test_a_crash_before_the_commit_replayed_across_a_clock_step_pages_once(
         replay.step()
         assert am.firing == {"critical"}, "the newer incident's page was resolved"
     assert am.pages == 2, "the newer incident was paged again"
+
+
+# -- our own clock stepped back: the re-sends go on ---------------------------------------------------------------
+BACK = 3600.0   # the paging host's wall clock stepped back an hour (NTP after a clock that ran ahead)
+
+
+def test_re_sends_go_on_after_our_clock_stepped_back() -> None:
+    """Scheduled as ``last_sent + resend_interval_s`` on the wall clock, the re-sends waited for the hour lost: no
+    re-send went out and every open alert expired in Alertmanager at its endsAt (on-call told it resolved)."""
+    b = PagingBook(resend_interval_s=60.0, alert_ttl_s=240.0)
+    b.apply(A_OPEN, T0)
+    assert len(b.due(T0)) == 1
+    b.delivered(T0)
+    back = T0 + 30 - BACK
+    assert b.next_due(back) == 0.0 and b.pending(back) == 1
+    [again] = b.due(back)
+    assert again["labels"] == b.open[A_OPEN.id].labels
+    b.delivered(back)
+    assert b.due(back + 30) == [] and b.next_due(back + 30) == 30.0   # then on the interval, from the new time
+    assert len(b.due(back + 60)) == 1
+
+
+def test_a_delivered_resolve_is_re_sent_after_our_clock_stepped_back() -> None:
+    b = PagingBook(resend_interval_s=60.0, alert_ttl_s=240.0)
+    b.apply(A_OPEN, T0)
+    b.delivered(T0)
+    b.apply(A_CLEAR, T0 + 10)
+    b.delivered(T0 + 10)   # the resolve went out: re-sent for resend_resolved_s
+    back = T0 + 20 - BACK
+    assert b.next_due(back) == 0.0
+    [resolve] = b.due(back)
+    assert ts(resolve["endsAt"]) <= back   # never ending ahead of now (an endsAt ahead would re-open it)
+
+
+def test_the_service_re_sends_in_the_step_after_our_clock_stepped_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [T0]
+    monkeypatch.setattr(paging_service, "time", SimpleNamespace(time=lambda: now[0]))
+    am = Alertmanager()
+    posts: list[list[dict[str, object]]] = []
+    post = am.post
+    am.post = lambda alerts: (posts.append(alerts), post(alerts))[1]   # type: ignore[method-assign]
+    cfg = PagingConfig(state_file=tmp_path / "state.json", start_offset="latest", resend_interval_s=60)
+    svc = PagingService(cfg, "127.0.0.1:1", consumer=Consumer([[A_OPEN]]), producer=None,  # type: ignore[arg-type]
+                        client=am)  # type: ignore[arg-type]
+    am.now = now[0]
+    svc.step()
+    assert len(posts) == 1
+    now[0] = am.now = T0 + 30 - BACK
+    svc.step()
+    assert len(posts) == 2 and am.firing == {"critical"}, "no re-send after the clock stepped back"
+
+
+def ts(stamp: object) -> float:
+    return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()

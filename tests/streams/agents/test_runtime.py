@@ -20,6 +20,7 @@ from opsloop.wire import encode_batch
 from opsloop.streams.detectors.registry import detector_handlers
 from opsloop.streams.agents.base import DetectorHandler
 from opsloop.streams.agents.findings_sink import ActiveFindings, FindingsSink, finding_labels
+from opsloop.labels import MAX_LABEL_VALUE
 from opsloop.streams.detectors.firewall.handler import FirewallHandler
 from opsloop.streams.agents.settings import DetectorsSettings
 from opsloop.streams.agents.stateful import StatefulAgent
@@ -82,7 +83,7 @@ def test_any_where_labels_give_a_valid_exposition(where: dict[str, str]) -> None
     active = ActiveFindings()
     active.update(f)
     [sample] = exposition(active)["opsloop_finding_active"]      # the parser accepts what we expose
-    assert sample.labels == labels and all(len(v) <= 128 for v in labels.values())
+    assert sample.labels == labels and all(len(v) <= MAX_LABEL_VALUE for v in labels.values())
 
 
 # ------------------------------------------------------------------------------------- agent loop

@@ -42,5 +42,26 @@ def test_the_workers_log_handler_limits_aiokafka_and_counts_each_line(
             logging.getLogger(n).setLevel(lv)
     docs = [orjson.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
     said = [(d["level"], d.get("fields")) for d in docs if d["logger"] == name]
-    assert said == [("error", {"unlogged_since": 0}), ("error", {"unlogged_since": 299})]
+    assert said == [("error", None), ("error", {"unlogged_since": 299})]
     assert REGISTRY.get_sample_value(CLIENT_LINES, {"logger": name, "level": "error"}) == 301
+
+
+@pytest.mark.parametrize("level, said", [("debug", True), ("info", False)])
+def test_the_workers_kafka_client_info_lines_go_out_at_debug_only(
+        level: str, said: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--log-level debug`` on the worker shows the Kafka clients' own lines (a broker problem is debugged from
+    them); at info they stay quiet. Old code: the worker's config pinned them at WARNING whatever the level."""
+    root = logging.getLogger()
+    handlers, root_level = root.handlers[:], root.level
+    levels = {n: logging.getLogger(n).level for n in ("aiokafka", "kafka", "faust.transport", "mode")}
+    name = unique("aiokafka.conn")
+    try:
+        logging.config.dictConfig(_logging_config(level))
+        logging.getLogger(name).info("Connecting to node %s", 7)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(root_level)
+        for n, lv in levels.items():
+            logging.getLogger(n).setLevel(lv)
+    docs = [orjson.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    assert any(d["logger"] == name and d["level"] == "info" for d in docs) is said
