@@ -2,12 +2,16 @@
 time, read the current weights and decision status. OpenAPI 3 spec at ``GET /openapi.json``.
 
 * Bearer token (``Authorization: Bearer <token>``) on every ``/v1`` route, compared in constant time
-  (:func:`hmac.compare_digest`); 401 without it. The token is read from a file or the environment by
-  the service and never logged. ``/openapi.json`` is public (it holds no data).
+  (:func:`hmac.compare_digest`); 401 without it. The token is read from a file (re-read when it changes:
+  :class:`~opsloop.controllers.edge.service.api_token.TokenFile`) or the environment and never logged; while
+  the file gives no usable token every ``/v1`` request gets 503. ``/openapi.json`` is public (it holds no data).
 * Binds loopback by default (``controllers.edge.api.bind``). A slow or idle client is cut off after
   ``timeout_s``: a request (line, headers and body) must arrive whole within it from when it is awaited, not
   only each read (a client sending a header byte every few seconds held its connection slot for ever, and
-  ``max_connections`` of them, no token needed, kept every operator out); at most ``max_connections`` are
+  ``max_connections`` of them, no token needed, kept every operator out); a request cut so is logged
+  (``api_headers_timeout``, ``api_body_timeout``; sampled: one line a minute each) and counted in
+  ``opsloop_edge_api_requests_cut_total{reason="headers"|"body"}`` (a cut while the headers trickled went
+  unsaid); an idle kept-alive connection closed is not; at most ``max_connections`` are
   served at once, more get 503 at
   once; the token is checked before the body is read (an unauthenticated client cannot make the
   server read 64 KiB); the request line is logged as its path only (no query string, no
@@ -20,7 +24,6 @@ Plain :mod:`http.server` (threaded): a handful of small JSON requests, no event 
 
 from __future__ import annotations
 
-import hmac
 import io
 import re
 import socket
@@ -33,8 +36,10 @@ from urllib.parse import unquote, urlsplit
 import orjson
 from prometheus_client import Counter
 
+from opsloop.controllers.edge.service import metrics as M
+from opsloop.controllers.edge.service.api_token import ApiToken, StaticToken
 from opsloop.controllers.edge.service.store import TopologyError, TopologyStore
-from opsloop.log import get_logger
+from opsloop.log import Sampled, get_logger
 
 log = get_logger("controller.edge.api")
 MAX_BODY = 64 * 1024
@@ -54,7 +59,9 @@ def _origin_schema() -> dict[str, Any]:
 
 def openapi_spec() -> dict[str, Any]:
     err = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-    common = {"401": {"description": "missing or wrong bearer token"}, "404": err, "400": err}
+    common = {"401": {"description": "missing or wrong bearer token"}, "404": err, "400": err,
+              "503": {**err, "description": "the service has no usable bearer token (its token file is empty or "
+                                            "unreadable): every request is refused until it is fixed"}}
     origin_ok = {"200": {"description": "the origin after the change",
                          "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Origin"}}}}}
     lo = [{"name": "listener", "in": "path", "required": True, "schema": {"type": "string"}},
@@ -124,11 +131,10 @@ Route = tuple[str, re.Pattern[str], Callable[..., Any]]
 class EdgeApi:
     """Routes → store/loop calls. ``status_fn()`` and ``weights_fn(listener)`` come from the loop."""
 
-    def __init__(self, store: TopologyStore, token: str, status_fn: Callable[[], dict[str, Any]],
+    def __init__(self, store: TopologyStore, token: str | ApiToken, status_fn: Callable[[], dict[str, Any]],
                  weights_fn: Callable[[str], list[dict[str, Any]]]) -> None:
-        if not token:
-            raise ValueError("edge API: empty bearer token")
-        self._token = token.encode()
+        self.token = StaticToken(token) if isinstance(token, str) else token
+        self._cut_log = Sampled(60.0)   # per phase: a trickling client must not flood the log
         self.store = store
         self.status_fn = status_fn
         self.weights_fn = weights_fn
@@ -152,9 +158,27 @@ class EdgeApi:
         return {"listener": listener, "records": self.weights_fn(listener)}
 
     def authorized(self, header: str | None) -> bool:
-        if not header or not header.startswith("Bearer "):
-            return False
-        return hmac.compare_digest(header[len("Bearer "):].strip().encode(), self._token)
+        return self.refusal(header) is None
+
+    def refusal(self, header: str | None) -> tuple[int, dict[str, Any]] | None:
+        """None when ``header`` carries the token; else the answer: 401, or 503 while there is no usable token
+        (checked first: no token can be right then)."""
+        presented = header[len("Bearer "):].strip() if header and header.startswith("Bearer ") else None
+        ok = self.token.matches(presented or "")
+        if ok is None:
+            return 503, {"error": "the edge API has no usable bearer token (its token file is empty, unreadable or "
+                                  "open to others; see the service log, event api_token_unusable)"}
+        if presented is None or not ok:
+            return 401, {"error": "missing or wrong bearer token"}
+        return None
+
+    def request_cut(self, reason: str, method: str | None, path: str | None, client: str, received: int,
+                    timeout_s: float) -> None:
+        """A request not whole within ``timeout_s`` (``reason``: headers, body), cut unanswered: counted, logged
+        sampled per reason."""
+        M.API_REQUESTS_CUT.labels(reason).inc()
+        self._cut_log.warning(log, f"api_{reason}_timeout", key=reason, method=method, path=path, client=client,
+                              bytes_received=received, timeout_s=timeout_s)
 
     def needs_token(self, path: str) -> bool:
         return request_path(path).startswith("/v1/")
@@ -165,8 +189,9 @@ class EdgeApi:
             return 200, openapi_spec()
         if not path.startswith("/v1/"):
             return 404, {"error": f"no such path {path!r} (see /openapi.json)"}
-        if not self.authorized(auth):
-            return 401, {"error": "missing or wrong bearer token"}
+        denied = self.refusal(auth)
+        if denied is not None:
+            return denied
         matched_path = False
         for m, pattern, fn in self.routes:
             match = pattern.match(path)
@@ -209,7 +234,14 @@ class EdgeApi:
 
             def handle_one_request(self) -> None:
                 self._reads.restart()   # the next request (or the wait for it) has timeout_s from now
-                super().handle_one_request()
+                self.raw_requestline = b""
+                super().handle_one_request()   # a read timing out ends it quietly (log_message is silenced)
+                if self._reads.timed_out and self._reads.received and not self._reads.said:
+                    # cut while its line or headers trickled in; no bytes at all: an idle kept-alive connection
+                    line = self.raw_requestline.decode("latin-1").split()
+                    api.request_cut("headers", line[0][:16] if line else None,
+                                    request_path(line[1])[:200] if len(line) > 1 else None, self.client_address[0],
+                                    self._reads.received, timeout_s)
 
             def _handle(self, method: str) -> None:
                 path = request_path(self.path)
@@ -217,8 +249,9 @@ class EdgeApi:
                     length = int(self.headers.get("Content-Length") or 0)
                 except ValueError:
                     length = -1
-                if api.needs_token(self.path) and not api.authorized(self.headers.get("Authorization")):
-                    status, doc = 401, {"error": "missing or wrong bearer token"}
+                denied = api.refusal(self.headers.get("Authorization")) if api.needs_token(self.path) else None
+                if denied is not None:
+                    status, doc = denied
                     self.close_connection = length != 0   # the unread body must not be taken for a request
                 elif length < 0:
                     status, doc = 400, {"error": "Content-Length: not a non-negative integer"}
@@ -230,7 +263,9 @@ class EdgeApi:
                     try:
                         raw = self.rfile.read(length) if length > 0 else b""
                     except (TimeoutError, socket.timeout):
-                        log.warning("api_body_timeout", method=method, path=path, timeout_s=timeout_s)
+                        self._reads.said = True
+                        api.request_cut("body", method, path, self.client_address[0], self._reads.received,
+                                        timeout_s)
                         self.close_connection = True
                         return
                     try:
@@ -290,9 +325,13 @@ class _RequestDeadline(io.RawIOBase):
         self.sock = sock
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
+        self.received = 0        # bytes of this request so far
+        self.timed_out = False   # a read of this request timed out
+        self.said = False        # the cut was already counted and logged
 
     def restart(self) -> None:
         self.deadline = time.monotonic() + self.timeout_s
+        self.received, self.timed_out, self.said = 0, False, False
 
     def readable(self) -> bool:
         return True
@@ -300,10 +339,17 @@ class _RequestDeadline(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         left = self.deadline - time.monotonic()
         if left <= 0:
+            self.timed_out = True
             raise TimeoutError(f"request not complete within {self.timeout_s:g} s")
         self.sock.settimeout(min(left, self.timeout_s))
         try:
-            return self.sock.recv_into(buffer)
+            n = self.sock.recv_into(buffer)
+        except TimeoutError:
+            self.timed_out = True
+            raise
+        else:
+            self.received += n
+            return n
         finally:
             self.sock.settimeout(self.timeout_s)   # the reply's writes keep their own timeout
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from opsloop.controllers.edge.service.api import EdgeApi
+from opsloop.controllers.edge.service.api_token import ApiToken, TokenFile, TokenFileError
 from opsloop.controllers.edge.service.config import (TOKEN_ENV, EdgeServiceSettings, read_token, resolve_topology,
                                              service_settings)
 from opsloop.controllers.edge.service.inputs import DemandBook, DemandConsumer
@@ -67,8 +68,10 @@ The token file must be private (chmod 600); the service refuses one that group o
 
 exit codes of `edge run` (`edge check`: 0 ok, 2 anything wrong):
   2   bad command line
-  78  configuration that can never work (config, topology, overrides file, API token, Kafka login/CA):
-      systemd does not restart it
+  78  configuration that can never work (config, topology, overrides file, API token from the environment, a
+      token file open to others or not UTF-8, Kafka login/CA): systemd does not restart it. A token file
+      missing, empty or short runs the loop with the API answering 503 until the file is fixed (re-read
+      within a second of a change, as a rotated token is)
   75  /metrics or API port taken: restarted
 """
 
@@ -77,13 +80,15 @@ class EdgeService:
     """Wires the pieces; ``start()`` then ``run_forever()`` (or ``tick()`` from tests)."""
 
     def __init__(self, settings: Settings, cfg: EdgeServiceSettings, config_dir: Path | None = None,
-                 token: str | None = None) -> None:
+                 token: str | ApiToken | None = None) -> None:
         self.settings = settings
         self.cfg = cfg
         self.topology = resolve_topology(cfg, config_dir)
         self.audit = AuditLog.from_settings(settings)
         self.store = TopologyStore(self.topology, self.audit, cfg.overrides_file)
-        self.book = DemandBook()
+        # the keys the loop reads are never evicted by the bound on the others
+        self.book = DemandBook(known=[(spec.backend_name, e.lb_name) for spec in self.topology.listeners
+                                      for e in spec.edges])
         self.token = token
         self.publisher: DecisionPublisher | None = None
         self.consumer: DemandConsumer | None = None
@@ -94,8 +99,14 @@ class EdgeService:
     def start(self) -> "EdgeService":
         kafka = self.settings.kafka
         if self.cfg.api.enabled and self.token is None:
-            # before Kafka: a token file that can never work is said at once, not once a broker answers
-            self.token = read_token(self.cfg.api)
+            # before Kafka: a token file that can never work is said at once, not once a broker answers. One
+            # missing, empty or short (a rewrite, a secret not yet mounted) leaves the API refusing, the loop on
+            if self.cfg.api.token_file is not None:
+                token_file = TokenFile(self.cfg.api.token_file)
+                token_file.raise_if_lasting()
+                self.token = token_file
+            else:
+                self.token = read_token(self.cfg.api)
         preflight_or_exit(kafka, "edge-control", log)   # a wrong password or CA: exit now, say why
         recovered: dict = {}
 
@@ -161,7 +172,11 @@ def check_token(cfg: EdgeServiceSettings) -> str:
         return "API off"
     if cfg.api.token_file is None and not os.environ.get(TOKEN_ENV):
         return f"API token not checked (${TOKEN_ENV} not set here)"
-    read_token(cfg.api)   # the token itself is never printed
+    try:
+        read_token(cfg.api)   # the token itself is never printed
+    except TokenFileError as e:   # run does not refuse these the same way: say what it would do
+        raise ConfigError(f"{e}; `edge run` would " + ("exit 78" if e.lasting else
+                          "run the loop with the API answering 503 until the file is fixed")) from None
     return f"API token file {cfg.api.token_file} ok" if cfg.api.token_file is not None else f"API token ${TOKEN_ENV} ok"
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from opsloop.controllers.edge.service.api_token import MIN_TOKEN_CHARS, read_token_file
 from opsloop.controllers.edge.settings import ControllerSettings
 from opsloop.controllers.edge.model import Edge, Listener, Origin, Topology
-from opsloop.private_file import OpenToOthers, PrivateFileError, read_private_file
 from opsloop.config import DEFAULT_RUN_DIR, CollectorRuntimeSettings, ConfigError, Settings
 from opsloop.dotted import get_dotted
 from opsloop.validation import YamlFileError, describe_validation_error, read_yaml
@@ -173,24 +173,10 @@ def resolve_topology(cfg: EdgeServiceSettings, base: Path | None = None) -> Topo
 
 def read_token(api: ApiSettings) -> str:
     """The API bearer token (file first, then environment); never logged."""
-    if api.token_file is not None:
-        where = f"controllers.edge.api.token_file {api.token_file}"
-        try:   # group or others may not read it; a FIFO or device is never waited on
-            token = read_private_file(api.token_file).decode("utf-8").strip()
-        except OSError as e:
-            raise ConfigError(f"{where}: {e.strerror}") from None
-        except OpenToOthers as e:
-            raise ConfigError(f"{where}: mode {e.mode:04o} lets group or others read it; "
-                              f"run `chmod 600 {api.token_file}`") from None
-        except PrivateFileError as e:
-            raise ConfigError(f"{where}: {e}") from None
-        except UnicodeDecodeError as e:   # was a traceback at start; the byte is not shown (a secret)
-            raise ConfigError(f"{where}: not UTF-8 text (at byte offset {e.start})") from None
-        source = f"token_file {api.token_file}"
-    else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
-        source = f"environment variable {TOKEN_ENV}"
-    if len(token) < 16:
-        raise ConfigError(f"controllers.edge.api: the bearer token from {source} is missing or shorter "
-                          "than 16 characters")
+    if api.token_file is not None:   # the service's own reader (TokenFileError is a ConfigError)
+        return read_token_file(api.token_file)
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"controllers.edge.api: the bearer token from environment variable {TOKEN_ENV} is missing "
+                          f"or shorter than {MIN_TOKEN_CHARS} characters")
     return token

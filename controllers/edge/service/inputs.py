@@ -6,7 +6,11 @@ the topic (old demand is useless after a restart) and keeps one record per key.
 No record may pin the book: one stamped further in the future than ``max_clock_skew_s`` is refused
 (it would stay "newest" forever, hide every later record and never age into ``stale -> hold``),
 counted in ``opsloop_edge_demand_rejected_total{reason="future"}``. Keys not updated for ``ttl_s``
-are dropped (an LB or backend that went away), counted in ``opsloop_edge_demand_dropped_total``.
+are dropped (an LB or backend that went away), counted in ``opsloop_edge_demand_dropped_total{reason="ttl"}``;
+a record older than the one kept (a replay, out of order) in ``{reason="superseded"}``. Keys the topology does not
+read (``known``: every other backend's LBs, or a flood of bogus edge names) are kept at most ``max_unknown_keys``:
+past that the least recently updated goes, ``{reason="unknown_cap"}`` (they were kept for ``ttl_s`` unbounded);
+the known keys are never evicted so.
 
 Partitions added to the topic while the service runs (``kafka-topics --alter --partitions``) are read from their
 beginning once the consumer's metadata shows them (``metadata_max_age_ms``, 10 s), logged ``demand_partitions_added``:
@@ -18,7 +22,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections import OrderedDict
+from typing import Any, Callable, Iterable
 
 from kafka import KafkaConsumer, TopicPartition
 
@@ -33,14 +38,19 @@ log = get_logger("controller.edge.inputs")
 MAX_CLOCK_SKEW_S = 5.0
 TTL_S = 3600.0
 PRUNE_EVERY_S = 60.0
+MAX_UNKNOWN_KEYS = 4096
 # how soon partitions added to edge.demand are seen (kafka-python's default: 5 min of an edge's demand unread)
 METADATA_MAX_AGE_MS = 10_000
 
 
 class DemandBook:
     def __init__(self, max_clock_skew_s: float = MAX_CLOCK_SKEW_S, ttl_s: float = TTL_S,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, known: Iterable[tuple[str, str]] = (),
+                 max_unknown_keys: int = MAX_UNKNOWN_KEYS) -> None:
         self._latest: dict[tuple[str, str], EdgeDemand] = {}
+        self.known = frozenset(known)   # (backend, lb) the loop reads
+        self.max_unknown_keys = max_unknown_keys
+        self._unknown: OrderedDict[tuple[str, str], None] = OrderedDict()   # least recently updated first
         self._lock = threading.Lock()
         self.max_clock_skew_s = max_clock_skew_s
         self.ttl_s = ttl_s
@@ -65,6 +75,10 @@ class DemandBook:
             old = self._latest.get(key)
             if old is None or rec.timestamp >= old.timestamp:  # an at-least-once replay never goes back
                 self._latest[key] = rec
+                if key not in self.known:
+                    self._keep_unknown(key)
+            else:
+                M.DEMAND_DROPPED.labels("superseded").inc()
             if now - self._pruned_at >= PRUNE_EVERY_S:
                 self._prune(now)
         return True
@@ -75,14 +89,31 @@ class DemandBook:
         M.DEMAND_REJECTED.labels(reason).inc()
         self._reject_log.warning(log, "demand_record_rejected", key=reason, reason=reason, **fields)
 
+    def _keep_unknown(self, key: tuple[str, str]) -> None:
+        """Under the lock: ``key`` (not read by the loop) just updated; past ``max_unknown_keys`` the least
+        recently updated unknown key goes."""
+        self._unknown[key] = None
+        self._unknown.move_to_end(key)
+        evicted = 0
+        while len(self._unknown) > self.max_unknown_keys:
+            gone, _ = self._unknown.popitem(last=False)
+            del self._latest[gone]
+            evicted += 1
+        if evicted:
+            M.DEMAND_DROPPED.labels("unknown_cap").inc(evicted)
+            self._reject_log.warning(log, "demand_unknown_keys_evicted", key="unknown_cap", evicted=evicted,
+                                     max_unknown_keys=self.max_unknown_keys, backend=key[0], edge=key[1],
+                                     consequence="demand of keys the topology does not read is forgotten")
+
     def _prune(self, now: float) -> None:
         """Under the lock: drop keys silent for ttl_s."""
         self._pruned_at = now
         old = [k for k, r in self._latest.items() if now - r.timestamp > self.ttl_s]
         for k in old:
             del self._latest[k]
+            self._unknown.pop(k, None)
         if old:
-            M.DEMAND_DROPPED.inc(len(old))
+            M.DEMAND_DROPPED.labels("ttl").inc(len(old))
 
     def get(self, backend: str, lb: str) -> EdgeDemand | None:
         with self._lock:

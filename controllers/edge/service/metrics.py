@@ -32,5 +32,16 @@ TICK_SECONDS = Histogram("opsloop_edge_tick_seconds", "Time to decide and publis
 PUBLISH_ERRORS = Counter("opsloop_edge_publish_errors_total", "Records Kafka did not acknowledge", ["topic"])
 DEMAND_REJECTED = Counter("opsloop_edge_demand_rejected_total",
                           "edge.demand records not used (invalid, or stamped in the future)", ["reason"])
+# reason: ttl (an entry not updated for ttl_s: an LB or backend gone), superseded (a record older than the one kept:
+# a replay or out of order), unknown_cap (an entry of a key the topology does not read, evicted past max_unknown_keys)
 DEMAND_DROPPED = Counter("opsloop_edge_demand_dropped_total",
-                         "Demand entries dropped after ttl_s without an update (an LB or backend gone)")
+                         "Demand entries or records dropped by the controller's demand book", ["reason"])
+API_REQUESTS_CUT = Counter("opsloop_edge_api_requests_cut_total",
+                           "Edge API requests cut off unanswered: not whole within timeout_s (reason: headers, body)",
+                           ["reason"])
+API_TOKEN_USABLE = Gauge("opsloop_edge_api_token_usable",
+                         "1 while the edge API has a usable bearer token; 0 while it refuses every request (503)")
+for _reason in ("ttl", "superseded", "unknown_cap"):   # exported at 0: increase() sees the first drop
+    DEMAND_DROPPED.labels(_reason)
+for _reason in ("headers", "body"):
+    API_REQUESTS_CUT.labels(_reason)
