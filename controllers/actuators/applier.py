@@ -156,6 +156,11 @@ class EdgeActuator:
         # Mirror HAProxy, where a DOWN server keeps its weight: step from the weight a quiesced real had
         # before its health checker zeroed it, so its share can be released (or held) like a DOWN one.
         base = {**before, **{o: int((stored or {}).get(o, 0)) for o in quiesced}} if before else None
+        # servers the target leaves alone (HAProxy: absent, weighted by its agent) keep their live weight; like a
+        # quiesced real they step from their stored weight (from the agent's, the step never reached the decision)
+        alone = self._left_alone() if before else {}
+        if alone and base:
+            base = {**base, **self._intended(alone)}
         live_shares = to_shares(base) if base else {}
         if down and math.fsum(v for o, v in shares.items() if o not in down) <= 0:
             return self._done(decision, ApplyResult(
@@ -168,18 +173,19 @@ class EdgeActuator:
             ints = to_integer_weights(stepped, self.weight_total)
         except MappingError as e:
             return self._done(decision, ApplyResult("refused", decision.version, str(e), before=before))
-        if _serving(ints, down) <= 0:
+        # a quiesced real stays at 0 whatever the decision gives it (its share is stored and comes back
+        # by reconcile once the health checker restores it), as HAProxy keeps a DOWN server out of rotation
+        writes = _hold_live(self._hold_quiesced(ints, quiesced), before, alone)
+        if _serving(writes, down) <= 0:
             return self._done(decision, ApplyResult(
                 "refused", decision.version, "decision would set every server that is not DOWN to weight 0; "
                                              "holding the last good weights", before=before, after=ints))
-        # a quiesced real stays at 0 whatever the decision gives it (its share is stored and comes back
-        # by reconcile once the health checker restores it), as HAProxy keeps a DOWN server out of rotation
-        writes = self._hold_quiesced(ints, quiesced)
         note = "" if complete else f"; step bounded by max_step {self.max_step} (more steps to the decision)"
         released = f"; released DOWN origin(s) {sorted(releasable)}" if releasable and before else ""
         held = sorted(o for o in quiesced if ints.get(o, 0) > 0)
         if held:
             released += f"; held quiesced origin(s) {held} at 0 until the health checker restores them"
+        released += _left_alone_note(alone)
         if self.mode == "dry-run":
             return self._done(decision, ApplyResult("dry_run", decision.version, "would set weights" + note + released,
                                                     before=before, after=writes, shares=stepped, complete=complete))
@@ -199,7 +205,7 @@ class EdgeActuator:
                 self._write(writes, before, down)
             except ActuatorError as e:
                 return self._failed(decision, e, before, writes)
-        result = self._verify(decision, before, writes, stepped, complete)
+        result = self._verify(decision, before, writes, stepped, complete, ignore=set(alone))
         if result is not None:
             return result
         try:
@@ -212,7 +218,7 @@ class EdgeActuator:
         except StoreError as e:  # the weights are live; without a record the next decision cannot be ordered
             return self._store_failed(decision, e, before=before, after=writes)
         self._recorded()
-        self._publish_weights(writes, decision.version)
+        self._publish_weights(_without(writes, alone), decision.version)
         why = decision.reason or "decision"
         if writes == before:
             why += "; weights already live, nothing written"
@@ -235,14 +241,16 @@ class EdgeActuator:
                                                f"than the applied version {high[1]} (epoch {high[0]})"))
 
     def _verify(self, decision: EdgeWeights | None, before: dict[str, int] | None, ints: dict[str, int],
-                shares: dict[str, float], complete: bool, version: int | None = None) -> ApplyResult | None:
-        """Read back what was written; a ``mismatch`` (or unreadable) result, or None when it matches."""
+                shares: dict[str, float], complete: bool, version: int | None = None,
+                ignore: set[str] | None = None) -> ApplyResult | None:
+        """Read back what was written; a ``mismatch`` (or unreadable) result, or None when it matches.
+        ``ignore``: origins left alone (not written; an agent may move theirs any time)."""
         version = decision.version if decision is not None else version
         try:
             live = self.target.read()
         except ActuatorError as e:
             return self._failed(decision, e, before, ints, version=version)
-        if live != ints:
+        if _without(live, ignore or {}) != _without(ints, ignore or {}):
             metrics.ERRORS.labels(self.edge, "mismatch").inc()
             res = ApplyResult("mismatch", version, f"read back {live} after writing {ints}", before=before,
                               after=live, shares=shares, complete=complete, error="read-back mismatch")
@@ -266,6 +274,19 @@ class EdgeActuator:
         if zeroed is None:
             return {}
         return {o: w for o, w in stored.items() if o not in zeroed}
+
+    def _left_alone(self) -> dict[str, str]:
+        """Origins the target does not write, as of its last health read (``down``): origin -> why."""
+        how = getattr(self.target, "left_alone", None)   # only HAProxy's target has any
+        return dict(how()) if callable(how) else {}
+
+    def _intended(self, origins: dict[str, str]) -> dict[str, int]:
+        """The stored (intended) weights of ``origins``; none when nothing is stored or unreadable."""
+        try:
+            last = self.store.last()
+        except StoreError:
+            return {}
+        return {o: int(last.weights[o]) for o in origins if o in last.weights} if last is not None else {}
 
     def _note_write(self, writes: dict[str, int], quiesced: set[str], stored: dict[str, int] | None) -> None:
         """Write-ahead (quiescing target): note the origins this write sets to 0 over a stored weight above 0,
@@ -384,8 +405,9 @@ class EdgeActuator:
             return None
         # a real its health checker quiesced (live 0, stored > 0) is no drift: it stays at 0 until restored
         quiesced = self._quiesced(down)
-        writes = self._hold_quiesced(want, quiesced)
-        if live == writes or _serving(want, down) <= 0:
+        alone = self._left_alone()   # absent or agent-weighted: their live weight is no drift
+        writes = _hold_live(self._hold_quiesced(want, quiesced), live, alone)
+        if live == writes or _serving(writes, down) <= 0:
             return None
         try:
             self._note_write(writes, quiesced, want)
@@ -397,12 +419,13 @@ class EdgeActuator:
             self._write(writes, live, down)
         except ActuatorError as e:
             return self._failed(None, e, live, writes, version=last.version)
-        bad = self._verify(None, live, writes, last.shares, True, version=last.version)
+        bad = self._verify(None, live, writes, last.shares, True, version=last.version, ignore=set(alone))
         if bad is not None:
             return bad
         self._recorded()
-        self._publish_weights(writes, last.version)
+        self._publish_weights(_without(writes, alone), last.version)
         held = f"; quiesced origin(s) {sorted(quiesced)} left at 0" if quiesced else ""
+        held += _left_alone_note(alone)
         return self._done(None, ApplyResult("applied", last.version, f"drift: live weights {live} differ from the "
                                                                      f"stored version {last.version}; re-applied"
                                                                      + held,
@@ -464,19 +487,22 @@ class EdgeActuator:
             before = self.target.read()
         except ActuatorError as e:
             return self._failed(None, e, None, writes, version=entry.version)
+        alone = self._left_alone()
+        writes = _hold_live(writes, before, alone)
+        why += _left_alone_note(alone)
         if before != writes:
             self._note_write(writes, quiesced, stored)   # StoreError: nothing written (as an append failing)
             try:
                 self._write(writes, before, down)
             except ActuatorError as e:
                 return self._failed(None, e, before, writes, version=entry.version)
-        bad = self._verify(None, before, writes, entry.shares, True, version=entry.version)
+        bad = self._verify(None, before, writes, entry.shares, True, version=entry.version, ignore=set(alone))
         if bad is not None:
             return bad
         self.store.append(Entry(version=entry.version, epoch=entry.epoch, weights=ints, shares=entry.shares,
                                 decision=entry.decision, complete=True, action="rollback", reason=why[:500]))
         self._recorded()
-        self._publish_weights(writes, entry.version)
+        self._publish_weights(_without(writes, alone), entry.version)
         return self._done(None, ApplyResult("rolled_back", entry.version, why, before=before, after=writes,
                                             shares=entry.shares), action="edge.weights.rollback")
 
@@ -511,3 +537,18 @@ def _quiesces(target: Target) -> bool:
 def _serving(weights: dict[str, int], down: set[str]) -> int:
     """Total weight on origins the load balancer does not report DOWN (what can carry traffic)."""
     return sum(w for o, w in weights.items() if o not in down)
+
+
+def _hold_live(weights: dict[str, int], live: dict[str, int] | None, alone: dict[str, str]) -> dict[str, int]:
+    """``weights`` with the origins left alone at their live weight (what the batch leaves them at)."""
+    if not alone or not live:
+        return weights
+    return {o: (live.get(o, w) if o in alone else w) for o, w in weights.items()}
+
+
+def _without(weights: dict[str, int], origins: set[str] | dict[str, str]) -> dict[str, int]:
+    return {o: w for o, w in weights.items() if o not in origins}
+
+
+def _left_alone_note(alone: dict[str, str]) -> str:
+    return f"; left alone (not written): {alone}"[:400] if alone else ""

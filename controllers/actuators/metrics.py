@@ -21,6 +21,10 @@ REFUSED_IN_A_ROW = Gauge("opsloop_actuator_refused_decisions",
                          "Decisions refused in a row (stale version, clock skew, all-zero, only DOWN origins) since "
                          "the last one applied or found already live; alerted by EdgeWeightActuatorRefusedInARow",
                          ["edge", "listener"])
+LEFT_ALONE = Gauge("opsloop_actuator_servers_left_alone",
+                   "Configured servers the actuator does not write, as of its last health read: reason=absent (the "
+                   "LB has no such server), reason=agent_weight (an HAProxy agent check sets its weight)",
+                   ["edge", "listener", "reason"])
 GIVEN_UP = Counter("opsloop_actuator_decisions_given_up_total",
                    "Decisions given up after max_apply_attempts applies ended in a read-back mismatch or an internal "
                    "error (audited failed; an internal error's record dead-lettered)", ["edge", "listener", "reason"])
