@@ -78,6 +78,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from faust.serializers import codecs
 from faust.streams import _current_event
 from faust.types import TP, EventT
+from faust.types.tuples import FutureMessage
 
 from opsloop.config import Settings
 from opsloop.log import Sampled, get_logger
@@ -89,8 +90,8 @@ from opsloop.streams.bounded import STATE_DROPPED, UNREADABLE
 from opsloop.streams.detectors.findingbook import CLEARED
 from opsloop.streams.runtime import health
 from opsloop.streams.runtime.app import deadletter_sender, partition_highwater, raw_topic
-from opsloop.streams.runtime.batch import FanOut, gc_paused, process_batch
-from opsloop.streams.runtime.take import consumer_lag, take_batches
+from opsloop.streams.runtime.batch import DeadLetter, FanOut, gc_paused, process_batch, send_deadletters
+from opsloop.streams.runtime.take import consumer_lag, leave_unacked, take_batches
 
 log = get_logger("stream.agents")
 
@@ -103,6 +104,14 @@ METADATA_REFRESH_S = 5.0   # at most one producer metadata refresh asked for per
 # a state whose changelog record the producer would refuse: not sent, kept in memory (STATE_DROPPED's reason)
 TOO_LARGE = "too_large"
 TOO_LARGE_LOG = Sampled(60.0)   # one line a minute per handler: a big key is refused at every batch touching it
+# A batch's state writes are acknowledged by the broker before its offsets may be committed (run_batch): the
+# longest a batch waits for them (a broker restart, ~40 s, is ridden out); those refused are written again, at
+# most STATE_WRITE_ATTEMPTS times in all, STATE_RETRY_PAUSE_S apart; what is still refused or unacknowledged
+# then is dead-lettered, and the batch goes on
+STATE_CONFIRM_S = 60.0
+STATE_WRITE_ATTEMPTS = 3
+STATE_RETRY_PAUSE_S = 0.5
+WRITE_FAILED_LOG = Sampled(60.0)   # one line a minute per handler: a refused key fails at every batch touching it
 
 
 class UnreadableState:
@@ -214,6 +223,17 @@ class StateTable(faust.Table):
         super().__init__(*args, **kwargs)
         self._stamps: dict[Any, tuple[int | None, int, bool]] = {}   # key -> (ms, partition, live) of the copy held
         self._stale: dict[Any, set[int]] = {}   # key -> partitions whose latest record is an older live copy
+        self._sent: list[FutureMessage] = []   # changelog writes since take_sent(): the agent awaits their delivery
+
+    def send_changelog(self, *args: Any, **kwargs: Any) -> FutureMessage:
+        fut = super().send_changelog(*args, **kwargs)
+        self._sent.append(fut)
+        return fut
+
+    def take_sent(self) -> list[FutureMessage]:
+        """The changelog writes (values, deletes, tombstones) sent since the last call: their delivery futures."""
+        out, self._sent = self._sent, []
+        return out
 
     def apply_changelog_batch(self, batch: Any) -> None:
         super().apply_changelog_batch([e for e in batch if self._newest(e)])
@@ -257,9 +277,9 @@ class StateTable(faust.Table):
         wins at a recovery; an older copy found by a recovery is deleted at its newest copy's time (a value wins
         a tie), or the delete, newer, would win over the copy kept."""
         ms = _now_ms() if stamp_ms is None else stamp_ms
-        self.changelog_topic.send_soon(key=key, value=None, partition=partition, timestamp=ms / 1000.0,
-                                       key_serializer=self.key_serializer, value_serializer="raw",
-                                       callback=self._on_changelog_sent)
+        self._sent.append(self.changelog_topic.send_soon(
+            key=key, value=None, partition=partition, timestamp=ms / 1000.0, key_serializer=self.key_serializer,
+            value_serializer="raw", callback=self._on_changelog_sent))
 
     def stale_copies(self) -> dict[Any, tuple[int, int, set[int]]]:
         """Key -> (partition and time in ms of its newest copy, partitions holding an older live copy), handed over
@@ -358,6 +378,9 @@ class StatefulAgent:
         # Faust's producer buffer task: the worker crashed (write_state)
         self.max_record_bytes: int = app.conf.producer_max_request_size
         self._refreshed_at = float("-inf")   # monotonic time of the last producer metadata refresh asked for
+        # this batch's state writes: (handler, key) -> (the event written under, their delivery futures)
+        self._writes: dict[tuple[DetectorHandler, str], tuple[EventT, list[FutureMessage]]] = {}
+        self.write_failures = 0   # state writes the broker refused (or did not acknowledge in time)
 
     @property
     def topics(self) -> list[str]:
@@ -560,6 +583,7 @@ class StatefulAgent:
         unknown: list[str] = []
         writable = self.changelog_partitions()
         unwritten: dict[int, list[str]] = {}   # partition without a changelog partition -> keys not written
+        self._writes = {}
         with gc_paused():   # synchronous: a state dict per touched key, all alive until written
             for (h, key), fallback in touched.items():
                 event = self._home_event(h, key)
@@ -591,6 +615,8 @@ class StatefulAgent:
             self.home_unknown += len(unknown)
             health.STATE_HOME_UNKNOWN.labels(self.name).inc(len(unknown))
             log.warning("state_home_unknown", agent=self.name, keys=len(unknown), example=unknown[0])
+        # acknowledged before the batch is acked: no commit passes records whose state the broker refused
+        await self.confirm_writes(events)
 
     def _delete_copy(self, handler: DetectorHandler, key: str, partition: int,
                      writable: frozenset[int] | None = None) -> None:
@@ -750,6 +776,9 @@ class StatefulAgent:
                 # crashed (every detector), the batch's state writes lost with it.
                 self._too_large(handler, key, size)
                 return False
+        take_sent = getattr(self.table, "take_sent", None)   # a table of a test: none
+        if take_sent is not None:
+            take_sent()   # sent before (a restore's deletes of stale copies): not this key's write
         if moved_from is not None:
             self._delete_copy(handler, key, moved_from, writable)
         recovered = self._store_partitions()
@@ -766,7 +795,103 @@ class StatefulAgent:
                     # Faust drops a key after a recovery by this map: by its home, as assign() does (a key
                     # written elsewhere for want of its home's event stays while its home is ours)
                     recovered[table_key] = self._home[handler.name].get(key, event.message.partition)
+        if take_sent is not None:
+            self._writes[(handler, key)] = (event, take_sent())   # awaited before the batch is acked
         return True
+
+    def _producer_gone(self) -> bool:
+        """Whether the app's producer buffer crashed or stops: a write still in it will never be delivered."""
+        buffer = getattr(getattr(self.app, "_producer", None), "buffer", None)
+        return buffer is not None and bool(buffer.crashed or buffer.should_stop)
+
+    async def confirm_writes(self, batch: Sequence[EventT]) -> None:
+        """Wait for the broker to acknowledge this batch's state writes before the batch is acked (its offsets
+        committable). Before, Faust's commit waited for them to end, not to succeed: a write the broker refused
+        (over the changelog's ``max.message.bytes``, a timeout, ...) left only a warning of Faust's, the offsets
+        were committed, and a restart restored the key's older copy, the records that built the newer state never
+        replayed. A refused write is written again (the key's state now), one key at a time: the broker refuses
+        a producer batch whole, so one record over the topic's limit failed the keys sent with it. Still refused
+        after :data:`STATE_WRITE_ATTEMPTS`, or unacknowledged after :data:`STATE_CONFIRM_S`, it is logged,
+        counted and dead-lettered, kept in memory (written again by the next batch touching the key), and the
+        batch goes on: a write that can never succeed does not hold its partition. A producer that crashed or
+        stops with writes in hand: the batch is left unacked (``leave_unacked``), read again after the restart."""
+        writes, self._writes = self._writes, {}
+        if not writes:
+            return
+        deadline = asyncio.get_running_loop().time() + STATE_CONFIRM_S
+        failed: dict[tuple[DetectorHandler, str], tuple[EventT, BaseException]] = {}
+        for attempt in range(1, STATE_WRITE_ATTEMPTS + 1):
+            if not await self._delivered([f for _, futs in writes.values() for f in futs], deadline):
+                if isinstance(batch, list):   # the list take_batches handed out
+                    leave_unacked(batch)
+                health.ERRORS.labels(self.name).inc()
+                log.error("state_writes_unconfirmed", agent=self.name, keys=len(writes), records=len(batch),
+                          why="the producer crashed or stops before the broker acknowledged the batch's state",
+                          kept="the batch's offsets not committed: it is read again after the restart")
+                return
+            failed = {k: (event, error) for k, (event, futs) in writes.items()
+                      if (error := _write_error(futs)) is not None}
+            if not failed:
+                return
+            self.write_failures += len(failed)
+            health.ERRORS.labels(self.name).inc()   # per batch and attempt, as handler errors
+            for (h, key), (_, error) in failed.items():
+                WRITE_FAILED_LOG.error(log, "state_write_failed", key=h.name, agent=self.name, handler=h.name,
+                                       state_key=key[:200], attempt=attempt, attempts=STATE_WRITE_ATTEMPTS,
+                                       error=f"{type(error).__name__}: {error}"[:300])
+            if attempt == STATE_WRITE_ATTEMPTS or deadline - asyncio.get_running_loop().time() <= STATE_RETRY_PAUSE_S:
+                break
+            await asyncio.sleep(STATE_RETRY_PAUSE_S)
+            writes = {}
+            writable = self.changelog_partitions()
+            for (h, key), (event, _) in failed.items():
+                # the key's state now (a batch is handled whole before the next); not written: a guard said why
+                if self.write_state(h, key, event, None, writable):
+                    writes[(h, key)] = self._writes.pop((h, key))
+                    if not await self._delivered(writes[(h, key)][1], deadline):
+                        break   # the producer is gone: said above, at the loop's next turn
+            self._writes = {}
+            if not writes:
+                return
+        await send_deadletters(self.name, (_state_deadletter(h, key, event, error)
+                                           for (h, key), (event, error) in failed.items()), self._send_deadletter)
+
+    async def _delivered(self, futs: list[FutureMessage], deadline: float) -> bool:
+        """Wait until ``futs`` are done or ``deadline`` (loop time) passes; False: the producer is gone first."""
+        loop = asyncio.get_running_loop()
+        waiting = [f for f in futs if not f.done()]
+        while waiting:
+            if self._producer_gone():
+                return False
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            await asyncio.wait(waiting, timeout=min(left, 1.0))   # a second at most: the producer checked again
+            waiting = [f for f in waiting if not f.done()]
+        return True
+
+
+def _write_error(futs: Sequence[FutureMessage]) -> BaseException | None:
+    """Why a key's writes did not all reach the broker (None: they did); retrieves each failure (no asyncio
+    "exception was never retrieved" at exit)."""
+    for f in futs:
+        if not f.done():
+            return TimeoutError(f"no acknowledgement in {STATE_CONFIRM_S:.0f} s")
+        if f.cancelled():
+            return asyncio.CancelledError("state write cancelled")
+        if (error := f.exception()) is not None:
+            return error
+    return None
+
+
+def _state_deadletter(handler: DetectorHandler, key: str, event: EventT, error: BaseException) -> DeadLetter:
+    """A state write given up: named by the latest record of the key's partition in the batch (the state itself
+    may be what the changelog refuses: not carried)."""
+    msg = event.message
+    return DeadLetter(f"state write of {handler.name}{KEY_SEP}{key} not acknowledged: {type(error).__name__}: {error}",
+                      msg.topic, msg.partition, msg.offset, msg.key,
+                      {"handler": handler.name, "state_key": key, "error": f"{type(error).__name__}: {error}"[:300],
+                       "kept": "in memory; written again by the next batch touching the key"}, value_is="summary")
 
 
 def detector_agent(app: faust.App, handlers: Sequence[DetectorHandler], settings: Settings, table: faust.Table,

@@ -587,7 +587,22 @@ async def process_batch(agent: str, messages: Sequence[RawMessage], handler: Han
     with gc_paused():
         batch = decode_and_handle(agent, messages, handler, max_clock_skew_s)
         batch.metrics = []
-    for dl in batch.deadletters:
+    await send_deadletters(agent, batch.deadletters, send_deadletter)
+    if highwater is not None:
+        for (topic, partition), offset in batch.offsets.items():
+            hw = highwater(topic, partition)
+            if hw is not None:
+                health.LAG.labels(topic, str(partition)).set(max(0, hw - offset - 1))
+    health.BATCH_SIZE.labels(agent).observe(batch.records)
+    health.BATCH_SECONDS.labels(agent).observe(time.perf_counter() - t0)
+    health.LAST_BATCH.labels(agent).set(time.time())
+    return batch
+
+
+async def send_deadletters(agent: str, deadletters: Iterable[DeadLetter], send_deadletter: SendDeadLetter) -> None:
+    """Count, log and send each dead letter; one the producer raises on or the broker refuses later is counted
+    lost (``deadletter_send_failed``). Never raises."""
+    for dl in deadletters:
         health.DEADLETTERED.labels(dl.topic or health.NO_SOURCE_TOPIC).inc()
         DEADLETTER_LOG.warning(log, "deadlettered", key=agent, agent=agent, source_topic=dl.topic,
                                partition=dl.partition, offset=dl.offset, reason=dl.reason[:300])
@@ -600,15 +615,6 @@ async def process_batch(agent: str, messages: Sequence[RawMessage], handler: Han
         if isinstance(sent, asyncio.Future):
             # Faust's send returns once the record is buffered: a broker refusal or a timeout fails this later
             sent.add_done_callback(partial(_deadletter_delivered, agent, dl.topic, dl.partition, dl.offset))
-    if highwater is not None:
-        for (topic, partition), offset in batch.offsets.items():
-            hw = highwater(topic, partition)
-            if hw is not None:
-                health.LAG.labels(topic, str(partition)).set(max(0, hw - offset - 1))
-    health.BATCH_SIZE.labels(agent).observe(batch.records)
-    health.BATCH_SECONDS.labels(agent).observe(time.perf_counter() - t0)
-    health.LAST_BATCH.labels(agent).set(time.time())
-    return batch
 
 
 def _deadletter_delivered(agent: str, topic: str, partition: int | None, offset: int | None,

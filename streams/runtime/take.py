@@ -146,7 +146,7 @@ async def _take_batches(stream: faust.StreamT, max_: int, within: float, backlog
             finally:
                 timeout = next_window(events, lag, max_, within, backlog_within)
                 buffer.clear()
-                kept = {id(e) for e in handed}
+                kept = {id(e) for e in handed}   # emptied by the agent (leave_unacked): none acked
                 for event in events:
                     if id(event) in kept:
                         await s.ack(event)
@@ -177,6 +177,13 @@ async def _admitted(s: Any, guard: membership.MembershipGuard | None, events: li
                     "pause; the partitions' new owner handles these records")
         return []
     return fresh
+
+
+def leave_unacked(batch: list[EventT]) -> None:
+    """Hand ``batch`` (the list :func:`take_batches` yielded) back undone: its events are released, not acked,
+    so no commit passes them and a restart or the partitions' next owner reads them again. For a worker that
+    is stopping or whose producer died: while it runs, an unacked offset would hold every later commit."""
+    batch.clear()
 
 
 def _generation(event: EventT) -> int | None:
