@@ -25,11 +25,14 @@ import logging
 import math
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from types import FrameType
 from typing import Any, Callable, Iterator
 
 import orjson
@@ -55,6 +58,7 @@ _ESCAPED_BYTE = re.compile(r"\\x[0-9a-f]{2}")
 BAD_SHOWN = 20            # unreadable dead letters / skipped replays named one by one; the rest counted
 PROGRESS_EVERY_S = 2.0    # a read longer than this reports its progress on stderr this often
 DEFAULT_TIMEOUT_S = 15.0
+INTERRUPTED = 130         # a shell's status for a command ended by SIGINT (as `opsloop` gives any)
 
 EPILOG = """examples:
   opsloop deadletter list --config opsloop.yaml                      # the last hour, the newest 100
@@ -75,6 +79,8 @@ a record kept truncated or with its key cut, nor one whose dead letter holds a s
 instead of the record; nor, without --force, one that was refused again after a replay.
 Exit: list, summary 0 when dead letters matched, 1 when none; replay 0 when every selected record was
 sent (or, without --yes, could be), 1 when a send failed; 2 on bad input or unreachable Kafka.
+A replay interrupted (Ctrl-C, SIGTERM) stops reading, waits for the acknowledgements of what it sent,
+reports it and exits 130 (a new replay sends those again).
 """
 
 
@@ -235,9 +241,17 @@ def original_key(doc: dict[str, Any]) -> bytes | None:
 
 _MULTI = re.compile(r"^\d+ of \d+ samples rejected \(\d+ kept\): ")
 _QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
-_ID = re.compile(r"\b(?=[0-9a-f-]*\d)[0-9a-f]{8,}(?:-[0-9a-f]{4,})*\b", re.I)
-_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![A-Za-z_\d])")
+# an id: hex groups with a digit somewhere in the hex/dash run it starts (checked in _mask_ids: a look-ahead
+# here rescanned the run from every word boundary, 18 s for a 16 KB reason of "a-a-a-...")
+_ID = re.compile(r"\b[0-9a-f]{8,}(?:-[0-9a-f]{4,})*\b", re.I)
+_HEX_OR_DASH = frozenset("0123456789abcdefABCDEF-")
+# a number not preceded by a letter or _; a match starts at the first digit of a run (or the second, after a
+# letter: "lb12" -> "lb1N"), never further in: every start inside a long run of digits rescanned it (5 s for
+# 4,000 digits and a letter)
+_NUMBER = re.compile(r"(?<![A-Za-z_])(?:[-+]\d+|(?:(?<!\d)|(?<=[A-Za-z_]\d))\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?"
+                     r"(?![A-Za-z_\d])")
 REASON_CHARS = 160
+REASON_SCAN_CHARS = 1000   # what is masked of a reason: shown cut to REASON_CHARS anyway; bounds _QUOTED's work
 
 
 def normalise_reason(reason: str) -> str:
@@ -247,11 +261,22 @@ def normalise_reason(reason: str) -> str:
     multi = _MULTI.match(reason)
     if multi:
         reason = "several samples rejected, first: " + reason[multi.end():].split("; ")[0]
-    text = _QUOTED.sub("'…'", reason)
-    text = _ID.sub("<id>", text)
+    text = _QUOTED.sub("'…'", reason[:REASON_SCAN_CHARS])
+    text = _mask_ids(text)
     text = _NUMBER.sub("N", text)
     text = " ".join(text.split())
     return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 1] + "…"
+
+
+def _mask_ids(text: str) -> str:
+    """Each _ID match as <id> when a digit follows its start within the same run of hex digits and dashes."""
+    if _ID.search(text) is None:
+        return text
+    digit_ahead = [False] * (len(text) + 1)   # from the right: a digit at or after i, before the run ends
+    for i in range(len(text) - 1, -1, -1):
+        c = text[i]
+        digit_ahead[i] = c.isdecimal() or (c in _HEX_OR_DASH and digit_ahead[i + 1])
+    return _ID.sub(lambda m: "<id>" if digit_ahead[m.start()] else m.group(), text)
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -472,64 +497,81 @@ class ReplayReport:
     failed: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     lines_shown: int = 0
+    interrupted: bool = False
 
 
 def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: bool, limit: int | None,
                as_json: bool, timeout_s: float, force: bool = False) -> int:
     report = ReplayReport()
     producer = None
-    # (dead letter without its record, destination, future) until acknowledged: the values are the producer's
-    pending: list[tuple[Letter, str, Any]] = []
+    # (dead letter without its record, destination, future) until acknowledged, oldest first: the values are
+    # the producer's; acknowledged ones are reported (and dropped) as the replay goes
+    pending: deque[tuple[Letter, str, Any]] = deque()
     if send:
         producer = service_producer(kafka, "opsloop-deadletter-replay", linger_ms=5,
                                     max_block_ms=int(timeout_s * 1000),
                                     request_timeout_ms=max(int(timeout_s * 1000), 5000),
                                     delivery_timeout_ms=max(int(timeout_s * 2000), 10_000))
     try:
-        for letter in reader.letters():
-            if not filters.match(letter.doc):
-                continue
-            if limit is not None and report.selected >= limit:
-                break
-            report.selected += 1
-            destination = letter.doc["source_topic"]
-            try:
-                if not force:
-                    refuse_replayed(letter.doc)
-                value, key = original_value(letter.doc), original_key(letter.doc)
-            except NotReplayable as e:
-                report.skipped[str(e)] += 1
-                _replay_line(report, as_json, letter, destination, "skipped", e.detail)
-                continue
-            if producer is None:
-                report.sent += 1   # would be sent
-                _replay_line(report, as_json, letter, destination, "would send", f"{len(value)} bytes")
-                continue
-            try:
-                fut = producer.send(destination, value=value, key=key,
-                                    headers=[(REPLAYED_FROM_HEADER, letter.where.encode())])
-            except (KafkaError, ValueError) as e:   # too large for the producer, metadata time-out, ...
-                _failed(report, as_json, letter, destination, e)
-                continue
-            pending.append((Letter(letter.topic, letter.partition, letter.offset, {"key": letter.doc["key"]}),
-                            destination, fut))
+        try:
+            for letter in reader.letters():
+                if not filters.match(letter.doc):
+                    continue
+                if limit is not None and report.selected >= limit:
+                    break
+                report.selected += 1
+                destination = letter.doc["source_topic"]
+                try:
+                    if not force:
+                        refuse_replayed(letter.doc)
+                    value, key = original_value(letter.doc), original_key(letter.doc)
+                except NotReplayable as e:
+                    report.skipped[str(e)] += 1
+                    _replay_line(report, as_json, letter, destination, "skipped", e.detail)
+                    continue
+                if producer is None:
+                    report.sent += 1   # would be sent
+                    _replay_line(report, as_json, letter, destination, "would send", f"{len(value)} bytes")
+                    continue
+                try:
+                    fut = producer.send(destination, value=value, key=key,
+                                        headers=[(REPLAYED_FROM_HEADER, letter.where.encode())])
+                except (KafkaError, ValueError) as e:   # too large for the producer, metadata time-out, ...
+                    _failed(report, as_json, letter, destination, e)
+                    continue
+                pending.append((Letter(letter.topic, letter.partition, letter.offset,
+                                       {"key": letter.doc["key"]}), destination, fut))
+                _report_acknowledged(report, as_json, pending)
+        except KeyboardInterrupt:
+            # Ctrl-C or SIGTERM: what was handed to the producer may still be delivered; wait for it and say
+            # what was sent, not exit with no word of how far the replay got
+            report.interrupted = True
         if producer is not None:
             try:
                 producer.flush(timeout=max(timeout_s * 2, 10.0) + 5)
             except KafkaError as e:   # what is not acknowledged by then: failed below
                 log.warning("deadletter_replay_flush_timeout", error=f"{type(e).__name__}: {e}"[:300])
-            for letter, destination, fut in pending:
-                if fut.is_done and fut.succeeded():
-                    report.sent += 1
-                    _replay_line(report, as_json, letter, destination, "sent", "")
-                else:
-                    _failed(report, as_json, letter, destination,
-                            fut.exception if fut.is_done else "not acknowledged in time")
+            _report_acknowledged(report, as_json, pending, final=True)
     finally:
         if producer is not None:
             producer.close(timeout=5)
     _replay_summary(report, send, reader, as_json)
+    if report.interrupted:
+        return INTERRUPTED
     return 1 if report.failed else 0
+
+
+def _report_acknowledged(report: ReplayReport, as_json: bool, pending: deque[tuple[Letter, str, Any]],
+                         final: bool = False) -> None:
+    """Report the sends done at the head of ``pending``, in order; ``final``: all of them (what is not done
+    now was not acknowledged in time)."""
+    while pending and (final or pending[0][2].is_done):
+        letter, destination, fut = pending.popleft()
+        if fut.is_done and fut.succeeded():
+            report.sent += 1
+            _replay_line(report, as_json, letter, destination, "sent", "")
+        else:
+            _failed(report, as_json, letter, destination, fut.exception if fut.is_done else "not acknowledged in time")
 
 
 def _failed(report: ReplayReport, as_json: bool, letter: Letter, destination: str, error: Any) -> None:
@@ -559,17 +601,23 @@ def _replay_summary(report: ReplayReport, send: bool, reader: Reader, as_json: b
     if as_json:
         sys.stdout.write(orjson.dumps({"summary": {
             "dry_run": not send, "selected": report.selected, "sent" if send else "would_send": report.sent,
-            "failed": report.failed, "skipped": dict(report.skipped), "unreadable": reader.stats.unreadable},
+            "failed": report.failed, "skipped": dict(report.skipped), "unreadable": reader.stats.unreadable,
+            **({"interrupted": True} if report.interrupted else {})},
         }).decode() + "\n")
     out = sys.stderr if as_json else sys.stdout
     if send:
-        print(f"replay: {report.sent} of {report.selected} selected sent and acknowledged, {report.failed} failed, "
+        print(("replay INTERRUPTED: " if report.interrupted else "replay: ")
+              + f"{report.sent} of {report.selected} selected sent and acknowledged, {report.failed} failed, "
               f"{skipped} skipped" + (f" ({why})" if why else ""), file=out)
         log.info("deadletter_replayed", topic=reader.topic, selected=report.selected, sent=report.sent,
-                 failed=report.failed, skipped=skipped)
+                 failed=report.failed, skipped=skipped, interrupted=report.interrupted)
     else:
-        print(f"dry run: {report.sent} of {report.selected} selected would be sent, {skipped} skipped"
+        print(("dry run INTERRUPTED: " if report.interrupted else "dry run: ")
+              + f"{report.sent} of {report.selected} selected would be sent, {skipped} skipped"
               + (f" ({why})" if why else "") + "; nothing was sent (--yes sends)", file=out)
+    if report.interrupted:   # at-least-once (docs/operations.md): say what a second run does
+        print("interrupted: the dead letters after these were not read"
+              + (f"; a new replay sends the {report.sent} sent here again" if send else ""), file=out)
     if reader.stats.unreadable:
         n = reader.stats.unreadable
         print(f"{n} unreadable dead letter{'s' if n != 1 else ''} skipped", file=out)
@@ -620,6 +668,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
@@ -653,7 +705,14 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_list(reader, filters, a.limit, a.json)
         if a.command == "summary":
             return cmd_summary(reader, filters, a.json)
-        return cmd_replay(reader, filters, k, a.yes, a.limit, a.json, a.timeout, a.force)
+        # SIGTERM ends a replay as Ctrl-C does, reported (a handler can be set in the main thread only)
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+        try:
+            return cmd_replay(reader, filters, k, a.yes, a.limit, a.json, a.timeout, a.force)
+        finally:
+            if main_thread and previous is not None:
+                signal.signal(signal.SIGTERM, previous)
     except (KafkaSecurityError, ReadStalled) as e:
         print(f"opsloop deadletter {a.command}: {e}", file=sys.stderr)
         return 2
