@@ -36,7 +36,7 @@ from types import FrameType
 from typing import Any, Callable, Iterator
 
 import orjson
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from opsloop.argtypes import finite, integer
@@ -76,9 +76,12 @@ and the topic prefix come from the `kafka` section of --config (--bootstrap over
 `replay` sends each selected record's original bytes with its key and a header opsloop-replayed-from
 (dead-letter topic/partition/offset), waits for the acknowledgements and reports counts; it never sends
 a record kept truncated or with its key cut, nor one whose dead letter holds a sample or an excerpt
-instead of the record; nor, without --force, one that was refused again after a replay.
+instead of the record; nor, without --force, one that was refused again after a replay; nor one whose
+source topic does not exist on the cluster (status "no topic": a send would have the broker create it
+with its default partitions; `opsloop stream worker` creates the missing ones at start; then replay).
 Exit: list, summary 0 when dead letters matched, 1 when none; replay 0 when every selected record was
-sent (or, without --yes, could be), 1 when a send failed; 2 on bad input or unreachable Kafka.
+sent (or, without --yes, could be), 1 when a send failed or a source topic does not exist; 2 on bad
+input or unreachable Kafka.
 A replay interrupted (Ctrl-C, SIGTERM) stops reading, waits for the acknowledgements of what it sent,
 reports it and exits 130 (a new replay sends those again).
 """
@@ -496,14 +499,30 @@ class ReplayReport:
     sent: int = 0
     failed: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
+    no_topic: Counter[str] = field(default_factory=Counter)   # not replayed: source topic missing, by topic
     lines_shown: int = 0
     interrupted: bool = False
+
+
+def existing_topics(kafka: KafkaSettings, timeout_s: float) -> frozenset[str]:
+    """The names of the cluster's topics (one metadata request)."""
+    ms = int(timeout_s * 1000)
+    admin = KafkaAdminClient(**client_options(kafka), client_id="opsloop-deadletter-replay",
+                             bootstrap_timeout_ms=ms, request_timeout_ms=max(ms, 5000))
+    try:
+        return frozenset(admin.list_topics())
+    finally:
+        admin.close()
 
 
 def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: bool, limit: int | None,
                as_json: bool, timeout_s: float, force: bool = False) -> int:
     report = ReplayReport()
     producer = None
+    # a send to a topic that is gone re-creates it with the broker's default partitions (auto.create.topics.enable;
+    # kafka-python's producer ignores allow_auto_create_topics=False), or waits --timeout per record where the
+    # broker does not create: such records are refused, named and counted. Read once: a replay is short.
+    topics = existing_topics(kafka, timeout_s)
     # (dead letter without its record, destination, future) until acknowledged, oldest first: the values are
     # the producer's; acknowledged ones are reported (and dropped) as the replay goes
     pending: deque[tuple[Letter, str, Any]] = deque()
@@ -528,6 +547,11 @@ def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: boo
                 except NotReplayable as e:
                     report.skipped[str(e)] += 1
                     _replay_line(report, as_json, letter, destination, "skipped", e.detail)
+                    continue
+                if destination not in topics:
+                    report.no_topic[destination] += 1
+                    _replay_line(report, as_json, letter, destination, "no topic",
+                                 f"source topic {destination} does not exist: not replayed")
                     continue
                 if producer is None:
                     report.sent += 1   # would be sent
@@ -558,7 +582,7 @@ def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: boo
     _replay_summary(report, send, reader, as_json)
     if report.interrupted:
         return INTERRUPTED
-    return 1 if report.failed else 0
+    return 1 if report.failed or report.no_topic else 0
 
 
 def _report_acknowledged(report: ReplayReport, as_json: bool, pending: deque[tuple[Letter, str, Any]],
@@ -598,23 +622,29 @@ def _replay_line(report: ReplayReport, as_json: bool, letter: Letter, destinatio
 def _replay_summary(report: ReplayReport, send: bool, reader: Reader, as_json: bool) -> None:
     skipped = sum(report.skipped.values())
     why = "; ".join(f"{n} {reason}" for reason, n in report.skipped.most_common())
+    no_topic = sum(report.no_topic.values())
+    missing = (f", {no_topic} not replayed (no such source topic: "
+               + ", ".join(f"{printable(t[:120])} ({n})" for t, n in report.no_topic.most_common()) + ")"
+               if no_topic else "")
     if as_json:
         sys.stdout.write(orjson.dumps({"summary": {
             "dry_run": not send, "selected": report.selected, "sent" if send else "would_send": report.sent,
-            "failed": report.failed, "skipped": dict(report.skipped), "unreadable": reader.stats.unreadable,
-            **({"interrupted": True} if report.interrupted else {})},
+            "failed": report.failed, "skipped": dict(report.skipped), "no_topic": dict(report.no_topic),
+            "unreadable": reader.stats.unreadable, **({"interrupted": True} if report.interrupted else {})},
         }).decode() + "\n")
     out = sys.stderr if as_json else sys.stdout
+    for topic, n in report.no_topic.items():   # the operator's to fix: on stderr as a log line too
+        log.warning("deadletter_replay_topic_missing", topic=topic[:200], records=n)
     if send:
         print(("replay INTERRUPTED: " if report.interrupted else "replay: ")
               + f"{report.sent} of {report.selected} selected sent and acknowledged, {report.failed} failed, "
-              f"{skipped} skipped" + (f" ({why})" if why else ""), file=out)
+              f"{skipped} skipped" + (f" ({why})" if why else "") + missing, file=out)
         log.info("deadletter_replayed", topic=reader.topic, selected=report.selected, sent=report.sent,
-                 failed=report.failed, skipped=skipped, interrupted=report.interrupted)
+                 failed=report.failed, skipped=skipped, no_topic=no_topic, interrupted=report.interrupted)
     else:
         print(("dry run INTERRUPTED: " if report.interrupted else "dry run: ")
               + f"{report.sent} of {report.selected} selected would be sent, {skipped} skipped"
-              + (f" ({why})" if why else "") + "; nothing was sent (--yes sends)", file=out)
+              + (f" ({why})" if why else "") + missing + "; nothing was sent (--yes sends)", file=out)
     if report.interrupted:   # at-least-once (docs/operations.md): say what a second run does
         print("interrupted: the dead letters after these were not read"
               + (f"; a new replay sends the {report.sent} sent here again" if send else ""), file=out)

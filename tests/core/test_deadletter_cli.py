@@ -29,7 +29,7 @@ from opsloop.records.deadletter import REPLAYED_FROM_HEADER
 from opsloop.stack import free_port
 from opsloop.streams.runtime.batch import DeadLetter, decode_messages
 from opsloop.topics import Topic
-from tests.helpers import ConsumerMsg, read_topic, run_cli, unique, write_config
+from tests.helpers import ConsumerMsg, create_topics, read_topic, run_cli, unique, write_config
 from tests.kafka_secure import USERS, SecureBroker
 
 pytestmark = pytest.mark.integration
@@ -47,6 +47,10 @@ class Env:
             "kafka": {"bootstrap_servers": bootstrap, "topic_prefix": self.prefix}})
         self.dl_topic = f"{self.prefix}{Topic.DEADLETTER.value}"
         self.lb = f"{self.prefix}{Topic.LB.value}"
+
+    def create_lb(self) -> None:
+        """The source topic a replay sends to (it sends only to a topic that exists)."""
+        create_topics(self.bootstrap, self.lb)
 
     def produce(self, *records: tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | None, int],
                 topic: str | None = None) -> list[tuple[int, int]]:
@@ -207,6 +211,7 @@ def test_no_topic_or_an_empty_one_returns_at_once_with_exit_1(env: Env, capsys: 
 def test_an_unreadable_dead_letter_is_named_and_skipped_and_the_good_ones_read(
         env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     future = orjson.loads(letter("from a newer opsloop", source=env.lb))
+    env.create_lb()
     future["schema_version"] = 2
     places = env.produce(
         (b"g", b"not json at all"),
@@ -267,6 +272,7 @@ def test_bad_options_and_an_unreachable_broker_are_one_line_exit_2(env: Env,
 def test_replay_without_yes_sends_nothing(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     env.produce((b"lb-1", letter("not JSON: x", source=env.lb)),
                 (b"lb-1", letter("too big", source=env.lb, value=b"x" * 70_000)))
+    env.create_lb()
     code, out, err = env.run(capsys, "replay", "--source-topic", "telemetry.lb")
     assert code == 0, err
     assert f"would send  {env.dl_topic}/" in out and f"->  {env.lb}  key=lb-1  19 bytes" in out
@@ -279,6 +285,7 @@ def test_replay_yes_sends_the_exact_bytes_and_key_with_a_header_and_never_a_trun
         env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     text = b'{"name": "haproxy", "tags": {"host": "lb-1"}, "fields": {"x": "\xc3\xa9"}, "timestamp": 1}'
     binary = b"\xff\xfe\x00 not UTF-8 \x80"
+    env.create_lb()
     places = env.produce(
         (b"lb-1", letter("not JSON: a", source=env.lb, key=b"lb-1", value=text)),
         (b"lb-2", letter("not JSON: b", source=env.lb, key=b"lb-2", value=binary)),
@@ -305,7 +312,7 @@ def test_replay_yes_sends_the_exact_bytes_and_key_with_a_header_and_never_a_trun
     lines = [orjson.loads(line) for line in out.splitlines()]
     assert code == 0 and [x["status"] for x in lines[:-1]] == ["would send", "would send"]
     assert lines[-1]["summary"] == {"dry_run": True, "selected": 2, "would_send": 2, "failed": 0, "skipped": {},
-                                    "unreadable": 0}
+                                    "no_topic": {}, "unreadable": 0}
 
 
 def test_a_send_the_broker_refuses_is_reported_and_exits_1(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
@@ -326,6 +333,7 @@ def test_a_replay_refused_again_is_marked_counted_and_replayed_only_with_force(
         env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     now = time.time()
     (p, o), = env.produce((b"lb-1", letter("not JSON: x", source=env.lb, at=now - 30)))
+    env.create_lb()
     origin = f"{env.dl_topic}/{p}/{o}"
     again = {**orjson.loads(letter("not JSON: x", source=env.lb, at=now - 10)), "replayed_from": origin}
     (p2, o2), = env.produce((b"lb-1", orjson.dumps(again)))
@@ -353,6 +361,7 @@ def test_stream_dead_letters_that_do_not_hold_the_record_as_it_was_are_never_rep
     a bad sample of a batch is kept as that sample; before, replay sent the cut key (another partition,
     another state key) and the sample's text as if it were the record."""
     long_key = b"lb-" + b"k" * 1997
+    env.create_lb()
     bad = [ConsumerMsg(env.lb, 0, 5, long_key, b"{not json"),
            ConsumerMsg(env.lb, 0, 6, b"lb-s", orjson.dumps({"schema_version": 1, "metrics": ["not a sample"]})),
            ConsumerMsg(env.lb, 0, 7, b"lb-ok", b"{not json")]
@@ -376,6 +385,7 @@ def test_an_old_dead_letter_without_the_newer_fields_is_read_listed_and_replayed
     old = {"schema_version": 1, "reason": "not JSON: x", "stage": "stream", "source_topic": env.lb, "partition": 1,
            "offset": 3, "key": "lb-1", "received_at": time.time() - 5, "value": "{x", "truncated": False}
     env.produce((b"lb-1", orjson.dumps(old)))
+    env.create_lb()
     assert decode_letter(orjson.dumps(old)) == old
     code, out, err = env.run(capsys, "list")
     assert code == 0 and f"{env.lb}/1/3" in out and out.rstrip().endswith("key=lb-1") and "replayed-from" not in out
@@ -460,6 +470,11 @@ def test_the_kafka_security_settings_of_the_config_are_used(secure: SecureBroker
         "security": {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "username": user,
                      "ssl_cafile": str(secure.ca)}}})
     source = f"{prefix}{Topic.LB.value}"
+    admin = KafkaAdminClient(bootstrap_servers=secure.bootstrap, **kafka_python_options(sec))
+    try:   # the replay sends only to a source topic that exists
+        admin.create_topics([NewTopic(source, 1, 1)])
+    finally:
+        admin.close()
     producer = KafkaProducer(bootstrap_servers=secure.bootstrap, acks="all", **kafka_python_options(sec))
     try:
         producer.send(f"{prefix}{Topic.DEADLETTER.value}", key=b"lb-1",
