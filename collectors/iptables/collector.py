@@ -17,7 +17,8 @@ from opsloop.collectors.iptables.fingerprint import fingerprint
 from opsloop.collectors.iptables.parse import Ruleset, RulesetParseError, parse_ruleset
 from opsloop.collectors.iptables.ports import PortsError, VmPort, parse_ports, read_ports_file
 from opsloop.collectors.iptables.privilege import looks_like_permission_error, missing_network_capabilities
-from opsloop.collect.tool import ToolMissing, ToolOutputTooLarge, ToolResult, ToolTimeout, run_tool
+from opsloop.collect.tool import (ToolMissing, ToolNotExecutable, ToolOutputTooLarge, ToolResult, ToolTimeout,
+                                  run_tool)
 from opsloop.collectors.iptables.versions import UNKNOWN, dpkg_query_argv, parse_versions
 
 SAVE_TOOLS = {("ipv4", "legacy"): "iptables-legacy-save", ("ipv4", "nft"): "iptables-nft-save",
@@ -219,6 +220,8 @@ class IptablesCollector:
     def _run(self, argv: list[str], what: str) -> ToolResult:
         try:
             return run_tool(argv, self.config.timeout_s)
+        except ToolNotExecutable as e:   # there but not runnable: an error, never a backend not installed
+            raise TargetFailed("tool", f"{what}: {e}") from None
         except ToolMissing as e:
             raise TargetFailed("tool", f"{what}: {e}", missing=True) from None
         except ToolOutputTooLarge as e:

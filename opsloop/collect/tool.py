@@ -31,7 +31,12 @@ class ToolResult:
 
 
 class ToolMissing(RuntimeError):
-    """The executable does not exist (or is not executable)."""
+    """The executable cannot be started: it does not exist, or (:class:`ToolNotExecutable`) it cannot be run."""
+
+
+class ToolNotExecutable(ToolMissing):
+    """The executable exists but cannot be run (its mode, a noexec mount, an exec format error, no process
+    slot): not an absent tool. A ToolMissing still for callers that only report it."""
 
 
 class ToolTimeout(RuntimeError):
@@ -46,8 +51,13 @@ def run_tool(argv: list[str], timeout_s: float) -> ToolResult:
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True, env=_ENV)
-    except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+    except (FileNotFoundError, NotADirectoryError) as e:
         raise ToolMissing(f"cannot run {argv[0]!r}: {e.strerror or e}") from None
+    except PermissionError as e:   # EACCES: it is there; "missing" would let a caller skip it as not installed
+        raise ToolNotExecutable(f"cannot run {_located(argv[0])}: not executable (its file mode, a directory's, "
+                                f"or a noexec mount): {e.strerror or e}") from None
+    except OSError as e:   # ENOEXEC (a script without #!), EAGAIN ...: raised on, it ended the whole round
+        raise ToolNotExecutable(f"cannot run {_located(argv[0])}: {e.strerror or e}") from None
     try:
         out, err, overflow = communicate_bounded(proc, timeout_s, MAX_OUTPUT_BYTES)
     except subprocess.TimeoutExpired:
@@ -65,6 +75,14 @@ def run_tool(argv: list[str], timeout_s: float) -> ToolResult:
                                  "not the tool's output")
     return ToolResult(tuple(argv), proc.returncode,
                       out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+
+def _located(name: str) -> str:
+    """``name`` and, looked up in PATH, the file it found: the one an operator has to fix."""
+    if os.sep in name:
+        return repr(name)
+    found = next((p for d in os.get_exec_path(_ENV) if os.path.lexists(p := os.path.join(d, name))), None)
+    return f"{name!r} ({found})" if found else repr(name)
 
 
 def communicate_bounded(proc: subprocess.Popen[bytes], timeout_s: float,

@@ -23,6 +23,9 @@ _ERROR_PREFIXES = ("No such server", "No such backend", "No such proxy", "Unknow
 REPLY_TIMEOUT_FACTOR = 5   # a whole reply may take this many per-read timeouts (show stat of a large HAProxy)
 # HAProxy's CLI ends every answer with an empty line: `show stat` is its last row, "\n", then "\n"
 REPLY_END = "\n\n"
+# A reply is refused past this many bytes: `show stat` is about 1 KB a server, so this is far above any
+# real HAProxy and far below a machine's memory (a socket path pointing at something that streams).
+MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 
 class HaproxyError(RuntimeError):
@@ -30,9 +33,11 @@ class HaproxyError(RuntimeError):
 
 
 class HaproxyAPI:
-    def __init__(self, socket_path: str | Path, timeout_s: float = 2.0) -> None:
+    def __init__(self, socket_path: str | Path, timeout_s: float = 2.0,
+                 max_reply_bytes: int = MAX_REPLY_BYTES) -> None:
         self.socket_path = str(socket_path)
         self.timeout_s = timeout_s
+        self.max_reply_bytes = max_reply_bytes
 
     def command(self, cmd: str) -> str:
         if "\n" in cmd or ";" in cmd:
@@ -43,6 +48,7 @@ class HaproxyAPI:
             s.connect(self.socket_path)
             s.sendall(cmd.encode() + b"\n")
             chunks = []
+            size = 0
             # the timeout bounds each read; this bounds the whole reply (a wedged process sending a
             # byte now and then would otherwise hold the caller, and every listener behind it, forever)
             deadline = time.monotonic() + REPLY_TIMEOUT_FACTOR * self.timeout_s
@@ -54,6 +60,11 @@ class HaproxyAPI:
                 b = s.recv(65536)
                 if not b:
                     break
+                size += len(b)
+                # the deadline alone let a fast endless stream fill memory for its whole length
+                if size > self.max_reply_bytes:
+                    raise HaproxyError(f"admin socket {self.socket_path}: {cmd!r} reply larger than "
+                                       f"{self.max_reply_bytes} bytes, refused (is this HAProxy's runtime API?)")
                 chunks.append(b)
         except FileNotFoundError:
             raise HaproxyError(f"admin socket {self.socket_path} does not exist (HAProxy down or "

@@ -48,12 +48,14 @@ class ServiceKey:
     address: str = ""
     port: int = 0
     fwmark: int = 0
-    family: str = field(default="inet", compare=False)  # /proc's FWM lines do not show it
+    # compared: the kernel keys a firewall-mark service by (family, mark), so FWM 1 and FWM 1 IPv6 are two
+    # services. /proc's FWM lines do not show it: parse_proc_ip_vs infers it from the real servers.
+    family: str = "inet"
 
     @property
     def label(self) -> str:
         if self.protocol == "fwm":
-            return f"fwm:{self.fwmark}"
+            return f"fwm6:{self.fwmark}" if self.family == "inet6" else f"fwm:{self.fwmark}"
         host = f"[{self.address}]" if self.family == "inet6" else self.address
         return f"{self.protocol}:{host}:{self.port}"
 
@@ -147,7 +149,12 @@ def _parse_service_listing(text: str, source: str, addr_port: AddrPort, mark_bas
             if len(parts) < 3:
                 raise LvsParseError(source, line_no, raw, "service line needs address and scheduler")
             if parts[0] == "FWM":
-                key = ServiceKey("fwm", fwmark=_int(parts[1], mark_base, source, line_no, raw))
+                family = "inet"
+                if not with_flags and parts[2] == "IPv6":   # ipvsadm: "FWM  1 IPv6 wlc"; /proc shows no family
+                    parts, family = parts[:2] + parts[3:], "inet6"
+                    if len(parts) < 3:
+                        raise LvsParseError(source, line_no, raw, "service line needs a scheduler")
+                key = ServiceKey("fwm", fwmark=_int(parts[1], mark_base, source, line_no, raw), family=family)
             else:
                 address, port, family = addr_port(parts[1], source, line_no, raw)
                 key = ServiceKey(parts[0].lower(), address, port, family=family)
@@ -157,7 +164,41 @@ def _parse_service_listing(text: str, source: str, addr_port: AddrPort, mark_bas
             services.append(svc)
         else:
             raise LvsParseError(source, line_no, raw, "neither a service nor a real server line")
+    if with_flags:
+        _infer_fwm_families(services)
     return services
+
+
+def _fwm_family(reals: list[RealServer]) -> tuple[str, int]:
+    """The family of a /proc FWM service and how sure it is: 2 from a real server not tunnelled (the kernel
+    refuses any other forwarding across families), 1 from tunnelled ones all of one family, 0 none (inet)."""
+    direct = {r.key.family for r in reals if r.forward != "Tunnel"}
+    if len(direct) == 1:
+        return direct.pop(), 2
+    families = {r.key.family for r in reals}
+    if not direct and len(families) == 1:
+        return families.pop(), 1
+    return "inet", 0
+
+
+def _infer_fwm_families(services: list[Service]) -> None:
+    """Give /proc's FWM services their family, so that they join ipvsadm's (``FWM  1`` / ``FWM  1 IPv6``)
+    and an IPv4 and an IPv6 service of one mark stay two. A mark listed twice is one service of each
+    family: when both read alike, the less sure one is the other family."""
+    by_mark: dict[int, list[tuple[int, int]]] = {}
+    for i, svc in enumerate(services):
+        if svc.key.protocol == "fwm":
+            family, sure = _fwm_family(svc.reals)
+            svc.key = ServiceKey("fwm", fwmark=svc.key.fwmark, family=family)
+            by_mark.setdefault(svc.key.fwmark, []).append((sure, i))
+    for pair in by_mark.values():
+        if len(pair) != 2:   # the kernel has at most one of each family
+            continue
+        (sure_a, a), (sure_b, b) = pair
+        if services[a].key == services[b].key and sure_a != sure_b:   # equally unsure: nothing tells them apart
+            flip = services[a] if sure_a < sure_b else services[b]
+            other = "inet" if flip.key.family == "inet6" else "inet6"
+            flip.key = ServiceKey("fwm", fwmark=flip.key.fwmark, family=other)
 
 
 def _service_flags(svc: Service, flags: list[str], source: str, line_no: int, raw: str) -> None:
