@@ -89,6 +89,9 @@ class LvsTarget:
         except FileNotFoundError:
             raise ActuatorError(f"{self.describe()}: cannot execute {argv[0]} (install ipvsadm)", "unreachable") \
                 from None
+        except OSError as e:   # not executable, a script without #!, no fork: said as the actuator's error, not raised
+            raise ActuatorError(f"{self.describe()}: cannot execute {argv[0]}: {e.strerror or e}", "unreachable") \
+                from None
         try:
             stdout, stderr = proc.communicate(stdin, timeout=self.config.timeout_s)
         except subprocess.TimeoutExpired:

@@ -156,6 +156,20 @@ def test_real_ipvsadm_on_this_kernel_is_a_clear_error(tmp_path: Path) -> None:
     assert e.value.kind == "unreachable" and "initialize ipvs" in str(e.value)
 
 
+@pytest.mark.parametrize("mode, body", [(0o644, "#!/bin/sh\nexit 0\n"), (0o755, "exit 0\n")])
+def test_an_ipvsadm_that_cannot_be_executed_is_the_actuators_error(tmp_path: Path, mode: int, body: str) -> None:
+    """Not executable (mode 0644) or no #! line (exec format error): an ActuatorError naming the file, as a missing
+    ipvsadm is. Old code: only FileNotFoundError was caught, the raw PermissionError/OSError escaped the target."""
+    tool = tmp_path / "ipvsadm"
+    tool.write_text(body)
+    tool.chmod(mode)
+    cfg = LvsTargetConfig(kind="lvs", edge="e", listener="l", service="tcp:192.0.2.10:443",
+                          reals={"eu": "10.0.0.1:443"}, command=[str(tool)])
+    with pytest.raises(ActuatorError) as e:
+        LvsTarget(cfg).read()
+    assert e.value.kind == "unreachable" and f"cannot execute {tool}" in str(e.value)
+
+
 @pytest.mark.parametrize("bad, needle", [
     ({"service": "http:1.2.3.4:80"}, "http:1.2.3.4:80"),
     ({"service": "tcp:1.2.3.4"}, "ADDRESS:PORT"),
