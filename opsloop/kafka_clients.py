@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from kafka import KafkaProducer
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
 
 from opsloop import exitcodes
 from opsloop.config import KafkaSettings
@@ -144,6 +146,31 @@ def commit_bounded(consumer: Any, log: Any, failures: Any, consequence: str) -> 
 
 
 DEADLETTER_LOST_LOG = Sampled(60.0)
+# a dead-letter send that timed out (no metadata for the topic, or no buffer, within max_block_ms): the producer's
+# next dead letters are not sent for this long (monotonic), each would block as long and be lost the same
+DEADLETTER_UNAVAILABLE_RETRY_S = 60.0
+_GATE_ATTR = "_opsloop_deadletter_gate"
+
+
+@dataclass
+class DeadletterGate:
+    """A producer's dead-letter state (kept on the producer: each producer has its own metadata and buffer)."""
+    clock: Callable[[], float] = field(default_factory=lambda: time.monotonic)
+    retry_at: float | None = None   # clock time the dead-letter topic is tried again after a send timed out
+
+
+def deadletter_gate(producer: Any) -> DeadletterGate:
+    """``producer``'s gate, made at its first dead letter (a producer that takes no attribute: a new one each time,
+    never gated, as before)."""
+    gate = getattr(producer, _GATE_ATTR, None)
+    if not isinstance(gate, DeadletterGate):
+        gate = DeadletterGate()
+        try:
+            setattr(producer, _GATE_ATTR, gate)
+        except AttributeError:
+            pass
+    return gate
+
 
 # a consumed record's headers as kafka-python gives them (``ConsumerRecord.headers``)
 RecordHeaders = Sequence[tuple[str, bytes | None]]
@@ -159,12 +186,32 @@ def send_deadletter(producer: Any, kafka: KafkaSettings, reason: str, *, source_
     what ``value`` holds (``record``: its bytes, replayable). Never raises nor waits: the caller has counted
     the refusal already, and a broker hiccup must not stop the service. A dead letter not written (``send``
     raised, or its future failed later: the broker refused it, the delivery timed out) is counted once in
-    :data:`~opsloop.deadletter_metrics.DEADLETTER_SEND_FAILURES` and logged ``deadletter_failed``."""
+    :data:`~opsloop.deadletter_metrics.DEADLETTER_SEND_FAILURES` and logged ``deadletter_failed``.
+
+    A ``send`` blocks the producer's ``max_block_ms`` when the dead-letter topic has no metadata (not created, on
+    brokers that do not auto-create) or the buffer is full: a stream of bad records stalled the service that long per
+    record. After one such timeout the producer's dead letters of the next :data:`DEADLETTER_UNAVAILABLE_RETRY_S`
+    are counted lost at once, not sent; then the topic is tried again."""
     where = {"stage": stage, "source_topic": source_topic, "partition": partition, "offset": offset}
+    gate = deadletter_gate(producer)
+    if gate.retry_at is not None:
+        if gate.clock() < gate.retry_at:
+            _deadletter_lost(log, where, KafkaTimeoutError(
+                f"not sent: the dead-letter topic's last send timed out, tried again in "
+                f"{gate.retry_at - gate.clock():.0f}s"))
+            return
+        gate.retry_at = None
     try:
         future = producer.send(kafka.topic(Topic.DEADLETTER), key=deadletter_key(key), value=deadletter_record(
             reason, topic=source_topic, partition=partition, offset=offset, key=key, value=value,
             stage=stage, replayed_from=replayed_from_header(headers), value_is=value_is))
+    except KafkaTimeoutError as e:
+        gate.retry_at = gate.clock() + DEADLETTER_UNAVAILABLE_RETRY_S
+        DEADLETTER_SEND_FAILURES.labels(stage).inc()   # said at once, not sampled: at most once a minute per producer
+        log.error("deadletter_failed", **where,
+                  consequence=f"dead letters of the next {DEADLETTER_UNAVAILABLE_RETRY_S:g}s counted lost, not sent",
+                  error=f"{type(e).__name__}: {e}"[:300])
+        return
     except Exception as e:  # noqa: BLE001
         _deadletter_lost(log, where, e)
         return

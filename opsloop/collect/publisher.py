@@ -24,6 +24,14 @@ be refused again, head the spool forever and hold every later round of every top
 lost and logged (``record_refused``, with its topic, key and size); the other records of the round go on.
 The producer is not idempotent (:func:`opsloop.kafka_clients.service_producer`): kafka-python's idempotent
 producer took one such refusal as fatal and failed every other record of the flush with the same error.
+
+The topics a round goes to are created if missing (``kafka.partitions``, ``kafka.replication_factor``) before the
+first send to them, once a producer reached a broker. A collector started before the stream worker (which creates
+them too) sent to topics that did not exist: kafka-python logged "Topic ... not found in cluster metadata", the
+broker auto-created them with its own partition count (the stream stage's parallelism and key placement then not
+the configured ones) and, on brokers that do not auto-create, every send blocked ``max_block_ms``. Not allowed to
+create (ACLs): ``topics_not_created`` is logged and sending goes on with what exists; tried again with the next
+producer (after a failed send).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from prometheus_client import Counter, Gauge
 
 from opsloop.collect.spool import Record, Spool
 from opsloop.config import KafkaSettings
+from opsloop.kafka_admin import ensure_topics
 from opsloop.kafka_clients import kafka_settings, service_producer
 from opsloop.log import get_logger
 from opsloop.records import Metric
@@ -130,6 +139,11 @@ class Publisher:
         self._dropped_seen = 0
         SPOOL_DROPPED.labels(collector)   # the series exists at 0 before the first drop
         self._producer: KafkaProducer | None = None   # the sender thread's
+        # Base topic names of the rounds: checked (exist or created) once; a check that failed (no right to
+        # create, say) is not repeated with the same producer, but with the next one (sender thread only).
+        self._topics_seen: set[str] = set()
+        self._topics_checked: set[str] = set()
+        self._topics_failed: set[str] = set()
         # One condition guards what both threads touch: the memory queue, the sender's state, back-off.
         self._cv = threading.Condition()
         self._memory: deque[_Round] = deque()
@@ -162,7 +176,25 @@ class Publisher:
                 bootstrap_timeout_ms=timeout_ms,
                 reconnect_backoff_max_ms=1000,
             )
+        if self._topics_seen - self._topics_checked:
+            self._ensure_topics()   # after the producer's bootstrap: a broker answers (the admin's waits 30 s)
         return self._producer
+
+    def _ensure_topics(self) -> None:
+        """Create the missing topics of the rounds seen so far (see the module's docstring); never raises."""
+        topics = sorted(self._topics_seen - self._topics_checked)
+        self._topics_checked.update(topics)
+        try:
+            created = ensure_topics(self.kafka, self.kafka.partitions, self.kafka.replication_factor, topics,
+                                    timeout_s=self.send_timeout_s)
+        except Exception as e:  # noqa: BLE001 - no right to create topics, say: the producer works with what exists
+            self._topics_failed.update(topics)
+            log.warning("topics_not_created", collector=self.collector, topics=[self.kafka.topic(t) for t in topics],
+                        error=f"{type(e).__name__}: {e}"[:300])
+            return
+        if created:
+            log.info("topics_created", collector=self.collector, topics=created, partitions=self.kafka.partitions,
+                     replication_factor=self.kafka.replication_factor)
 
     def _drop_producer(self) -> None:
         if self._producer is not None:
@@ -171,6 +203,9 @@ class Publisher:
             except Exception:  # noqa: BLE001 - closing a broken producer must not fail the round
                 pass
             self._producer = None
+        # topics whose check failed are checked again with the next producer (the broker may be back, or fixed)
+        self._topics_checked -= self._topics_failed
+        self._topics_failed.clear()
 
     # -- the collection loop's side ---------------------------------------------------------
     def publish_metrics(self, metrics: Iterable[Metric]) -> None:
@@ -220,8 +255,9 @@ class Publisher:
         with self._cv:
             self._closing = True
             self._cv.notify_all()
-        # a send in flight ends within its own timeouts: bootstrap, a blocking send(), then flush()
-        self._sender.join(3 * self.send_timeout_s + 5.0)
+        # a send in flight ends within its own timeouts: bootstrap, the topics' check (listed, then created),
+        # a blocking send(), then flush()
+        self._sender.join(5 * self.send_timeout_s + 5.0)
         if self._sender.is_alive():
             log.error("publisher_close_timed_out", collector=self.collector,
                       error="the sender is still in a send; its round may be lost")
@@ -312,6 +348,7 @@ class Publisher:
         Records the broker refuses for good are counted lost, not returned (see the module's docstring)."""
         refused: list[tuple[Record, Exception]] = []
         try:
+            self._topics_seen.update(r.topic for r in records)   # checked by _get_producer (_ensure_topics)
             producer = self._get_producer()
             futures = []
             for r in records:
