@@ -183,17 +183,33 @@ def start_failure_status(e: Exception) -> int:
     return exitcodes.TEMPFAIL
 
 
+def _left_alone(target: Any) -> tuple[dict[str, str] | None, str | None]:
+    """Servers the target does not write (HAProxy: absent from the backend, weighted by an agent check) and why,
+    from a fresh health read; ``(None, error)`` when that read fails. Other targets leave none alone."""
+    how = getattr(target, "left_alone", None)
+    if not callable(how):
+        return {}, None
+    try:
+        target.down()   # the health read (show stat) is what refreshes left_alone()
+    except ActuatorError as e:
+        return None, str(e)
+    return dict(how()), None
+
+
 def _show(act: Any, as_json: bool) -> bool:
-    """Print one target's live weights next to the last applied ones; False when the LB is unreadable."""
+    """Print one target's live weights next to the last applied ones, and the servers it leaves alone (their live
+    weight is not ours: no drift); False when the LB is unreadable."""
     try:
         live: dict[str, int] | None = act.read()
         error = None
     except ActuatorError as e:
         live, error = None, str(e)
+    alone, alone_error = _left_alone(act.target) if live is not None else ({}, None)
     last = act.store.last()
     doc = {"edge": act.edge, "listener": act.listener, "target": act.target.describe(), "live": live,
            "error": error, "applied_version": last.version if last else None,
-           "applied_weights": last.weights if last else None, "applied_action": last.action if last else None}
+           "applied_weights": last.weights if last else None, "applied_action": last.action if last else None,
+           "left_alone": alone, "left_alone_error": alone_error}
     if as_json:
         print(orjson.dumps(doc).decode())
         return live is not None
@@ -204,8 +220,13 @@ def _show(act: Any, as_json: bool) -> bool:
     total = sum(live.values()) or 1
     for origin, w in live.items():
         applied = last.weights.get(origin) if last else None
-        flag = "" if applied is None or applied == w else f"   (applied {applied}: DRIFT)"
+        if alone and origin in alone:
+            flag = f"   LEFT ALONE: {alone[origin]}"
+        else:
+            flag = "" if applied is None or applied == w else f"   (applied {applied}: DRIFT)"
         print(f"  {origin:<20} weight {w:>6}  share {w / total:6.3f}{flag}")
+    if alone_error is not None:
+        print(f"  servers left alone unknown (health read failed): {alone_error}")
     return True
 
 

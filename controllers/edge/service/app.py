@@ -26,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+from opsloop.controllers.edge.service import metrics as M
 from opsloop.controllers.edge.service.api import EdgeApi
 from opsloop.controllers.edge.service.api_token import ApiToken, TokenFile, TokenFileError
 from opsloop.controllers.edge.service.config import (TOKEN_ENV, EdgeServiceSettings, read_token, resolve_topology,
@@ -134,11 +135,16 @@ class EdgeService:
             self.api = EdgeApi(self.store, self.token, self.loop.status, self.loop.weights)
             self.api.serve(self.cfg.api.bind, self.cfg.api.port)
             log.info("api_serving", address=f"{self.cfg.api.bind}:{self.api.port}")
+            M.API_SERVING.set(1)
         return self
 
     def tick(self) -> None:
         assert self.loop is not None
         self.loop.tick()
+        if self.api is not None and isinstance(self.token, ApiToken):
+            # the token file looked at every tick too (at most one stat a second): a file broken or fixed while
+            # nobody calls the API shows in opsloop_edge_api_token_usable, and its alert fires and clears on time
+            self.token.current()
 
     def run_forever(self) -> None:
         """Tick on a fixed schedule (drift-free: the next tick is planned from the first)."""

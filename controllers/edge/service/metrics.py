@@ -41,6 +41,8 @@ API_REQUESTS_CUT = Counter("opsloop_edge_api_requests_cut_total",
                            ["reason"])
 API_TOKEN_USABLE = Gauge("opsloop_edge_api_token_usable",
                          "1 while the edge API has a usable bearer token; 0 while it refuses every request (503)")
+# the token gauge reads 0 with the API off too: EdgeApiTokenUnusable needs to know the API is on
+API_SERVING = Gauge("opsloop_edge_api_serving", "1 once the edge API serves requests (controllers.edge.api.enabled)")
 for _reason in ("ttl", "superseded", "unknown_cap"):   # exported at 0: increase() sees the first drop
     DEMAND_DROPPED.labels(_reason)
 for _reason in ("headers", "body"):
