@@ -18,6 +18,7 @@ from typing import Any
 
 from opsloop.controllers.edge.sim import (CONTROLLER_KINDS, Run, Scenario, ScenarioError, canonical_kind,
                                   load_scenario, run_scenario, trajectories)
+from opsloop.controllers.edge.sim.scenario import scenario_warnings
 
 EPILOG = """examples:
   opsloop sim --scenario controllers/edge/scenarios/capacity_drop.yaml
@@ -154,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         scn = load_scenario(args.scenario)
+        for warning in scenario_warnings(scn):   # stderr: --json keeps stdout to the document
+            print(f"opsloop sim: warning: {args.scenario}: {warning}", file=sys.stderr)
         kinds = None
         if args.controllers:
             kinds = [k.strip() for k in args.controllers.split(",") if k.strip()]

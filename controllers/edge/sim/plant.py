@@ -122,19 +122,8 @@ class Plant:
     def apply(self, ev: Event) -> None:
         edges = [e.name for e in self.scn.edges]
         origins = [o.name for o in self.scn.origins]
-        target = self.ramp_to if self.ramp_to is not None else self.base.copy()
-        if isinstance(ev.demand_scale, dict):
-            for edge, factor in ev.demand_scale.items():
-                target[edges.index(edge)] *= factor
-        elif ev.demand_scale is not None:
-            target = target * ev.demand_scale
-        for edge, rps in (ev.demand or {}).items():
-            target[edges.index(edge)] = rps
-        if ev.ramp_s:  # linear from the rate now to the new one over ramp_s
-            self.ramp_from, self.ramp_to = self.base.copy(), target
-            self.ramp_at, self.ramp_s = ev.at, ev.ramp_s
-        else:
-            self.base, self.ramp_to = target, None
+        if ev.demand_scale is not None or ev.demand:
+            self._apply_demand(ev, edges)
         for origin, cap in (ev.capacity or {}).items():
             self.capacity[origins.index(origin)] = cap
         for origin, ok in (ev.health or {}).items():
@@ -142,6 +131,34 @@ class Plant:
         for edge, row in (ev.latency or {}).items():
             for origin, ms in row.items():
                 self.latency[edges.index(edge), origins.index(origin)] = ms
+
+    def _apply_demand(self, ev: Event, edges: list[str]) -> None:
+        """The event's demand change: with ``ramp_s``, a ramp from the demand now to the change applied on the demand
+        a ramp under way was heading for; without, a step. A step during a ramp moves the ramp with it (its current
+        demand and its end alike, an edge set to a rate leaves the ramp), and the ramp goes on: before, any event
+        (a capacity, health or latency change too) put the demand at once at the ramp's end."""
+        def changed(target: np.ndarray) -> np.ndarray:
+            target = target.copy()
+            if isinstance(ev.demand_scale, dict):
+                for edge, factor in ev.demand_scale.items():
+                    target[edges.index(edge)] *= factor
+            elif ev.demand_scale is not None:
+                target = target * ev.demand_scale
+            for edge, rps in (ev.demand or {}).items():
+                target[edges.index(edge)] = rps
+            return target
+
+        if ev.ramp_s:  # linear from the rate now to the new one over ramp_s
+            target = changed(self.ramp_to if self.ramp_to is not None else self.base)
+            self.ramp_from, self.ramp_to = self.base.copy(), target
+            self.ramp_at, self.ramp_s = ev.at, ev.ramp_s
+        elif self.ramp_to is not None:
+            # the ramp goes on from the moved demand to its moved end, over the rest of its time
+            frac = min(1.0, max(0.0, (ev.at - self.ramp_at) / self.ramp_s))
+            self.base, self.ramp_to = changed(self.base), changed(self.ramp_to)
+            self.ramp_from = self.base if frac >= 1.0 else (self.base - self.ramp_to * frac) / (1.0 - frac)
+        else:
+            self.base = changed(self.base)
 
     def ramp(self, t: float) -> None:
         """Base demand at time ``t`` while a ramp is under way."""

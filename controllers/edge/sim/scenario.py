@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+import yaml
+from pydantic import (AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from opsloop.controllers.edge.settings import ControllerSettings, FixedStepSettings
 from opsloop.controllers.edge.model import MAX_CAPACITY_RPS, MAX_LATENCY_MS
@@ -29,6 +32,17 @@ class ScenarioError(ValueError):
     """A scenario file that cannot be run; the message names the file and the field."""
 
 
+def _not_bool(value: Any) -> Any:
+    # pydantic reads true as 1.0: `capacity_rps: yes` (or `on`, YAML 1.1 booleans) ran with 1 req/s
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not a boolean (YAML reads unquoted yes/no/on/off as true/false)")
+    return value
+
+
+Num = Annotated[float, BeforeValidator(_not_bool)]   # a number of the scenario: never a boolean
+Count = Annotated[int, BeforeValidator(_not_bool)]
+
+
 # Sane ranges of a scenario's numbers: `demand_scale: 1e308` made every figure of the run NaN. A rate (demand,
 # capacity) is bounded as in a topology file, a latency or service time as a topology's latency (inf: no path).
 MAX_RPS = MAX_CAPACITY_RPS
@@ -43,8 +57,8 @@ class SimOrigin(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1)
-    capacity_rps: float = Field(ge=0.0, le=MAX_RPS)
-    service_ms: float = Field(default=10.0, ge=0.0, le=MAX_LATENCY_MS)
+    capacity_rps: Num = Field(ge=0.0, le=MAX_RPS)
+    service_ms: Num = Field(default=10.0, ge=0.0, le=MAX_LATENCY_MS)
     healthy: bool = True
 
 
@@ -52,25 +66,42 @@ class SimEdge(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1)
-    base_rps: float = Field(ge=0.0, le=MAX_RPS, allow_inf_nan=False)
-    elasticity: float = Field(default=1.0, ge=0.0, le=4.0, allow_inf_nan=False)
-    latency_ms: dict[str, float]
-    initial_weights: dict[str, float] | None = None
+    base_rps: Num = Field(ge=0.0, le=MAX_RPS, allow_inf_nan=False)
+    elasticity: Num = Field(default=1.0, ge=0.0, le=4.0, allow_inf_nan=False)
+    latency_ms: dict[str, Num]
+    initial_weights: dict[str, Num] | None = None
 
 
 class Event(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    at: float = Field(ge=0.0, le=MAX_TIME_S, allow_inf_nan=False)
+    at: Num = Field(ge=0.0, le=MAX_TIME_S, allow_inf_nan=False)
     label: str = ""
-    demand: dict[str, float] | None = None            # edge -> new base_rps
+    demand: dict[str, Num] | None = None            # edge -> new base_rps
     # one factor for every edge's base_rps, or a factor per edge
     demand_scale: float | dict[str, float] | None = None
-    ramp_s: float | None = Field(default=None, gt=0.0, le=MAX_TIME_S, allow_inf_nan=False)  # demand change spread over
-    capacity: dict[str, float] | None = None          # origin -> new capacity_rps
+    ramp_s: Num | None = Field(default=None, gt=0.0, le=MAX_TIME_S, allow_inf_nan=False)  # demand change spread over
+    capacity: dict[str, Num] | None = None          # origin -> new capacity_rps
     health: dict[str, bool] | None = None             # origin -> healthy
-    latency: dict[str, dict[str, float]] | None = None  # edge -> origin -> ms
-    stale_for_s: float | None = Field(default=None, gt=0.0, le=MAX_TIME_S, allow_inf_nan=False)
+    latency: dict[str, dict[str, Num]] | None = None  # edge -> origin -> ms
+    stale_for_s: Num | None = Field(default=None, gt=0.0, le=MAX_TIME_S, allow_inf_nan=False)
+
+    @field_validator("demand_scale", mode="before")
+    @classmethod
+    def _one_factor_or_mapping(cls, value: Any) -> Any:
+        # one error line, not one per member of the union ("function-before[_not_bool(), float]: …")
+        if isinstance(value, dict):
+            for edge, factor in value.items():
+                if isinstance(factor, bool):
+                    raise ValueError(f"{edge}: expected a number, not a boolean (YAML reads unquoted "
+                                     "yes/no/on/off as true/false)")
+        if value is None or isinstance(value, dict):
+            return value
+        _not_bool(value)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError("expected a factor, or a mapping of edge to factor") from None
 
     @property
     def changes_plant(self) -> bool:
@@ -81,20 +112,20 @@ class Event(BaseModel):
 class Targets(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)   # a NaN target fails every run
 
-    tolerance: float = Field(default=0.05, ge=0.0, le=1.0)   # fractions of capacity or of traffic
-    capacity_within_intervals: float = Field(default=3.0, gt=0.0, le=1000.0)
-    overshoot: float = Field(default=0.05, ge=0.0, le=1.0)
-    oscillation_weight: float = Field(default=0.03, ge=0.0, le=1.0)
-    oscillation_load: float = Field(default=0.05, ge=0.0, le=1.0)
-    settle_band: float = Field(default=0.02, gt=0.0, le=1.0)
-    steady_intervals: int = Field(default=4, ge=2, le=10_000)
+    tolerance: Num = Field(default=0.05, ge=0.0, le=1.0)   # fractions of capacity or of traffic
+    capacity_within_intervals: Num = Field(default=3.0, gt=0.0, le=1000.0)
+    overshoot: Num = Field(default=0.05, ge=0.0, le=1.0)
+    oscillation_weight: Num = Field(default=0.03, ge=0.0, le=1.0)
+    oscillation_load: Num = Field(default=0.05, ge=0.0, le=1.0)
+    settle_band: Num = Field(default=0.02, gt=0.0, le=1.0)
+    steady_intervals: Count = Field(default=4, ge=2, le=10_000)
     # 95th percentile of the excess over capacity outside the transients after a step (noise, flaps)
-    excess_p95: float = Field(default=0.05, ge=0.0, le=1.0)
-    churn: float = Field(default=0.03, ge=0.0, le=1.0)        # mean traffic share moved per interval
+    excess_p95: Num = Field(default=0.05, ge=0.0, le=1.0)
+    churn: Num = Field(default=0.03, ge=0.0, le=1.0)        # mean traffic share moved per interval
     # against the fixed-step baselines of the same run (with and without our headroom):
-    overload_ratio: float = Field(default=0.10, ge=0.0, le=100.0)  # overload-seconds ≤ ratio × baseline's …
-    overload_slack_s: float = Field(default=0.0, ge=0.0, le=MAX_TIME_S)  # … + this (a baseline with ~0 overload)
-    latency_ratio: float = Field(default=1.10, gt=0.0, le=100.0)   # mean latency ≤ ratio × baseline's
+    overload_ratio: Num = Field(default=0.10, ge=0.0, le=100.0)  # overload-seconds ≤ ratio × baseline's …
+    overload_slack_s: Num = Field(default=0.0, ge=0.0, le=MAX_TIME_S)  # … + this (a baseline with ~0 overload)
+    latency_ratio: Num = Field(default=1.10, gt=0.0, le=100.0)   # mean latency ≤ ratio × baseline's
 
 
 class Scenario(BaseModel):
@@ -103,18 +134,18 @@ class Scenario(BaseModel):
     name: str = Field(min_length=1)
     description: str = ""
     listener: str = "listener"
-    interval_s: float = Field(default=15.0, gt=0.0, le=MAX_INTERVAL_S)
-    duration_s: float = Field(default=600.0, gt=0.0, le=MAX_TIME_S)
-    dt_s: float = Field(default=1.0, gt=0.0, le=MAX_INTERVAL_S)
-    seed: int = Field(default=0, ge=0, le=MAX_SEED)
-    noise: float = Field(default=0.0, ge=0.0, le=0.5)
-    client_tau_s: float = Field(default=2.0, ge=0.0, le=MAX_INTERVAL_S)
-    overload_slowdown: float = Field(default=1.0, ge=0.0, le=1000.0)   # service time x (1 + this x overload)
+    interval_s: Num = Field(default=15.0, gt=0.0, le=MAX_INTERVAL_S)
+    duration_s: Num = Field(default=600.0, gt=0.0, le=MAX_TIME_S)
+    dt_s: Num = Field(default=1.0, gt=0.0, le=MAX_INTERVAL_S)
+    seed: Count = Field(default=0, ge=0, le=MAX_SEED)
+    noise: Num = Field(default=0.0, ge=0.0, le=0.5)
+    client_tau_s: Num = Field(default=2.0, ge=0.0, le=MAX_INTERVAL_S)
+    overload_slowdown: Num = Field(default=1.0, ge=0.0, le=1000.0)   # service time x (1 + this x overload)
     # true demand noise (what clients send, unlike ``noise`` which only blurs the measurement):
     # every edge's base rate × (1 + demand_noise·N(0,1)), redrawn every demand_noise_period_s
-    demand_noise: float = Field(default=0.0, ge=0.0, le=0.5)
-    demand_noise_period_s: float | None = Field(default=None, gt=0.0, le=MAX_TIME_S)
-    health_detection_delay_s: float = Field(default=0.0, ge=0.0, le=MAX_TIME_S)
+    demand_noise: Num = Field(default=0.0, ge=0.0, le=0.5)
+    demand_noise_period_s: Num | None = Field(default=None, gt=0.0, le=MAX_TIME_S)
+    health_detection_delay_s: Num = Field(default=0.0, ge=0.0, le=MAX_TIME_S)
     origins: list[SimOrigin] = Field(min_length=1)
     edges: list[SimEdge] = Field(min_length=1)
     events: list[Event] = Field(default_factory=list)
@@ -139,6 +170,10 @@ class Scenario(BaseModel):
         if abs(steps - round(steps)) > 1e-9:
             raise ValueError(f"interval_s: must be a multiple of dt_s ({self.dt_s!r}), "
                              f"got {self.interval_s!r}")
+        steps = self.duration_s / self.dt_s   # the plant runs whole steps: 100.5 s at dt 1 ran 100 s
+        if abs(steps - round(steps)) > 1e-9 * max(1.0, steps):
+            raise ValueError(f"duration_s: must be a multiple of dt_s ({self.dt_s!r}), "
+                             f"got {self.duration_s!r}")
 
         def check_latency(where: str, row: dict[str, float]) -> None:
             for origin, ms in row.items():
@@ -168,6 +203,10 @@ class Scenario(BaseModel):
             where = f"events[{i}] (at {ev.at})"
             if ev.at > self.duration_s:
                 raise ValueError(f"{where}.at: after duration_s {self.duration_s!r}")
+            for key in ("demand", "demand_scale", "capacity", "health", "latency"):
+                if getattr(ev, key) == {}:   # counted as a change: a phase of its own that changes nothing
+                    raise ValueError(f"{where}.{key}: empty (name at least one "
+                                     f"{'origin' if key in ('capacity', 'health') else 'edge'})")
             if isinstance(ev.demand_scale, dict):
                 for edge, factor in ev.demand_scale.items():
                     if edge not in edges:
@@ -211,6 +250,16 @@ class Scenario(BaseModel):
         return self
 
 
+def scenario_warnings(scn: Scenario) -> list[str]:
+    """What a valid scenario holds that has no effect on the run: said, not silently dropped."""
+    out = [f"events[{i}] (at {ev.at:g}): at the end of the run (duration_s {scn.duration_s:g}): never takes effect"
+           for i, ev in enumerate(scn.events) if ev.at >= scn.duration_s]
+    if scn.demand_noise_period_s is not None and scn.demand_noise == 0:
+        # it only paces demand_noise (``noise`` is the measurement's): alone it did nothing, without a word
+        out.append("demand_noise_period_s: has no effect without demand_noise > 0")
+    return out
+
+
 def _check_implied_demand(scn: Scenario) -> None:
     """Each event's factor is bounded, but factors compound (the plant scales the demand in force): an
     edge's demand through the events, in the order the plant applies them, stays below MAX_IMPLIED_RPS."""
@@ -228,6 +277,45 @@ def _check_implied_demand(scn: Scenario) -> None:
 
 
 MAX_SIM_STEPS = 1_000_000   # a day at 0.1 s steps is 864,000
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def duplicate_key(text: str) -> str | None:
+    """The first mapping key given twice in a YAML document (None: none). PyYAML keeps the last one silently:
+    a second ``events:`` list replaced the first, a second ``health:`` in an event dropped the first."""
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    found: list[tuple[int, str]] = []
+    seen: set[int] = set()   # an alias shares its node: each once
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:
+        node, where = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[str, int] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE_TAG:   # `<<:` overrides by design
+                    line = key.start_mark.line + 1
+                    if key.value in lines:
+                        found.append((line, f"{where}{key.value}: given twice (lines {lines[key.value]} and "
+                                            f"{line}); YAML keeps only the last"))
+                    lines.setdefault(key.value, line)
+                    stack.append((value, f"{where}{key.value}."))
+                else:
+                    stack.append((value, where))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, f"{where}{i}.") for i, item in enumerate(node.value))
+    return min(found)[1] if found else None
+
+
+def _hint(exc: ValidationError) -> str:
+    """What a name that is not a string most likely is: an unquoted no/yes/on/off or number."""
+    for err in exc.errors(include_url=False):
+        if err.get("type") == "string_type" and isinstance(err.get("input"), (bool, int, float)):
+            return ("; YAML reads an unquoted no, yes, on, off or number as a boolean or a number: "
+                    "quote such a name (\"no\")")
+    return ""
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -240,10 +328,16 @@ def load_scenario(path: str | Path) -> Scenario:
     if not isinstance(doc, dict):
         raise ScenarioError(f"{path}: " + ("empty" if doc is None else
                                           f"expected a mapping at the top level, got {type(doc).__name__}"))
+    try:   # read_yaml has read and parsed it within its limits: the same text again
+        twice = duplicate_key(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:   # replaced or removed in between
+        raise ScenarioError(f"{path}: cannot read ({type(exc).__name__})") from None
+    if twice is not None:
+        raise ScenarioError(f"{path}: {twice}")
     try:
         scn = Scenario.model_validate(doc)
     except ValidationError as exc:   # a check across fields quoted the whole document after "got"
-        raise ScenarioError(f"{path}: {'; '.join(error_lines(exc))}") from None
+        raise ScenarioError(f"{path}: {'; '.join(error_lines(exc))}{_hint(exc)}") from None
     # The plant keeps arrays of one row per step: dt_s 1e-9 over 60 s asked numpy for 447 GiB (a traceback).
     if scn.duration_s / scn.dt_s > MAX_SIM_STEPS:
         raise ScenarioError(f"{path}: dt_s: {scn.dt_s!r} makes {scn.duration_s / scn.dt_s:.3g} simulation steps "

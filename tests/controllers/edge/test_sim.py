@@ -358,3 +358,33 @@ def test_latency_is_compared_on_the_phases_outside_a_shortfall_in_both_runs():
     # each run's own feasible phases would compare different windows
     assert ours["mean_latency_feasible_ms"] > 1.5 * base["mean_latency_feasible_ms"]
     assert not [v for v in ours["violations"] if "mean latency" in v], ours["violations"]
+
+
+def _ramp_scenario(events: list[dict]) -> Scenario:
+    return Scenario.model_validate({
+        "name": "ramp-and-events", "interval_s": 10, "dt_s": 1, "duration_s": 200, "client_tau_s": 0,
+        "controllers": ["fixed-step"],
+        "origins": [{"name": "a", "capacity_rps": 1000, "service_ms": 5},
+                    {"name": "b", "capacity_rps": 1000, "service_ms": 5}],
+        "edges": [{"name": "e", "base_rps": 100, "elasticity": 0.0, "latency_ms": {"a": 10, "b": 50}},
+                  {"name": "f", "base_rps": 50, "elasticity": 0.0, "latency_ms": {"a": 50, "b": 10}}],
+        "events": [{"at": 60, "demand_scale": 3, "ramp_s": 100}, *events]})
+
+
+@pytest.mark.parametrize("event, e_at_100, f_at_100", [
+    ({"at": 90, "capacity": {"b": 900}}, 100 + 200 * 0.4, 50 + 100 * 0.4),    # no demand change: the ramp goes on
+    ({"at": 90, "health": {"b": False}}, 100 + 200 * 0.4, 50 + 100 * 0.4),
+    ({"at": 90, "latency": {"e": {"b": 60}}}, 100 + 200 * 0.4, 50 + 100 * 0.4),
+    # a step during the ramp moves the ramp with it (now and its end); an edge set to a rate leaves it
+    ({"at": 90, "demand_scale": 2}, 2 * (100 + 200 * 0.4), 2 * (50 + 100 * 0.4)),
+    ({"at": 90, "demand": {"f": 70}}, 100 + 200 * 0.4, 70),
+])
+def test_an_event_during_a_demand_ramp_leaves_the_ramp_going(event, e_at_100, f_at_100):
+    """Old plant: any event during a ramp (a capacity, health or latency change too) put the demand at once at the
+    ramp's end: 300 req/s at t=90 where the ramp had reached 190."""
+    run = simulate(_ramp_scenario([event]), "fixed-step")
+    at = int(np.searchsorted(run.times, 100.0))   # the step ending at t=100 s: 40 s into the 100 s ramp
+    assert run.rates[at] == pytest.approx([e_at_100, f_at_100], rel=1e-6)
+    end = int(np.searchsorted(run.times, 170.0))   # the ramp over: its (moved) end
+    scale = 2 if event.get("demand_scale") else 1
+    assert run.rates[end] == pytest.approx([300 * scale, 70 if "demand" in event else 150 * scale], rel=1e-6)

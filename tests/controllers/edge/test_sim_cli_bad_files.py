@@ -35,6 +35,28 @@ CASES: dict[str, tuple[str | bytes | None, str]] = {
     # a check across fields quoted the whole document after "got"
     "a cross-field error": (GOOD + "events: [{at: 5, capacity: {near: .inf}}]\n",
                             "events[0] (at 5.0).capacity['near']: expected req/s in [0, 1e+09], got inf"),
+    # YAML keeps the last of two equal keys: the first events list was dropped without a word
+    "a key given twice": (GOOD + "events: [{at: 20, capacity: {near: 10}}]\n"
+                                 "events: [{at: 40, capacity: {near: 100}}]\n",
+                          "events: given twice (lines 6 and 7); YAML keeps only the last"),
+    "a key given twice in an event": (GOOD + "events:\n  - {at: 20, health: {near: false}, health: {near: true}}\n",
+                                      "events.0.health: given twice (lines 7 and 7)"),
+    # pydantic read a boolean as a number: `capacity_rps: yes` ran at 1 req/s, `capacity: {near: off}` at 0
+    "a boolean for a number": (GOOD.replace("capacity_rps: 100", "capacity_rps: yes"),
+                               "origins.0.capacity_rps: expected a number, not a boolean"),
+    "a boolean for an event's number": (GOOD + "events: [{at: 20, capacity: {near: off}}]\n",
+                                        "events.0.capacity.near: expected a number, not a boolean"),
+    "a boolean for a factor": (GOOD + "events: [{at: 20, demand_scale: {e1: on}}]\n",
+                               "events.0.demand_scale: e1: expected a number, not a boolean"),
+    # counted as a change: a phase of its own, judged on its own, in which nothing changed
+    "an empty change": (GOOD + "events: [{at: 20, label: nothing, capacity: {}}]\n",
+                        "events[0] (at 20.0).capacity: empty (name at least one origin)"),
+    # the plant runs whole steps: 60.5 s ran 60 s
+    "a duration between steps": (GOOD.replace("duration_s: 60", "duration_s: 60.5"),
+                                 "duration_s: must be a multiple of dt_s (1.0), got 60.5"),
+    # YAML 1.1 reads an unquoted no as false: "Input should be a valid string (got False)" alone
+    "a name read as a boolean": (GOOD.replace("name: near", "name: no").replace("{near: 5}", "{no: 5}"),
+                                 "quote such a name"),
 }
 
 
