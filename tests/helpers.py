@@ -283,3 +283,40 @@ class SentRecords:
 
     def deadletters(self, topic: str = "telemetry.deadletter") -> list[dict[str, Any]]:
         return [orjson.loads(v or b"") for t, _, v in self.records if t == topic]
+
+
+class CountingProducer:
+    """A producer (real or a stand-in) counting its sends to one topic; everything else passes through."""
+
+    def __init__(self, producer: Any, topic: str) -> None:
+        self.producer, self.topic, self.sends = producer, topic, 0
+
+    def send(self, topic: str, **kwargs: Any) -> Any:
+        self.sends += topic == self.topic
+        return self.producer.send(topic, **kwargs)
+
+    def flush(self, timeout: float | None = None) -> None:
+        self.producer.flush(timeout=timeout)
+
+    def close(self) -> None:
+        self.producer.close()
+
+
+class KeptLines(logging.Handler):
+    """The messages of the log records a logger hands it (e.g. kafka-python's own, under ``kafka.*``)."""
+
+    def __init__(self, level: int = logging.DEBUG) -> None:
+        super().__init__(level)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def topic_partitions(bootstrap: str, topic: str) -> int:
+    """How many partitions ``topic`` has (0: none known)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        return len(consumer.partitions_for_topic(topic) or ())
+    finally:
+        consumer.close()

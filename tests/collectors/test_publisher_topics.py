@@ -16,34 +16,14 @@ import logging
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer
 
 from opsloop.collect.publisher import Publisher
 from opsloop.collect.spool import Record
 from opsloop.config import KafkaSettings
 from opsloop.topics import Topic
-from tests.helpers import captured_logs, read_topic, unique
+from tests.helpers import KeptLines, captured_logs, read_topic, topic_partitions, unique
 
 pytestmark = pytest.mark.integration
-
-
-class KeptLines(logging.Handler):
-    """kafka-python's own log lines (the client library logs to ``kafka.*``)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def partitions(bootstrap: str, topic: str) -> int:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
-    try:
-        return len(consumer.partitions_for_topic(topic) or ())
-    finally:
-        consumer.close()
 
 
 def records(n: int) -> list[Record]:
@@ -65,7 +45,7 @@ def test_the_first_publish_creates_the_topic_with_the_configured_partitions(tmp_
         pub.close(5.0)
         client_log.removeHandler(client_lines)
     assert [ln for ln in client_lines.lines if "not found in cluster metadata" in ln] == []
-    assert partitions(kafka_bootstrap, topic) == 2   # the broker's default would be 4
+    assert topic_partitions(kafka_bootstrap, topic) == 2   # the broker's default would be 4
     assert len(read_topic(kafka_bootstrap, topic)) == 6
 
 

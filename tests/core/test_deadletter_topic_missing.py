@@ -24,7 +24,7 @@ from opsloop.deadletter_metrics import DEADLETTER_SEND_FAILURES
 from opsloop.kafka_clients import send_deadletter, service_producer
 from opsloop.log import Sampled, get_logger
 from opsloop.topics import Topic
-from tests.helpers import captured_logs, create_topics, read_topic, unique
+from tests.helpers import CountingProducer, captured_logs, create_topics, read_topic, unique
 
 log = get_logger("test.deadletter")
 
@@ -36,17 +36,6 @@ def fresh_log_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def failures(stage: str) -> float:
     return DEADLETTER_SEND_FAILURES.labels(stage)._value.get()
-
-
-class CountingProducer:
-    """A producer (real or a stand-in), counting the sends to one topic."""
-
-    def __init__(self, producer: Any, topic: str) -> None:
-        self.producer, self.topic, self.sends = producer, topic, 0
-
-    def send(self, topic: str, **kwargs: Any) -> Any:
-        self.sends += topic == self.topic
-        return self.producer.send(topic, **kwargs)
 
 
 def dead_letter(producer: Any, kafka: KafkaSettings, offset: int, stage: str = "paging") -> None:

@@ -18,11 +18,9 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
-from kafka import KafkaConsumer
 
 from opsloop.config import KafkaSettings
 from opsloop.kafka_clients import service_producer
@@ -32,26 +30,10 @@ from opsloop.controllers.paging import audit as audit_module, metrics
 from opsloop.controllers.paging.service import PagingService
 from opsloop.log import Sampled
 from tests.controllers.paging.test_state_and_audit_failures import config, failures, firing, page, publish
-from tests.helpers import create_topics, read_topic, unique, wait_until
+from tests.helpers import (CountingProducer, KeptLines, create_topics, read_topic, topic_partitions, unique,
+                           wait_until)
 
 pytestmark = pytest.mark.integration
-
-
-class CountingProducer:
-    """The service's real producer, counting the sends to one topic."""
-
-    def __init__(self, producer: Any, topic: str) -> None:
-        self.producer, self.topic, self.sends = producer, topic, 0
-
-    def send(self, topic: str, **kwargs: Any) -> Any:
-        self.sends += topic == self.topic
-        return self.producer.send(topic, **kwargs)
-
-    def flush(self, timeout: float | None = None) -> None:
-        self.producer.flush(timeout=timeout)
-
-    def close(self) -> None:
-        self.producer.close()
 
 
 def test_a_missing_audit_topic_costs_one_blocked_send_a_minute_not_one_per_record(
@@ -95,36 +77,19 @@ def test_a_missing_audit_topic_costs_one_blocked_send_a_minute_not_one_per_recor
         svc.close()
 
 
-class KeptLines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def partitions(bootstrap: str, topic: str) -> int:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
-    try:
-        return len(consumer.partitions_for_topic(topic) or ())
-    finally:
-        consumer.close()
-
-
 def test_paging_creates_its_topics_with_the_configured_partitions_before_it_asks_for_them(
         tmp_path: Path, kafka_bootstrap: str, test_alertmanager: ManagedProcess) -> None:
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=unique("fresh") + ".", partitions=2)
     findings, audit, deadletter = (kafka.topic(t) for t in (Topic.FINDINGS, Topic.AUDIT, Topic.DEADLETTER))
     svc = PagingService(config(tmp_path, test_alertmanager), kafka)
-    client_lines = KeptLines()
+    client_lines = KeptLines(logging.WARNING)
     logging.getLogger("kafka").addHandler(client_lines)
     stop = threading.Event()
     loop = threading.Thread(target=svc.run, args=(stop,), daemon=True)
     run = unique("hv")
     try:
         loop.start()
-        wait_until(lambda: partitions(kafka_bootstrap, findings) > 0, timeout=60, what="the findings topic")
+        wait_until(lambda: topic_partitions(kafka_bootstrap, findings) > 0, timeout=60, what="the findings topic")
         publish(kafka_bootstrap, findings, page(f"{run}-1"))
         wait_until(lambda: firing(test_alertmanager, run) == {f"{run}-1"}, timeout=60, what="the page delivered")
     finally:
@@ -133,5 +98,5 @@ def test_paging_creates_its_topics_with_the_configured_partitions_before_it_asks
         logging.getLogger("kafka").removeHandler(client_lines)
     assert not loop.is_alive()
     assert [ln for ln in client_lines.lines if "not found in cluster metadata" in ln] == []
-    assert {t: partitions(kafka_bootstrap, t) for t in (findings, audit, deadletter)} == \
+    assert {t: topic_partitions(kafka_bootstrap, t) for t in (findings, audit, deadletter)} == \
         {findings: 2, audit: 2, deadletter: 2}
