@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from opsloop.streams.detectors.firewall.detector import FINGERPRINT_DRIFT
 from tests.streams.agents.test_state_partition import T0, report
-from tests.streams.agents.test_state_rebalance import rebalance, worker
+from tests.streams.agents.test_state_rebalance import no_broker_to_confirm, rebalance, worker  # noqa: F401 (autouse)
 
 
 def test_the_findings_of_a_partition_that_left_leave_the_gauges() -> None:

@@ -23,6 +23,7 @@ from faust.types.tuples import ConsumerMessage
 from opsloop.streams.agents.stateful import state_table
 from opsloop.streams.detectors.firewall.handler import FirewallHandler
 from tests.streams.agents.test_state_partition import HV_C, T0, ChangelogTable, agent_for, drift_open, report
+from tests.streams.agents.test_state_rebalance import no_broker_to_confirm  # noqa: F401 (autouse)
 
 CHANGELOG = "agents-newest-detector-state-changelog"
 MS = 1_790_000_000_000   # a record time, in ms

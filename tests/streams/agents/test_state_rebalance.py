@@ -13,8 +13,10 @@ import asyncio
 from typing import Any
 
 import faust
+import pytest
 from faust.types import TP
 
+from opsloop.streams.agents import stateful
 from opsloop.streams.agents.stateful import StatefulAgent, state_table
 from opsloop.streams.detectors.firewall.handler import FirewallHandler
 from tests.streams.agents.test_state_partition import HV_C, T0, Recovered, agent_for, drift_open, report
@@ -22,6 +24,14 @@ from tests.streams.agents.test_state_partition import HV_C, T0, Recovered, agent
 CHANGELOG = "agents-rebalance-detector-state-changelog"
 SOURCE = "telemetry.iptables"
 HV_A = "firewall-detector|hv-a"
+
+
+@pytest.fixture(autouse=True)
+def no_broker_to_confirm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These workers' app never starts its producer (broker 127.0.0.1:1): their state writes are never acknowledged,
+    and waiting STATE_CONFIRM_S (60 s) per batch for them tests nothing here; the confirmation is tested against a
+    real broker in tests/streams/test_state_write_refused.py."""
+    monkeypatch.setattr(stateful, "STATE_CONFIRM_S", 0.0)
 
 
 def worker() -> tuple[StatefulAgent, faust.Table]:
