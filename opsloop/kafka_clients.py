@@ -153,18 +153,37 @@ _GATE_ATTR = "_opsloop_deadletter_gate"
 
 
 @dataclass
-class DeadletterGate:
-    """A producer's dead-letter state (kept on the producer: each producer has its own metadata and buffer)."""
+class TopicGate:
+    """Sends to a topic held back after one timed out: ``send`` blocks the producer's ``max_block_ms`` when the topic
+    has no metadata (not created, on brokers that do not auto-create) or the buffer is full, and each later record
+    would block as long and be lost the same. After :meth:`trip` the sends of the next ``retry_s`` (monotonic) are
+    refused at once (:meth:`held`); then the topic is tried again. Dead letters (one per producer) and paging's audit
+    records use one each."""
     clock: Callable[[], float] = field(default_factory=lambda: time.monotonic)
-    retry_at: float | None = None   # clock time the dead-letter topic is tried again after a send timed out
+    retry_s: float = DEADLETTER_UNAVAILABLE_RETRY_S
+    retry_at: float | None = None   # clock time the topic is tried again after a send timed out
+
+    def held(self) -> float | None:
+        """Seconds until the topic is tried again; None when a send may be tried."""
+        if self.retry_at is None:
+            return None
+        left = self.retry_at - self.clock()
+        if left > 0:
+            return left
+        self.retry_at = None
+        return None
+
+    def trip(self) -> None:
+        """A send timed out: hold the next ``retry_s``."""
+        self.retry_at = self.clock() + self.retry_s
 
 
-def deadletter_gate(producer: Any) -> DeadletterGate:
+def deadletter_gate(producer: Any) -> TopicGate:
     """``producer``'s gate, made at its first dead letter (a producer that takes no attribute: a new one each time,
     never gated, as before)."""
     gate = getattr(producer, _GATE_ATTR, None)
-    if not isinstance(gate, DeadletterGate):
-        gate = DeadletterGate()
+    if not isinstance(gate, TopicGate):
+        gate = TopicGate()
         try:
             setattr(producer, _GATE_ATTR, gate)
         except AttributeError:
@@ -194,19 +213,16 @@ def send_deadletter(producer: Any, kafka: KafkaSettings, reason: str, *, source_
     are counted lost at once, not sent; then the topic is tried again."""
     where = {"stage": stage, "source_topic": source_topic, "partition": partition, "offset": offset}
     gate = deadletter_gate(producer)
-    if gate.retry_at is not None:
-        if gate.clock() < gate.retry_at:
-            _deadletter_lost(log, where, KafkaTimeoutError(
-                f"not sent: the dead-letter topic's last send timed out, tried again in "
-                f"{gate.retry_at - gate.clock():.0f}s"))
-            return
-        gate.retry_at = None
+    if (left := gate.held()) is not None:
+        _deadletter_lost(log, where, KafkaTimeoutError(
+            f"not sent: the dead-letter topic's last send timed out, tried again in {left:.0f}s"))
+        return
     try:
         future = producer.send(kafka.topic(Topic.DEADLETTER), key=deadletter_key(key), value=deadletter_record(
             reason, topic=source_topic, partition=partition, offset=offset, key=key, value=value,
             stage=stage, replayed_from=replayed_from_header(headers), value_is=value_is))
     except KafkaTimeoutError as e:
-        gate.retry_at = gate.clock() + DEADLETTER_UNAVAILABLE_RETRY_S
+        gate.trip()
         DEADLETTER_SEND_FAILURES.labels(stage).inc()   # said at once, not sampled: at most once a minute per producer
         log.error("deadletter_failed", **where,
                   consequence=f"dead letters of the next {DEADLETTER_UNAVAILABLE_RETRY_S:g}s counted lost, not sent",

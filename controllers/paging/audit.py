@@ -28,6 +28,7 @@ from typing import Any, Callable, Protocol
 from kafka.errors import KafkaTimeoutError
 
 from opsloop.records import AuditRecord
+from opsloop.kafka_clients import TopicGate
 from opsloop.log import Sampled, get_logger
 
 from opsloop.controllers.paging import metrics
@@ -69,8 +70,16 @@ class Auditor:
     def __init__(self, producer: _Producer | None, topic: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.producer = producer
         self.topic = topic
-        self.clock = clock
-        self._retry_at: float | None = None   # clock time the topic is tried again after a send timed out
+        self._gate = TopicGate(clock, UNAVAILABLE_RETRY_S)   # the topic held back after a send timed out
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The gate's clock (monotonic; a test's own)."""
+        return self._gate.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self._gate.clock = clock
 
     def record(self, action: str, finding_id: str, labels: dict[str, str], detail: str = "",
                result: str | None = None) -> None:
@@ -84,19 +93,17 @@ class Auditor:
             return
         if self.producer is None:
             return
-        if self._retry_at is not None:
-            if self.clock() < self._retry_at:   # not sent: it would block max_block_ms again, and again be lost
-                metrics.AUDIT_FAILURES.inc()
-                FAIL_LOG.error(log, "audit_write_failed", key="unavailable", topic=self.topic, action=action,
-                               finding_id=finding_id, error="topic unavailable: its last send timed out",
-                               retry_in_s=round(self._retry_at - self.clock(), 1))
-                return
-            self._retry_at = None
+        if (left := self._gate.held()) is not None:   # not sent: it would block max_block_ms again, and be lost
+            metrics.AUDIT_FAILURES.inc()
+            FAIL_LOG.error(log, "audit_write_failed", key="unavailable", topic=self.topic, action=action,
+                           finding_id=finding_id, error="topic unavailable: its last send timed out",
+                           retry_in_s=round(left, 1))
+            return
         try:
             future = self.producer.send(self.topic, key=finding_id.encode(), value=rec.encode())
         except KafkaTimeoutError as e:   # no metadata for the topic (not created?) or no buffer within max_block_ms
             metrics.AUDIT_FAILURES.inc()
-            self._retry_at = self.clock() + UNAVAILABLE_RETRY_S
+            self._gate.trip()
             log.error("audit_write_failed", error=str(e)[:500], topic=self.topic, action=action, finding_id=finding_id,
                       consequence=f"audit records of the next {UNAVAILABLE_RETRY_S:g}s counted lost, not sent")
             return
