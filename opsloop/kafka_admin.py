@@ -13,6 +13,7 @@ from kafka.errors import TopicAlreadyExistsError
 from opsloop.config import KafkaSettings
 from opsloop.kafka_clients import client_options, kafka_settings
 from opsloop.topics import Topic
+from opsloop.log import EventLogger
 
 
 def ensure_topics(kafka: KafkaSettings | str, partitions: int, replication_factor: int = 1,
@@ -34,3 +35,20 @@ def ensure_topics(kafka: KafkaSettings | str, partitions: int, replication_facto
         return missing
     finally:
         admin.close()
+
+
+def ensure_configured_topics(kafka: KafkaSettings, log: EventLogger, topics: list[str] | None = None,
+                             timeout_s: float = 30.0, **fields: object) -> bool:
+    """:func:`ensure_topics` with ``kafka``'s configured partitions and replication factor, said in the log: the
+    names created (``topics_created``), or why none could be (``topics_not_created``: no right to create topics,
+    say; the clients then work with what exists). Never raises; False when the creation failed."""
+    try:
+        created = ensure_topics(kafka, kafka.partitions, kafka.replication_factor, topics, timeout_s=timeout_s)
+    except Exception as e:  # noqa: BLE001 - the caller goes on with the topics that exist
+        names = [kafka.topic(t) for t in (topics if topics is not None else [t.value for t in Topic])]
+        log.warning("topics_not_created", **fields, topics=names, error=f"{type(e).__name__}: {e}"[:300])
+        return False
+    if created:
+        log.info("topics_created", **fields, topics=created, partitions=kafka.partitions,
+                 replication_factor=kafka.replication_factor)
+    return True

@@ -15,7 +15,7 @@ from opsloop.kafka_clients import preflight_or_exit
 from opsloop.log import (KAFKA_CLIENT_LOGGERS, KAFKA_CLIENT_LOGS, JsonFormatter, get_logger, quiet_loggers,
                          setup_logging)
 from opsloop.metrics import serve_metrics
-from opsloop.kafka_admin import ensure_topics
+from opsloop.kafka_admin import ensure_configured_topics
 from opsloop.topics import Topic
 from opsloop.streams.agents.register import register_detector_agents
 from opsloop.streams.edge.agent import edge_demand_stage
@@ -106,13 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     preflight_or_exit(settings.kafka, "stream-worker", log)   # a wrong password or CA: exit now, say why
-    try:
-        created = ensure_topics(settings.kafka, settings.kafka.partitions,
-                                settings.kafka.replication_factor)
-        if created:
-            log.info("topics_created", topics=created)
-    except Exception as e:  # noqa: BLE001 - Faust will still create what it needs; say why we could not
-        log.warning("topics_not_created", error=str(e))
+    ensure_configured_topics(settings.kafka, log)   # not allowed: Faust will still create what it needs
     app = build_app(settings)
     tune_gc()
     worker = faust.Worker(app, loglevel=settings.stream.log_level, logging_config=_logging_config(

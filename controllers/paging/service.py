@@ -44,7 +44,7 @@ from kafka import KafkaConsumer, TopicPartition
 from opsloop.atomic_file import replace_file
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding, Severity
-from opsloop.kafka_admin import ensure_topics
+from opsloop.kafka_admin import ensure_configured_topics
 from opsloop.kafka_clients import (RecordHeaders, client_options, commit_bounded, connect_with_retry, kafka_settings,
                                    preflight_or_exit, send_deadletter, service_producer)
 from opsloop.log import Sampled, get_logger
@@ -110,15 +110,8 @@ class PagingService:
         stream workers (which create them), the consumer and the producer asked for topics that did not exist: each
         an error line from kafka-python ("Topic ... not found in cluster metadata"), a topic auto-created with the
         broker's defaults, and on brokers that do not auto-create, audit and dead-letter sends that block."""
-        try:
-            created = ensure_topics(self.kafka, self.kafka.partitions, self.kafka.replication_factor,
-                                    [self.config.topic, self.config.audit_topic, Topic.DEADLETTER.value],
-                                    timeout_s=10.0)
-        except Exception as e:  # noqa: BLE001 - no right to create topics, say: the clients work with what exists
-            log.warning("topics_not_created", error=f"{type(e).__name__}: {e}"[:300])
-            return
-        if created:
-            log.info("topics_created", topics=created)
+        topics = [self.config.topic, self.config.audit_topic, Topic.DEADLETTER.value]
+        ensure_configured_topics(self.kafka, log, topics, timeout_s=10.0)
 
     def load_state(self) -> None:
         path = self.config.state_file

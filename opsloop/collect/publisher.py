@@ -51,7 +51,7 @@ from prometheus_client import Counter, Gauge
 
 from opsloop.collect.spool import Record, Spool
 from opsloop.config import KafkaSettings
-from opsloop.kafka_admin import ensure_topics
+from opsloop.kafka_admin import ensure_configured_topics
 from opsloop.kafka_clients import kafka_settings, service_producer
 from opsloop.log import get_logger
 from opsloop.records import Metric
@@ -184,17 +184,9 @@ class Publisher:
         """Create the missing topics of the rounds seen so far (see the module's docstring); never raises."""
         topics = sorted(self._topics_seen - self._topics_checked)
         self._topics_checked.update(topics)
-        try:
-            created = ensure_topics(self.kafka, self.kafka.partitions, self.kafka.replication_factor, topics,
-                                    timeout_s=self.send_timeout_s)
-        except Exception as e:  # noqa: BLE001 - no right to create topics, say: the producer works with what exists
+        if not ensure_configured_topics(self.kafka, log, topics, timeout_s=self.send_timeout_s,
+                                        collector=self.collector):
             self._topics_failed.update(topics)
-            log.warning("topics_not_created", collector=self.collector, topics=[self.kafka.topic(t) for t in topics],
-                        error=f"{type(e).__name__}: {e}"[:300])
-            return
-        if created:
-            log.info("topics_created", collector=self.collector, topics=created, partitions=self.kafka.partitions,
-                     replication_factor=self.kafka.replication_factor)
 
     def _drop_producer(self) -> None:
         if self._producer is not None:

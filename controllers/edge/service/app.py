@@ -42,7 +42,7 @@ from opsloop.config import ConfigError, Settings, load_settings
 from opsloop.kafka_clients import connect_with_retry, preflight_or_exit
 from opsloop.log import get_logger, setup_logging
 from opsloop.metrics import serve_metrics
-from opsloop.kafka_admin import ensure_topics
+from opsloop.kafka_admin import ensure_configured_topics
 
 log = get_logger("controller.edge")
 
@@ -120,10 +120,7 @@ class EdgeService:
             self.publisher = DecisionPublisher(kafka)
             # Once a broker answers (a broker away at start would make this fail for good, and the
             # demand consumer would then wait for a topic nobody creates).
-            try:
-                ensure_topics(kafka, self.settings.kafka.partitions, self.settings.kafka.replication_factor)
-            except Exception as e:  # noqa: BLE001 - e.g. no right to create topics: producers still auto-create
-                log.warning("topics_not_created", error=str(e))
+            ensure_configured_topics(kafka, log)   # not allowed (ACLs): producers still auto-create
 
         if not connect_with_retry(connect, self._stop, "edge-control", log):   # broker away at start: wait
             return self
