@@ -7,7 +7,6 @@ were still delivered by its close), and SIGTERM killed the process outright.
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
@@ -22,24 +21,13 @@ from opsloop.cli import main
 from opsloop.records import deadletter_record
 from opsloop.records.deadletter import REPLAYED_FROM_HEADER
 from opsloop.topics import Topic
+from tests.core.test_deadletter_replay_loop import restore_logging  # noqa: F401 (the fixture)
 from tests.helpers import REPO, create_topics, read_topic, unique, write_config
 
 pytestmark = pytest.mark.integration
 
 RECORDS = 10
 INTERRUPT_AFTER = 4   # dead letters read before the interrupt
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    # the command sends every logger to the stderr of its run: put pytest's handlers back afterwards
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        yield
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
 
 
 def setup_topics(tmp_path: Path, bootstrap: str) -> tuple[Path, str, str]:

@@ -9,30 +9,15 @@ such a record is named ("no topic"), counted, not sent, and the topic is not re-
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-from typing import Iterator
 
 import orjson
 import pytest
 from kafka import KafkaAdminClient
 
-from tests.core.test_deadletter_cli import Env, letter
+from tests.core.test_deadletter_cli import Env, env, letter  # noqa: F401 (env: the fixture)
 from tests.helpers import create_topics, read_topic, unique, wait_until
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def env(tmp_path: Path, kafka_bootstrap: str) -> Iterator[Env]:
-    # the command sends every logger to the stderr of its run (setup_logging): put pytest's handlers back
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        yield Env(tmp_path, kafka_bootstrap)
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
 
 
 def topics(bootstrap: str) -> set[str]:
