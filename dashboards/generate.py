@@ -531,8 +531,8 @@ def pipeline() -> Dashboard:
                   "Records of each source partition beyond the group's committed offset, exported by the worker "
                   "holding it whether or not it processes batches. A line that stays above 0 while the committed "
                   "offset does not move for 10 min is a partition nobody processes (OpsloopStreamPartitionStuck).",
-                  [Query(f"max by (topic, partition) (opsloop_stream_uncommitted_records{{{top}}})",
-                         "{{topic}}/{{partition}}")], unit="short"),
+                  [Query(f"max by (group, topic, partition) (opsloop_stream_uncommitted_records{{{top}}})",
+                         "{{group}} {{topic}}/{{partition}}")], unit="short"),
             Panel("Stream workers: partitions held and rebalances",
                   "Partitions of the selected topics each stream worker holds now, and the rebalances it went "
                   "through in the last 15 min (each one pauses every worker; more than 4 for 15 min alerts).",

@@ -37,12 +37,16 @@ LAG = Gauge("opsloop_stream_consumer_lag", "Records between the last processed o
             ["topic", "partition"])
 # Set for every held source partition by streams/runtime/progress.py, batch or not: a partition nobody
 # processes shows as a committed offset that does not move under uncommitted records (OpsloopStreamPartitionStuck).
+# group: the consumer group (the app id): two groups reading one topic are two partitions' progress, not one
 COMMITTED_OFFSET = Gauge("opsloop_stream_committed_offset",
                          "The group's committed offset of a source partition this worker holds (its log-start "
-                         "offset while nothing was committed)", ["topic", "partition"])
+                         "offset while nothing was committed)", ["group", "topic", "partition"])
 UNCOMMITTED = Gauge("opsloop_stream_uncommitted_records",
                     "Records of a source partition this worker holds between the group's committed offset and the "
-                    "high-water mark", ["topic", "partition"])
+                    "high-water mark", ["group", "topic", "partition"])
+COMMITS_REFUSED = Counter("opsloop_stream_commits_refused_total",
+                          "Offset commits the group refused (this member's generation had ended): their records are "
+                          "read again by the partitions' owner (streams/runtime/transport.py)")
 BATCH_SIZE = Histogram("opsloop_stream_batch_records", "Records per processed batch", ["agent"],
                        buckets=(1, 10, 100, 500, 1000, 2000, 5000, 10000))
 BATCH_SECONDS = Histogram("opsloop_stream_batch_seconds", "Time to process one batch", ["agent"],

@@ -7,18 +7,19 @@ past its records, assigned, not paused, no batch ever) exported nothing about th
 Every ``stream.progress_interval_s`` this task sets, for each partition of the agents' source topics this
 worker holds (not changelogs, not Faust's leader topic, not the topics the agents only write to):
 
-- ``opsloop_stream_committed_offset{topic,partition}``: the group's committed offset: Faust's own record of
+- ``opsloop_stream_committed_offset{group,topic,partition}``: the group's committed offset: Faust's own record of
   what it committed or found committed at the assignment's seek; for a partition it knows none of (before
   that seek, or never committed), one batched OffsetFetch per tick, and for one with no commit at all its
   log-start offset (nothing of it was handled);
-- ``opsloop_stream_uncommitted_records{topic,partition}``: highwater − committed (≥ 0); a partition whose
+- ``opsloop_stream_uncommitted_records{group,topic,partition}``: highwater − committed (≥ 0); a partition whose
   highwater is unknown (no fetch yet) is skipped.
 
 Both, and the partition's ``opsloop_stream_consumer_lag``, are removed for a partition this worker no longer
 holds: at its revocation and at every tick, so a former owner does not go on exporting its last values.
 ``OpsloopStreamPartitionStuck`` fires on a partition with uncommitted records whose committed offset has not
-moved for 10 min, whichever worker held it. A failing look is logged (``stream_progress_failed``, once a
-minute) and the next tick comes as usual.
+moved for 10 min, whichever worker held it, per consumer group (``group``: the app id; two groups reading one
+topic, e.g. two deployments' workers, are told apart: one group's progress hid the other's stuck partition).
+A failing look is logged (``stream_progress_failed``, once a minute) and the next tick comes as usual.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class PartitionProgress:
 
     def __init__(self, app: Any, timeout_s: float = 5.0, broker_offsets: BrokerOffsets | None = None) -> None:
         self.app, self.timeout_s = app, timeout_s
+        self.group = str(app.conf.id)   # the consumer group: the gauges' group label
         self.broker_offsets: BrokerOffsets = broker_offsets or self._broker_offsets
         self.exported: set[TP] = set()
         # the assignment Faust's rebalance signals told (None: not told yet): aiokafka's own still lists
@@ -75,9 +77,10 @@ class PartitionProgress:
     def forget(self, tps: Iterable[TP]) -> None:
         for tp in tps:
             labels = (tp.topic, str(tp.partition))
-            for gauge in (health.COMMITTED_OFFSET, health.UNCOMMITTED, health.LAG):
+            for gauge, values in ((health.COMMITTED_OFFSET, (self.group, *labels)),
+                                  (health.UNCOMMITTED, (self.group, *labels)), (health.LAG, labels)):
                 try:
-                    gauge.remove(*labels)
+                    gauge.remove(*values)
                 except KeyError:
                     pass   # never set on this worker
             self.exported.discard(tp)
@@ -123,7 +126,7 @@ class PartitionProgress:
                 committed = 0
             if committed is None or highwater is None:
                 continue
-            labels = (tp.topic, str(tp.partition))
+            labels = (self.group, tp.topic, str(tp.partition))
             health.COMMITTED_OFFSET.labels(*labels).set(committed)
             health.UNCOMMITTED.labels(*labels).set(max(0, highwater - committed))
             self.exported.add(tp)

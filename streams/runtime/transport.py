@@ -23,6 +23,17 @@ are left alone, as before (their offsets are the table recovery's, never committ
 leader-election topic ``<app id>-__assignor-__leader`` (:func:`faust_leader_topic`: every worker is assigned
 it, nothing commits it, no records of ours): it was reset at every seek, a needless request and a topic in
 every ``uncommitted_partitions_reset`` line.
+
+**A refused commit.** A commit the group refuses (this member's generation ended: frozen past the session
+timeout, a rebalance under way) comes back False from Faust's ``_commit``, unsaid, and Faust still records its
+offsets as committed (``Consumer._commit_offsets``). A revocation clears that record, but a commit in flight
+during it (the revocation's ``wait_empty`` waits for it) writes it back afterwards, and the next assignment's
+seek overwrites it only for a partition the broker has a commit of: a partition never committed then showed
+that offset as committed (``opsloop_stream_committed_offset``) and Faust ignored every ack below it, so the
+records read again from the log start were handled and never committed. :class:`WorkerConsumer` forgets such
+offsets (unknown: the broker is asked at the next seek or progress look), logs ``commit_refused`` and counts
+``opsloop_stream_commits_refused_total``. Not retried: the partitions' owner in the next generation reads the
+records again from the group's last commit (at-least-once; ``tests/streams/test_commit_refused.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ from faust.types import TP
 
 from opsloop.log import get_logger
 from opsloop.streams.runtime.delivery import DrainConsumer
+from opsloop.streams.runtime.health import COMMITS_REFUSED
 
 log = get_logger("stream.transport")
 
@@ -100,7 +112,31 @@ def kafka_transport(app: faust.App, fetch_max_wait_ms: int) -> driver.Transport:
         def _new_consumer_thread(self) -> ConsumerThread:
             return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
+        async def _commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
+            did_commit: bool = await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
+            if not did_commit:
+                forget_refused_commit(self._committed_offset, offsets)
+            return did_commit
+
     class Transport(driver.Transport):
         Consumer = WorkerConsumer
 
     return Transport(app.conf.broker_consumer, app)
+
+
+def forget_refused_commit(committed: dict[TP, int | None], offsets: Mapping[TP, int]) -> dict[TP, int]:
+    """Drop from Faust's ``committed`` the ``offsets`` of a commit that did not happen, which Faust recorded as
+    committed anyway (module docstring); log and count it. Returns what was dropped. Faust records only offsets
+    above the one it knew (``_should_commit``): one equal to its record now was written by this commit."""
+    refused = {tp: offset for tp, offset in offsets.items() if committed.get(tp) == offset}
+    if not refused:
+        return refused   # nothing was sent: every partition had been revoked (Faust logs that itself)
+    for tp in refused:
+        committed.pop(tp, None)   # unknown: the next seek (or the progress look) asks the broker
+    COMMITS_REFUSED.inc()
+    log.warning("commit_refused", partitions=len(refused),
+                offsets=[{"topic": tp.topic, "partition": tp.partition, "offset": offset}
+                         for tp, offset in sorted(refused.items())[:20]],
+                reason="the group refused it (this member's generation ended: a rebalance or a pause past the "
+                       "session timeout); the partitions' owner reads these records again from the last commit")
+    return refused

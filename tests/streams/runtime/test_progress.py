@@ -55,7 +55,8 @@ class Rig:
         self.broker_error: Exception | None = None
         agents = {"x": SimpleNamespace(channel=SimpleNamespace(topics=(self.a,))),
                   "y": SimpleNamespace(channel=SimpleNamespace(topics=(self.b,)))}
-        self.app = SimpleNamespace(agents=agents, consumer=self.consumer)
+        self.group = unique("app")
+        self.app = SimpleNamespace(agents=agents, consumer=self.consumer, conf=SimpleNamespace(id=self.group))
         self.progress = PartitionProgress(self.app, timeout_s=1.0, broker_offsets=self.broker_offsets)
 
     async def broker_offsets(self, tps: Sequence[TP]) -> Mapping[TP, int]:
@@ -69,7 +70,12 @@ class Rig:
 
 
 def value(name: str, tp: TP) -> float | None:
-    return REGISTRY.get_sample_value(name, {"topic": tp.topic, "partition": str(tp.partition)})
+    """The sample of ``tp`` (whatever its group: each rig's topics are its own)."""
+    for family in REGISTRY.collect():
+        for s in family.samples:
+            if s.name == name and (s.labels.get("topic"), s.labels.get("partition")) == (tp.topic, str(tp.partition)):
+                return s.value
+    return None
 
 
 def committed(tp: TP) -> float | None:
@@ -245,3 +251,18 @@ def test_after_a_failed_broker_look_the_broker_is_left_alone_longer_each_time() 
     for _ in range(5):
         rig.tick()
     assert committed(b0) == 10 and rig.progress.broker_failures == 0
+
+
+def test_the_series_name_the_consumer_group() -> None:
+    """Two consumer groups reading one topic are two series: a group's progress must not hide another's stuck
+    partition in OpsloopStreamPartitionStuck (which aggregates by group, topic, partition)."""
+    rig = Rig()
+    a0 = TP(rig.a, 0)
+    rig.consumer.tps, rig.consumer.highwaters = {a0}, {a0: 10}
+    rig.consumer._committed_offset[a0] = 4
+    rig.tick()
+    labels = {"group": rig.group, "topic": rig.a, "partition": "0"}
+    assert REGISTRY.get_sample_value("opsloop_stream_committed_offset", labels) == 4
+    assert REGISTRY.get_sample_value("opsloop_stream_uncommitted_records", labels) == 6
+    rig.progress.on_revoked({a0})
+    assert REGISTRY.get_sample_value("opsloop_stream_committed_offset", labels) is None
