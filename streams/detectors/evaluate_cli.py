@@ -4,7 +4,9 @@ Each input is a CSV with a timestamp column and a ``value`` column (or several c
 and either a label column (``label``, ``anomaly``, ``is_anomaly``: non-zero inside an anomaly window) or
 windows given by ``--windows``: a CSV of ``start,end`` timestamps (optionally a ``series`` column naming the
 input file's stem) or NAB's ``combined_windows.json``. The layouts are those of
-streams/detectors/labelled_csv.py (this project's, NAB's, Yahoo S5's, SKAB's). The streaming detector (the
+streams/detectors/labelled_csv.py (this project's, NAB's, Yahoo S5's incl. A3/A4, SKAB's, and header-less: the
+UCR anomaly archive's ``.txt``, TSB-UAD's ``value,label``). A corpus without any labelled window has no window
+score: its false alarms are counted at the stream's ``open_score``. The streaming detector (the
 one ``opsloop detect replay`` runs) scores every row, one detector per channel, a row taking its highest
 channel score; the result is
 
@@ -22,14 +24,21 @@ import csv
 import json
 import sys
 from dataclasses import dataclass, fields
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
 from .anomaly.model import DetectorConfig, StreamingDetector, checked_config
+from .anomaly.settings import AnomalySettings
 from .evaluate_windows import WindowScore, all_profiles, windows_from_labels
 from .evaluation import evaluate
 from .labelled_csv import read_labelled, read_windows_json, windows_for
 from .series_text import ReplayError, parse_timestamp
+
+# a corpus without any labelled window has no window score (never alarming and perfect are both 0):
+# its false alarms are counted at the score that opens a finding in the stream, not at "never"
+PAGING_SCORE: float = AnomalySettings.model_fields["open_score"].default
+PROGRESS_POINTS = 250_000   # a 10^6-row file takes a minute: say how far it got
 
 EPILOG = """\
 examples:
@@ -40,6 +49,8 @@ examples:
   opsloop detect evaluate --input skab/data/valve1/*.csv                # SKAB: ';', every channel, max score
   opsloop detect evaluate --input skab/data/valve1/0.csv --column Current
   opsloop detect evaluate --input NAB/data/realKnownCause/*.csv --windows NAB/labels/combined_windows.json
+  opsloop detect evaluate --input UCR_Anomaly_FullData/*.txt             # anomaly rows from each file name
+  opsloop detect evaluate --input TSB-UAD-Public/YAHOO/*.out              # header-less value,label
 
 windows.csv:  series,start,end                         (series = input file name without .csv; optional)
               power,2024-05-01 03:10:00,2024-05-01 03:40:00
@@ -78,12 +89,16 @@ def read_windows(path: Path) -> dict[str | None, list[tuple[float, float]]]:
     return out
 
 
-def rows_of(timestamps: Sequence[float], spans: Sequence[tuple[float, float]]) -> list[tuple[int, int]]:
+def rows_of(timestamps: Sequence[float], spans: Sequence[tuple[float, float]],
+            missed: list[tuple[float, float]] | None = None) -> list[tuple[int, int]]:
+    """The (first, last) rows of each span; a span holding no row is left out (and added to ``missed``)."""
     out = []
     for a, b in spans:
         idx = [i for i, t in enumerate(timestamps) if a <= t <= b]
         if idx:
             out.append((idx[0], idx[-1]))
+        elif missed is not None:
+            missed.append((a, b))
     return out
 
 
@@ -113,14 +128,17 @@ def parse_overrides(pairs: Sequence[str]) -> DetectorConfig:
 
 
 def backtest(name: str, ts: list[float], channels: dict[str, list[float]], windows: list[tuple[int, int]],
-             config: DetectorConfig) -> Backtest:
+             config: DetectorConfig, progress: Any = None) -> Backtest:
     """One detector per channel; a row's score is its highest channel score. The band shown is the first
-    channel's."""
+    channel's. A line on ``progress`` every PROGRESS_POINTS points."""
     first = next(iter(channels.values()))
     bt = Backtest(name, ts, first, windows, [], [], [], [])
+    total = len(ts) * len(channels)
     for k, values in enumerate(channels.values()):
         det = StreamingDetector(config)
         for i, (t, v) in enumerate(zip(ts, values)):
+            if progress is not None and i and (k * len(ts) + i) % PROGRESS_POINTS == 0:
+                print(f"evaluate: {name}: {k * len(ts) + i} of {total} points scored", file=progress, flush=True)
             score = det.update(t, v)
             if k:
                 bt.scores[i] = max(bt.scores[i], score)
@@ -136,6 +154,8 @@ def backtest(name: str, ts: list[float], channels: dict[str, list[float]], windo
 def report(tests: list[Backtest], threshold: float | None) -> tuple[list[WindowScore], dict[str, Any]]:
     profiles = all_profiles([(b.name, b.scores, b.windows) for b in tests])
     thr = threshold if threshold is not None else profiles[0].threshold
+    if threshold is None and not profiles[0].windows:
+        thr = PAGING_SCORE
     events = []
     detected = windows = fps = 0
     for b in tests:
@@ -151,7 +171,7 @@ def report(tests: list[Backtest], threshold: float | None) -> tuple[list[WindowS
             rows, secs = next(delays) if hit else (None, None)
             events.append({"series": b.name, "start_row": a, "end_row": z, "start": b.timestamps[a],
                            "detected": hit, "delay_rows": rows, "delay_s": secs})
-    summary = {"threshold": thr, "windows": windows, "detected": detected, "false_alarms": fps,
+    summary = {"threshold": thr, "scored": bool(windows), "windows": windows, "detected": detected, "false_alarms": fps,
                "precision": detected / (detected + fps) if detected + fps else 1.0,
                "recall": detected / windows if windows else 1.0, "events": events}
     return profiles, summary
@@ -161,8 +181,12 @@ def print_table(profiles: list[WindowScore], summary: dict[str, Any], out: Any) 
     print(f"{'profile':16s} {'score':>7s} {'threshold':>10s} {'detected':>9s} {'false-alarm rows':>17s}", file=out)
     for p in profiles:
         thr = "never" if p.threshold == float("inf") else f"{p.threshold:.4f}"
-        print(f"{p.profile:16s} {p.score:7.1f} {thr:>10s} {p.detected:>4d}/{p.windows:<4d} {p.false_alarm_rows:>17d}",
+        score = f"{p.score:7.1f}" if p.windows else f"{'-':>7s}"
+        print(f"{p.profile:16s} {score} {thr:>10s} {p.detected:>4d}/{p.windows:<4d} {p.false_alarm_rows:>17d}",
               file=out)
+    if not summary["scored"]:
+        print("no labelled window in the corpus: no window score; false alarms below are at the score that "
+              "opens a finding (open_score)", file=out)
     thr = summary["threshold"]
     print(f"\nat threshold {thr:.4f}: precision {summary['precision']:.2f}, recall {summary['recall']:.2f}, "
           f"{summary['false_alarms']} false alarm(s)", file=out)
@@ -174,12 +198,17 @@ def print_table(profiles: list[WindowScore], summary: dict[str, Any], out: Any) 
         print(f"{e['series'][:30]:30s} {e['start_row']:>14d} {d:>9s} {rows:>11s} {secs:>9s}", file=out)
 
 
+def _when(t: float) -> str:
+    if abs(t) < 1e8:     # a sample number (Yahoo A1, a header-less file's row), as the detector reads it
+        return f"{t:g}"
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def plot(tests: list[Backtest], threshold: float, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from datetime import datetime, timezone
 
     shown = tests[:6]
     fig, axes = plt.subplots(2 * len(shown), 1, figsize=(12, 3.2 * len(shown)), sharex=False, squeeze=False,
@@ -208,8 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opsloop detect evaluate", description=__doc__.split("\n\n")[0],
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", "-i", action="append", required=True, type=Path, nargs="+",
-                   help="labelled CSV (timestamp,value[,label]; or SKAB's, Yahoo S5's, NAB's layout); several "
-                        "files, or the option repeated, make a corpus scored with one threshold")
+                   help="labelled CSV (timestamp,value[,label]; SKAB's, Yahoo S5's, NAB's, UCR's, TSB-UAD's "
+                        "layout); several files, or the option repeated, make a corpus scored with one threshold")
     p.add_argument("--windows", type=Path,
                    help="anomaly windows instead of labels: a CSV start,end[,series] or NAB's combined_windows.json")
     p.add_argument("--column", action="append", default=[], metavar="NAME",
@@ -250,13 +279,18 @@ def main(argv: list[str] | None = None) -> int:
         tests = []
         for path, found in zip(paths, files):
             ts = found.timestamps
+            missed: list[tuple[float, float]] = []
             if args.windows and nab:
-                listed = windows_for(path, nab)
+                try:
+                    listed = windows_for(path, nab)
+                except ReplayError as e:
+                    raise ReplayError(f"{path}: {e}") from None
                 if listed is None:
                     raise ReplayError(f"{path}: not listed in {args.windows}")
-                windows = rows_of(ts, listed)
+                windows = rows_of(ts, listed, missed)
             elif args.windows:
-                windows = rows_of(ts, spans.get(path.stem, []) + spans.get(None, []))
+                # a window for every input may well miss one of them; one named for this file may not
+                windows = rows_of(ts, spans.get(path.stem, []), missed) + rows_of(ts, spans.get(None, []))
             elif found.labels is not None:
                 windows = windows_from_labels(found.labels)
             elif any_labels:
@@ -264,7 +298,12 @@ def main(argv: list[str] | None = None) -> int:
                 windows = []
             else:
                 raise ReplayError(f"{path}: no label column and no --windows file: nothing to score against")
-            tests.append(backtest(series_name(path, paths), ts, found.channels, windows, config))
+            for a, b in missed:
+                # a window the file's rows never reach (another time zone, another file's key) was dropped
+                # unsaid, and the score was of fewer windows than labelled
+                print(f"evaluate: {path}: window {_when(a)}..{_when(b)} of {args.windows} holds no row of the "
+                      f"file (its rows run {_when(min(ts))}..{_when(max(ts))}): not scored", file=sys.stderr)
+            tests.append(backtest(series_name(path, paths), ts, found.channels, windows, config, sys.stderr))
     except (ReplayError, ValueError) as e:
         print(f"evaluate: {e}", file=sys.stderr)
         return 2
@@ -273,9 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     profiles, summary = report(tests, args.threshold)
     if args.json:
-        doc = {"profiles": [{"profile": p.profile, "score": p.score, "threshold": p.threshold if p.threshold !=
-                             float("inf") else None, "detected": p.detected, "windows": p.windows,
-                             "false_alarm_rows": p.false_alarm_rows} for p in profiles],
+        doc = {"profiles": [{"profile": p.profile, "score": p.score if p.windows else None,
+                             "threshold": p.threshold if p.threshold != float("inf") else None,
+                             "detected": p.detected, "windows": p.windows, "false_alarm_rows": p.false_alarm_rows}
+                            for p in profiles],
                **{k: (None if v == float("inf") else v) for k, v in summary.items()}}
         print(json.dumps(doc, indent=2))
     else:

@@ -66,6 +66,17 @@ def evaluate(scores: list[float], timestamps: list[float], windows: list[tuple[i
             detected += 1
             delays_rows.append(hit - a)
             delays_s.append(timestamps[hit] - timestamps[a])
-    fp = sum(1 for a, b in runs if not any(a <= wb and wa <= b for wa, wb in windows))
+    # rows inside some window, as a prefix sum: an alarm touches a window if it holds one of them (comparing
+    # every alarm with every window was quadratic: a 10^5-row file of alternating labels ran for an hour)
+    cover = [0] * (len(scores) + 1)
+    for a, b in windows:
+        cover[a] += 1
+        cover[b + 1] -= 1
+    inside = [0] * (len(scores) + 1)
+    depth = 0
+    for i in range(len(scores)):
+        depth += cover[i]
+        inside[i + 1] = inside[i] + (depth > 0)
+    fp = sum(1 for a, b in runs if inside[b + 1] == inside[a])
     return EventScore(windows=len(windows), detected=detected, false_positives=fp, delays_rows=delays_rows,
                       delays_s=delays_s, alarm_rows=sum(flagged), rows=len(scores) - warmup_rows)

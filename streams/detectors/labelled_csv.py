@@ -7,6 +7,18 @@
 * SKAB's ``;``-separated ``datetime;<channel>...;anomaly;changepoint``: every numeric column other than
   the timestamp, the label and ``changepoint`` is a channel.
 
+Files without a header line (the first line all numbers) take their row number (from 1) as the time:
+
+* the UCR / KDD-Cup 2021 anomaly archive's ``NNN_UCR_Anomaly_<name>_<trainEnd>_<begin>_<end>.txt``: one
+  value per line (or several, space-separated), the anomaly rows ``begin``..``end`` (counted from 1) from
+  the file name; the training rows before ``trainEnd`` are scored as the rest (anomaly-free by the archive's
+  construction, an alarm in them is a false alarm);
+* TSB-UAD's ``value,label`` (its ``.out`` files), and one value per line (labels from ``--windows``).
+
+Any other header-less file is refused (a header-less ``timestamp,value`` file would read its values as
+labels). Yahoo S5 A3/A4's ``timestamps,value,anomaly,changepoint,trend,noise,seasonality1...`` is the one
+channel ``value``: its other columns are the generator's components, not channels.
+
 The delimiter is sniffed from the header (``,``, ``;`` or tab). A file with a ``value`` column has that
 one channel; otherwise every remaining column is one (``columns`` picks some). A multichannel file is
 scored channel by channel and each row takes the highest score (a fault shows in some channels only).
@@ -18,11 +30,13 @@ not evidence of anything).
 from __future__ import annotations
 
 import csv
+import itertools
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 from .series_text import ReplayError, parse_timestamp, parse_value
 
@@ -30,6 +44,8 @@ TIMESTAMP_COLUMNS = ("timestamp", "timestamps", "datetime", "time", "date")
 LABEL_COLUMNS = ("label", "anomaly", "is_anomaly", "labels")
 IGNORED_COLUMNS = ("changepoint",)   # SKAB's start/end markers: the anomaly column already holds the window
 DELIMITERS = ",;\t"
+UCR_NAME = re.compile(r"\d+_UCR_Anomaly_.+_(\d+)_(\d+)_(\d+)")   # stem: ..._<trainEnd>_<begin>_<end>
+HEADERLESS = "header-less file (row numbers as time)"
 
 
 @dataclass
@@ -98,9 +114,57 @@ def parse_label(cell: str, column: str) -> int:
     raise ValueError(f"column {column!r}: label {text[:40]!r} is not 0 or 1")
 
 
+def _numeric(cells: Sequence[str]) -> bool:
+    try:
+        return bool(cells) and all(math.isfinite(float(c)) or c.strip().lower() == "nan" for c in cells)
+    except ValueError:
+        return False
+
+
+def ucr_anomaly(name: str) -> tuple[int, int, int] | None:
+    """(trainEnd, begin, end) of a UCR anomaly archive file name, None for any other name."""
+    m = UCR_NAME.fullmatch(PurePosixPath(name).stem)
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
+def data_lines(first: str, rest: Iterable[str], name: str) -> tuple[str, Iterable[str], int]:
+    """(header line, data lines, line number of the first data line) of a file whose first line is ``first``.
+    A header-less file (:data:`HEADERLESS`) gets a ``timestamp,value[,label]`` header and its row number
+    (from 1) as the timestamp of each row; a UCR archive file its label from the file name."""
+    cells = next(csv.reader([first], delimiter=sniff_delimiter(first))) if first.strip() else []
+    ucr = ucr_anomaly(name)
+    if ucr and _numeric(first.split()):
+        _, begin, end = ucr
+        return "timestamp,value,label", _ucr_rows([first], rest, begin, end), 1
+    if not _numeric(cells):
+        return first, rest, 2
+    if len(cells) > 2:
+        raise ReplayError(f"line 1: no header and {len(cells)} columns: a {HEADERLESS} is one value per line "
+                          "(UCR) or value,label (TSB-UAD); give any other a header line (timestamp,value,...)")
+    delim = sniff_delimiter(first)
+    header = "timestamp,value" if len(cells) == 1 else "timestamp,value,label"
+    return header.replace(",", delim), _numbered([first], rest, delim), 1
+
+
+def _numbered(first: Iterable[str], rest: Iterable[str], delim: str) -> Iterator[str]:
+    for k, line in enumerate(itertools.chain(first, rest), start=1):
+        if line.strip():     # a blank line (a trailing one) is no row, as in a file with a header
+            yield f"{k}{delim}{line}"
+
+
+def _ucr_rows(first: Iterable[str], rest: Iterable[str], begin: int, end: int) -> Iterator[str]:
+    # one value a line as a rule, a few archive files hold them all on one line, space-separated
+    k = 0
+    for line in itertools.chain(first, rest):
+        for tok in line.split():
+            k += 1
+            yield f"{k},{tok},{1 if begin <= k <= end else 0}\n"
+
+
 def _read(path: Path, columns: Sequence[str]) -> LabelledFile:
     with path.open(newline="", encoding="utf-8") as f:
-        delim, header, ti, value_cols = read_header(f.readline(), columns)
+        header_line, lines, first_line = data_lines(f.readline(), f, path.name)
+        delim, header, ti, value_cols = read_header(header_line, columns)
         names = [h.strip().lower() for h in header]
         li = next((names.index(n) for n in LABEL_COLUMNS if n in names), None)
         ts: list[float] = []
@@ -109,9 +173,12 @@ def _read(path: Path, columns: Sequence[str]) -> LabelledFile:
         last: list[float | None] = [None] * len(value_cols)
         prev: tuple[int, float, str] | None = None    # (line, time, text) of the last row read
         unordered, first_unordered = 0, ""
-        for line, row in enumerate(csv.reader(f, delimiter=delim), start=2):
+        reader = csv.reader(lines, delimiter=delim)
+        for row in reader:
             if not row or not any(c.strip() for c in row):
                 continue
+            # a header-less file's time is its line number (UCR: value number)
+            line = int(row[0]) if first_line == 1 else reader.line_num + 1
             try:
                 if len(row) < len(header):
                     raise ValueError(f"expected {len(header)} columns, got {len(row)}")
@@ -127,7 +194,9 @@ def _read(path: Path, columns: Sequence[str]) -> LabelledFile:
                 vals = row_values(row, value_cols)
                 lab = 0 if li is None else parse_label(row[li], header[li].strip())
             except ValueError as e:
-                raise ReplayError(f"line {line}: {e}") from None
+                how = (f" (read as a {HEADERLESS} of value,label, TSB-UAD's; a timestamp,value file needs its "
+                       "header line)") if first_line == 1 and li is not None else ""
+                raise ReplayError(f"line {line}: {e}{how}") from None
             if all(v is None for v in vals):
                 continue
             last = [v if v is not None else last[k] for k, v in enumerate(vals)]
@@ -137,6 +206,11 @@ def _read(path: Path, columns: Sequence[str]) -> LabelledFile:
                 chans[k].append(v)  # type: ignore[arg-type]   # checked just above
             ts.append(t)
             labels.append(lab)
+    ucr = ucr_anomaly(path.name) if first_line == 1 else None
+    rows = int(ts[-1]) if ts else 0
+    if ucr and not ucr[0] <= ucr[1] <= ucr[2] <= rows:
+        raise ReplayError(f"the UCR file name's training end {ucr[0]} and anomaly rows {ucr[1]}..{ucr[2]} do not "
+                          f"fit its {rows} rows")
     return LabelledFile(ts, {name: c for (_, name), c in zip(value_cols, chans)},
                         labels if li is not None else None, unordered, first_unordered)
 
@@ -198,14 +272,21 @@ def read_windows_json(path: Path) -> dict[str, list[tuple[float, float]]]:
 
 def windows_for(path: Path, by_key: dict[str, list[tuple[float, float]]]) -> list[tuple[float, float]] | None:
     """The windows of a data file in a NAB label map: the key with the longest common path tail wins
-    (``realKnownCause/nyc_taxi.csv`` for ``data/realKnownCause/nyc_taxi.csv``); None when no key names it."""
+    (``realKnownCause/nyc_taxi.csv`` for ``data/realKnownCause/nyc_taxi.csv``, whatever prefix either has;
+    ``\\`` in a key is a folder separator); None when no key names it. Several keys as long a match
+    (``a/x.csv`` and ``b/x.csv`` for a lone ``x.csv``) is a ReplayError: another file's windows were taken."""
     parts = PurePosixPath(path.as_posix()).parts
-    best, best_len = None, 0
+    best, best_len, tied = None, 0, []
     for key, spans in by_key.items():
-        kp = PurePosixPath(key).parts
+        kp = PurePosixPath(key.replace("\\", "/")).parts
         n = 0
         while n < min(len(kp), len(parts)) and kp[-1 - n] == parts[-1 - n]:
             n += 1
         if n > best_len:
-            best, best_len = spans, n
+            best, best_len, tied = spans, n, [key]
+        elif n and n == best_len:
+            tied.append(key)
+    if len(tied) > 1:
+        raise ReplayError(f"matches {len(tied)} keys of the windows file as well: {', '.join(tied[:3])} "
+                          "(give the file's folder as the key has it)")
     return best

@@ -3,8 +3,10 @@
 Input: CSV (``,``, ``;`` or tab, sniffed from the header) with a timestamp column (``timestamp``,
 ``datetime``, ``time``, ...) and a ``value`` column, or several value columns as SKAB's files (label
 columns such as ``anomaly``/``is_anomaly`` and SKAB's ``changepoint`` are not values; ``--column``
-picks some). Timestamps are epoch seconds (int or float) or ISO-8601 / ``YYYY-MM-DD HH:MM:SS`` (naive
-times are UTC). Output, in input order: for one value column CSV ``timestamp,value,score`` with the
+picks some). Timestamps are epoch seconds (int or float; numbers past 1e11 are epoch ms, us or ns) or
+ISO-8601 / ``YYYY-MM-DD HH:MM:SS`` (naive times are UTC). A header-less file (one value per line, a UCR
+archive file, or TSB-UAD's ``value,label``) is read as streams/detectors/labelled_csv.py says: its
+timestamp is the row number. Output, in input order: for one value column CSV ``timestamp,value,score`` with the
 input's timestamp and value text unchanged; for several ``timestamp,score,score_<column>...``, one
 detector per column, the row's score the highest. Each score in [0, 1] comes from exactly the
 streaming detector (``anomaly.StreamingDetector``) fed the rows up to and including that row. An empty
@@ -22,13 +24,15 @@ import csv
 import io
 import math
 import sys
-from typing import Iterator, NamedTuple, Sequence, TextIO
+from typing import NamedTuple, Sequence, TextIO
 
 from .anomaly.model import StreamingDetector
-from .labelled_csv import read_header, row_values
+from .labelled_csv import data_lines, read_header, row_values
 from .series_text import ReplayError, parse_timestamp, parse_value
 
 __all__ = ["Counts", "ReplayError", "parse_timestamp", "parse_value", "replay", "main"]
+
+PROGRESS_ROWS = 250_000     # a 10^6-row file takes tens of seconds: say how far it got
 
 EPILOG = """\
 examples:
@@ -49,21 +53,29 @@ class Counts(NamedTuple):
     backwards: int      # rows stamped earlier than a row before them (scored in input order all the same)
 
 
-def replay(src: TextIO, dst: TextIO, skip_bad: bool = False, columns: Sequence[str] = ()) -> Counts:
-    """Score every row of `src` into `dst`."""
-    delim, header, ti, cols = read_header(src.readline(), columns)
+def replay(src: TextIO, dst: TextIO, skip_bad: bool = False, columns: Sequence[str] = (), name: str = "",
+           progress: TextIO | None = None) -> Counts:
+    """Score every row of `src` (named `name`: a UCR archive file's name holds its layout) into `dst`;
+    a line on `progress` every PROGRESS_ROWS rows."""
+    header_line, lines, first_line = data_lines(src.readline(), src, name)
+    delim, header, ti, cols = read_header(header_line, columns)
     need = max([ti, *(i for i, _ in cols)])
     updates = [StreamingDetector().update for _ in cols]
     out = csv.writer(dst, lineterminator="\n")
     single = len(cols) == 1
-    out.writerow(["timestamp", "value", "score"] if single else ["timestamp", "score", *(f"score_{n}" for _, n in cols)])
-    reader = csv.reader(src, delimiter=delim)
+    out.writerow(["timestamp", "value", "score"] if single
+                 else ["timestamp", "score", *(f"score_{n}" for _, n in cols)])
+    reader = csv.reader(lines, delimiter=delim)
     rows = skipped = backwards = 0
     newest = -math.inf
-    for line_no, row in zip(_line_numbers(reader), reader):
-        if not row:
+    for row in reader:
+        if not row or not any(c.strip() for c in row):   # as evaluate: a row of empty cells is no row
             continue
+        # a header-less file's time is its line number (UCR: value number); else the header is line 1
+        line_no = int(row[0]) if first_line == 1 else reader.line_num + 1
         rows += 1
+        if progress is not None and rows % PROGRESS_ROWS == 0:
+            print(f"replay: {name}: {rows} rows scored", file=progress, flush=True)
         try:
             if len(row) <= need:
                 raise ValueError(f"expected at least {need + 1} columns, got {len(row)}: {delim.join(row)!r}")
@@ -90,12 +102,6 @@ def replay(src: TextIO, dst: TextIO, skip_bad: bool = False, columns: Sequence[s
     return Counts(rows, skipped, backwards)
 
 
-def _line_numbers(reader: "csv._reader") -> Iterator[int]:  # type: ignore[name-defined]
-    # the header line was read before the reader: its first row is line 2
-    while True:
-        yield reader.line_num + 2
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="opsloop detect replay", description=__doc__.split("\n\n")[0],
@@ -113,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     buffer = io.StringIO()   # whole output first: a bad row leaves no half-written file
     try:
         if args.input == "-":
-            counts = replay(sys.stdin, buffer, skip_bad=args.skip_bad, columns=args.column)
+            counts = replay(sys.stdin, buffer, skip_bad=args.skip_bad, columns=args.column, name="-",
+                            progress=sys.stderr)
         else:
             with open(args.input, newline="", encoding="utf-8") as src:
-                counts = replay(src, buffer, skip_bad=args.skip_bad, columns=args.column)
+                counts = replay(src, buffer, skip_bad=args.skip_bad, columns=args.column, name=args.input,
+                                progress=sys.stderr)
     except OSError as e:
         print(f"replay: cannot read {args.input}: {e.strerror}", file=sys.stderr)
         return 2

@@ -13,6 +13,14 @@ class ReplayError(ValueError):
     """A bad input row or header; the message names the line and the offending text."""
 
 
+# Epoch numbers beyond 1e11 seconds (year 5138) are milliseconds (Grafana's CSV export), microseconds or
+# nanoseconds (InfluxDB, Telegraf): read as seconds they put every step 1,000x apart (no daily profile)
+# and the plot raised. (divisor, where the unit starts)
+EPOCH_UNITS = ((1e9, 1e17), (1e6, 1e14), (1e3, 1e11))
+# what a datetime can show (year 1 to the end of 9999): beyond it a timestamp is not a time
+MIN_EPOCH_S, MAX_EPOCH_S = -62135596800.0, 253402300799.0
+
+
 def parse_timestamp(text: str) -> float:
     s = text.strip()
     if not s:
@@ -24,6 +32,12 @@ def parse_timestamp(text: str) -> float:
     else:
         if not math.isfinite(t):
             raise ValueError(f"timestamp {s!r} is not finite")
+        for div, start in EPOCH_UNITS:
+            if abs(t) >= start:
+                t /= div
+                break
+        if not MIN_EPOCH_S <= t <= MAX_EPOCH_S:
+            raise ValueError(f"timestamp {s!r} is beyond year 9999 as epoch seconds, ms, us or ns")
         return t
     try:
         dt = datetime.fromisoformat(s.replace("Z", "+00:00") if s.endswith("Z") else s)
