@@ -25,17 +25,17 @@ import math
 import os
 import pkgutil
 import re
+import stat
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from opsloop.dotted import get_dotted
 from opsloop.kafka_security import KafkaSecurity
 from opsloop.paths import state_dir
-from opsloop.validation import YamlFileError, error_lines, read_yaml
+from opsloop.validation import NoBoolNumbers, YamlFileError, error_lines, parse_yaml, read_yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUN_DIR = state_dir()   # .run/ in a checkout, /var/lib/opsloop installed, or $OPSLOOP_STATE_DIR
@@ -58,8 +58,9 @@ class ConfigError(ValueError):
     """The configuration file is invalid; the message names the section, field and value."""
 
 
-class _Section(BaseModel):
-    # .inf and .nan are YAML floats: `collector.interval_s: .inf` passed and the collector died of OverflowError
+class _Section(NoBoolNumbers):
+    # .inf and .nan are YAML floats: `collector.interval_s: .inf` passed and the collector died of OverflowError;
+    # NoBoolNumbers: `kafka.partitions: true` was 1 partition
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
@@ -335,6 +336,75 @@ def validation_errors(doc: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(errors))   # a stage's .inf is seen in the raw mapping and in its section
 
 
+# The files a service reads at start: missing, it exits 78 (`opsloop config check` warns: it may run where the
+# secrets are not, a CI job). Any other
+# configured path may appear later (a log, a token file, a host's password file) or is made (state, *_dir).
+READ_AT_START = frozenset({
+    "kafka.security.password_file", "kafka.security.ssl_cafile", "kafka.security.ssl_certfile",
+    "kafka.security.ssl_keyfile", "audit.elasticsearch.api_key_file", "audit.elasticsearch.password_file",
+    "audit.elasticsearch.ca_file", "controllers.edge.topology_file", "collectors.ipmi.inventory",
+    "collectors.keystone.probes.credentials_file"})
+# resolved against the config file's directory by its service; other relative paths depend on the working
+# directory the service is started in, which `config check` cannot know: they are not looked at
+RELATIVE_TO_CONFIG = frozenset({"controllers.edge.topology_file"})
+
+
+def path_problems(settings: Settings, config_dir: Path | None = None) -> tuple[list[str], list[str]]:
+    """``where: reason`` lines of the configured paths a service cannot use, as (errors, warnings). Errors: a
+    setting named ``*_dir`` that is not a directory, any other path that is a directory; warnings: a file of
+    :data:`READ_AT_START` missing here. Valid settings only (after :func:`load_settings`); loads no client
+    library (the section models only)."""
+    found: list[tuple[str, Path]] = []
+    _paths(settings, "", found, 0)
+    for section_path, model in sorted(registered_sections().items()):
+        section = settings.section(section_path)
+        if section:
+            _paths(model.model_validate(section), section_path, found, 0)
+    lines: list[str] = []
+    missing: list[str] = []
+    for where, path in found:
+        if not path.is_absolute():
+            if where not in RELATIVE_TO_CONFIG or config_dir is None:
+                continue
+            path = config_dir / path
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            if where in READ_AT_START:
+                missing.append(f"{where}: {path}: no such file here (read at start: the service exits 78 without it)")
+            continue
+        except NotADirectoryError:
+            lines.append(f"{where}: {path}: a part of it is a file, not a directory")
+            continue
+        except OSError:   # no permission here: the service's user may have it
+            continue
+        if where.rsplit(".", 1)[-1].endswith("_dir"):
+            if not stat.S_ISDIR(mode):
+                lines.append(f"{where}: {path} is not a directory")
+        elif stat.S_ISDIR(mode):
+            lines.append(f"{where}: {path} is a directory, expected a file")
+    return lines, missing
+
+
+def _paths(value: Any, where: str, out: list[tuple[str, Path]], depth: int) -> None:
+    """Every Path in ``value`` (validated settings: models, lists, mappings) with its dotted place."""
+    if isinstance(value, Path):
+        out.append((where, value))
+        return
+    if isinstance(value, BaseModel):
+        items: Any = ((name, getattr(value, name, None)) for name in type(value).model_fields)
+    elif isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return
+    if depth > 50:
+        return
+    for key, item in items:
+        _paths(item, f"{where}.{key}" if where else str(key), out, depth + 1)
+
+
 def non_finite_lines(value: Any, where: str = "", depth: int = 0) -> list[str]:
     """A ``where.key: ...`` line per NaN or infinite float in a validated section (its nested models, lists
     and mappings too). Every section model refuses them, whatever its own base: the models of the core,
@@ -404,10 +474,12 @@ def env_overrides(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
         if parts[-1] in VERBATIM_ENV_KEYS:
             value: Any = raw   # a secret is a string as given: YAML would turn "0x1f" into 31, "yes" into true
         else:
-            try:
-                value = yaml.safe_load(raw) if raw.strip() else raw
-            except yaml.YAMLError:
-                value = raw
+            try:   # the shared parser: its alias and size bounds; a key given twice is refused
+                value = parse_yaml(raw) if raw.strip() else raw
+            except YamlFileError as e:
+                if not e.not_yaml:   # YAML, but unusable: said, not taken as a string
+                    raise ConfigError(f"environment {key}: {e.bare}") from None
+                value = raw   # not YAML: the string as given
         node = doc
         for part in parts[:-1]:
             node = node.setdefault(part, {})

@@ -7,7 +7,8 @@ import sys
 
 import yaml
 
-from opsloop.config import CONFIG_ENV, DEFAULT_CONFIG_PATH, ConfigError, defaults_document, load_settings
+from opsloop.config import (CONFIG_ENV, DEFAULT_CONFIG_PATH, ConfigError, config_path, defaults_document, load_settings,
+                            path_problems)
 from opsloop.redact import redact_credentials
 
 EPILOG = f"""examples:
@@ -39,6 +40,17 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(a.file)
     except ConfigError as e:
         print(f"opsloop config: {e}", file=sys.stderr)
+        return 2
+    # a file setting that names a directory (or a file read at start that is missing) passed, and the service
+    # then exited 78 at start: said here, each with its setting (a missing one as a warning)
+    p = config_path(a.file)
+    errors, missing = path_problems(settings, p.resolve().parent if p is not None else None)
+    where = f"config file {p}" if p is not None else "configuration"
+    for line in missing:   # a warning: the check may run where the files are not (a CI job)
+        print(f"opsloop config: warning: {where}: {redact_credentials(line)}", file=sys.stderr)
+    if errors:
+        print(f"opsloop config: {where}: {len(errors)} error{'s' if len(errors) > 1 else ''}:\n  "
+              + "\n  ".join(redact_credentials(line) for line in errors), file=sys.stderr)
         return 2
     # URLs may carry user:password@ (Alertmanager, Elasticsearch); the output goes to terminals and CI logs.
     # (over the text, as the log formatter does: a URL is one YAML scalar on one line)

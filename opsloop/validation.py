@@ -8,11 +8,13 @@ it sits in).
 from __future__ import annotations
 
 import math
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
 
 from opsloop.redact import redact_credentials
 
@@ -45,6 +47,33 @@ def check_number(field: str, value: Any, *, allow_inf: bool = False, maximum: fl
     if math.isfinite(v) and v > maximum:
         raise ValueError(f"{field}: {value!r} is above the largest accepted value {maximum:g}")
     return v
+
+
+BOOL_FOR_NUMBER = "expected a number, not a boolean (YAML reads unquoted yes/no/on/off as true/false)"
+
+
+def _means_number(annotation: Any) -> bool:
+    """A field's type is a number (``float``, ``int | None``, ``Annotated[float, ...]``), not also a boolean."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a
+                   for a in typing.get_args(annotation)]
+        return bool not in members and any(m in (int, float) for m in members)
+    return annotation in (int, float)
+
+
+class NoBoolNumbers(BaseModel):
+    """A settings model whose numbers are never booleans: pydantic reads ``true`` as 1 (``max_step: true``,
+    an unquoted ``on``/``yes`` were a step of 100 %), so a number field refuses one with its path."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _means_number(field.annotation):
+            raise ValueError(BOOL_FOR_NUMBER)
+        return value
 
 
 def shown(value: object) -> str:
@@ -165,9 +194,10 @@ class YamlFileError(ValueError):
     ``bare`` is the same line with nothing of the file's content (no byte, no quoted tag): for a file of
     secrets (credentials)."""
 
-    def __init__(self, message: str, bare: str | None = None) -> None:
+    def __init__(self, message: str, bare: str | None = None, *, not_yaml: bool = False) -> None:
         super().__init__(message)
         self.bare = bare or message
+        self.not_yaml = not_yaml   # the text is not YAML at all (a syntax error), not merely unusable YAML
 
 
 def read_yaml(path: Path) -> Any:
@@ -194,17 +224,72 @@ def parse_yaml(text: str) -> Any:
     if len(text) > MAX_YAML_BYTES:
         raise YamlFileError(f"larger than {MAX_YAML_BYTES // 2 ** 20} MiB: not a file of settings")
     try:
-        doc = yaml.safe_load(text)
+        doc = _safe_load_unique(text)
         values = expanded_values(doc)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise YamlFileError(f"not valid YAML: {yaml_error_line(e)}",
-                            "not valid YAML" + (f" at line {mark.line + 1}" if mark is not None else "")) from None
+                            "not valid YAML" + (f" at line {mark.line + 1}" if mark is not None else ""),
+                            not_yaml=True) from None
     except RecursionError:   # PyYAML builds nested collections recursively: '[' * 1000 was a traceback
         raise YamlFileError("not usable YAML: nested too deeply") from None
     if values > MAX_YAML_VALUES:   # aliases of aliases: 9 levels of 9 are 387 million values to validate
         raise YamlFileError(f"not usable YAML: its aliases expand to more than {MAX_YAML_VALUES:,} values")
     return doc
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _safe_load_unique(text: str) -> Any:
+    """``yaml.safe_load(text)``, but a mapping with a key given twice is a YamlFileError: PyYAML keeps the
+    last silently (a second ``capacity:`` of an origin, a second ``events:`` list replaced the first)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(loader, node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _refuse_duplicate_keys(loader: yaml.SafeLoader, root: yaml.Node) -> None:
+    """YamlFileError naming the first (by line) mapping key given twice, with its path and both lines.
+    Keys compare as YAML reads them (``1`` and ``01``, ``yes`` and ``true`` are one key to PyYAML too);
+    a merge (``<<: *base``) overrides by design. Each node once: an alias shares its node."""
+    found: list[tuple[int, int, str, str]] = []
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, where = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        children: list[tuple[yaml.Node, str]] = []
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key, value in node.value:
+                if not isinstance(key, yaml.ScalarNode) or key.tag == _MERGE_TAG:
+                    children.append((value, where))
+                    continue
+                name = _short(redact_credentials(key.value))
+                line = key.start_mark.line + 1
+                ident = loader.construct_object(key)   # as the mapping will hold it
+                if ident in first:
+                    found.append((line, key.start_mark.column,
+                                  f"{where}{name}: given twice (lines {first[ident]} and {line}); "
+                                  "YAML keeps only the last",
+                                  f"a key given twice (lines {first[ident]} and {line})"))
+                first.setdefault(ident, line)
+                children.append((value, f"{where}{name}."))
+        elif isinstance(node, yaml.SequenceNode):
+            children = [(item, f"{where}{i}.") for i, item in enumerate(node.value)]
+        stack.extend(reversed(children))   # in the file's order: a shared node is named where it is written
+    if found:
+        _, _, message, bare = min(found)
+        raise YamlFileError(message, bare)
 
 
 def expanded_values(doc: Any) -> int:

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from opsloop.validation import YamlFileError, describe_validation_error, read_yaml
+from opsloop.validation import NoBoolNumbers, YamlFileError, describe_validation_error, read_yaml
 
 _HOSTNAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}$"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -26,7 +26,7 @@ class InventoryError(ValueError):
     """The inventory file is missing or invalid; the message names the file, host and field."""
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers):   # `cipher_suite: yes` was suite 1
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 

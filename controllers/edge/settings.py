@@ -7,10 +7,12 @@ the solver (SciPy) the control law needs. What each tunable does: :mod:`.control
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from opsloop.validation import NoBoolNumbers
 
 
-class ControllerSettings(BaseModel):
+class ControllerSettings(NoBoolNumbers):   # `max_step: true` was a step of 100 %
     """Tunables of :class:`~opsloop.controllers.edge.controller.EdgeController` (seconds, shares
     in [0, 1])."""
 
@@ -88,7 +90,7 @@ class ControllerSettings(BaseModel):
         return self
 
 
-class FixedStepSettings(BaseModel):
+class FixedStepSettings(NoBoolNumbers):
     """Tunables of :class:`~opsloop.controllers.edge.baselines.FixedStepController` (2 % per 15 s
     interval, no headroom)."""
 

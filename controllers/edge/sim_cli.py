@@ -19,6 +19,7 @@ from typing import Any
 from opsloop.controllers.edge.sim import (CONTROLLER_KINDS, Run, Scenario, ScenarioError, canonical_kind,
                                   load_scenario, run_scenario, trajectories)
 from opsloop.controllers.edge.sim.scenario import scenario_warnings
+from opsloop.controllers.edge.sim.verdict import excess_text
 
 EPILOG = """examples:
   opsloop sim --scenario controllers/edge/scenarios/capacity_drop.yaml
@@ -89,7 +90,7 @@ def render_table(scn: Scenario, summaries: dict[str, dict[str, Any]]) -> str:
         lines.append(f"{kind:<10} {verdict}; mean latency {summ['mean_latency_ms']:.1f} ms, "
                      f"{summ['requests']:.0f} requests, {summ['failed_requests']:.0f} failed, "
                      f"overload {sum(summ['overload_s'].values()):g}s, excess p95 "
-                     f"{_pct(summ['excess_p95'])}, churn {_pct(summ['churn'])}/interval")
+                     f"{excess_text(summ['excess_p95'])}, churn {_pct(summ['churn'])}/interval")
         for base, b in summ.get("baselines", {}).items():
             lines.append(f"{'':<10}   vs {base}: overload (judged) {b['overload_s']:g}s vs ours "
                          f"{summ['judged_overload_s']:g}s, mean latency "

@@ -8,7 +8,6 @@ import math
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import (AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
@@ -277,36 +276,6 @@ def _check_implied_demand(scn: Scenario) -> None:
 
 
 MAX_SIM_STEPS = 1_000_000   # a day at 0.1 s steps is 864,000
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-def duplicate_key(text: str) -> str | None:
-    """The first mapping key given twice in a YAML document (None: none). PyYAML keeps the last one silently:
-    a second ``events:`` list replaced the first, a second ``health:`` in an event dropped the first."""
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    found: list[tuple[int, str]] = []
-    seen: set[int] = set()   # an alias shares its node: each once
-    stack: list[tuple[Any, str]] = [(root, "")]
-    while stack:
-        node, where = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            lines: dict[str, int] = {}
-            for key, value in node.value:
-                if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE_TAG:   # `<<:` overrides by design
-                    line = key.start_mark.line + 1
-                    if key.value in lines:
-                        found.append((line, f"{where}{key.value}: given twice (lines {lines[key.value]} and "
-                                            f"{line}); YAML keeps only the last"))
-                    lines.setdefault(key.value, line)
-                    stack.append((value, f"{where}{key.value}."))
-                else:
-                    stack.append((value, where))
-        elif isinstance(node, yaml.SequenceNode):
-            stack.extend((item, f"{where}{i}.") for i, item in enumerate(node.value))
-    return min(found)[1] if found else None
 
 
 def _hint(exc: ValidationError) -> str:
@@ -321,19 +290,13 @@ def _hint(exc: ValidationError) -> str:
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario YAML file; errors name the file and the field."""
     path = Path(path)
-    try:   # the shared reader: not UTF-8 was a traceback, a YAML error PyYAML's multi-line message
-        doc = read_yaml(path)
+    try:   # the shared reader: not UTF-8 was a traceback, a YAML error PyYAML's multi-line message, a key
+        doc = read_yaml(path)   # given twice (PyYAML keeps the last) is refused there
     except YamlFileError as exc:
         raise ScenarioError(f"{path}: {exc}") from None
     if not isinstance(doc, dict):
         raise ScenarioError(f"{path}: " + ("empty" if doc is None else
                                           f"expected a mapping at the top level, got {type(doc).__name__}"))
-    try:   # read_yaml has read and parsed it within its limits: the same text again
-        twice = duplicate_key(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:   # replaced or removed in between
-        raise ScenarioError(f"{path}: cannot read ({type(exc).__name__})") from None
-    if twice is not None:
-        raise ScenarioError(f"{path}: {twice}")
     try:
         scn = Scenario.model_validate(doc)
     except ValidationError as exc:   # a check across fields quoted the whole document after "got"
