@@ -59,6 +59,7 @@ BAD_SHOWN = 20            # unreadable dead letters / skipped replays named one 
 PROGRESS_EVERY_S = 2.0    # a read longer than this reports its progress on stderr this often
 DEFAULT_TIMEOUT_S = 15.0
 INTERRUPTED = 130         # a shell's status for a command ended by SIGINT (as `opsloop` gives any)
+LOOK_EVERY_S = 2.0        # a replay looks this often whether the topics it sends to are still on the cluster
 
 EPILOG = """examples:
   opsloop deadletter list --config opsloop.yaml                      # the last hour, the newest 100
@@ -79,9 +80,11 @@ a record kept truncated or with its key cut, nor one whose dead letter holds a s
 instead of the record; nor, without --force, one that was refused again after a replay; nor one whose
 source topic does not exist on the cluster (status "no topic": a send would have the broker create it
 with its default partitions; `opsloop stream worker` creates the missing ones at start; then replay).
+A source topic deleted during a replay (looked for every 2 s) stops it: what was sent is reported, the rest
+is not sent, and the topic is not re-created.
 Exit: list, summary 0 when dead letters matched, 1 when none; replay 0 when every selected record was
-sent (or, without --yes, could be), 1 when a send failed or a source topic does not exist; 2 on bad
-input or unreachable Kafka.
+sent (or, without --yes, could be), 1 when a send failed or a source topic does not exist (or was deleted
+during the replay); 2 on bad input or unreachable Kafka.
 A replay interrupted (Ctrl-C, SIGTERM) stops reading, waits for the acknowledgements of what it sent,
 reports it and exits 130 (a new replay sends those again).
 """
@@ -502,6 +505,9 @@ class ReplayReport:
     no_topic: Counter[str] = field(default_factory=Counter)   # not replayed: source topic missing, by topic
     lines_shown: int = 0
     interrupted: bool = False
+    unchecked: set[str] = field(default_factory=set)   # destinations of failed sends not yet looked for on the cluster
+    deleted: list[str] = field(default_factory=list)   # source topics deleted during the replay
+    stopped: bool = False   # for that, before every selected dead letter was read
 
 
 def existing_topics(kafka: KafkaSettings, timeout_s: float) -> frozenset[str]:
@@ -515,6 +521,30 @@ def existing_topics(kafka: KafkaSettings, timeout_s: float) -> frozenset[str]:
         admin.close()
 
 
+def without_auto_create(producer: Any) -> bool:
+    """Have ``producer``'s metadata requests not ask the broker to create a topic; False when this kafka-python
+    does not let it. Its producer takes ``allow_auto_create_topics=False`` but builds its cluster metadata without it:
+    a replay whose source topic was deleted meanwhile had the broker re-create it at the next send (its default
+    partitions, other partitions for the keys) and reported the records "sent and acknowledged"."""
+    config = getattr(getattr(producer, "_metadata", None), "config", None)
+    if isinstance(config, dict) and "allow_auto_create_topics" in config:
+        config["allow_auto_create_topics"] = False
+        return True
+    return False
+
+
+def deleted_topics(report: ReplayReport, sent_to: set[str], kafka: KafkaSettings, timeout_s: float) -> list[str]:
+    """Of the topics sent to and those whose sends failed since the last look, the ones no longer on the cluster
+    (deleted during the replay). A cluster that does not answer tells nothing: none (failures are reported as such)."""
+    look, report.unchecked = sent_to | report.unchecked, set()
+    try:
+        return sorted(look - existing_topics(kafka, timeout_s))
+    except KafkaError as e:
+        log.warning("deadletter_replay_topics_unknown", topics=sorted(look)[:10],
+                    error=f"{type(e).__name__}: {e}"[:300])
+        return []
+
+
 def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: bool, limit: int | None,
                as_json: bool, timeout_s: float, force: bool = False) -> int:
     report = ReplayReport()
@@ -526,14 +556,27 @@ def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: boo
     # (dead letter without its record, destination, future) until acknowledged, oldest first: the values are
     # the producer's; acknowledged ones are reported (and dropped) as the replay goes
     pending: deque[tuple[Letter, str, Any]] = deque()
+    sent_to: set[str] = set()   # looked for on the cluster every LOOK_EVERY_S: one deleted stops the replay
+    next_look = time.monotonic() + LOOK_EVERY_S
     if send:
         producer = service_producer(kafka, "opsloop-deadletter-replay", linger_ms=5,
                                     max_block_ms=int(timeout_s * 1000),
                                     request_timeout_ms=max(int(timeout_s * 1000), 5000),
-                                    delivery_timeout_ms=max(int(timeout_s * 2000), 10_000))
+                                    delivery_timeout_ms=max(int(timeout_s * 2000), 10_000),
+                                    allow_auto_create_topics=False)
+        if not without_auto_create(producer):   # a source topic deleted meanwhile may come back: said
+            log.warning("deadletter_replay_may_create_topics", error="this kafka-python's producer cannot be kept "
+                        "from having the broker create a missing topic")
     try:
         try:
             for letter in reader.letters():
+                # the topics were listed once, at the start: one deleted since fails every later send to it (each
+                # after --timeout once the producer knows): stop there and say how far the replay got
+                if (sent_to or report.unchecked) and time.monotonic() >= next_look:
+                    next_look = time.monotonic() + LOOK_EVERY_S
+                    if gone := deleted_topics(report, sent_to, kafka, timeout_s):
+                        report.deleted, report.stopped = gone, True
+                        break
                 if not filters.match(letter.doc):
                     continue
                 if limit is not None and report.selected >= limit:
@@ -565,6 +608,7 @@ def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: boo
                     continue
                 pending.append((Letter(letter.topic, letter.partition, letter.offset,
                                        {"key": letter.doc["key"]}), destination, fut))
+                sent_to.add(destination)
                 _report_acknowledged(report, as_json, pending)
         except KeyboardInterrupt:
             # Ctrl-C or SIGTERM: what was handed to the producer may still be delivered; wait for it and say
@@ -576,13 +620,15 @@ def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: boo
             except KafkaError as e:   # what is not acknowledged by then: failed below
                 log.warning("deadletter_replay_flush_timeout", error=f"{type(e).__name__}: {e}"[:300])
             _report_acknowledged(report, as_json, pending, final=True)
+            if report.unchecked and not report.interrupted:   # the last sends' failures: a deletion is said too
+                report.deleted = sorted(set(report.deleted) | set(deleted_topics(report, set(), kafka, timeout_s)))
     finally:
         if producer is not None:
             producer.close(timeout=5)
     _replay_summary(report, send, reader, as_json)
     if report.interrupted:
         return INTERRUPTED
-    return 1 if report.failed or report.no_topic else 0
+    return 1 if report.failed or report.no_topic or report.deleted else 0
 
 
 def _report_acknowledged(report: ReplayReport, as_json: bool, pending: deque[tuple[Letter, str, Any]],
@@ -600,6 +646,7 @@ def _report_acknowledged(report: ReplayReport, as_json: bool, pending: deque[tup
 
 def _failed(report: ReplayReport, as_json: bool, letter: Letter, destination: str, error: Any) -> None:
     report.failed += 1
+    report.unchecked.add(destination)
     why = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
     log.error("deadletter_replay_failed", deadletter=letter.where, topic=destination, error=why[:300])
     _replay_line(report, as_json, letter, destination, "failed", why[:300], force=True)
@@ -630,13 +677,17 @@ def _replay_summary(report: ReplayReport, send: bool, reader: Reader, as_json: b
         sys.stdout.write(orjson.dumps({"summary": {
             "dry_run": not send, "selected": report.selected, "sent" if send else "would_send": report.sent,
             "failed": report.failed, "skipped": dict(report.skipped), "no_topic": dict(report.no_topic),
-            "unreadable": reader.stats.unreadable, **({"interrupted": True} if report.interrupted else {})},
+            "unreadable": reader.stats.unreadable, **({"interrupted": True} if report.interrupted else {}),
+            **({"deleted_topics": report.deleted, "stopped": report.stopped} if report.deleted else {})},
         }).decode() + "\n")
     out = sys.stderr if as_json else sys.stdout
     for topic, n in report.no_topic.items():   # the operator's to fix: on stderr as a log line too
         log.warning("deadletter_replay_topic_missing", topic=topic[:200], records=n)
+    if report.deleted:   # what was sent there went with it; the rest is not sent until it exists again
+        log.error("deadletter_replay_topic_deleted", topics=[t[:200] for t in report.deleted[:10]], sent=report.sent,
+                  failed=report.failed, stopped=report.stopped)
     if send:
-        print(("replay INTERRUPTED: " if report.interrupted else "replay: ")
+        print(("replay INTERRUPTED: " if report.interrupted else "replay STOPPED: " if report.stopped else "replay: ")
               + f"{report.sent} of {report.selected} selected sent and acknowledged, {report.failed} failed, "
               f"{skipped} skipped" + (f" ({why})" if why else "") + missing, file=out)
         log.info("deadletter_replayed", topic=reader.topic, selected=report.selected, sent=report.sent,
@@ -645,6 +696,10 @@ def _replay_summary(report: ReplayReport, send: bool, reader: Reader, as_json: b
         print(("dry run INTERRUPTED: " if report.interrupted else "dry run: ")
               + f"{report.sent} of {report.selected} selected would be sent, {skipped} skipped"
               + (f" ({why})" if why else "") + missing + "; nothing was sent (--yes sends)", file=out)
+    if report.deleted:
+        print(f"source topic {', '.join(printable(t[:120]) for t in report.deleted)} was deleted during the replay"
+              + ("; stopped: the dead letters after these were not replayed" if report.stopped else "")
+              + "; a new replay says \"no topic\" for its records until it exists again", file=out)
     if report.interrupted:   # at-least-once (docs/operations.md): say what a second run does
         print("interrupted: the dead letters after these were not read"
               + (f"; a new replay sends the {report.sent} sent here again" if send else ""), file=out)

@@ -3,11 +3,19 @@
 Per run, every stream of the set starts at once (one process each, bounded by ``max_processes``) and
 the streams' throughputs are added up; the run is repeated R times and the set reports the mean, min,
 max and standard deviation in Gb/s of the sums of the *complete* runs (every stream answered for its
-whole ``run_s``). A run where a stream failed or ended early is partial: its sum of the streams that
-answered is reported apart (``partial_mean_gbps``), never mixed into ``mean_gbps``; ``streams_ok`` of
-``streams_attempted`` says how much was measured. A failed target is named in the event (``failed``) and
-returned as a CollectError; the others are still measured. Sets run one after another: two sets
-measured at once would share the links they measure.
+whole ``run_s``), once there are ``min_complete_runs`` of them. A run where a stream failed or ended early
+is partial: its sum of the streams that answered is reported apart (``partial_mean_gbps``), never mixed into
+``mean_gbps``; ``streams_ok`` of ``streams_attempted`` says how much was measured. A failed target is named in
+the event (``failed``) and returned as a CollectError; the others are still measured.
+
+A target *dead* in a measurement (``unreachable`` in every run: a VM gone, no netserver; it carried no traffic)
+is left out of the set: a run is complete when every other target answered, and ``mean_gbps`` is the mean over
+those targets, the dead ones named apart (``dead_targets``, ``dead``). The sum is bounded by the path under test,
+not by the number of targets (the source documents: 8.42 Gb/s over six VMs, 8.75 over twelve), so the live
+targets still measure it; before, one dead target made every run partial and the set had no ``mean_gbps`` for as
+long as it stayed dead. A target that failed otherwise (a stream ended early, torn output, a time-out) may have
+carried traffic the others' sums lack: its runs stay partial. Sets run one after another: two sets measured at
+once would share the links they measure.
 """
 
 from __future__ import annotations
@@ -49,11 +57,12 @@ _INSTALL_HINT = {
 class _SetResult:
     """What one target set's measurement gathered, run by run."""
 
-    complete_totals: list[float] = field(default_factory=list)  # runs where every stream answered
-    partial_totals: list[float] = field(default_factory=list)   # runs where only some did
+    # per run with a measured stream: each target that answered -> (its bits/s, every one of its streams did)
+    runs: list[dict[Target, tuple[float, bool]]] = field(default_factory=list)
     per_target_bps: dict[Target, list[float]] = field(default_factory=dict)
     per_target_streams_ok: dict[Target, int] = field(default_factory=dict)
     failures: dict[Target, list[Outcome]] = field(default_factory=dict)
+    reached: set[Target] = field(default_factory=set)   # targets with an outcome other than unreachable
     retransmits: int | None = None
     streams_ok: int = 0
     streams_attempted: int = 0
@@ -64,6 +73,18 @@ def _gbps_fields(s: Summary) -> dict[str, float]:
     # 1 kbit/s resolution: far below what a throughput measurement can resolve.
     return {"mean_gbps": round(s.mean, 6), "min_gbps": round(s.minimum, 6), "max_gbps": round(s.maximum, 6),
             "stddev_gbps": round(s.stddev, 6)}
+
+
+def _totals(runs: list[dict[Target, tuple[float, bool]]], live: list[Target]) -> tuple[list[float], list[float]]:
+    """The sums of the complete runs (every live target answered with all its streams) and of the partial ones."""
+    complete: list[float] = []
+    partial: list[float] = []
+    for measured in runs:
+        total = sum(bps for bps, _ in measured.values())
+        # Only a run where every live stream answered is the set's throughput; a partial sum is kept apart.
+        whole = all(t in measured and measured[t][1] for t in live)
+        (complete if whole else partial).append(total)
+    return complete, partial
 
 
 class NetperfCollector:
@@ -162,8 +183,9 @@ class NetperfCollector:
                 last = next(o for o in reversed(failed) if o.kind == kind)
                 short = sum(o.short for o in failed)
                 early = f" ({short} ended early)" if short and not last.short else ""
+                dead = "" if target in result.reached else ", left out of the set's throughput"
                 rnd.errors.append(CollectError(f"{tset.name}/{target}", kind or "tool",
-                                               f"failed in {len(failed)} of {tset.repetitions} runs{early}: "
+                                               f"failed in {len(failed)} of {tset.repetitions} runs{early}{dead}: "
                                                f"{last.message}"))
         return not unmeasured
 
@@ -188,11 +210,14 @@ class NetperfCollector:
         by_target: dict[Target, list[Outcome]] = {t: [] for t in targets}
         for o in outcomes:
             by_target[o.target].append(o)
-        total, any_ok, all_ok = 0.0, False, True
+        total = 0.0
+        measured: dict[Target, tuple[float, bool]] = {}   # the targets that answered in this run
         for target, outs in by_target.items():
             good = [o.result for o in outs if o.result is not None]
             bad = [o for o in outs if not o.ok]
             result.streams_attempted += len(outs) * streams_each
+            if any(o.ok or o.kind != "unreachable" for o in outs):
+                result.reached.add(target)
             result.short_streams += sum(o.short for o in bad) * streams_each
             if good:
                 bps = sum(r.bits_per_second for r in good)
@@ -204,7 +229,7 @@ class NetperfCollector:
                     good = []
             if good:
                 total += bps
-                any_ok = True
+                measured[target] = (bps, not bad)
                 result.streams_ok += len(good) * streams_each
                 result.per_target_streams_ok[target] += len(good) * streams_each
                 if not bad:
@@ -213,28 +238,30 @@ class NetperfCollector:
                 if retrans:
                     result.retransmits = (result.retransmits or 0) + sum(retrans)
             if bad:
-                all_ok = False
                 result.failures[target].append(bad[-1])
-        if any_ok:
-            # Only a run where every stream answered is the set's throughput; a partial sum is kept apart.
-            (result.complete_totals if all_ok else result.partial_totals).append(total)
+        if measured:
+            result.runs.append(measured)
 
     def _samples(self, tset: TargetSet, targets: list[Target], result: _SetResult, started_at: float,
                  duration_s: float) -> list[Metric]:
         tags = {"host": self.config.host, "target_set": tset.name, "driver": tset.driver, "test": TEST,
                 **tset.labels}
         failed = [str(t) for t in targets if result.failures[t]]
+        # unreachable in every run: left out of the set (module docstring); all dead is no measurement at all
+        dead = [t for t in targets if result.failures[t] and t not in result.reached]
+        live = [t for t in targets if t not in dead]
+        complete, partial_totals = _totals(result.runs, live)
         fields: dict[str, float | int | str] = {
-            "runs": len(result.complete_totals) + len(result.partial_totals), "runs_planned": tset.repetitions,
-            "complete_runs": len(result.complete_totals),
+            "runs": len(result.runs), "runs_planned": tset.repetitions, "complete_runs": len(complete),
             "targets": len(targets), "failed_targets": len(failed), "failed": ",".join(failed),
+            "dead_targets": len(dead), "dead": ",".join(str(t) for t in dead),
             "streams": tset.streams, "streams_ok": result.streams_ok, "streams_attempted": result.streams_attempted,
             "short_streams": result.short_streams, "run_s": tset.run_s, "duration_s": round(duration_s, 3),
         }
-        summary = summarize([to_gbps(x) for x in result.complete_totals])
-        if summary is not None:
+        summary = summarize([to_gbps(x) for x in complete])
+        if summary is not None and summary.n >= tset.min_complete_runs:
             fields.update(_gbps_fields(summary))
-        partial = summarize([to_gbps(x) for x in result.partial_totals])
+        partial = summarize([to_gbps(x) for x in partial_totals])
         if partial is not None:
             # Named apart so that no reader of mean_gbps takes N-1 of N streams for the set's throughput.
             fields["partial_mean_gbps"] = round(partial.mean, 6)

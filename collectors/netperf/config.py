@@ -74,6 +74,8 @@ class TargetSet(BaseModel):
     # Whole seconds: netperf reads "-l 0.5" as "-l 0", which never ends.
     run_s: int = Field(default=10, ge=1, le=3600, description="length of one stream (netperf -l, iperf3 -t)")
     repetitions: int = Field(default=10, ge=1, le=100, description="runs per measurement (the source documents: 10)")
+    min_complete_runs: int = Field(default=1, ge=1, le=100,
+                                   description="complete runs needed for mean_gbps (over the targets that answered)")
     labels: dict[str, str] = Field(default_factory=dict, description="tags, e.g. queues, kernel")
     interval_s: float | None = Field(default=None, gt=0,
                                      description="measure this set at most this often (None: every round)")
@@ -125,6 +127,8 @@ class TargetSet(BaseModel):
             raise ValueError("data_port applies to the netperf driver only")
         if self.data_port is not None and self.data_port + self.streams_per_target - 1 > 65535:
             raise ValueError("data_port + streams_per_target - 1 is above 65535")
+        if self.min_complete_runs > self.repetitions:   # mean_gbps could never be reported
+            raise ValueError(f"min_complete_runs ({self.min_complete_runs}) is above repetitions ({self.repetitions})")
         return self
 
     def parsed_targets(self) -> list[Target]:

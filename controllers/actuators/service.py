@@ -56,10 +56,12 @@ from typing import Any, Callable
 
 from opsloop.audit.trail import AuditLog
 from opsloop.config import KafkaSettings
+from opsloop.kafka_admin import ensure_configured_topics
 from opsloop.records import Finding, Severity
 from opsloop.kafka_clients import (RecordHeaders, client_options, commit_bounded, connect_with_retry, kafka_settings,
                                    preflight_or_exit, send_deadletter, service_producer)
 from opsloop.log import Sampled, get_logger
+from opsloop.topics import Topic
 
 from opsloop.controllers.actuators import metrics
 from opsloop.controllers.actuators.applier import EdgeActuator
@@ -179,6 +181,11 @@ class ActuatorService:
         if self._producer is None:
             self._producer = service_producer(self.kafka, self.client_id, linger_ms=5, max_block_ms=5000,
                                               request_timeout_ms=5000)
+            # the topics it writes, once a broker answered (as the stream worker, paging, the collectors): on a broker
+            # that does not auto-create, its first dead letter blocked max_block_ms and was lost, and its TopicGate
+            # dropped the next minute's. Not allowed to create: said, and it goes on with what exists
+            ensure_configured_topics(self.kafka, log, [Topic.DEADLETTER.value, self.config.findings_topic],
+                                     retried="at the next start", service="actuator")
 
     # -- one step --------------------------------------------------------------------------------
     def handle_records(self, records: list[tuple[bytes | None, bytes | None]],

@@ -16,9 +16,13 @@ runs summed, each figure the mean of ten runs. Old kernel, queues 1/2/4/8: 3.28/
 Input: ``collectors/netperf``'s ``netperf_throughput{host, target_set, driver, test, <labels>}`` with
 field ``mean_gbps`` (the mean of the runs' summed throughput); its labels travel as tags, ``queues``
 among them, and every other tag except ``host`` makes up the comparison ``label`` (e.g.
-``driver=netperf,kernel=4.4.0,test=TCP_STREAM``), so only like is compared with like. A result with
-failed targets (``failed_targets`` > 0) is left out: its sum is low because a target did not answer,
-not because the network got slower (the collector reports that failure itself). Also accepted:
+``driver=netperf,kernel=4.4.0,test=TCP_STREAM``), so only like is compared with like. ``mean_gbps`` is only
+ever made of complete runs; a target dead for the whole measurement is left out of them (the collector's
+``dead_targets``/``dead``: the sum is bounded by the path under test, 8.42 Gb/s over six VMs, 8.75 over
+twelve). Such a result is compared with the baseline (its finding names the dead targets) and counts in the
+queue scaling, but does not join the baseline, which stays the whole set's. Before, any result with
+``failed_targets`` > 0 was skipped: one dead VM hid the set's throughput for as long as it stayed dead (one
+without ``dead_targets``, from an older collector, still is). Also accepted:
 ``netperf{target_set, label, queues}`` with ``throughput_gbps_mean`` or ``throughput_gbps``, or the
 same as a plain dict (``NetperfResult.from_mapping``).
 """
@@ -48,6 +52,8 @@ MAX_GBPS = 1e5
 # The longest queue count (its decimal text, a sign included) a result or a stored state may carry. Beyond it
 # (a tag of 25 digits) it was taken at ingest and refused by every restore: the set started afresh at each restart.
 MAX_QUEUES_LEN = 20
+# The dead targets' names kept of a result (shown in a finding's explanation).
+MAX_DEAD_SHOWN = 300
 # Tags that identify neither the configuration under test nor the series.
 _NOT_LABELS = frozenset({"host", "target_set", "queues", "label", "opsloop_topic"})
 
@@ -59,6 +65,9 @@ class NetperfResult:
     queues: int | None
     gbps: float
     timestamp: float
+    targets: int | None = None   # in the set (the collector's ``targets``)
+    dead_targets: int = 0        # of them, left out: they answered in no run
+    dead: str = ""               # their names, comma-separated
 
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> "NetperfResult":
@@ -67,10 +76,15 @@ class NetperfResult:
             gbps = float(value)  # type: ignore[arg-type]
             q = doc.get("queues")
             result = cls(target_set=str(doc.get("target_set", "default")), label=str(doc.get("label", "")),
-                         queues=None if q in (None, "") else int(q), gbps=gbps, timestamp=float(doc["timestamp"]))
+                         queues=None if q in (None, "") else int(q), gbps=gbps, timestamp=float(doc["timestamp"]),
+                         targets=_count_field(doc, "targets"), dead_targets=_count_field(doc, "dead_targets") or 0,
+                         dead=str(doc.get("dead", ""))[:MAX_DEAD_SHOWN])
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"netperf result needs timestamp and one of {VALUE_FIELDS} as numbers, "
-                             f"queues as an integer (got {dict(doc)!r:.200})") from None
+                             f"queues, targets and dead_targets as integers (got {dict(doc)!r:.200})") from None
+        if result.targets is not None and result.dead_targets >= result.targets:
+            raise ValueError(f"netperf result: {result.dead_targets} dead of {result.targets} targets leaves none "
+                             f"to have measured its throughput (got {dict(doc)!r:.200})")
         if result.queues is not None and len(str(result.queues)) > MAX_QUEUES_LEN:
             raise ValueError(f"netperf result: queues {q!r:.60} is not a queue count (at most {MAX_QUEUES_LEN} "
                              f"characters; got {dict(doc)!r:.200})")
@@ -87,11 +101,30 @@ class NetperfResult:
         return cls.from_mapping(doc)
 
     @property
+    def measured_over(self) -> str:
+        """What the throughput was measured over, when some targets were left out ("" when none was)."""
+        if not self.dead_targets:
+            return ""
+        of = f" of {self.targets}" if self.targets is not None else ""
+        live = f"{self.targets - self.dead_targets}{of}" if self.targets is not None else "the other"
+        return f"; measured over {live} targets, {self.dead_targets} dead (answered in no run): {self.dead}"
+
+    @property
     def where(self) -> dict[str, str]:
         where = {"target_set": self.target_set, "label": self.label}
         if self.queues is not None:
             where["queues"] = str(self.queues)
         return where
+
+
+def _count_field(doc: Mapping[str, Any], name: str) -> int | None:
+    """An optional count of the result (None when absent); ValueError for one that is no count."""
+    v = doc.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_COUNT or v != int(v):
+        raise ValueError(f"{name}: {v!r:.40} is not a count")
+    return int(v)
 
 
 def result_from_metric(m: Metric) -> NetperfResult | None:
@@ -100,9 +133,11 @@ def result_from_metric(m: Metric) -> NetperfResult | None:
     Raises ValueError for a result sample whose throughput or queues cannot be read.
     """
     if m.name == SET_METRIC:
-        failed = m.fields.get("failed_targets", 0)
-        if "mean_gbps" not in m.fields or (isinstance(failed, (int, float)) and failed > 0):
+        if "mean_gbps" not in m.fields:   # no complete run: only partial sums (a lower bound) or failures
             return None
+        failed = m.fields.get("failed_targets", 0)
+        if "dead_targets" not in m.fields and isinstance(failed, (int, float)) and failed > 0:
+            return None   # a collector that does not say which targets its mean left out: not read, as before
     elif m.name != "netperf":
         return None
     return NetperfResult.from_metric(m)
@@ -148,7 +183,8 @@ class NetperfDetector:
         key = "|".join(where.values())
         hist = self.history.setdefault(key, [])
         if len(hist) < self.min_baseline_runs:
-            hist.append(r.gbps)
+            if not r.dead_targets:   # the baseline is the whole set's (module docstring)
+                hist.append(r.gbps)
             return []
         baseline = statistics.median(hist)
         floor = (1.0 - self.drop_ratio) * baseline
@@ -160,10 +196,11 @@ class NetperfDetector:
                 score=min(1.0, drop / (2 * self.drop_ratio)), severity=Severity.WARNING,
                 explanation=(f"{r.gbps:.2f} Gb/s vs baseline {baseline:.2f} Gb/s ({drop:.0%} lower; "
                              f"threshold {self.drop_ratio:.0%}) for {r.target_set}/{r.label}"
-                             + (f" with {r.queues} queues" if r.queues is not None else "")),
+                             + (f" with {r.queues} queues" if r.queues is not None else "") + r.measured_over),
                 now=r.timestamp, runbook=RUNBOOK)]
-        hist.append(r.gbps)
-        del hist[:-self.baseline_runs]
+        if not r.dead_targets:
+            hist.append(r.gbps)
+            del hist[:-self.baseline_runs]
         done = self.book.clear(DROP, where, r.timestamp, f"{r.gbps:.2f} Gb/s is back near the baseline")
         return [done] if done else []
 

@@ -6,7 +6,9 @@ collector's set results (``result_from_metric``). Gauges (labels target_set, lab
 * ``opsloop_netperf_throughput_bytes_per_second``: the last result;
 * ``opsloop_netperf_baseline_bytes_per_second``: the baseline it is compared with (median of accepted results);
 * ``opsloop_netperf_throughput_ratio``: result / baseline (the published regression: ~3.5 / ~8.4 = 0.42);
-* ``opsloop_netperf_queue_speedup{target_set, label}``: throughput with the most queues over the fewest.
+* ``opsloop_netperf_queue_speedup{target_set, label}``: throughput with the most queues over the fewest;
+* ``opsloop_netperf_dead_targets``: the targets of the last result that answered in no run, left out of its
+  throughput (the collector's ``dead_targets``): the result still counts, the dead VM stays visible.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ BYTES_PER_GBIT = 1e9 / 8   # the wire and the detector use Gb/s; Prometheus gets
 THROUGHPUT = Gauge("opsloop_netperf_throughput_bytes_per_second", "Last throughput result of a target set", SERIES)
 BASELINE = Gauge("opsloop_netperf_baseline_bytes_per_second", "Baseline throughput of the series", SERIES)
 RATIO = Gauge("opsloop_netperf_throughput_ratio", "Last result divided by the baseline", SERIES)
+DEAD = Gauge("opsloop_netperf_dead_targets", "Targets of the last result that answered in no run (left out of it)",
+             SERIES)
 SPEEDUP = Gauge("opsloop_netperf_queue_speedup", "Throughput with the most queues over the fewest",
                 ["target_set", "label", "queues_low", "queues_high"])
 
@@ -82,6 +86,7 @@ class NetperfHandler(DetectorHandler):
     def _show(self, det: NetperfDetector, r: NetperfResult) -> None:
         labels = (r.target_set, r.label, "" if r.queues is None else str(r.queues))
         THROUGHPUT.labels(*labels).set(r.gbps * BYTES_PER_GBIT)
+        DEAD.labels(*labels).set(r.dead_targets)
         base = det.baseline(r)
         if base is not None and base > 0:
             BASELINE.labels(*labels).set(base * BYTES_PER_GBIT)
@@ -104,7 +109,7 @@ class NetperfHandler(DetectorHandler):
             self.detectors.pop(key, None)
             self.last_ts.pop(key, None)
         self._speedup_shown = {k: v for k, v in self._speedup_shown.items() if k[0] not in keys}
-        for gauge in (THROUGHPUT, BASELINE, RATIO, SPEEDUP):
+        for gauge in (THROUGHPUT, BASELINE, RATIO, DEAD, SPEEDUP):
             drop_children(gauge, "target_set", keys)
 
     def books(self) -> Iterable[FindingBook]:

@@ -104,15 +104,18 @@ def test_a_down_target_is_reported_and_the_others_still_measured(netservers: lis
     [err] = rnd.errors
     assert err.target == f"lo/{dead}" and err.kind == "unreachable"
     assert "no netserver answering" in err.message and "2 of 2 runs" in err.message
+    assert "left out of the set's throughput" in err.message
     [s] = only(rnd, SET_METRIC)
-    assert (s.fields["runs"], s.fields["complete_runs"], s.fields["failed_targets"]) == (2, 0, 1)
+    # Dead in every run: left out of the set, named apart; the runs of the target that answered are complete
+    # (tests/collectors/netperf/test_dead_target.py).
+    assert (s.fields["runs"], s.fields["complete_runs"], s.fields["failed_targets"]) == (2, 2, 1)
+    assert (s.fields["dead_targets"], s.fields["dead"], s.fields["failed"]) == (1, dead, dead)
     assert (s.fields["streams_ok"], s.fields["streams_attempted"]) == (2, 4)
-    # No run was complete: the sum of the target that answered is partial, not the set's throughput.
-    assert s.fields["failed"] == dead and "mean_gbps" not in s.fields and s.fields["partial_mean_gbps"] > 0
+    assert s.fields["mean_gbps"] > 0 and "partial_mean_gbps" not in s.fields
     [down] = only(rnd, TARGET_METRIC, target=dead)
     assert down.fields["runs_failed"] == 2 and down.fields["streams_ok"] == 0 and "mean_gbps" not in down.fields
     [up] = only(rnd, TARGET_METRIC, target=targets(netservers[:1])[0])
-    assert up.fields["mean_gbps"] == pytest.approx(s.fields["partial_mean_gbps"])
+    assert up.fields["mean_gbps"] == pytest.approx(s.fields["mean_gbps"])
 
 
 def test_all_targets_down_reports_failures_without_throughput() -> None:
@@ -200,6 +203,7 @@ def test_iperf3_targets_whose_sum_overflows_are_a_parse_error_not_a_crash(tmp_pa
     assert err.kind == "parse" and "sum to a non-finite bit rate" in err.message
     [s] = only(rnd, SET_METRIC)
     assert s.fields["failed_targets"] == 1 and s.fields["partial_mean_gbps"] == pytest.approx(1.5e299)
+    assert s.fields["dead_targets"] == 0   # it answered: not dead, its runs stay partial
 
 
 def test_a_set_whose_samples_break_the_wire_format_does_not_lose_the_others(tmp_path: Path,
@@ -289,9 +293,10 @@ def test_iperf3_driver_same_output(iperf3_servers: list[Server]) -> None:
     [s] = only(rnd, SET_METRIC, driver="iperf3", queues="4")
     f = s.fields
     assert (f["runs"], f["targets"], f["failed_targets"], f["streams"]) == (2, 3, 1, 6)
-    # One iperf3 process carries a target's two streams: the dead one fails both.
-    assert (f["streams_ok"], f["streams_attempted"], f["complete_runs"]) == (8, 12, 0)
-    assert f["partial_mean_gbps"] > 0 and "mean_gbps" not in f and f["retransmits"] >= 0
+    # One iperf3 process carries a target's two streams: the dead one fails both. Dead in every run, it is left
+    # out: the runs of the two that answered are complete (test_dead_target.py).
+    assert (f["streams_ok"], f["streams_attempted"], f["complete_runs"], f["dead_targets"]) == (8, 12, 2, 1)
+    assert f["mean_gbps"] > 0 and "partial_mean_gbps" not in f and f["retransmits"] >= 0
     ok = [m for m in only(rnd, TARGET_METRIC) if m.tags["target"] != dead]
     assert len(ok) == 2 and all(m.fields["runs_ok"] == 2 for m in ok)
 
