@@ -277,8 +277,7 @@ class EdgeActuator:
 
     def _left_alone(self) -> dict[str, str]:
         """Origins the target does not write, as of its last health read (``down``): origin -> why."""
-        how = getattr(self.target, "left_alone", None)   # only HAProxy's target has any
-        return dict(how()) if callable(how) else {}
+        return dict(self.target.left_alone())
 
     def _intended(self, origins: dict[str, str]) -> dict[str, int]:
         """The stored (intended) weights of ``origins``; none when nothing is stored or unreadable."""

@@ -43,6 +43,11 @@ class Target(Protocol):
         tell a server its health checker set to 0 from one the actuator set to 0."""
         ...
 
+    def left_alone(self) -> dict[str, str]:
+        """Origins whose server the target does not write, as of its last :meth:`down`: origin -> why. Their live
+        weight is kept (no drift, not read back); empty for a target that writes every server (LVS)."""
+        ...
+
 
 # Results written to the audit trail and the applies metric.
 RESULTS = ("applied", "noop", "refused", "held", "stale_version", "rolled_back", "dry_run", "shadow",

@@ -34,7 +34,7 @@ from opsloop.metrics import serve_service_metrics, stop_on_signals
 from opsloop.records import EdgeWeights
 from opsloop.redact import redact_credentials
 
-from opsloop.controllers.actuators.base import ActuatorError
+from opsloop.controllers.actuators.base import ActuatorError, Target
 from opsloop.controllers.actuators.config import ActuatorConfigError, actuator_config
 from opsloop.controllers.actuators.service import ActuatorService, make_actuator
 
@@ -183,17 +183,14 @@ def start_failure_status(e: Exception) -> int:
     return exitcodes.TEMPFAIL
 
 
-def _left_alone(target: Any) -> tuple[dict[str, str] | None, str | None]:
+def _left_alone(target: Target) -> tuple[dict[str, str] | None, str | None]:
     """Servers the target does not write (HAProxy: absent from the backend, weighted by an agent check) and why,
-    from a fresh health read; ``(None, error)`` when that read fails. Other targets leave none alone."""
-    how = getattr(target, "left_alone", None)
-    if not callable(how):
-        return {}, None
+    from a fresh health read; ``(None, error)`` when that read fails. LVS leaves none alone."""
     try:
-        target.down()   # the health read (show stat) is what refreshes left_alone()
+        target.down()   # the health read (show stat) is what refreshes left_alone(); LVS without stored: no read
     except ActuatorError as e:
         return None, str(e)
-    return dict(how()), None
+    return dict(target.left_alone()), None
 
 
 def _show(act: Any, as_json: bool) -> bool:

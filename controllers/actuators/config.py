@@ -17,14 +17,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from opsloop.config import DEFAULT_RUN_DIR, LOOPBACK, Settings
 from opsloop.dotted import get_dotted
-from opsloop.lb.ipvs import parse_real_spec, parse_service_spec
+from opsloop.lb.ipvs import SPEC_PROTOCOLS, RealKey, ServiceKey, parse_real_spec, parse_service_spec
 from opsloop.topics import Topic
 from opsloop.validation import describe_validation_error
 
@@ -37,6 +38,52 @@ _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$"
 
 class ActuatorConfigError(ValueError):
     """The actuator section is invalid; the message names the field and value."""
+
+
+MAX_FWMARK = 2**32 - 1   # ipvsadm parse_fwmark: 1..UINT_MAX
+SERVICE_FORMS = "tcp:VIP:PORT, udp:VIP:PORT, sctp:VIP:PORT, fwm:MARK or fwm6:MARK"
+
+
+def parse_service(spec: str) -> ServiceKey:
+    """A configured virtual service: the shared LB client's forms plus ``fwm6:MARK``, the IPv6 firewall-mark
+    service (``ipvsadm -A -f MARK -6``, listed ``FWM  MARK IPv6``; the LVS collector's label). The kernel keys a
+    mark service by (family, mark): ``fwm:MARK`` is the IPv4 one only, as ``-f MARK`` without ``-6`` is."""
+    proto, sep, rest = spec.partition(":")
+    proto = proto.lower()
+    if proto in ("fwm", "fwm6"):
+        if not (rest.isascii() and rest.isdigit()) or not 0 < int(rest) <= MAX_FWMARK:
+            raise ValueError(f"virtual service {spec!r}: firewall mark must be an integer 1..{MAX_FWMARK}")
+        return ServiceKey("fwm", fwmark=int(rest), family="inet6" if proto == "fwm6" else "inet")
+    if not sep or proto not in SPEC_PROTOCOLS:
+        raise ValueError(f"virtual service {spec!r}: expected {SERVICE_FORMS}")
+    key = parse_service_spec(spec)
+    _no_scope(key.address, spec, "virtual service")
+    return key
+
+
+def parse_real(spec: str, service: ServiceKey) -> RealKey:
+    """A configured real server of ``service``: ``ADDRESS:PORT`` / ``[IPv6]:PORT``, and ``ADDRESS:0`` for a
+    firewall-mark service (``ipvsadm -a -f MARK -r ADDRESS`` without a port: listed ``:0``, the packet's port)."""
+    host, sep, port = spec.rpartition(":")
+    if service.protocol == "fwm" and sep and port == "0":
+        bracketed = host.startswith("[") and host.endswith("]")
+        try:
+            addr = ipaddress.ip_address(host[1:-1] if bracketed else host)
+        except ValueError:
+            raise ValueError(f"real server {spec!r}: {host!r} is not an IP address") from None
+        if addr.version == 6 and not bracketed:
+            raise ValueError(f"real server {spec!r}: write IPv6 addresses in brackets, [{host}]:0")
+        key = RealKey(str(addr), 0, "inet6" if addr.version == 6 else "inet")
+    else:
+        key = parse_real_spec(spec)
+    _no_scope(key.address, spec, "real server")
+    return key
+
+
+def _no_scope(address: str, spec: str, what: str) -> None:
+    # Python takes "fe80::1%eth0"; ipvsadm's inet_pton does not: every batch would fail
+    if "%" in address:
+        raise ValueError(f"{what} {spec!r}: ipvsadm takes no IPv6 scope id ('%...')")
 
 
 class _Target(BaseModel):
@@ -64,7 +111,7 @@ class HaproxyTargetConfig(_Target):
 class LvsTargetConfig(_Target):
     kind: Literal["lvs"]
     command: list[str] = Field(default_factory=lambda: ["/usr/sbin/ipvsadm"], min_length=1)
-    service: str                                    # tcp:VIP:PORT, udp:VIP:PORT, sctp:VIP:PORT or fwm:MARK
+    service: str                                    # tcp:VIP:PORT, udp:..., sctp:..., fwm:MARK or fwm6:MARK
     reals: dict[str, str] = Field(min_length=1)     # origin -> RIP:PORT ([v6]:PORT)
     weight_total: int = Field(default=10_000, ge=1, le=IPVS_MAX_WEIGHT)
     timeout_s: float = Field(default=5.0, gt=0, le=60)
@@ -72,18 +119,22 @@ class LvsTargetConfig(_Target):
     @field_validator("service")
     @classmethod
     def _service(cls, v: str) -> str:
-        parse_service_spec(v)
+        parse_service(v)
         return v
 
     @field_validator("reals")
     @classmethod
-    def _reals(cls, v: dict[str, str]) -> dict[str, str]:
+    def _reals(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        try:   # a service that failed its own check is reported there; its reals are read as tcp's
+            service = parse_service(info.data["service"])
+        except (KeyError, ValueError):
+            service = ServiceKey("tcp")
         for origin, real in v.items():
             try:
-                parse_real_spec(real)
+                parse_real(real, service)
             except ValueError as e:
                 raise ValueError(f"reals[{origin!r}]: {e}") from None
-        _one_each(v, parse_real_spec, "real server")
+        _one_each(v, lambda real: parse_real(real, service), "real server")
         return v
 
 
@@ -139,7 +190,7 @@ class ActuatorConfig(BaseModel):
             if isinstance(t, HaproxyTargetConfig):
                 lb, what = (t.edge, "haproxy", str(t.socket), t.backend), f"HAProxy backend {t.backend!r} at {t.socket}"
             else:
-                lb, what = (t.edge, "lvs", parse_service_spec(t.service)), f"virtual service {t.service!r}"
+                lb, what = (t.edge, "lvs", parse_service(t.service)), f"virtual service {t.service!r}"
             if lb in driven:
                 raise ValueError(f"targets: listeners {driven[lb]!r} and {t.listener!r} both drive {what} on edge "
                                  f"{t.edge!r}")
@@ -194,4 +245,5 @@ def actuator_config(settings: Settings, overrides: dict[str, Any] | None = None)
         raise ActuatorConfigError(f"controllers.{SECTION}: {describe_validation_error(e)}") from None
 
 
-__all__ = ["ActuatorConfig", "ActuatorConfigError", "HaproxyTargetConfig", "LvsTargetConfig", "actuator_config"]
+__all__ = ["ActuatorConfig", "ActuatorConfigError", "HaproxyTargetConfig", "LvsTargetConfig", "actuator_config",
+           "parse_real", "parse_service"]

@@ -27,11 +27,10 @@ import signal
 import subprocess
 
 from opsloop.collect.tool import reap
-from opsloop.lb.ipvs import (LvsParseError, RealServer, ServiceKey, parse_ipvsadm_list, parse_real_spec,
-                             parse_service_spec)
+from opsloop.lb.ipvs import LvsParseError, RealServer, Service, ServiceKey, parse_ipvsadm_list
 
 from opsloop.controllers.actuators.base import ActuatorError
-from opsloop.controllers.actuators.config import LvsTargetConfig
+from opsloop.controllers.actuators.config import LvsTargetConfig, parse_real, parse_service
 from opsloop.controllers.actuators.mapping import IPVS_MAX_WEIGHT
 from opsloop.controllers.actuators.safety import increases_first
 
@@ -57,7 +56,9 @@ def _host(address: str, family: str) -> str:
 
 def service_args(key: ServiceKey) -> list[str]:
     if key.protocol == "fwm":
-        return ["-f", str(key.fwmark)]
+        # the kernel keys a mark service by (family, mark): without -6 (after -f, or ipvsadm fails "-6 used before
+        # -f") an edit names the IPv4 service, "No such service" when only the IPv6 one exists
+        return ["-f", str(key.fwmark), *(["-6"] if key.family == "inet6" else [])]
     return [_PROTO_FLAGS[key.protocol], f"{_host(key.address, key.family)}:{key.port}"]
 
 
@@ -68,8 +69,8 @@ class LvsTarget:
 
     def __init__(self, config: LvsTargetConfig) -> None:
         self.config = config
-        self.service = parse_service_spec(config.service)
-        self.reals = {o: parse_real_spec(r) for o, r in config.reals.items()}
+        self.service = parse_service(config.service)
+        self.reals = {o: parse_real(r, self.service) for o, r in config.reals.items()}
 
     @property
     def origins(self) -> list[str]:
@@ -118,8 +119,8 @@ class LvsTarget:
             raise ActuatorError(f"{self.describe()}: {e}", "parse") from None
         svc = next((s for s in services if s.key == self.service), None)
         if svc is None:
-            raise ActuatorError(f"{self.describe()}: virtual service {self.config.service} not in ipvsadm -Ln",
-                                "missing")
+            raise ActuatorError(f"{self.describe()}: virtual service {self.config.service} not in ipvsadm -Ln"
+                                f"{_other_family(self.service, services)}", "missing")
         by_key = {(r.key.address, r.key.port): r for r in svc.reals}
         out: dict[str, RealServer] = {}
         for origin, key in self.reals.items():
@@ -243,6 +244,10 @@ class LvsTarget:
                 note = f"restoring the previous weights failed too: {undo}"
             raise ActuatorError(f"{e} ({note})", e.kind) from None
 
+    def left_alone(self) -> dict[str, str]:
+        """None: every configured real is written (a dead one is quiesced to 0 by its health checker, see down())."""
+        return {}
+
     def down(self, stored: dict[str, int] | None = None) -> set[str]:
         """Origins keepalived/ldirectord quiesced: live weight 0 where the stored weight is above 0.
 
@@ -253,6 +258,14 @@ class LvsTarget:
         if not stored:
             return set()
         return {o for o, w in self.read().items() if w == 0 and stored.get(o, 0) > 0}
+
+
+def _other_family(key: ServiceKey, services: list[Service]) -> str:
+    """A hint when the mark is listed for the other family only (``fwm:N`` configured, ``FWM  N IPv6`` live)."""
+    if key.protocol != "fwm":
+        return ""
+    other = next((s.key for s in services if s.key.protocol == "fwm" and s.key.fwmark == key.fwmark), None)
+    return f" (the {'IPv6' if other.family == 'inet6' else 'IPv4'} one is: configure {other.label})" if other else ""
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

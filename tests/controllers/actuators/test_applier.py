@@ -60,6 +60,9 @@ class MemoryTarget:
     def down(self) -> set[str]:
         return set(self.down_set)
 
+    def left_alone(self) -> dict[str, str]:
+        return {}
+
 
 shares_st = st.lists(st.one_of(st.just(0.0), st.floats(0.01, 1.0)), min_size=3, max_size=3).filter(
     lambda v: sum(v) > 0).map(lambda v: {o: x / math.fsum(v) for o, x in zip(ORIGINS, v)})

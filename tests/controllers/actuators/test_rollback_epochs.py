@@ -43,6 +43,9 @@ class MemoryLB:
     def down(self) -> set[str]:
         return set()
 
+    def left_alone(self) -> dict[str, str]:
+        return {}
+
 
 def decide(epoch: int, version: int, near: float) -> EdgeWeights:
     return EdgeWeights(version=version, epoch=epoch, listener="web", edge="ams1",
