@@ -79,6 +79,7 @@ from faust.serializers import codecs
 from faust.streams import _current_event
 from faust.types import TP, EventT
 from faust.types.tuples import FutureMessage
+from prometheus_client import Gauge
 
 from opsloop.config import Settings
 from opsloop.log import Sampled, get_logger
@@ -104,14 +105,19 @@ METADATA_REFRESH_S = 5.0   # at most one producer metadata refresh asked for per
 # a state whose changelog record the producer would refuse: not sent, kept in memory (STATE_DROPPED's reason)
 TOO_LARGE = "too_large"
 TOO_LARGE_LOG = Sampled(60.0)   # one line a minute per handler: a big key is refused at every batch touching it
-# A batch's state writes are acknowledged by the broker before its offsets may be committed (run_batch): the
-# longest a batch waits for them (a broker restart, ~40 s, is ridden out); those refused are written again, at
-# most STATE_WRITE_ATTEMPTS times in all, STATE_RETRY_PAUSE_S apart; what is still refused or unacknowledged
-# then is dead-lettered, and the batch goes on
+# A batch's state writes are acknowledged by the broker before its offsets may be committed (run_batch). The batch
+# waits for them as long as the producer holds them (aiokafka keeps a write through a broker outage and fails it
+# only when it gives up on it): past STATE_CONFIRM_S it says so (log state_writes_waiting once, STATE_WAITING).
+# Those refused are written again, at most STATE_WRITE_ATTEMPTS times in all, STATE_RETRY_PAUSE_S apart; what is
+# still refused then is dead-lettered, and the batch goes on.
 STATE_CONFIRM_S = 60.0
 STATE_WRITE_ATTEMPTS = 3
 STATE_RETRY_PAUSE_S = 0.5
+STATE_LOOK_S = 1.0   # while waiting, the producer and the app are looked at this often (a stop ends the wait)
 WRITE_FAILED_LOG = Sampled(60.0)   # one line a minute per handler: a refused key fails at every batch touching it
+STATE_WAITING = Gauge("opsloop_stream_state_writes_waiting",
+                      "State (changelog) writes of the batch in hand the broker has not acknowledged after "
+                      f"{STATE_CONFIRM_S:.0f} s: the batch and its offsets wait for them (0: none)", ["agent"])
 
 
 class UnreadableState:
@@ -380,7 +386,7 @@ class StatefulAgent:
         self._refreshed_at = float("-inf")   # monotonic time of the last producer metadata refresh asked for
         # this batch's state writes: (handler, key) -> (the event written under, their delivery futures)
         self._writes: dict[tuple[DetectorHandler, str], tuple[EventT, list[FutureMessage]]] = {}
-        self.write_failures = 0   # state writes the broker refused (or did not acknowledge in time)
+        self.write_failures = 0   # state writes the broker refused (or aiokafka gave up on)
 
     @property
     def topics(self) -> list[str]:
@@ -800,74 +806,124 @@ class StatefulAgent:
         return True
 
     def _producer_gone(self) -> bool:
-        """Whether the app's producer buffer crashed or stops: a write still in it will never be delivered."""
+        """Whether the app's producer buffer is not running (never started, crashed or stopping) or the app stops: a
+        write still in it will not be delivered, or the worker is on its way out (the batch is read again)."""
         buffer = getattr(getattr(self.app, "_producer", None), "buffer", None)
-        return buffer is not None and bool(buffer.crashed or buffer.should_stop)
+        if buffer is None or not buffer.started or buffer.crashed or buffer.should_stop:
+            return True
+        return self._stopping()
 
     async def confirm_writes(self, batch: Sequence[EventT]) -> None:
         """Wait for the broker to acknowledge this batch's state writes before the batch is acked (its offsets
         committable). Before, Faust's commit waited for them to end, not to succeed: a write the broker refused
-        (over the changelog's ``max.message.bytes``, a timeout, ...) left only a warning of Faust's, the offsets
-        were committed, and a restart restored the key's older copy, the records that built the newer state never
-        replayed. A refused write is written again (the key's state now), one key at a time: the broker refuses
-        a producer batch whole, so one record over the topic's limit failed the keys sent with it. Still refused
-        after :data:`STATE_WRITE_ATTEMPTS`, or unacknowledged after :data:`STATE_CONFIRM_S`, it is logged,
-        counted and dead-lettered, kept in memory (written again by the next batch touching the key), and the
-        batch goes on: a write that can never succeed does not hold its partition. A producer that crashed or
-        stops with writes in hand: the batch is left unacked (``leave_unacked``), read again after the restart."""
+        (over the changelog's ``max.message.bytes``, ...) left only a warning of Faust's, the offsets were committed,
+        and a restart restored the key's older copy, the records that built the newer state never replayed.
+
+        The wait lasts as long as the producer holds the writes: a broker away keeps them in aiokafka, delivered when
+        it is back (before, they were given up after 60 s: counted failed and dead-lettered for a loss that did not
+        happen, and the offsets committed before the state was written). Past :data:`STATE_CONFIRM_S` the wait is
+        logged once (``state_writes_waiting``) and shown (:data:`STATE_WAITING`). A refused write (its future failed:
+        the broker refused it, or aiokafka gave up on it) is written again (the key's state now), one key at a time:
+        the broker refuses a producer batch whole, so one record over the topic's limit failed the keys sent with it.
+        Still refused after :data:`STATE_WRITE_ATTEMPTS`, it is logged, counted and dead-lettered, kept in memory
+        (written again by the next batch touching the key), and the batch goes on: a write that can never succeed
+        does not hold its partition. A producer that is not running or an app
+        that stops (or a cancellation) during the wait: the batch is left unacked (``leave_unacked``), read again
+        after the restart, and the stop is not held up."""
         writes, self._writes = self._writes, {}
         if not writes:
             return
-        deadline = asyncio.get_running_loop().time() + STATE_CONFIRM_S
         failed: dict[tuple[DetectorHandler, str], tuple[EventT, BaseException]] = {}
-        for attempt in range(1, STATE_WRITE_ATTEMPTS + 1):
-            if not await self._delivered([f for _, futs in writes.values() for f in futs], deadline):
-                if isinstance(batch, list):   # the list take_batches handed out
-                    leave_unacked(batch)
-                health.ERRORS.labels(self.name).inc()
-                log.error("state_writes_unconfirmed", agent=self.name, keys=len(writes), records=len(batch),
-                          why="the producer crashed or stops before the broker acknowledged the batch's state",
-                          kept="the batch's offsets not committed: it is read again after the restart")
-                return
-            failed = {k: (event, error) for k, (event, futs) in writes.items()
-                      if (error := _write_error(futs)) is not None}
-            if not failed:
-                return
-            self.write_failures += len(failed)
-            health.ERRORS.labels(self.name).inc()   # per batch and attempt, as handler errors
-            for (h, key), (_, error) in failed.items():
-                WRITE_FAILED_LOG.error(log, "state_write_failed", key=h.name, agent=self.name, handler=h.name,
-                                       state_key=key[:200], attempt=attempt, attempts=STATE_WRITE_ATTEMPTS,
-                                       error=f"{type(error).__name__}: {error}"[:300])
-            if attempt == STATE_WRITE_ATTEMPTS or deadline - asyncio.get_running_loop().time() <= STATE_RETRY_PAUSE_S:
-                break
-            await asyncio.sleep(STATE_RETRY_PAUSE_S)
-            writes = {}
-            writable = self.changelog_partitions()
-            for (h, key), (event, _) in failed.items():
-                # the key's state now (a batch is handled whole before the next); not written: a guard said why
-                if self.write_state(h, key, event, None, writable):
-                    writes[(h, key)] = self._writes.pop((h, key))
-                    if not await self._delivered(writes[(h, key)][1], deadline):
-                        break   # the producer is gone: said above, at the loop's next turn
-            self._writes = {}
-            if not writes:
-                return
+        try:
+            for attempt in range(1, STATE_WRITE_ATTEMPTS + 1):
+                if attempt > 1:
+                    await asyncio.sleep(STATE_RETRY_PAUSE_S)
+                    writes = await self._write_again(failed)
+                futs = [f for _, fs in writes.values() for f in fs]
+                if not await self._delivered(futs, len(writes), len(batch)):
+                    self._unconfirmed(batch, len(writes))
+                    return
+                failed = {k: (event, error) for k, (event, fs) in writes.items()
+                          if (error := _write_error(fs)) is not None}
+                if not failed:
+                    return
+                self._write_failed(failed, attempt)
+        except asyncio.CancelledError:
+            self._unconfirmed(batch, len(writes))   # the agent stops: take_batches would ack the batch
+            raise
         await send_deadletters(self.name, (_state_deadletter(h, key, event, error)
                                            for (h, key), (event, error) in failed.items()), self._send_deadletter)
 
-    async def _delivered(self, futs: list[FutureMessage], deadline: float) -> bool:
-        """Wait until ``futs`` are done or ``deadline`` (loop time) passes; False: the producer is gone first."""
+    async def _write_again(self, failed: Mapping[tuple[DetectorHandler, str], tuple[EventT, BaseException]]
+                           ) -> dict[tuple[DetectorHandler, str], tuple[EventT, list[FutureMessage]]]:
+        """Write the refused keys again, each awaited before the next (a producer batch of its own); those a guard
+        refuses now are left out (the guard said why)."""
+        writes: dict[tuple[DetectorHandler, str], tuple[EventT, list[FutureMessage]]] = {}
+        writable = self.changelog_partitions()
+        for (h, key), (event, _) in failed.items():
+            # the key's state now (a batch is handled whole before the next)
+            if self.write_state(h, key, event, None, writable):
+                writes[(h, key)] = self._writes.pop((h, key))
+                if not await self._delivered(writes[(h, key)][1], 1, 0):
+                    break   # the producer is gone: said by the caller's wait
+        self._writes = {}
+        return writes
+
+    def _write_failed(self, failed: Mapping[tuple[DetectorHandler, str], tuple[EventT, BaseException]],
+                      attempt: int) -> None:
+        self.write_failures += len(failed)
+        health.ERRORS.labels(self.name).inc()   # per batch and attempt, as handler errors
+        for (h, key), (_, error) in failed.items():
+            WRITE_FAILED_LOG.error(log, "state_write_failed", key=h.name, agent=self.name, handler=h.name,
+                                   state_key=key[:200], attempt=attempt, attempts=STATE_WRITE_ATTEMPTS,
+                                   error=f"{type(error).__name__}: {error}"[:300])
+
+    def _unconfirmed(self, batch: Sequence[EventT], keys: int) -> None:
+        if isinstance(batch, list):   # the list take_batches handed out
+            leave_unacked(batch)
+        if self._stopping():
+            log.warning("state_writes_unconfirmed", agent=self.name, keys=keys,
+                        why="the worker stops before the broker acknowledged the batch's state",
+                        kept="the batch's offsets not committed: it is read again after the restart")
+            return
+        health.ERRORS.labels(self.name).inc()
+        log.error("state_writes_unconfirmed", agent=self.name, keys=keys,
+                  why="the producer crashed or stops before the broker acknowledged the batch's state",
+                  kept="the batch's offsets not committed: it is read again after the restart")
+
+    def _stopping(self) -> bool:
+        return bool(getattr(self.app, "should_stop", False))
+
+    async def _delivered(self, futs: list[FutureMessage], keys: int, records: int) -> bool:
+        """Wait until ``futs`` are done, as long as the producer holds them; False: the producer or the app stops
+        first. Past :data:`STATE_CONFIRM_S`, said once and shown in :data:`STATE_WAITING` until they are done."""
         loop = asyncio.get_running_loop()
+        started = loop.time()
         waiting = [f for f in futs if not f.done()]
-        while waiting:
-            if self._producer_gone():
-                return False
-            left = deadline - loop.time()
-            if left <= 0:
-                break
-            await asyncio.wait(waiting, timeout=min(left, 1.0))   # a second at most: the producer checked again
-            waiting = [f for f in waiting if not f.done()]
+        said = False
+        try:
+            while waiting:
+                if self._producer_gone():
+                    return False
+                waited = loop.time() - started
+                if not said and waited >= STATE_CONFIRM_S:
+                    said = True
+                    log.warning("state_writes_waiting", agent=self.name, keys=keys, writes=len(waiting),
+                                records=records, waited_s=round(waited, 1),
+                                why="the broker has not acknowledged the batch's state writes (away, or not taking "
+                                    "them); the producer keeps them and sends them again",
+                                kept="the batch and its offsets wait for them: nothing is committed before its state")
+                if said:
+                    STATE_WAITING.labels(self.name).set(len(waiting))
+                look = STATE_LOOK_S if said else min(STATE_LOOK_S, max(STATE_CONFIRM_S - waited, 0.0))
+                await asyncio.wait(waiting, timeout=look)
+                waiting = [f for f in waiting if not f.done()]
+        finally:
+            if said:
+                STATE_WAITING.labels(self.name).set(0)
+        if said:
+            log.info("state_writes_confirmed", agent=self.name, keys=keys,
+                     waited_s=round(loop.time() - started, 1))
         return True
 
 
@@ -875,8 +931,8 @@ def _write_error(futs: Sequence[FutureMessage]) -> BaseException | None:
     """Why a key's writes did not all reach the broker (None: they did); retrieves each failure (no asyncio
     "exception was never retrieved" at exit)."""
     for f in futs:
-        if not f.done():
-            return TimeoutError(f"no acknowledgement in {STATE_CONFIRM_S:.0f} s")
+        if not f.done():   # not reached: awaited until done, or the batch left unacked
+            return TimeoutError("no acknowledgement")
         if f.cancelled():
             return asyncio.CancelledError("state write cancelled")
         if (error := f.exception()) is not None:
