@@ -59,6 +59,9 @@ Pure state, no I/O (the service posts and persists). Rules:
   again replaces it: never resolved by a late re-send.
 * Re-sends are due ``resend_interval_s`` after the last send, on the wall clock; one last sent "after" now (our
   clock stepped back since) is due at once. Before, they waited for the time lost: the open alerts expired.
+* Until the service has caught up with the findings (``held_only``: a restart, Kafka away at start) only what
+  Alertmanager holds is sent: alerts delivered whose endsAt (last send, before the restart too, + ``alert_ttl_s``)
+  has not passed, and the resolves of alerts delivered; before, nothing was, and the open pages expired there.
 """
 
 from __future__ import annotations
@@ -180,6 +183,8 @@ class PagingBook:
     # Ids with a best-effort resolve queued, oldest first: the cap finds its victim without a scan.
     _best_effort: dict[str, None] = field(default_factory=dict, init=False, repr=False, compare=False)
     _queued: int = field(default=0, init=False, repr=False, compare=False)
+    # The last send before the restart of open alerts restored and not sent since (held_only: still in Alertmanager?)
+    _restored_sent: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_pending_resolves < 1:
@@ -289,6 +294,7 @@ class PagingBook:
 
     def _resolve(self, alert: OpenAlert, now: float, finding: Finding) -> None:
         del self.open[alert.finding_id]
+        self._restored_sent.pop(alert.finding_id, None)
         annotations = dict(alert.annotations)
         if finding.cleared and finding.explanation:
             annotations["explanation"] = finding.explanation
@@ -339,18 +345,26 @@ class PagingBook:
         """The ``POST /api/v2/alerts`` body of everything to (re-)send now."""
         return [o.alert for o in self.outgoing(now)]
 
-    def outgoing(self, now: float) -> list[Outgoing]:
-        """What :meth:`due` posts, each alert with the record it is sent for (resolves first)."""
+    def outgoing(self, now: float, held_only: bool = False) -> list[Outgoing]:
+        """What :meth:`due` posts, each alert with the record it is sent for (resolves first). ``held_only``: only
+        what keeps Alertmanager as it was before a restart (:meth:`held`, the resolves of alerts delivered)."""
         out = [Outgoing(postable(r.labels, r.annotations, r.starts_at, r.ends_at), r)
-               for queue in self.resolves.values() for r in queue]
+               for queue in self.resolves.values() for r in queue if not (held_only and r.best_effort)]
         self._expire_resolved(now)
         for s in self._resends_due(now):
             ends = min(s.ends_at, now)   # a clock stepped back: an endsAt ahead would re-open the alert
             out.append(Outgoing(postable(s.labels, s.annotations, min(s.starts_at, ends), ends), s))
         for a in self.open.values():
-            if self._due(a.last_sent, now):
+            if self._due(a.last_sent, now) and (not held_only or self.held(a, now)):
                 out.append(Outgoing(self._firing(a, now), a))
         return out
+
+    def held(self, a: OpenAlert, now: float) -> bool:
+        """Whether Alertmanager still holds ``a`` firing from a delivery (before a restart too): its endsAt not passed.
+        Before the service caught up with the findings (a restart, Kafka away) only these are re-sent: one expired
+        there may have cleared in a record not read yet, and re-sent it would page a second time."""
+        sent = a.last_sent if a.last_sent is not None else self._restored_sent.get(a.finding_id)
+        return a.delivered_once and sent is not None and sent + self.alert_ttl_s > now
 
     def _firing(self, a: OpenAlert, now: float) -> dict[str, Any]:
         # started by now at the latest: a producer's clock ahead of ours (or ours stepped back by more than
@@ -429,19 +443,21 @@ class PagingBook:
         return True
 
     def delivered(self, now: float, lost: Collection[OpenAlert | PendingResolve] = (),
-                  replaced: Collection[Outgoing] = ()) -> Delivered:
+                  replaced: Collection[Outgoing] = (), held_only: bool = False) -> Delivered:
         """Mark what ``due(now)`` returned as delivered: alerts paged for the first time, resolves sent, alerts
         delivered after being lost. ``lost``: the records (of ``outgoing(now)``) marked by :meth:`lost`: sent
         (tried again at the re-send interval, not at once), but not delivered. ``replaced``: the fallbacks
-        Alertmanager took in place of a refused alert, each with its record (a resolve is re-sent as its fallback)."""
+        Alertmanager took in place of a refused alert, each with its record (a resolve is re-sent as its fallback).
+        ``held_only``: what ``outgoing(now, held_only=True)`` returned (the best-effort resolves stay queued)."""
         refused = {id(r) for r in lost}   # by record, not finding id: a severity change posts two of one id
         for s in self._resends_due(now):
             s.last_sent = now
         first: list[OpenAlert] = []
         late: list[Late] = []
         for a in self.open.values():
-            if self._due(a.last_sent, now):
+            if self._due(a.last_sent, now) and (not held_only or self.held(a, now)):
                 a.last_sent = now
+                self._restored_sent.pop(a.finding_id, None)
                 if id(a) in refused:
                     continue
                 if not a.delivered_once:
@@ -450,12 +466,20 @@ class PagingBook:
                     late.append(Late(a, a.lost_at, a.lost_tries))
                     a.lost_at, a.lost_tries = None, 0
                 a.delivered_once = True
-        resolved = self._queued
-        self._keep_resolved(now, refused, {id(o.record): o.alert for o in replaced})
-        self.resolves.clear()
-        self._best_effort.clear()
-        self._queued = 0
-        return Delivered(first, resolved, late)
+        queued = self._queued
+        self._keep_resolved(now, refused, {id(o.record): o.alert for o in replaced})   # best-effort ones skipped
+        if held_only:
+            for fid in list(self.resolves):
+                queue = self.resolves[fid]
+                queue[:] = [r for r in queue if r.best_effort]
+                if not queue:
+                    del self.resolves[fid]
+            self._queued = sum(len(q) for q in self.resolves.values())   # _best_effort still names their ids
+        else:
+            self.resolves.clear()
+            self._best_effort.clear()
+            self._queued = 0
+        return Delivered(first, queued - self._queued, late)
 
     def _keep_resolved(self, now: float, refused: set[int], replaced: dict[int, dict[str, Any]]) -> None:
         """The queued resolves just delivered join the ones re-sent for ``resend_resolved_s``."""
@@ -496,7 +520,7 @@ class PagingBook:
     # -- persistence ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION,
-                "open": [_open_entry(a) for a in self.open.values()],
+                "open": [_open_entry(a, self._restored_sent.get(a.finding_id)) for a in self.open.values()],
                 "resolves": [_resolve_entry(r) for q in self.resolves.values() for r in q],
                 "resolved": [_resolve_entry(s) for s in self.resolved.values()],
                 "closed": [[fid, *mark] for fid, mark in self.closed.items()],
@@ -514,7 +538,6 @@ class PagingBook:
             if isinstance(a, dict):   # a file from before the incident marks: the record it opened on
                 a = {"first_seen": a.get("starts_at"), "last_seen": a.get("event_time"), **a}
             alert = _checked(OpenAlert, a, f"open[{i}]")
-            alert.last_sent = None
             opened[alert.finding_id] = alert
         pending = [_checked(PendingResolve, r, f"resolves[{i}]") for i, r in enumerate(_entries(doc, "resolves"))]
         closed = dict(_closed_mark(m, f"closed[{i}]") for i, m in enumerate(_entries(doc, "closed")))
@@ -525,6 +548,9 @@ class PagingBook:
         self.open, self.resolves, self.closed = opened, {}, dict(list(closed.items())[-MAX_CLOSED:])
         self.cleared = dict(list(cleared.items())[-MAX_CLOSED:])
         self._best_effort, self._queued = {}, 0
+        self._restored_sent = {fid: a.last_sent for fid, a in opened.items() if a.last_sent is not None}
+        for a in opened.values():
+            a.last_sent = None   # re-sent at once (held ones before the service caught up too)
         self.resolved = {_key(s.finding_id, s.labels): s for s in sent[-self.max_pending_resolves:]}
         for s in self.resolved.values():
             s.last_sent = None   # re-sent at once, as the open alerts are
@@ -532,8 +558,10 @@ class PagingBook:
             self._queue_resolve(r)
 
 
-def _open_entry(a: OpenAlert) -> dict[str, Any]:
+def _open_entry(a: OpenAlert, restored_sent: float | None = None) -> dict[str, Any]:
     entry = asdict(a)
+    if entry["last_sent"] is None:   # restored, not sent since: its last send before the restart (held())
+        entry["last_sent"] = restored_sent
     # written only when set: a file without refused (or lost) alerts still loads in older versions
     for key, unset in (("rejected", ""), ("lost_at", None), ("lost_tries", 0)):
         if entry[key] == unset:

@@ -202,11 +202,14 @@ class PagingService:
                             value_is="record")
 
     def deliver(self, now: float) -> int:
-        """Post what is due (unless backing off); returns the number of alerts Alertmanager accepted."""
-        if not self._caught_up or not self.backoff.ready(now):
+        """Post what is due (unless backing off); returns the number of alerts Alertmanager accepted. Until caught up
+        with the findings (a new group's replay, a restart, Kafka away) only what Alertmanager held before: the
+        alerts delivered and not expired there, the resolves of alerts delivered (the book's ``held_only``)."""
+        if not self.backoff.ready(now):
             self._update_gauges(now)
             return 0
-        items = self.book.outgoing(now)
+        held_only = not self._caught_up
+        items = self.book.outgoing(now, held_only=held_only)
         if not items:
             self._update_gauges(now)
             return 0
@@ -241,7 +244,7 @@ class PagingService:
                 lost.append(o.record)
             _count_sent(replaced)   # a fallback accepted: the page (or its resolve) went out
             accepted += replaced
-        done = self.book.delivered(now, lost, replaced)   # a lost page is not audited as delivered
+        done = self.book.delivered(now, lost, replaced, held_only)   # a lost page is not audited as delivered
         metrics.POSTS.inc()
         metrics.LAST_DELIVERY.set(time.time())
         late = {id(x.alert): x for x in done.late}
@@ -374,11 +377,18 @@ class PagingService:
         own = self._consumer is None
         if own:
             preflight_or_exit(self.kafka, "paging", log)   # a wrong password or CA: exit now, say why
-        # broker away at start: wait
-        if not connect_with_retry(lambda: self._connect(create_topics=own), stop, "paging", log):
+        # Loaded first, and what Alertmanager held kept up while the broker is away at start: before, nothing was
+        # re-sent until Kafka answered and the open pages expired there (a false resolve, then a second page).
+        self.load_state()
+
+        def connect() -> None:
+            self._keep_up()
+            self._connect(create_topics=own)
+
+        if not connect_with_retry(connect, stop, "paging", log, max_s=min(30.0, self.config.resend_interval_s)):
+            self._try_save()
             self.close()
             return
-        self.load_state()
         log.info("paging_started", topic=self.topic, group_id=self.group_id,
                  alertmanagers=self.config.alertmanager_urls, resend_interval_s=self.config.resend_interval_s)
         try:
@@ -391,6 +401,14 @@ class PagingService:
         finally:
             self._try_save()   # a file we cannot write is said and counted; the clients are closed all the same
             self.close()
+
+    def _keep_up(self) -> None:
+        """One delivery step without Kafka (waiting for a broker at start): re-sends and resolves owed, saved."""
+        try:
+            self.deliver(time.time())
+            self._try_save()
+        except Exception as e:  # noqa: BLE001 - the wait for Kafka goes on
+            log.error("step_failed", error=str(e)[:500], exc_info=True)
 
     def close(self) -> None:
         for closer in (getattr(self._consumer, "close", None), getattr(self._producer, "close", None)):
