@@ -7,6 +7,7 @@ failing inside Faust's deserializer.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 import faust
@@ -32,6 +33,9 @@ log = get_logger("stream")
 
 # one metadata request per 30 s per worker (tests/streams/test_topic_recreated.py)
 CONSUMER_METADATA_MAX_AGE_MS = 30_000
+# At stop, Faust flushes its producer and aiokafka's flush waits for a broker: with the broker down the worker hung
+# until its supervisor's SIGKILL (20 s under `opsloop run`), unsaid. Bounded below that, it says so and exits.
+STOP_FLUSH_S = 10.0
 
 
 def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
@@ -65,7 +69,29 @@ def create_app(settings: Settings, app_id: str | None = None) -> faust.App:
     install_assignment_metrics(app)
     # every held source partition's committed offset, batch or not: a partition nobody processes is alerted
     install_partition_progress(app, s.progress_interval_s)
+    install_bounded_stop_flush(app, STOP_FLUSH_S)
     return app
+
+
+def install_bounded_stop_flush(app: faust.App, timeout_s: float) -> None:
+    """Bound the producer flush of the worker's stop to ``timeout_s``. Nothing is lost that a SIGKILL would not
+    lose: a batch's input offsets are committed only once its state writes are acknowledged, so what is still
+    unsent was never committed past and is read again. A revocation's flush is left unbounded: the partitions'
+    next owner must find those writes."""
+    flush = app._producer_flush
+
+    async def producer_flush(logger: Any) -> None:
+        if not app.should_stop:
+            await flush(logger)
+            return
+        try:
+            await asyncio.wait_for(flush(logger), timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("stop_flush_timeout", timeout_s=timeout_s,
+                        reason="the producer's writes were not all acknowledged (no broker answered): the worker "
+                               "stops without them; their batches were not committed and are read again")
+
+    app._producer_flush = producer_flush  # type: ignore[method-assign]
 
 
 class RawSchema(faust.Schema):

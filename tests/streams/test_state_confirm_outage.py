@@ -123,11 +123,12 @@ def test_a_worker_stopped_while_its_batch_waits_for_the_broker_stops_and_reads_t
         run.batch_into_outage(kafka, host, 4)
         wait_until(lambda: _waiting_or_failed(run, worker), timeout=60, what="the batch waiting for its writes")
         assert _events(worker, "state_write_failed") == [], "a write aiokafka still holds was counted as failed"
-        # SIGTERM during the wait: the agent lets the batch go at once, unacked. (Faust's own producer flush at stop
-        # then waits for the broker: SIGKILL after 20 s, the supervisor's part; nothing is committed either way.)
+        # SIGTERM during the wait: the agent lets the batch go at once, unacked; Faust's producer flush at stop is
+        # bounded (it waited for the broker until the supervisor's SIGKILL, unsaid) and says what it left
         worker.stop()
         released = _events(worker, "state_writes_unconfirmed")
         assert released and "stops" in released[0]["why"], worker.tail(40)
+        assert _events(worker, "stop_flush_timeout"), worker.tail(40)
         stack.start_component("kafka")
         assert not run.committed()   # nothing of the batch committed: its record is read again
         worker = run.start()
