@@ -81,10 +81,12 @@ instead of the record; nor, without --force, one that was refused again after a 
 source topic does not exist on the cluster (status "no topic": a send would have the broker create it
 with its default partitions; `opsloop stream worker` creates the missing ones at start; then replay).
 A source topic deleted during a replay (looked for every 2 s) stops it: what was sent is reported, the rest
-is not sent, and the topic is not re-created.
+is not sent, and the topic is not re-created. The dead-letter topic deleted during a replay stops it too:
+what was sent is reported (the dead letters not yet read went with the topic); so is a read Kafka stops
+answering for --timeout (exit 2).
 Exit: list, summary 0 when dead letters matched, 1 when none; replay 0 when every selected record was
-sent (or, without --yes, could be), 1 when a send failed or a source topic does not exist (or was deleted
-during the replay); 2 on bad input or unreachable Kafka.
+sent (or, without --yes, could be), 1 when a send failed or a source topic does not exist (or it or the
+dead-letter topic was deleted during the replay); 2 on bad input or unreachable Kafka.
 A replay interrupted (Ctrl-C, SIGTERM) stops reading, waits for the acknowledgements of what it sent,
 reports it and exits 130 (a new replay sends those again).
 """
@@ -105,6 +107,10 @@ class NotReplayable(ValueError):
 
 class ReadStalled(RuntimeError):
     """No record arrived for the time-out while partitions were short of their end offsets."""
+
+
+class TopicGone(ReadStalled):
+    """The topic being read was deleted under the read (gone from the cluster, or its offsets started again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +343,11 @@ class Reader:
         ms = int(self.timeout_s * 1000)
         consumer = KafkaConsumer(**client_options(self.kafka), group_id=None, enable_auto_commit=False,
                                  client_id="opsloop-deadletter", auto_offset_reset="earliest",
-                                 bootstrap_timeout_ms=ms, request_timeout_ms=max(ms, 5000))
+                                 bootstrap_timeout_ms=ms, request_timeout_ms=max(ms, 5000),
+                                 allow_auto_create_topics=False)
+        # its metadata requests asked the broker to create the topic: one deleted during the read came back empty,
+        # and the read went on from its offset 0 (records of the new topic read as the old one's, or a stall)
+        without_auto_create(consumer)
         try:
             tps = [TopicPartition(self.topic, p) for p in sorted(consumer.partitions_for_topic(self.topic))]
             if not tps:   # no such topic: nothing was ever dead-lettered under this prefix
@@ -363,24 +373,33 @@ class Reader:
               end: dict[TopicPartition, int]) -> Iterator[Any]:
         last_moved = last_report = time.monotonic()
         positions = {tp: consumer.position(tp) for tp in todo}
+        read_to = dict(positions)   # per partition, the offset after the last record read
         while todo:
             batch = consumer.poll(timeout_ms=500, max_records=2000)
             now = time.monotonic()
             for tp, records in batch.items():
                 for r in records:
+                    if r.offset < read_to[tp]:   # before what was read: the topic was deleted and made anew
+                        raise self._gone(tp, r.offset)
                     if r.offset >= end[tp]:   # written after the read started: the next read's
                         break
+                    read_to[tp] = r.offset + 1
                     self.stats.read += 1
                     if self.since_ms is None or r.timestamp >= self.since_ms:
                         yield r
             # progress is a position that moved (offsets without a record, e.g. transaction markers, count)
             moved = {tp: consumer.position(tp) for tp in todo}
+            back = [tp for tp in todo if moved[tp] < read_to[tp]]   # reset to a new topic's start
+            if back:
+                raise self._gone(back[0], moved[back[0]])
             if moved != positions:
                 positions, last_moved = moved, now
             for tp in [tp for tp in todo if moved[tp] >= end[tp]]:
                 todo.discard(tp)
                 consumer.pause(tp)
             if todo and now - last_moved > self.timeout_s:
+                if not self._exists():   # deleted: said as such, not as Kafka not answering
+                    raise TopicGone(f"{self.topic}: deleted during the read (no longer on the cluster)")
                 short = ", ".join(f"{tp.partition} at {consumer.position(tp)} of {end[tp]}"
                                   for tp in sorted(todo, key=lambda tp: tp.partition))
                 raise ReadStalled(f"{self.topic}: no progress for {self.timeout_s:g} s, partitions short of their "
@@ -388,6 +407,17 @@ class Reader:
             if self.progress is not None and todo and now - last_report >= PROGRESS_EVERY_S:
                 last_report = now
                 self.progress(self.stats)
+
+    def _gone(self, tp: TopicPartition, offset: int) -> TopicGone:
+        return TopicGone(f"{self.topic}: deleted during the read (partition {tp.partition} started again at "
+                         f"offset {offset})")
+
+    def _exists(self) -> bool:
+        """The topic is on the cluster; True when the cluster does not answer (a stall, not a deletion)."""
+        try:
+            return self.topic in existing_topics(self.kafka, self.timeout_s)
+        except KafkaError:
+            return True
 
 
 def stderr_progress(topic: str) -> Callable[[ReadStats], None]:
@@ -507,7 +537,9 @@ class ReplayReport:
     interrupted: bool = False
     unchecked: set[str] = field(default_factory=set)   # destinations of failed sends not yet looked for on the cluster
     deleted: list[str] = field(default_factory=list)   # source topics deleted during the replay
-    stopped: bool = False   # for that, before every selected dead letter was read
+    stopped: bool = False   # for that, or a read error, before every selected dead letter was read
+    read_error: str | None = None   # the read of the dead-letter topic stalled or lost its topic: stopped there
+    deadletter_deleted: bool = False   # the dead-letter topic itself was deleted during the replay
 
 
 def existing_topics(kafka: KafkaSettings, timeout_s: float) -> frozenset[str]:
@@ -521,12 +553,15 @@ def existing_topics(kafka: KafkaSettings, timeout_s: float) -> frozenset[str]:
         admin.close()
 
 
-def without_auto_create(producer: Any) -> bool:
-    """Have ``producer``'s metadata requests not ask the broker to create a topic; False when this kafka-python
-    does not let it. Its producer takes ``allow_auto_create_topics=False`` but builds its cluster metadata without it:
-    a replay whose source topic was deleted meanwhile had the broker re-create it at the next send (its default
-    partitions, other partitions for the keys) and reported the records "sent and acknowledged"."""
-    config = getattr(getattr(producer, "_metadata", None), "config", None)
+def without_auto_create(client: Any) -> bool:
+    """Have ``client``'s (a producer's or a consumer's) metadata requests not ask the broker to create a topic; False
+    when this kafka-python does not let it. Its clients take ``allow_auto_create_topics=False`` but build their cluster
+    metadata without it: a replay whose source topic was deleted meanwhile had the broker re-create it at the next send
+    (its default partitions, other partitions for the keys) and reported the records "sent and acknowledged"."""
+    cluster = getattr(client, "_metadata", None)   # the producer's
+    if cluster is None:
+        cluster = getattr(client, "_cluster", None)   # the consumer's
+    config = getattr(cluster, "config", None)
     if isinstance(config, dict) and "allow_auto_create_topics" in config:
         config["allow_auto_create_topics"] = False
         return True
@@ -614,6 +649,11 @@ def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: boo
             # Ctrl-C or SIGTERM: what was handed to the producer may still be delivered; wait for it and say
             # what was sent, not exit with no word of how far the replay got
             report.interrupted = True
+        except ReadStalled as e:
+            # the dead-letter topic deleted under the read (or Kafka not answering it): the same, what was sent is
+            # reported; before, the command exited 2 with the read's error alone
+            report.read_error, report.stopped = str(e), True
+            report.deadletter_deleted = isinstance(e, TopicGone)
         if producer is not None:
             try:
                 producer.flush(timeout=max(timeout_s * 2, 10.0) + 5)
@@ -628,7 +668,9 @@ def cmd_replay(reader: Reader, filters: Filters, kafka: KafkaSettings, send: boo
     _replay_summary(report, send, reader, as_json)
     if report.interrupted:
         return INTERRUPTED
-    return 1 if report.failed or report.no_topic or report.deleted else 0
+    if report.read_error is not None and not report.deadletter_deleted:
+        return 2   # Kafka did not answer the read
+    return 1 if report.failed or report.no_topic or report.deleted or report.deadletter_deleted else 0
 
 
 def _report_acknowledged(report: ReplayReport, as_json: bool, pending: deque[tuple[Letter, str, Any]],
@@ -678,11 +720,19 @@ def _replay_summary(report: ReplayReport, send: bool, reader: Reader, as_json: b
             "dry_run": not send, "selected": report.selected, "sent" if send else "would_send": report.sent,
             "failed": report.failed, "skipped": dict(report.skipped), "no_topic": dict(report.no_topic),
             "unreadable": reader.stats.unreadable, **({"interrupted": True} if report.interrupted else {}),
-            **({"deleted_topics": report.deleted, "stopped": report.stopped} if report.deleted else {})},
+            **({"deleted_topics": report.deleted, "stopped": report.stopped} if report.deleted else {}),
+            **({"deadletter_deleted": report.deadletter_deleted, "stopped": True, "read_error": report.read_error}
+               if report.read_error is not None else {})},
         }).decode() + "\n")
     out = sys.stderr if as_json else sys.stdout
     for topic, n in report.no_topic.items():   # the operator's to fix: on stderr as a log line too
         log.warning("deadletter_replay_topic_missing", topic=topic[:200], records=n)
+    if report.deadletter_deleted:
+        log.error("deadletter_replay_deadletter_deleted", topic=reader.topic[:200], sent=report.sent,
+                  failed=report.failed, selected=report.selected)
+    elif report.read_error is not None:
+        log.error("deadletter_replay_read_stalled", topic=reader.topic[:200], sent=report.sent, failed=report.failed,
+                  error=report.read_error[:300])
     if report.deleted:   # what was sent there went with it; the rest is not sent until it exists again
         log.error("deadletter_replay_topic_deleted", topics=[t[:200] for t in report.deleted[:10]], sent=report.sent,
                   failed=report.failed, stopped=report.stopped)
@@ -693,13 +743,19 @@ def _replay_summary(report: ReplayReport, send: bool, reader: Reader, as_json: b
         log.info("deadletter_replayed", topic=reader.topic, selected=report.selected, sent=report.sent,
                  failed=report.failed, skipped=skipped, no_topic=no_topic, interrupted=report.interrupted)
     else:
-        print(("dry run INTERRUPTED: " if report.interrupted else "dry run: ")
-              + f"{report.sent} of {report.selected} selected would be sent, {skipped} skipped"
+        head = "dry run INTERRUPTED: " if report.interrupted else "dry run STOPPED: " if report.stopped else "dry run: "
+        print(head + f"{report.sent} of {report.selected} selected would be sent, {skipped} skipped"
               + (f" ({why})" if why else "") + missing + "; nothing was sent (--yes sends)", file=out)
     if report.deleted:
         print(f"source topic {', '.join(printable(t[:120]) for t in report.deleted)} was deleted during the replay"
               + ("; stopped: the dead letters after these were not replayed" if report.stopped else "")
               + "; a new replay says \"no topic\" for its records until it exists again", file=out)
+    if report.deadletter_deleted:   # the dead letters not read went with it: no replay can send them
+        print(f"dead-letter topic {printable(reader.topic[:120])} was deleted during the replay: the dead letters "
+              "after these were not read and are gone with it", file=out)
+    elif report.read_error is not None:
+        print(f"stopped: {printable(report.read_error[:300])}; the dead letters after these were not read"
+              + (f" (a new replay sends the {report.sent} sent here again)" if send else ""), file=out)
     if report.interrupted:   # at-least-once (docs/operations.md): say what a second run does
         print("interrupted: the dead letters after these were not read"
               + (f"; a new replay sends the {report.sent} sent here again" if send else ""), file=out)

@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from opsloop.kafka_security import read_secret_file
+from opsloop.validation import NoBoolNumbers
 
 
-class ElasticsearchSettings(BaseModel):
+class ElasticsearchSettings(NoBoolNumbers):   # `request_timeout_s: yes` was 1 s
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     hosts: list[str] = Field(default_factory=list)

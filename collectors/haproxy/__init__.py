@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from opsloop.collectors.haproxy.collector import HaproxyCollector
+# NoBoolNumbers: `timeout_s: yes` (YAML's boolean) was a time-out of 1 s
+from opsloop.validation import NoBoolNumbers
 
 
-class Config(BaseModel):
+class Config(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     # load balancer name (the `host` tag, Kafka key) -> admin socket path; at least one: without a

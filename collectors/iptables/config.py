@@ -6,12 +6,15 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+# NoBoolNumbers: YAML reads an unquoted yes/no/on/off as a boolean, which pydantic took as the number 1 or 0
+from opsloop.validation import NoBoolNumbers
 
 _ARGV = list[str]
 
 
-class Target(BaseModel):
+class Target(NoBoolNumbers):
     """One hypervisor. Normally the collector runs on each hypervisor with one target (itself);
     ``netns`` runs the tools inside a network namespace (how tests model several hypervisors)."""
 
@@ -24,7 +27,7 @@ class Target(BaseModel):
     versions_command: _ARGV | None = Field(default=None, min_length=1)
 
 
-class Config(BaseModel):
+class Config(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     backend: Literal["auto", "legacy", "nft"] = "auto"

@@ -7,10 +7,13 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+# NoBoolNumbers: YAML reads an unquoted yes/no/on/off as a boolean, which pydantic took as the number 1 or 0
+from opsloop.validation import NoBoolNumbers
 
 
-class ProbeConfig(BaseModel):
+class ProbeConfig(NoBoolNumbers):
     """Active probes. Credentials come from ``credentials_file`` and/or the environment, never from here."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -23,7 +26,7 @@ class ProbeConfig(BaseModel):
     s3_region: str = Field(default="us-east-1", min_length=1, max_length=64)
 
 
-class FrontendConfig(BaseModel):
+class FrontendConfig(NoBoolNumbers):
     """nginx access logs of the S3 front end (log_format s3_keystone, see README.md)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -35,7 +38,7 @@ class FrontendConfig(BaseModel):
     small_request_bytes: int = Field(default=65536, ge=1, description="the source documents' 'small request' limit")
 
 
-class Config(BaseModel):
+class Config(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     host: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128,

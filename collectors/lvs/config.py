@@ -5,10 +5,13 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+# NoBoolNumbers: YAML reads an unquoted yes/no/on/off as a boolean, which pydantic took as the number 1 or 0
+from opsloop.validation import NoBoolNumbers
 
 
-class Config(BaseModel):
+class Config(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     host: str = Field(default_factory=lambda: socket.gethostname().split(".")[0] or "localhost",

@@ -14,7 +14,10 @@ import socket
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+# NoBoolNumbers: YAML reads an unquoted yes/no/on/off as a boolean, which pydantic took as the number 1 or 0
+from opsloop.validation import NoBoolNumbers
 
 Driver = Literal["netperf", "iperf3"]
 DEFAULT_PORTS: dict[str, int] = {"netperf": 12865, "iperf3": 5201}
@@ -62,7 +65,7 @@ def parse_target(spec: str, default_port: int) -> Target:
     return Target(host, port)
 
 
-class TargetSet(BaseModel):
+class TargetSet(NoBoolNumbers):
     """One measurement: ``streams_per_target`` streams to every target in parallel, summed, R times."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -148,7 +151,7 @@ class TargetSet(BaseModel):
         return self.repetitions * (self.run_s + self.timeout_margin_s)
 
 
-class Config(BaseModel):
+class Config(NoBoolNumbers):
     """The ``collectors.netperf`` section."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)

@@ -18,18 +18,18 @@ Configuration (all keys optional)::
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opsloop.audit.templates import DEFAULT_STREAM
 from opsloop.config import Settings
 from opsloop.es_client import ElasticsearchSettings, check_url
 from opsloop.records import AuditError
-from opsloop.validation import describe_validation_error
+from opsloop.validation import NoBoolNumbers, describe_validation_error
 
 SECTION = "audit"
 
 
-class AuditSettings(BaseModel):
+class AuditSettings(NoBoolNumbers):   # `max_buffered: yes` (YAML's boolean) was a buffer of 1 record
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     elasticsearch_url: str | None = Field(default=None, pattern=r"^https?://")

@@ -12,12 +12,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
+from opsloop.validation import NoBoolNumbers
+
 if TYPE_CHECKING:
     from opsloop.streams.agents.base import DetectorHandler
 
 
-class Strict(BaseModel):
-    """Base of every detector's settings: an unknown key is an error, not silently ignored."""
+class Strict(NoBoolNumbers):
+    """Base of every detector's settings: an unknown key is an error, not silently ignored; a boolean where a
+    number is meant too (`baseline_runs: yes` was one run, `eur_per_kwh: on` 1 EUR)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 

@@ -20,23 +20,35 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from opsloop.controllers.edge.service.api_token import MIN_TOKEN_CHARS, read_token_file
 from opsloop.controllers.edge.settings import ControllerSettings
 from opsloop.controllers.edge.model import Edge, Listener, Origin, Topology
 from opsloop.config import DEFAULT_RUN_DIR, CollectorRuntimeSettings, ConfigError, Settings
 from opsloop.dotted import get_dotted
-from opsloop.validation import YamlFileError, describe_validation_error, read_yaml
+from opsloop.validation import BOOL_FOR_NUMBER, NoBoolNumbers, YamlFileError, describe_validation_error, read_yaml
 
 SECTION = "edge"
 TOKEN_ENV = "OPSLOOP_EDGE_API_TOKEN"
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers):   # `interval_s: yes` (YAML's boolean) was an interval of 1 s
     model_config = ConfigDict(extra="forbid")
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(BOOL_FOR_NUMBER)
+    return value
+
+
+# a latency of the topology's map: NoBoolNumbers looks at a model's own fields, not into a mapping
+# (`latency_ms: {edge-ams: {near: yes}}` was 1 ms: the nearest origin)
+_LatencyMs = Annotated[float, BeforeValidator(_not_bool)]
 
 
 class EdgeSpec(_Strict):
@@ -53,7 +65,7 @@ class ListenerSpec(_Strict):
     backend: str | None = Field(default=None, min_length=1, max_length=200)
     edges: list[EdgeSpec] = Field(min_length=1)
     origins: list[Origin] = Field(min_length=1)
-    latency_ms: dict[str, dict[str, float]] = Field(default_factory=dict)
+    latency_ms: dict[str, dict[str, _LatencyMs]] = Field(default_factory=dict)
 
     @property
     def backend_name(self) -> str:
@@ -113,11 +125,19 @@ class EdgeServiceSettings(_Strict):
     overrides_file: Path | None = DEFAULT_RUN_DIR / "edge" / "overrides.json"
     publish_findings: bool = True
 
+    @field_validator("controller")
+    @classmethod
+    def _controller(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        # checked here, not in the model's own check: its errors then carry their path under `controller`
+        # (a bad max_step was reported at controllers.edge.max_step, a setting that does not exist)
+        interval = {"interval_s": info.data["interval_s"]} if "interval_s" in info.data else {}
+        ControllerSettings.model_validate({**v, **interval})
+        return v
+
     @model_validator(mode="after")
     def _one_topology(self) -> "EdgeServiceSettings":
         if (self.topology is None) == (self.topology_file is None):
             raise ValueError("exactly one of topology_file and topology must be set")
-        ControllerSettings.model_validate({**self.controller, "interval_s": self.interval_s})
         return self
 
     def controller_settings(self) -> ControllerSettings:

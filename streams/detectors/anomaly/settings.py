@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
 from opsloop.records.finding import MAX_WHERE_VALUE
 from opsloop.records.metric import MAX_NAME_LEN
 from opsloop.topics import topic_for
-from opsloop.validation import WireError
+from opsloop.validation import BOOL_FOR_NUMBER, WireError
 from opsloop.streams.detectors.anomaly.model import DetectorConfig, checked_config
 from opsloop.streams.detectors.plugin import Strict
 
@@ -32,6 +32,17 @@ class SeriesSpec(Strict):
         return v
 
 
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(BOOL_FOR_NUMBER)
+    return value
+
+
+# a value of the `detector` map: Strict refuses a boolean for a number field, not inside a mapping
+# (`detector: {warmup_points: yes}` was a warm-up of 1 point)
+_DetectorValue = Annotated[float | int, BeforeValidator(_not_bool)]
+
+
 DEFAULT_SERIES = [
     SeriesSpec(metric="ipmi_power", field="watts"),
     SeriesSpec(metric="keystone_probe", field="p50_ms"),
@@ -47,7 +58,7 @@ class AnomalySettings(Strict):
     clear_after: int = Field(default=3, ge=1, description="points below clear_score that clear it")
     clear_score: float = Field(default=0.3, ge=0, lt=1)
     max_series: int = Field(default=5000, ge=1, description="bound on tracked series (new ones are ignored)")
-    detector: dict[str, float | int] = Field(default_factory=dict, description="DetectorConfig overrides")
+    detector: dict[str, _DetectorValue] = Field(default_factory=dict, description="DetectorConfig overrides")
 
     @field_validator("detector")
     @classmethod
