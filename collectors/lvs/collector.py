@@ -134,7 +134,8 @@ class LvsCollector:
                               inactive_connections=sum(r.inactive for r in svc.reals),
                               real_servers=len(svc.reals), weight_total=sum(r.weight for r in svc.reals))
                 if svc.persistent_timeout is not None:
-                    fields["persistent_timeout"] = svc.persistent_timeout
+                    # /proc's timeout is in kernel ticks (seconds * HZ): reported as seconds it was 100-1000x off
+                    fields.update(persistent=1, persistent_timeout_ticks=svc.persistent_timeout)
             self._add_counters(fields, ("svc", key), counters.get((key, None)), now)
             fields.update(estimates.get((key, None), {}))
             if fields:

@@ -70,16 +70,19 @@ class RealKey:
 @dataclass(slots=True)
 class RealServer:
     key: RealKey
-    forward: str
-    weight: int
+    forward: str   # Masq/Route/Tunnel/Local; in a --thresholds listing the upper threshold (its column)
+    weight: int    # in a --thresholds listing the lower threshold
     active: int
     inactive: int
+    tunnel: str | None = None   # the TunnelInfo column of a --tun-info listing (ipip, gue:PORT:FLAGS, n/a)
 
 
 @dataclass(slots=True)
 class Service:
     key: ServiceKey
     scheduler: str
+    # as /proc/net/ip_vs prints it: kernel ticks (svc->timeout, set to seconds * HZ), not seconds; HZ (100..1000)
+    # is not visible from user space. None: not persistent.
     persistent_timeout: int | None = None
     one_packet: bool = False
     reals: list[RealServer] = field(default_factory=list)
@@ -117,8 +120,40 @@ def parse_ipvsadm_list(text: str, source: str = "ipvsadm -Ln") -> list[Service]:
         TCP  192.168.0.22:3306 wlc persistent 300
           -> 192.168.82.22:3306           Route   100    248        2
         FWM  268439552 wlc
+        TCP  10.0.0.1:0 rr persistent 300          (an all-port service: persistent, port 0)
+          -> 10.0.0.2:0                   Route   1      0          0
+
+    The headers tell the layout, read from them: ``--tun-info`` adds a ``TunnelInfo`` column after
+    ``Forward`` (kept in :attr:`RealServer.tunnel`; a line already without it is read as before);
+    ``--thresholds`` has ``Uthreshold Lthreshold`` where ``Forward Weight`` stand (read into those
+    slots). ``--persistent-conn``, ``--stats`` and ``--rate`` listings (other columns in the same
+    places: a weight read from them would be another number) are refused in one line.
     """
     return _parse_service_listing(text, source, _dec_addr_port, mark_base=10, with_flags=False)
+
+
+_FORWARDS = frozenset({"Masq", "Route", "Tunnel", "Local"})   # ip_vs_fwd_name / ipvsadm fwd_name
+# ipvsadm.c print_title: the first column after "Prot LocalAddress:Port" names the layout
+_REFUSED_LAYOUTS = {"Weight": "--persistent-conn", "Conns": "--stats", "CPS": "--rate"}
+
+
+def _listing_layout(line: str, layout: str, source: str, line_no: int, raw: str) -> str:
+    """The layout a header line of ``ipvsadm -Ln`` announces ("plain", "thresholds", "tun-info"), else the one
+    so far; a layout whose columns would be misread raises."""
+    cols = line.split()
+    if cols[:2] == ["Prot", "LocalAddress:Port"]:
+        first = cols[2] if len(cols) > 2 else ""
+        if first in _REFUSED_LAYOUTS:
+            raise LvsParseError(source, line_no, raw, f"an ipvsadm -Ln {_REFUSED_LAYOUTS[first]} listing, not the "
+                                                      "plain one (run ipvsadm -Ln [--exact|--thresholds|--tun-info])")
+        if first == "Uthreshold":
+            return "thresholds"
+        if first != "Scheduler":
+            raise LvsParseError(source, line_no, raw, "unknown ipvsadm -Ln header")
+        return "plain"
+    if "TunnelInfo" in cols:   # "-> RemoteAddress:Port Forward TunnelInfo Weight ..."
+        return "tun-info"
+    return layout
 
 
 AddrPort = Callable[[str, str, int, str], tuple[str, int, str]]
@@ -131,20 +166,33 @@ def _parse_service_listing(text: str, source: str, addr_port: AddrPort, mark_bas
     lines = text.splitlines()
     if not lines or not lines[0].startswith("IP Virtual Server version"):
         raise LvsParseError(source, 1, lines[0] if lines else "", "missing 'IP Virtual Server version' header")
+    layout = "plain"
     for line_no, raw in enumerate(lines[1:], start=2):
         line = raw.strip()
-        if not line or line.startswith("Prot ") or line.startswith("-> RemoteAddress"):
+        if not line:
+            continue
+        if line.startswith("Prot ") or line.startswith("-> RemoteAddress"):
+            if not with_flags:   # /proc has one layout; ipvsadm's headers tell which of its columns these are
+                layout = _listing_layout(line, layout, source, line_no, raw)
             continue
         parts = line.split()
         if parts[0] == "->":
             if not services:
                 raise LvsParseError(source, line_no, raw, "real server before any service")
+            tunnel = None
+            if layout == "tun-info" and len(parts) == 7:
+                tunnel = parts.pop(3)
             if len(parts) != 6:
                 raise LvsParseError(source, line_no, raw, "real server line needs address, forward, weight, "
-                                                          "active and inactive connections")
+                                                          "active and inactive connections"
+                                                          + (", and TunnelInfo" if layout == "tun-info" else ""))
+            if layout == "plain" and parts[2] not in _FORWARDS:
+                raise LvsParseError(source, line_no, raw, f"forward method {parts[2]!r} is none of "
+                                                          f"{', '.join(sorted(_FORWARDS))} (another listing?)")
             address, port, family = addr_port(parts[1], source, line_no, raw)
             weight, active, inactive = (_int(p, 10, source, line_no, raw) for p in parts[3:6])
-            services[-1].reals.append(RealServer(RealKey(address, port, family), parts[2], weight, active, inactive))
+            services[-1].reals.append(RealServer(RealKey(address, port, family), parts[2], weight, active, inactive,
+                                                 tunnel))
         elif parts[0] in _PROTOCOLS or parts[0] == "FWM":
             if len(parts) < 3:
                 raise LvsParseError(source, line_no, raw, "service line needs address and scheduler")
@@ -337,9 +385,9 @@ def _dec_addr_port(token: str, source: str, line_no: int, raw: str) -> tuple[str
 SPEC_PROTOCOLS = ("tcp", "udp", "sctp", "fwm")
 
 
-def _addr_port(text: str, what: str) -> tuple[str, int, str]:
+def _addr_port(text: str, what: str, zero_port: bool = False) -> tuple[str, int, str]:
     host, sep, port_s = text.rpartition(":")
-    if not sep or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+    if not sep or not (port_s.isascii() and port_s.isdigit()) or not (0 if zero_port else 1) <= int(port_s) < 65536:
         raise ValueError(f"{what} {text!r}: expected ADDRESS:PORT ([IPv6]:PORT)")
     bracketed = host.startswith("[") and host.endswith("]")
     try:
@@ -352,7 +400,9 @@ def _addr_port(text: str, what: str) -> tuple[str, int, str]:
 
 
 def parse_service_spec(spec: str) -> ServiceKey:
-    """``tcp:VIP:PORT`` / ``udp:...`` / ``sctp:...`` / ``fwm:MARK`` -> ServiceKey."""
+    """``tcp:VIP:PORT`` / ``udp:...`` / ``sctp:...`` / ``fwm:MARK`` -> ServiceKey. PORT 0 is an all-port service
+    (``ipvsadm -A -t VIP:0 -p``, listed ``TCP  VIP:0 rr persistent 300``; ipvsadm takes port 0 for a persistent
+    service only, and the listing tells whether there is one)."""
     proto, sep, rest = spec.partition(":")
     proto = proto.lower()
     if not sep or proto not in SPEC_PROTOCOLS:
@@ -361,10 +411,14 @@ def parse_service_spec(spec: str) -> ServiceKey:
         if not rest.isdigit() or int(rest) < 1:
             raise ValueError(f"virtual service {spec!r}: firewall mark must be a positive integer")
         return ServiceKey("fwm", fwmark=int(rest))
-    address, port, family = _addr_port(rest, "virtual service")
+    address, port, family = _addr_port(rest, "virtual service", zero_port=True)
     return ServiceKey(proto, address, port, family=family)
 
 
-def parse_real_spec(spec: str) -> RealKey:
-    address, port, family = _addr_port(spec, "real server")
+def parse_real_spec(spec: str, service: ServiceKey | None = None) -> RealKey:
+    """``ADDRESS:PORT`` / ``[IPv6]:PORT``; PORT 0 only for a real of ``service`` when that is a firewall-mark or an
+    all-port service (ipvsadm gives a real without a port, or a direct-routed/tunnelled one, the service's port:
+    listed ``:0``)."""
+    zero = service is not None and (service.protocol == "fwm" or service.port == 0)
+    address, port, family = _addr_port(spec, "real server", zero_port=zero)
     return RealKey(address, port, family)

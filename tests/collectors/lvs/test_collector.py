@@ -183,7 +183,8 @@ def test_bytes_counters_are_64bit_in_the_tracker(name):
     t.update("k", {name: 3_500_000_000, "pkts_in": (1 << 32) - 100}, 0.0)
     r = t.update("k", {name: 10, "pkts_in": 100}, 10.0)
     assert r is not None and r.reset
-    assert r.per_second == {name: 1.0, "pkts_in": 20.0}   # bytes reset; 32-bit packets still wrap
+    # bytes reset, so the row was reset: its packets too (read as a 32-bit wrap, a reset invented 2^32 - prev)
+    assert r.per_second == {name: 1.0, "pkts_in": 10.0}
 
 
 def test_service_missing_for_a_round_starts_afresh(tmp_path):
