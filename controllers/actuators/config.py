@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union
 
@@ -63,19 +62,8 @@ def parse_service(spec: str) -> ServiceKey:
 
 def parse_real(spec: str, service: ServiceKey) -> RealKey:
     """A configured real server of ``service``: ``ADDRESS:PORT`` / ``[IPv6]:PORT``, and ``ADDRESS:0`` for a
-    firewall-mark service (``ipvsadm -a -f MARK -r ADDRESS`` without a port: listed ``:0``, the packet's port)."""
-    host, sep, port = spec.rpartition(":")
-    if service.protocol == "fwm" and sep and port == "0":
-        bracketed = host.startswith("[") and host.endswith("]")
-        try:
-            addr = ipaddress.ip_address(host[1:-1] if bracketed else host)
-        except ValueError:
-            raise ValueError(f"real server {spec!r}: {host!r} is not an IP address") from None
-        if addr.version == 6 and not bracketed:
-            raise ValueError(f"real server {spec!r}: write IPv6 addresses in brackets, [{host}]:0")
-        key = RealKey(str(addr), 0, "inet6" if addr.version == 6 else "inet")
-    else:
-        key = parse_real_spec(spec)
+    firewall-mark or all-port service (``ipvsadm -a -f MARK -r ADDRESS`` without a port: listed ``:0``)."""
+    key = parse_real_spec(spec, service)
     _no_scope(key.address, spec, "real server")
     return key
 

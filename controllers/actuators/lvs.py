@@ -27,7 +27,8 @@ import signal
 import subprocess
 
 from opsloop.collect.tool import reap
-from opsloop.lb.ipvs import LvsParseError, RealServer, Service, ServiceKey, parse_ipvsadm_list
+from opsloop.lb.ipvs import (LvsParseError, RealKey, RealServer, Service, ServiceKey, parse_ipvsadm_list,
+                             parse_real_spec)
 
 from opsloop.controllers.actuators.base import ActuatorError
 from opsloop.controllers.actuators.config import LvsTargetConfig, parse_real, parse_service
@@ -41,6 +42,13 @@ _TUN_CSUM = {"-c": "--tun-nocsum", "+c": "--tun-csum", "r+c": "--tun-remcsum"}
 # tunnel types other than ipip (GUE, GRE) came with kernel 5.2: before it, an edit cannot change an encapsulation
 _TUNNEL_TYPES_SINCE = (5, 2)
 _TUN_INFO = re.compile(r"^(?:(?P<none>n/a|ipip)|gue:(?P<port>\d{1,5}):(?P<gue>-c|\+c|r\+c)|gre:(?P<gre>-c|\+c|r\+c))$")
+
+
+def _real_key(listed: str, service: ServiceKey) -> RealKey | None:
+    try:
+        return parse_real_spec(listed, service)
+    except ValueError:
+        return None
 
 
 def kernel_has_tunnel_types(release: str | None = None) -> bool:
@@ -171,6 +179,11 @@ class LvsTarget:
                                 f"{text[:120]!r}", "parse")
         reals = [" ".join(["  ->", p[1], *p[3:]]) if p[:1] == ["->"] and len(p) == 7 else raw
                  for raw, p in ((raw, raw.split()) for raw in lines)]
+        # a tunnelled real listed "n/a" (an ipvsadm that does not know its tunnel type): written as if not
+        # tunnelled, the edit would make it an ipip one
+        tunnelled_na = {p[1] for p in (raw.split() for raw in lines)
+                        if p[:1] == ["->"] and len(p) == 7 and p[2] == "Tunnel" and p[3] == "n/a"}
+        na_keys = {(k.address, k.port) for k in (_real_key(a, self.service) for a in tunnelled_na) if k}
         try:
             services = parse_ipvsadm_list("\n".join(reals), "ipvsadm -Ln --tun-info")
         except LvsParseError as e:
@@ -181,6 +194,8 @@ class LvsTarget:
         for origin, key in self.reals.items():
             real = by_key.get((key.address, key.port))
             m = _TUN_INFO.match(real.forward) if real is not None else None
+            if m is not None and m["none"] == "n/a" and (key.address, key.port) in na_keys:
+                m = None
             if m is None or (m["port"] is not None and not 0 < int(m["port"]) <= 65535):
                 raise ActuatorError(f"{self.describe()}: real server {self.config.reals[origin]} ({origin}): "
                                     f"tunnel info {real.forward if real else None!r} not understood in ipvsadm -Ln "

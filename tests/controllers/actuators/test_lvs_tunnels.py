@@ -142,3 +142,14 @@ def test_an_old_ipvsadm_on_a_kernel_with_ipip_only_applies_to_tunnelled_reals(
     r = act.apply(decision(1, {"eu": 0.7, "us": 0.3}, edge=act.edge, listener="app"))
     assert r.result == "applied", r.reason
     assert weights_in(path, SERVICE)[REALS["eu"]] == (7000, "Tunnel")
+
+
+def test_a_tunnelled_real_listed_without_its_tunnel_type_is_not_written(fake: Path, tmp_path: Path) -> None:
+    """An ipvsadm that does not know a real's tunnel type (one newer than it) could list it ``Tunnel`` with TunnelInfo
+    ``n/a``; read as "not tunnelled" the edit would send no ``--tun-type`` and the kernel would make it ipip."""
+    _set_reals(fake, {REALS["us"]: {"tun_type": "unlisted"}})   # the fake lists this type "n/a"
+    act, _ = lvs_actuator(fake, tmp_path, f"tcp:{SERVICE}", REALS)
+    r = act.apply(decision(1, {"eu": 0.7, "us": 0.3, "spare": 0.0}, edge=act.edge, listener="app"))
+    assert r.result == "failed" and "'n/a'" in r.reason, r.reason
+    assert not [c for c in calls(fake) if c["argv"] == ["-R"]]
+    assert tunnels(fake)[REALS["us"]][0] == "unlisted"
