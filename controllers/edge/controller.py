@@ -225,14 +225,23 @@ class EdgeController(Controller):
         predicted = self.demand.predicted_demand_at(weights, latency, self.response.base, elasticity)
         return (weights * predicted[:, None]).sum(axis=0)
 
-    def _demand_estimate(self, measured: np.ndarray, row_latency: np.ndarray
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _demand_estimate(self, measured: np.ndarray, row_latency: np.ndarray, latency: np.ndarray,
+                         healthy: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(estimate, uplift, rising): :meth:`DemandModel.update` on this interval's ``measured``
         rates read at ``row_latency``, our own move told by the latency of the weights in force
-        at unloaded speed."""
+        at unloaded speed. An edge that had no origin up all interval (every one it reaches seen
+        down at this tick or the last) and sent traffic to one that was down is unserved: its
+        requests failed, no demand reading (an edge with another origin up is moved onto it,
+        and its next reading is served)."""
         unloaded = None if self.weights is None or self._last_latency is None else \
             self._mean_latency(self.weights, self._last_latency, self.response.base)
-        return self.demand.update(measured, row_latency, unloaded)
+        unserved = None
+        if self.weights is not None and self.hold_down.up is not None:
+            up_all_interval = healthy & self.hold_down.up   # hold_down.up: the health at the last tick
+            stranded = ~usable_mask(latency, up_all_interval).any(axis=1)
+            unserved = stranded & (
+                (self.weights * ~up_all_interval[None, :]).sum(axis=1) > self.settings.deadband)
+        return self.demand.update(measured, row_latency, unloaded, unserved)
 
     def _noise_only(self, over: np.ndarray) -> np.ndarray:
         """[O]: origins read over capacity whose own response time says they were not: an origin
@@ -685,13 +694,13 @@ class EdgeController(Controller):
         self._last_latency = latency
         in_force = self._latency_now(latency) if self.weights is not None \
             else np.ones(len(measured))
-        estimate, uplift, rising = self._demand_estimate(measured, in_force)
+        healthy = np.asarray(obs.healthy, dtype=bool)
+        estimate, uplift, rising = self._demand_estimate(measured, in_force, latency, healthy)
         # the plan's demand stays what the LP takes: a step's extrapolation of a valid reading
         # near the bound went past it, and every tick raised until the step left the window
         estimate = np.minimum(estimate, MAX_RATE)
         self.demand.set_scale(estimate)
         capacity = np.asarray(obs.capacity, dtype=float)
-        healthy = np.asarray(obs.healthy, dtype=bool)
         plan_healthy, plan_latency, plan_capacity, usable_fraction, rescue = \
             self._held_down_plant(float(obs.now), latency, capacity, healthy)
         derate = self._hidden_overload_derate(capacity, healthy, rising)

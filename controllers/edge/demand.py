@@ -84,12 +84,22 @@ class DemandModel:
         # moved farther to drop (:meth:`fall_elasticity`)
         self.fall_obs: list[deque[tuple[float, float]]] = [deque(maxlen=8) for _ in range(n_edges)]
         self._z = NormalDist().inv_cdf(s.demand_quantile)
+        # per edge: the last reading of traffic that was served and the latency it was read at,
+        # held over the intervals an edge's traffic failed (:meth:`update`'s ``unserved``)
+        self._served: tuple[np.ndarray, np.ndarray] | None = None
 
     def update(self, measured: np.ndarray, row_latency: np.ndarray,
-               unloaded_latency: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               unloaded_latency: np.ndarray | None, unserved: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(estimate, uplift, rising) per edge, from this interval's ``measured`` rates and the
         latency their clients saw (``row_latency``); ``unloaded_latency``: the latency of the
         weights in force at unloaded speed (our own move; None before the first weights).
+        ``unserved``: edges that had no origin up during the interval — their requests failed
+        and elastic clients backed off from the timeouts, so the reading is no demand at
+        ``row_latency``: the edge's last served reading is held instead
+        (read as one, every origin down for a few intervals read as demand falling to a sixth,
+        and the recovery as a step up extrapolated 3x: the plan at recovery, 2.5x the demand,
+        shed a third of the traffic onto far origins).
 
         The estimate is the max of the last ``demand_window`` measurements; on a ramp (three
         rises in a row, ``ramp_threshold`` per interval on average) plus one more interval of it;
@@ -99,6 +109,10 @@ class DemandModel:
         geometric approach of our own relax steps leave near zero, and the median absolute
         deviation, which a single step (a surge, a shed) does not move."""
         s = self.settings
+        if unserved is not None and self._served is not None:
+            measured = np.where(unserved, self._served[0], measured)
+            row_latency = np.where(unserved, self._served[1], row_latency)
+        self._served = (np.array(measured, dtype=float), np.array(row_latency, dtype=float))
         self._demand_history.append(measured)
         self._latency_history.append(row_latency)
         self._move_history.append(
