@@ -55,7 +55,9 @@ detector therefore combines a few simple, well-studied streaming estimators inst
 10. **Novelty against everything seen so far**: a histogram of all values (bins of half the long
     scale at warm-up, at most ``novelty_bins``); the value scores (4. and 6.) of a point whose
     neighbourhood holds more than ``novelty_p`` of the history are damped in proportion: a level the
-    series keeps returning to is not news. Flatline and shifted-mean scores are not damped.
+    series keeps returning to is not news. Flatline and shifted-mean scores are not damped, nor scores
+    of the seasonal and short-period models: the histogram holds their whole cycle, and a value that is
+    ordinary for the day (the afternoon's level) can be far out for its hour (at night).
     Known limit: a sharp periodic spike with a short, non-daily period (a job every 97 samples)
     still alarms each time when its share of the history stays near ``novelty_p`` (11. and 14.
     cover most such cases).
@@ -498,11 +500,13 @@ class StreamingDetector:
                         self._routine(_excess(zl, cfg.long_z0, width), zlb))
             # Novelty against everything seen so far: a value in a neighbourhood the series visits
             # often (a periodic job's spike, a level it returns to) is not news; its value score is damped.
+            # Not when a cycle model scores: the histogram holds the whole cycle, so the afternoon's level
+            # at night was damped as routine (seasonal_mixed: z 7 scored 0.05).
             hw = self.h_width
             if hw == 0.0:
                 hw = self.h_width = max(0.5 * lsd, floor, 1e-12)
             hb = int(math.floor(x / hw))
-            if score > 0.0 and self.h_n >= 200 and not use_period:
+            if score > 0.0 and self.h_n >= 200 and not use_period and not use_season:
                 hist = self.hist
                 c = hist.get(str(hb), 0) + hist.get(str(hb - 1), 0) + hist.get(str(hb + 1), 0)
                 share = c / self.h_n
