@@ -225,8 +225,8 @@ class EdgeController(Controller):
         predicted = self.demand.predicted_demand_at(weights, latency, self.response.base, elasticity)
         return (weights * predicted[:, None]).sum(axis=0)
 
-    def _demand_estimate(self, measured: np.ndarray, row_latency: np.ndarray, latency: np.ndarray,
-                         healthy: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _demand_estimate(self, measured: np.ndarray, row_latency: np.ndarray, latency: np.ndarray | None = None,
+                         healthy: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(estimate, uplift, rising): :meth:`DemandModel.update` on this interval's ``measured``
         rates read at ``row_latency``, our own move told by the latency of the weights in force
         at unloaded speed. An edge that had no origin up all interval (every one it reaches seen
@@ -236,7 +236,7 @@ class EdgeController(Controller):
         unloaded = None if self.weights is None or self._last_latency is None else \
             self._mean_latency(self.weights, self._last_latency, self.response.base)
         unserved = None
-        if self.weights is not None and self.hold_down.up is not None:
+        if self.weights is not None and self.hold_down.up is not None and latency is not None and healthy is not None:
             up_all_interval = healthy & self.hold_down.up   # hold_down.up: the health at the last tick
             stranded = ~usable_mask(latency, up_all_interval).any(axis=1)
             unserved = stranded & (

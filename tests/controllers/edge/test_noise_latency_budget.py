@@ -60,7 +60,7 @@ def test_the_budget_caps_the_latency_the_uplift_adds_to_one_plan():
     capped = 0
     for _ in range(5):
         demand = np.array([270.0 * (1.0 + 0.10 * rng.standard_normal())])
-        estimate, uplift, _ = ctrl._demand_estimate(demand, ctrl._latency_now(latency))
+        estimate, uplift, _ = ctrl._demand_estimate(demand, ctrl._latency_now(latency), latency, healthy)
         ctrl.demand.set_scale(estimate)
         kept_estimate, kept, _, _ = ctrl._within_latency_budget(
             estimate, uplift, CAP, np.zeros(len(CAP)), latency, healthy)
