@@ -36,7 +36,13 @@ Pure state, no I/O (the service posts and persists). Rules:
   the open one is that older incident's: it is marked cleared and ignored, the newer incident's page stays.
   A record of the cleared incident itself (its ``first_seen``) stays stale.
 * A finding stamped more than ``MAX_CLOCK_SKEW_S`` ahead of ``now`` is refused (ValueError): it would be
-  the newest of its id for good and hide every later record.
+  the newest of its id for good and hide every later record. But for the clear of the open incident (its id
+  and ``first_seen``), applied with its ``last_seen`` clamped to ``now``: another worker's clock ahead must not
+  leave the page open for good (before, it was refused and the page stuck).
+* Every record applied that changes the book (a page, a close, a cleared mark, an ignored older incident's
+  clear included) counts in ``changes``: the service saves the book before it commits that record's offset.
+  Before, an ignored record's marks were not saved: a crash after the commit lost them, and a late record of
+  the closed incident paged it again.
 * An alert Alertmanager refuses (400/422, see ``mapping``) is replaced, never dropped: :meth:`PagingBook.rejected`
   gives the fallback to post in its place (``OpsloopPageRejected``, ``mapping.fallback_labels``). An open
   alert refused is marked (``OpenAlert.rejected``, in the state file): it is re-sent, and resolved, as its
@@ -185,6 +191,8 @@ class PagingBook:
     _queued: int = field(default=0, init=False, repr=False, compare=False)
     # The last send before the restart of open alerts restored and not sent since (held_only: still in Alertmanager?)
     _restored_sent: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # Records applied that changed the book: the service saves it before committing their offsets.
+    changes: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_pending_resolves < 1:
@@ -193,22 +201,34 @@ class PagingBook:
             raise ValueError(f"resend_resolved_s must be finite and at least 0, not {self.resend_resolved_s}")
 
     # -- findings in ----------------------------------------------------------------------
-    def check(self, finding: Finding, now: float) -> None:
-        """ValueError for a finding stamped further ahead of ``now`` than ``MAX_CLOCK_SKEW_S``."""
+    def check(self, finding: Finding, now: float) -> Finding:
+        """The finding to apply: ValueError for one stamped further ahead of ``now`` than ``MAX_CLOCK_SKEW_S``, but
+        for the clear of the open incident (same ``first_seen``), returned with its ``last_seen`` clamped to now."""
         ahead = max(finding.first_seen, finding.last_seen) - now
-        if ahead > MAX_CLOCK_SKEW_S:
-            raise ValueError(f"finding {finding.id}: stamped {ahead:.0f}s in the future "
-                             f"(first_seen {finding.first_seen}, last_seen {finding.last_seen}; "
-                             f"more than {MAX_CLOCK_SKEW_S:.0f}s ahead)")
+        if ahead <= MAX_CLOCK_SKEW_S:
+            return finding
+        current = self.open.get(finding.id)
+        if finding.cleared and current is not None and finding.first_seen == current.first_seen:
+            # its owner's clock ahead: the page must not stick; clamped, it hides no later record
+            return finding.model_copy(update={"last_seen": min(finding.last_seen, now)})
+        raise ValueError(f"finding {finding.id}: stamped {ahead:.0f}s in the future "
+                         f"(first_seen {finding.first_seen}, last_seen {finding.last_seen}; "
+                         f"more than {MAX_CLOCK_SKEW_S:.0f}s ahead)")
 
     def apply(self, finding: Finding, now: float) -> list[Action]:
-        self.check(finding, now)
+        finding = self.check(finding, now)
         fid = finding.id
         current = self.open.get(fid)
         stale = self._stale(finding, current)
+        # a late clear of an incident older than the open one: ignored, but that incident is marked cleared
+        older_clear = (bool(stale) and finding.cleared and current is not None
+                       and finding.first_seen < current.first_seen)
+        if stale and not older_clear:
+            return [Action("ignore", fid, labels_for(finding), stale)]
+        # every record past here changes the book (a mark, a close, a page): saved before its offset is committed
+        self.changes += 1
         if stale:
-            if finding.cleared and current is not None and finding.first_seen < current.first_seen:
-                self._mark_cleared(fid, finding.first_seen)   # that incident is over: its late records stay stale
+            self._mark_cleared(fid, finding.first_seen)   # that incident is over: its late records stay stale
             return [Action("ignore", fid, labels_for(finding), stale)]
         pages = SEVERITY_RANK[finding.severity] >= SEVERITY_RANK[self.min_severity]
         if finding.cleared or not pages:

@@ -61,6 +61,7 @@ log = get_logger("paging")
 REJECT_LOG = Sampled(60.0)   # a poison stream: one line a minute (the counter counts each)
 DROP_LOG = Sampled(60.0)     # a long outage drops one resolve per clear: one line a minute per kind
 SAVE_LOG = Sampled(60.0)     # a full disk fails every step's save: one line a minute (the counter counts each)
+AHEAD_LOG = Sampled(60.0)    # a producer's clock far ahead stamps every clear: one line a minute
 
 AUDIT_ACTIONS = {"open": "page_opened", "resolve": "page_resolved", "severity_changed": "page_severity_changed"}
 
@@ -162,16 +163,34 @@ class PagingService:
         """Apply findings; ``origins`` are the records' (partition, offset, key), named in dead letters, and
         ``headers`` their headers (a replay refused again is marked so in its dead letter)."""
         actions: list[Action] = []
+        changes = self.book.changes
+        try:
+            self._apply_records(values, now, actions, origins, headers)
+        finally:
+            if self.book.changes != changes:
+                # every record that changed the book, ignored ones too (a cleared mark, a close): saved before
+                # their offsets are committed, or a crash after the commit loses it and a late record re-pages
+                self._dirty = True
+        return actions
+
+    def _apply_records(self, values: list[bytes | None], now: float, actions: list[Action],
+                       origins: list[tuple[int, int, bytes | None]] | None,
+                       headers: list[RecordHeaders | None] | None) -> None:
         for i, raw in enumerate(values):
             try:
-                finding = Finding.decode(raw)
-                self.book.check(finding, now)   # stamped in the future: refused like a record that is no finding
+                decoded = Finding.decode(raw)
+                # stamped in the future: refused like a record that is no finding (but the open incident's clear)
+                finding = self.book.check(decoded, now)
             except ValueError as e:
                 metrics.REJECTED.inc()
                 REJECT_LOG.warning(log, "finding_rejected", reason=str(e)[:300])
                 self._deadletter(raw, str(e), origins[i] if origins else (None, None, None),
                                  headers[i] if headers else None)
                 continue
+            if finding is not decoded:
+                AHEAD_LOG.warning(log, "finding_clock_ahead", finding_id=finding.id, detector=finding.detector[:200],
+                                  ahead_s=round(max(decoded.first_seen, decoded.last_seen) - now, 3),
+                                  action="the open incident's clear applied, last_seen clamped to now")
             try:
                 applied = self.book.apply(finding, now)
             except Exception as e:  # noqa: BLE001 - one finding we cannot map must not stop the batch
@@ -187,10 +206,6 @@ class PagingService:
                 metrics.FINDINGS.labels(action.kind).inc()
                 if action.kind in AUDIT_ACTIONS:
                     self.auditor.record(AUDIT_ACTIONS[action.kind], action.finding_id, action.labels, action.detail)
-                    self._dirty = True
-                elif action.kind == "refresh":
-                    self._dirty = True
-        return actions
 
     def _deadletter(self, raw: bytes | None, reason: str, origin: tuple[int | None, int | None, bytes | None],
                     headers: RecordHeaders | None = None) -> None:
