@@ -57,3 +57,10 @@ def set_family(gauge: Gauge, prefix: tuple[str, ...], values: dict[str, float]) 
                 pass
     for last, value in values.items():
         gauge.labels(*prefix, last).set(value)
+
+
+# alerted by EdgeWeightActuatorFencedWriter
+FENCED_WRITER = Gauge("opsloop_actuator_fenced_writer",
+                      "1 while decisions of an older controller epoch than the one in force keep arriving (within "
+                      "stale_after_s): a second controller instance publishes, its decisions refused (fenced)",
+                      ["edge", "listener"])

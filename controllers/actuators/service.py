@@ -34,6 +34,12 @@ skipped without decoding. Per (listener, edge) only the newest decision of a pol
 * refusals in a row are exported as ``opsloop_actuator_refused_decisions{edge,listener}`` (alert
   ``EdgeWeightActuatorRefusedInARow``): a controller restarted at a lower version without a new
   epoch, or one with a wrong clock, is visible at once instead of leaving old weights silently;
+* two controller instances publishing at once (a failover left the old one up): the older epoch's decisions
+  are refused (``stale_version``) or dropped for the newer one's in the same poll; not "in a row" (each
+  re-send of the newer resets that count), so ``opsloop_actuator_fenced_writer{edge,listener}`` is 1 while
+  they keep coming (one within ``stale_after_s``), logged ``fenced_writer`` / ``fenced_writer_gone``;
+* a record keyed ``listener|edge`` of ours whose value names another listener or edge is rejected like a bad
+  record (counted, dead-lettered): the actuator of the edge it names never decodes it (not its key);
 * slots are isolated: an error in one listener's tick (a bug) is counted, logged and audited there
   (``failed``: of the decision it broke off, of the reconcile, or of the tick) and the other listeners
   go on. It does not fail static by itself: its decision is retried as above, a reconcile runs again
@@ -130,6 +136,7 @@ class _Slot:
     reconciling: bool = False            # inside a reconcile (an exception then is audited as its failure)
     given_up: Stamp | None = None        # the last decision given up: its re-sends are skipped until ...
     given_up_until: float = 0.0          # ... this (monotonic)
+    fenced_at: float | None = None       # monotonic: last decision of an older epoch than one in force (2 writers)
 
 
 class ActuatorService:
@@ -168,6 +175,7 @@ class ActuatorService:
             slot.republish = slot.fail_static_since is not None
             metrics.FAIL_STATIC.labels(listener, edge).set(1 if slot.republish else 0)
             metrics.REFUSED_IN_A_ROW.labels(edge, listener).set(0)
+            metrics.FENCED_WRITER.labels(edge, listener).set(0)
 
     # -- wiring ----------------------------------------------------------------------------------
     def connect(self) -> None:
@@ -213,6 +221,17 @@ class ActuatorService:
                 REJECT_LOG.warning(log, "decision_rejected", reason=why[:300])
                 self._deadletter(key, value, why, origin, hdrs)
                 continue
+            if key and "|" in key.decode("utf-8", "replace"):
+                key_listener, _, key_edge = key.decode("utf-8", "replace").rpartition("|")
+                if (key_listener, key_edge) != (d.listener, d.edge):
+                    # keyed for this edge, naming another: the other edge's actuator never decodes it (not its
+                    # key), and which of the two is right nobody knows -- a controller bug, never applied
+                    why = (f"record keyed {key_listener}|{key_edge} holds a decision for {d.listener}|{d.edge} "
+                           f"(version {d.version}, epoch {d.epoch}): applied nowhere")
+                    metrics.REJECTED.inc()
+                    REJECT_LOG.warning(log, "decision_rejected", reason=why[:300])
+                    self._deadletter(key, value, why, origin, hdrs)
+                    continue
             if d.edge not in self.edges:
                 continue
             slot = self.slots.get((d.listener, d.edge))
@@ -223,6 +242,10 @@ class ActuatorService:
                 SKIP_LOG.warning(log, "decision_given_up_skipped", key=f"{d.listener}|{d.edge}", edge=d.edge,
                                  listener=d.listener, version=d.version, epoch=d.epoch)
                 continue
+            if slot.pending is not None and d.epoch != slot.pending.epoch:
+                # two controller instances' decisions in one poll: the older epoch's is dropped unseen by the applier
+                older, newer = sorted((d, slot.pending), key=lambda x: x.stamp)
+                self._fenced(slot, older, newer.stamp, now)
             if slot.pending is None or d.stamp >= slot.pending.stamp:
                 if slot.pending is None or d.stamp != slot.pending.stamp:
                     slot.attempts = 0   # a re-sent copy keeps its attempts (else a poison one never ends)
@@ -285,6 +308,7 @@ class ActuatorService:
                           error=f"{type(e).__name__}: {e}"[:500], exc_info=True)
 
     def _tick_slot(self, slot: _Slot, now: float) -> None:
+        self._check_fenced(slot, now)
         self._queue_owed_clears(slot, now)
         if slot.republish:
             # the previous run may have died between recording the state and publishing the finding;
@@ -310,6 +334,29 @@ class ActuatorService:
             self._enter_fail_static(slot, now, f"no decision applied for {now - slot.last_fresh:.1f}s "
                                                f"> stale_after_s {self.config.stale_after_s}{cause}", audit=True)
 
+    def _fenced(self, slot: _Slot, decision: EdgeWeights, over: Stamp | None, now: float) -> None:
+        """``decision`` is refused or dropped for one of a newer epoch (``over``): another controller instance
+        publishes for this slot (a failover left the old one up). Fenced, but said: its refusals are not "in a
+        row" (the newer instance's re-sends reset that count every tick), so ``fenced_writer`` says it while
+        such decisions keep coming (within ``stale_after_s``, more than a controller's interval)."""
+        if over is None or decision.epoch >= over[0]:
+            return   # an older version of the epoch in force: a replay, no second writer
+        a = slot.actuator
+        if slot.fenced_at is None:
+            metrics.FENCED_WRITER.labels(a.edge, a.listener).set(1)
+            log.warning("fenced_writer", edge=a.edge, listener=a.listener, epoch=decision.epoch,
+                        version=decision.version, in_force_epoch=over[0], in_force_version=over[1],
+                        reason="decisions of an older controller instance are still published next to the newer "
+                               "one's: refused (fenced by epoch); stop the older instance")
+        slot.fenced_at = now
+
+    def _check_fenced(self, slot: _Slot, now: float) -> None:
+        if slot.fenced_at is not None and now - slot.fenced_at > self.config.stale_after_s:
+            slot.fenced_at = None
+            metrics.FENCED_WRITER.labels(slot.actuator.edge, slot.actuator.listener).set(0)
+            log.info("fenced_writer_gone", edge=slot.actuator.edge, listener=slot.actuator.listener,
+                     quiet_s=self.config.stale_after_s)
+
     def _after_apply(self, slot: _Slot, res: ApplyResult, now: float) -> None:
         if res.retry:
             slot.delay_s = min(self.config.backoff_max_s, max(self.config.backoff_initial_s, slot.delay_s * 2))
@@ -321,8 +368,14 @@ class ActuatorService:
             # the LB holds weights nobody chose (another writer, a batch half taken): apply again, bounded
             self._apply_went_wrong(slot, slot.pending, "mismatch", res.reason, now)
             return
+        decision = slot.pending
         self._drop_pending(slot)
         a = slot.actuator
+        if res.result == "stale_version" and decision is not None:
+            try:
+                self._fenced(slot, decision, a.store.high_stamp(), now)
+            except StoreError:   # the applier found it readable a moment ago; the next refusal says it
+                pass
         if res.result in REFUSALS:
             slot.refused_in_a_row += 1
             metrics.REFUSED_IN_A_ROW.labels(a.edge, a.listener).set(slot.refused_in_a_row)
