@@ -166,6 +166,7 @@ class KeystoneCollector:
         out.metrics.append(metric(src.metric_name, {
             "lines": float(len(result.lines)), "parsed": float(len(records)), "unparsed": float(unparsed),
             "rotations": float(result.rotated), "truncations": float(result.truncated),
+            "truncations_unrecovered": float(result.unrecovered),
             "overlong": float(result.overlong), "backlog": result.backlog,
         }, {"host": self.config.host, "path": path}, now))
         out.metrics.extend(emit(records, window))

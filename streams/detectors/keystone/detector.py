@@ -11,7 +11,12 @@ both < 65536) fell from ~750 ms to ~100 ms once credentials were cached. A night
   by more than ``regime_ratio`` (3x) is a regime change; log scale because the regimes differ by a
   factor (~10 ms vs ~600 ms), and a single slow request is not a regime. Finding
   ``keystone.latency_regime`` (warning) while the current regime is ``regime_ratio`` slower than
-  the fastest regime seen; cleared when it is fast again.
+  the fastest regime seen; cleared when it is fast again, or once the slow regime has held for
+  ``REGIME_ACCEPT_S`` (a day, no CUSUM move in it): it is then the norm (a database moved further
+  away), the finding clears "accepted as the new norm" and a later move from it opens a new one.
+  Before, such a finding stayed open for good, and the move that mattered next (the cache lost:
+  ~40 ms -> ~600 ms) was a refresh of it, no new page. A Keystone slow in absolute terms stays
+  paged by ``SmallRequestP95Detector``'s limit (the source's 750 ms against 500 ms).
   Input: ``keystone_probe{...}`` field ``latency_ms`` (also ``uwsgi`` access-log ``msecs``).
 * ``HeavyHitterDetector``: Space-Saving sketches over a sliding window (see sketches.py); a
   credential with at least ``share`` of the window's validations (and ``min_total`` validations in
@@ -67,6 +72,8 @@ MAX_SERIES = 288      # closed p95 windows kept (a day of 5-minute windows)
 # an open p95 finding: its p95 can no longer be measured. Not the first one: clients backing off a slow Keystone
 # make a dip, and a page cleared and re-opened by it would be a new incident.
 QUIET_WINDOWS = 3
+# Event-time seconds a slow latency regime must hold, without a CUSUM move, before it is the norm (see the docstring)
+REGIME_ACCEPT_S = 86_400.0
 
 
 class LatencyRegimeDetector:
@@ -83,6 +90,7 @@ class LatencyRegimeDetector:
         self.up = self.down = 0.0
         self.up_sum = self.down_sum = 0.0
         self.up_n = self.down_n = 0
+        self.slow_since: float | None = None   # event time the current slow regime began (None: not slow)
         self.book = book if book is not None else FindingBook()   # the handler's, with its refresh
 
     def update(self, timestamp: float, latency_ms: float, where: dict[str, str] | None = None) -> list[Finding]:
@@ -109,12 +117,10 @@ class LatencyRegimeDetector:
             self.down_n += 1
         else:
             self.down_sum, self.down_n = 0.0, 0
-        if self.up > self.threshold:
-            self.level = self.up_sum / self.up_n
+        if self.up > self.threshold or self.down > self.threshold:
+            self.level = self.up_sum / self.up_n if self.up > self.threshold else self.down_sum / self.down_n
             self._reset()
-        elif self.down > self.threshold:
-            self.level = self.down_sum / self.down_n
-            self._reset()
+            self.slow_since = None   # a new regime: its own time to become the norm
         else:
             self.level += self.smoothing * max(-self.drift, min(self.drift, y - self.level))
         self.best = min(self.best, self.level)
@@ -127,6 +133,14 @@ class LatencyRegimeDetector:
     def _finding(self, now: float, where: dict[str, str]) -> list[Finding]:
         current, best = 10 ** self.level, 10 ** self.best
         if self.level - self.best >= math.log10(self.regime_ratio):
+            if self.slow_since is None:
+                self.slow_since = now
+            if now - self.slow_since >= REGIME_ACCEPT_S:
+                self.best, self.slow_since = self.level, None
+                done = self.book.clear(REGIME, where, now, (
+                    f"~{current:.0f} ms held for {REGIME_ACCEPT_S / 3600:.0f} h: accepted as the new norm (was "
+                    f"~{best:.0f} ms); a move from it is a new finding"))
+                return [done] if done else []
             ratio = current / best
             return [self.book.raise_(
                 detector=REGIME, what="Keystone latency regime changed", where=where,
@@ -135,12 +149,14 @@ class LatencyRegimeDetector:
                 explanation=(f"typical latency now ~{current:.0f} ms against ~{best:.0f} ms before "
                              f"({ratio:.0f}x): token/credential validation no longer cached, or Keystone "
                              "overloaded"), now=now, runbook=RUNBOOK)]
+        self.slow_since = None
         done = self.book.clear(REGIME, where, now, f"latency back to ~{current:.0f} ms")
         return [done] if done else []
 
     def to_dict(self) -> dict[str, Any]:
         state = {k: getattr(self, k) for k in ("regime_ratio", "threshold", "warmup", "smoothing", "n", "level",
-                                               "up", "down", "up_sum", "down_sum", "up_n", "down_n")}
+                                               "up", "down", "up_sum", "down_sum", "up_n", "down_n",
+                                               "slow_since")}
         state["best"] = None if math.isinf(self.best) else self.best
         state["book"] = self.book.to_dict()
         return state
@@ -169,6 +185,8 @@ class LatencyRegimeDetector:
         det.down_n = whole(get(doc, "down_n", field), f"{field}.down_n")
         det.up_sum = f("up_sum", LOG_MIN * max(1, det.up_n), LOG_MAX * max(1, det.up_n))
         det.down_sum = f("down_sum", LOG_MIN * max(1, det.down_n), LOG_MAX * max(1, det.down_n))
+        since = doc.get("slow_since")   # absent: an older state, the slow regime's clock starts anew
+        det.slow_since = None if since is None else event_time(since, f"{field}.slow_since")
         return det
 
 

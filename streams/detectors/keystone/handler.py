@@ -10,8 +10,9 @@ what ``collectors/keystone`` publishes per round:
   moves on with every ``s3_frontend_*`` round, validations or none, so a heavy hitter cached away clears);
 * ``s3_frontend_requests{host}`` small_requests/small_p50_ms/small_p95_ms -> ``SmallRequestP95Detector``.
 
-Gauges: ``opsloop_keystone_small_request_p95_seconds{host}`` (the last round, as measured),
-``opsloop_keystone_small_request_p95_window_seconds{host}`` (the detector's last closed window),
+Gauges: ``opsloop_keystone_small_request_p95_seconds{host}`` (the last round, as measured; no sample after a
+round without small requests), ``opsloop_keystone_small_request_p95_window_seconds{host}`` (the detector's last
+closed window; no sample when it had fewer than ``p95_min_requests`` small requests),
 ``opsloop_keystone_latency_regime_seconds{host, source}`` (the current regime's typical latency),
 ``opsloop_keystone_credential_share{host, credential}`` (top credentials' share of validations over
 the sliding window; access key *ids*, never secrets) and ``opsloop_keystone_window_validations{host}``.
@@ -228,8 +229,10 @@ class KeystoneHandler(DetectorHandler):
             P95_ROUND.labels(host).set(p95 * S_PER_MS)   # once taken (ValueError: refused, nothing shown)
         else:
             st.p95.update_summary(m.timestamp, 0, 0.0, 0.0, None, {"host": host})
-        if st.p95.series:
-            P95_WINDOW.labels(host).set(st.p95.series[-1][1] * S_PER_MS)
+            # A quiet round measured nothing: no sample (before, the last busy round's p95 stayed for good, a
+            # page's 750 ms all night or a healthy 100 ms through an outage; 0 would read fast, NaN breaks rules)
+            _drop(P95_ROUND, host)
+        _show_window(host, st.p95)
 
     def _show_shares(self, host: str, st: HostState) -> None:
         total, ranked = st.heavy.window.shares()
@@ -296,9 +299,27 @@ class KeystoneHandler(DetectorHandler):
             for source, det in st.regimes.items():
                 if det.n >= det.warmup:
                     REGIME.labels(host, source).set(10 ** det.level * S_PER_MS)
-            if st.p95.series:
-                P95_WINDOW.labels(host).set(st.p95.series[-1][1] * S_PER_MS)
+            _show_window(host, st.p95)
             self._show_shares(host, st)
+
+
+def _drop(gauge: Gauge, host: str) -> None:
+    try:
+        gauge.remove(host)
+    except KeyError:
+        pass
+
+
+def _show_window(host: str, det: SmallRequestP95Detector) -> None:
+    """The p95 of the last window that ended, if it was measured; no sample when it had fewer than
+    ``p95_min_requests`` small requests (or saw no round): a quiet window reads as quiet, not as the last
+    busy one (which it did until traffic came back)."""
+    last = det.series[-1] if det.series else None
+    if (last is not None and det.window_start is not None
+            and abs(det.window_start - det.window_s - last[0]) < det.window_s / 2):   # the window before
+        P95_WINDOW.labels(host).set(last[1] * S_PER_MS)
+    else:
+        _drop(P95_WINDOW, host)
 
 
 def series_key(m: Metric) -> str:
