@@ -391,18 +391,23 @@ def _paths(value: Any, where: str, out: list[tuple[str, Path]], depth: int) -> N
     if isinstance(value, Path):
         out.append((where, value))
         return
-    if isinstance(value, BaseModel):
-        items: Any = ((name, getattr(value, name, None)) for name in type(value).model_fields)
-    elif isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, (list, tuple)):
-        items = enumerate(value)
-    else:
-        return
-    if depth > 50:
+    items = _settings_items(value)
+    if items is None or depth > 50:
         return
     for key, item in items:
         _paths(item, f"{where}.{key}" if where else str(key), out, depth + 1)
+
+
+def _settings_items(value: Any) -> Any:
+    """(key, item) of a validated settings value's children (a model's fields, a mapping, a list), or None
+    for a leaf."""
+    if isinstance(value, BaseModel):
+        return ((name, getattr(value, name, None)) for name in type(value).model_fields)
+    if isinstance(value, dict):
+        return value.items()
+    if isinstance(value, (list, tuple)):
+        return enumerate(value)
+    return None
 
 
 def non_finite_lines(value: Any, where: str = "", depth: int = 0) -> list[str]:
@@ -413,15 +418,8 @@ def non_finite_lines(value: Any, where: str = "", depth: int = 0) -> list[str]:
     a float only once validated."""
     if isinstance(value, float):
         return [] if math.isfinite(value) else [f"{where}: Input should be a finite number (got {value!r})"]
-    if isinstance(value, BaseModel):
-        items: Any = ((name, getattr(value, name, None)) for name in type(value).model_fields)
-    elif isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, (list, tuple)):
-        items = enumerate(value)
-    else:
-        return []
-    if depth > 50:   # settings are a few levels deep; a deeper free-form mapping is left to its model
+    items = _settings_items(value)
+    if items is None or depth > 50:   # settings are a few levels deep; deeper free-form mappings: their model
         return []
     lines: list[str] = []
     for key, item in items:
