@@ -11,10 +11,10 @@ import math
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, BeforeValidator, ValidationError, ValidationInfo, field_validator
 
 from opsloop.redact import redact_credentials
 
@@ -52,6 +52,20 @@ def check_number(field: str, value: Any, *, allow_inf: bool = False, maximum: fl
 BOOL_FOR_NUMBER = "expected a number, not a boolean (YAML reads unquoted yes/no/on/off as true/false)"
 
 
+def refuse_bool(value: Any) -> Any:
+    """``value`` unless it is a boolean: pydantic reads ``true`` as 1 where a number is meant."""
+    if isinstance(value, bool):
+        raise ValueError(BOOL_FOR_NUMBER)
+    return value
+
+
+# Numbers never booleans, for where NoBoolNumbers does not look: inside a mapping or list of a model, or a
+# model that is not a NoBoolNumbers (`latency_ms: {ams: {near: yes}}` was 1 ms)
+FloatNotBool = Annotated[float, BeforeValidator(refuse_bool)]
+IntNotBool = Annotated[int, BeforeValidator(refuse_bool)]
+NumberNotBool = Annotated[float | int, BeforeValidator(refuse_bool)]
+
+
 def _means_number(annotation: Any) -> bool:
     """A field's type is a number (``float``, ``int | None``, ``Annotated[float, ...]``), not also a boolean."""
     if typing.get_origin(annotation) is typing.Annotated:
@@ -71,9 +85,7 @@ class NoBoolNumbers(BaseModel):
     @classmethod
     def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
         field = cls.model_fields.get(info.field_name or "")
-        if isinstance(value, bool) and field is not None and _means_number(field.annotation):
-            raise ValueError(BOOL_FOR_NUMBER)
-        return value
+        return refuse_bool(value) if field is not None and _means_number(field.annotation) else value
 
 
 def shown(value: object) -> str:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import (BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+from pydantic import (ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
 from opsloop.controllers.edge.service.api_token import MIN_TOKEN_CHARS, read_token_file
@@ -30,7 +30,7 @@ from opsloop.controllers.edge.settings import ControllerSettings
 from opsloop.controllers.edge.model import Edge, Listener, Origin, Topology
 from opsloop.config import DEFAULT_RUN_DIR, CollectorRuntimeSettings, ConfigError, Settings
 from opsloop.dotted import get_dotted
-from opsloop.validation import BOOL_FOR_NUMBER, NoBoolNumbers, YamlFileError, describe_validation_error, read_yaml
+from opsloop.validation import FloatNotBool, NoBoolNumbers, YamlFileError, describe_validation_error, read_yaml
 
 SECTION = "edge"
 TOKEN_ENV = "OPSLOOP_EDGE_API_TOKEN"
@@ -40,15 +40,6 @@ class _Strict(NoBoolNumbers):   # `interval_s: yes` (YAML's boolean) was an inte
     model_config = ConfigDict(extra="forbid")
 
 
-def _not_bool(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError(BOOL_FOR_NUMBER)
-    return value
-
-
-# a latency of the topology's map: NoBoolNumbers looks at a model's own fields, not into a mapping
-# (`latency_ms: {edge-ams: {near: yes}}` was 1 ms: the nearest origin)
-_LatencyMs = Annotated[float, BeforeValidator(_not_bool)]
 
 
 class EdgeSpec(_Strict):
@@ -65,7 +56,8 @@ class ListenerSpec(_Strict):
     backend: str | None = Field(default=None, min_length=1, max_length=200)
     edges: list[EdgeSpec] = Field(min_length=1)
     origins: list[Origin] = Field(min_length=1)
-    latency_ms: dict[str, dict[str, _LatencyMs]] = Field(default_factory=dict)
+    # FloatNotBool: NoBoolNumbers does not look into a mapping (`{ams: {near: yes}}` was 1 ms: the nearest origin)
+    latency_ms: dict[str, dict[str, FloatNotBool]] = Field(default_factory=dict)
 
     @property
     def backend_name(self) -> str:

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import (AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
 from opsloop.controllers.edge.settings import ControllerSettings, FixedStepSettings
 from opsloop.controllers.edge.model import MAX_CAPACITY_RPS, MAX_LATENCY_MS
-from opsloop.validation import YamlFileError, error_lines, read_yaml
+from opsloop.validation import FloatNotBool, IntNotBool, YamlFileError, error_lines, read_yaml, refuse_bool
 
 # "fixed-step-headroom": the fixed-step baseline planned with our controller's headroom, so a
 # comparison does not credit the headroom alone
@@ -31,15 +31,9 @@ class ScenarioError(ValueError):
     """A scenario file that cannot be run; the message names the file and the field."""
 
 
-def _not_bool(value: Any) -> Any:
-    # pydantic reads true as 1.0: `capacity_rps: yes` (or `on`, YAML 1.1 booleans) ran with 1 req/s
-    if isinstance(value, bool):
-        raise ValueError("expected a number, not a boolean (YAML reads unquoted yes/no/on/off as true/false)")
-    return value
-
-
-Num = Annotated[float, BeforeValidator(_not_bool)]   # a number of the scenario: never a boolean
-Count = Annotated[int, BeforeValidator(_not_bool)]
+# a number of the scenario, never a boolean: `capacity_rps: yes` (or `on`, YAML 1.1 booleans) ran with 1 req/s
+Num = FloatNotBool
+Count = IntNotBool
 
 
 # Sane ranges of a scenario's numbers: `demand_scale: 1e308` made every figure of the run NaN. A rate (demand,
@@ -88,7 +82,7 @@ class Event(BaseModel):
     @field_validator("demand_scale", mode="before")
     @classmethod
     def _one_factor_or_mapping(cls, value: Any) -> Any:
-        # one error line, not one per member of the union ("function-before[_not_bool(), float]: …")
+        # one error line, not one per member of the union ("function-before[refuse_bool(), float]: …")
         if isinstance(value, dict):
             for edge, factor in value.items():
                 if isinstance(factor, bool):
@@ -96,7 +90,7 @@ class Event(BaseModel):
                                      "yes/no/on/off as true/false)")
         if value is None or isinstance(value, dict):
             return value
-        _not_bool(value)
+        refuse_bool(value)
         try:
             return float(value)
         except (TypeError, ValueError):

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import Field, field_validator
 
 from opsloop.records.finding import MAX_WHERE_VALUE
 from opsloop.records.metric import MAX_NAME_LEN
 from opsloop.topics import topic_for
-from opsloop.validation import BOOL_FOR_NUMBER, WireError
+from opsloop.validation import NumberNotBool, WireError
 from opsloop.streams.detectors.anomaly.model import DetectorConfig, checked_config
 from opsloop.streams.detectors.plugin import Strict
 
@@ -32,15 +32,6 @@ class SeriesSpec(Strict):
         return v
 
 
-def _not_bool(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError(BOOL_FOR_NUMBER)
-    return value
-
-
-# a value of the `detector` map: Strict refuses a boolean for a number field, not inside a mapping
-# (`detector: {warmup_points: yes}` was a warm-up of 1 point)
-_DetectorValue = Annotated[float | int, BeforeValidator(_not_bool)]
 
 
 DEFAULT_SERIES = [
@@ -58,7 +49,8 @@ class AnomalySettings(Strict):
     clear_after: int = Field(default=3, ge=1, description="points below clear_score that clear it")
     clear_score: float = Field(default=0.3, ge=0, lt=1)
     max_series: int = Field(default=5000, ge=1, description="bound on tracked series (new ones are ignored)")
-    detector: dict[str, _DetectorValue] = Field(default_factory=dict, description="DetectorConfig overrides")
+    # NumberNotBool: Strict does not look into a mapping (`detector: {warmup_points: yes}` was a warm-up of 1)
+    detector: dict[str, NumberNotBool] = Field(default_factory=dict, description="DetectorConfig overrides")
 
     @field_validator("detector")
     @classmethod
