@@ -42,7 +42,7 @@ from kafka.errors import KafkaError
 from opsloop.argtypes import finite, integer
 from opsloop.audit.search import parse_duration
 from opsloop.config import ConfigError, KafkaSettings, load_settings
-from opsloop.kafka_clients import client_options, service_producer
+from opsloop.kafka_clients import client_options, service_producer, without_auto_create
 from opsloop.kafka_security import KafkaSecurityError, preflight
 from opsloop.log import get_logger, setup_logging
 from opsloop.records.deadletter import DEADLETTER_KEY_BYTES, REPLAYED_FROM_HEADER, SCHEMA_VERSION
@@ -551,21 +551,6 @@ def existing_topics(kafka: KafkaSettings, timeout_s: float) -> frozenset[str]:
         return frozenset(admin.list_topics())
     finally:
         admin.close()
-
-
-def without_auto_create(client: Any) -> bool:
-    """Have ``client``'s (a producer's or a consumer's) metadata requests not ask the broker to create a topic; False
-    when this kafka-python does not let it. Its clients take ``allow_auto_create_topics=False`` but build their cluster
-    metadata without it: a replay whose source topic was deleted meanwhile had the broker re-create it at the next send
-    (its default partitions, other partitions for the keys) and reported the records "sent and acknowledged"."""
-    cluster = getattr(client, "_metadata", None)   # the producer's
-    if cluster is None:
-        cluster = getattr(client, "_cluster", None)   # the consumer's
-    config = getattr(cluster, "config", None)
-    if isinstance(config, dict) and "allow_auto_create_topics" in config:
-        config["allow_auto_create_topics"] = False
-        return True
-    return False
 
 
 def deleted_topics(report: ReplayReport, sent_to: set[str], kafka: KafkaSettings, timeout_s: float) -> list[str]:

@@ -67,6 +67,21 @@ def service_producer(kafka: KafkaSettings | str, client_id: str, **options: Any)
                          max_in_flight_requests_per_connection=1, **options)
 
 
+def without_auto_create(client: Any) -> bool:
+    """Have ``client``'s (a producer's or a consumer's) metadata requests not ask the broker to create a topic; False
+    when this kafka-python does not let it. Its clients take ``allow_auto_create_topics=False`` but build their cluster
+    metadata without it: a topic deleted meanwhile was re-created by the broker at the next send or fetch
+    (``opsloop deadletter replay``: tests/core/test_deadletter_replay_topic_deleted.py)."""
+    cluster = getattr(client, "_metadata", None)   # the producer's
+    if cluster is None:
+        cluster = getattr(client, "_cluster", None)   # the consumer's
+    config = getattr(cluster, "config", None)
+    if isinstance(config, dict) and "allow_auto_create_topics" in config:
+        config["allow_auto_create_topics"] = False
+        return True
+    return False
+
+
 def aiokafka_client_options(kafka: KafkaSettings | str) -> dict[str, Any]:
     """The same for aiokafka's AIOKafkaProducer/AIOKafkaConsumer/AIOKafkaAdminClient."""
     return client_options(kafka)
