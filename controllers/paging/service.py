@@ -112,7 +112,7 @@ class PagingService:
         an error line from kafka-python ("Topic ... not found in cluster metadata"), a topic auto-created with the
         broker's defaults, and on brokers that do not auto-create, audit and dead-letter sends that block."""
         topics = [self.config.topic, self.config.audit_topic, Topic.DEADLETTER.value]
-        ensure_configured_topics(self.kafka, log, topics, timeout_s=10.0)
+        ensure_configured_topics(self.kafka, log, topics)
 
     def load_state(self) -> None:
         path = self.config.state_file

@@ -177,7 +177,7 @@ class Publisher:
                 reconnect_backoff_max_ms=1000,
             )
         if self._topics_seen - self._topics_checked:
-            self._ensure_topics()   # after the producer's bootstrap: a broker answers (the admin waits at most its timeout for one)
+            self._ensure_topics()   # after the producer's bootstrap: a broker answers (bounded admin waits)
         return self._producer
 
     def _ensure_topics(self) -> None:
