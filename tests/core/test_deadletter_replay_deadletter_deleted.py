@@ -14,41 +14,26 @@ from typing import Any, Iterator
 
 import orjson
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaConsumer
 from kafka.errors import KafkaError
 
 from opsloop import deadletter_cli
 from opsloop.cli import main
-from opsloop.records import deadletter_record
-from opsloop.topics import Topic
+from tests.core import test_deadletter_replay_interrupted as interrupted
 from tests.core.test_deadletter_replay_loop import restore_logging  # noqa: F401 (the fixture)
 from tests.core.test_deadletter_replay_topic_deleted import delete_after, topics
-from tests.helpers import create_topics, read_topic, unique, wait_until, write_config
+from tests.helpers import create_topics, read_topic, wait_until
 
 pytestmark = pytest.mark.integration
 
-RECORDS = 10
+RECORDS = interrupted.RECORDS
 DELETE_AFTER = 4   # dead letters read before the dead-letter topic is deleted
 
 
 def setup_topics(tmp_path: Path, bootstrap: str) -> tuple[Path, str, str]:
-    """A config with a prefix of its own and RECORDS replayable dead letters, each in a batch of its own (so that
-    the read fetches them a few at a time, not all before the deletion); (config, lb, dl)."""
-    prefix = unique("dldel") + "."
-    config = write_config(tmp_path / "opsloop.yaml", {"kafka": {"bootstrap_servers": bootstrap,
-                                                                "topic_prefix": prefix}})
-    lb, dl = f"{prefix}{Topic.LB.value}", f"{prefix}{Topic.DEADLETTER.value}"
-    create_topics(bootstrap, lb, dl, partitions=1)
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    try:
-        for i in range(RECORDS):
-            producer.send(dl, key=f"lb-{i}".encode(),
-                          value=deadletter_record("handler: boom", topic=lb, partition=0, offset=i,
-                                                  key=f"lb-{i}".encode(), value=f'{{"n": {i}}}'.encode()))
-            producer.flush(timeout=30)
-    finally:
-        producer.close()
-    return config, lb, dl
+    """RECORDS replayable dead letters, each in a batch of its own (so that the read fetches them a few at a time,
+    not all before the deletion); (config, lb, dl)."""
+    return interrupted.setup_topics(tmp_path, bootstrap, batch_each=True)
 
 
 def small_fetches(**kw: Any) -> KafkaConsumer:

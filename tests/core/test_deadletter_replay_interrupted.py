@@ -30,8 +30,9 @@ RECORDS = 10
 INTERRUPT_AFTER = 4   # dead letters read before the interrupt
 
 
-def setup_topics(tmp_path: Path, bootstrap: str) -> tuple[Path, str, str]:
-    """A config with a prefix of its own, RECORDS replayable dead letters of its lb topic; (config, lb, dl)."""
+def setup_topics(tmp_path: Path, bootstrap: str, batch_each: bool = False) -> tuple[Path, str, str]:
+    """A config with a prefix of its own, RECORDS replayable dead letters of its lb topic; (config, lb, dl).
+    ``batch_each``: each dead letter in a batch of its own (a read then fetches them a few at a time)."""
     prefix = unique("dlint") + "."
     config = write_config(tmp_path / "opsloop.yaml", {"kafka": {"bootstrap_servers": bootstrap,
                                                                 "topic_prefix": prefix}})
@@ -43,6 +44,8 @@ def setup_topics(tmp_path: Path, bootstrap: str) -> tuple[Path, str, str]:
             producer.send(dl, key=f"lb-{i}".encode(),
                           value=deadletter_record("handler: boom", topic=lb, partition=0, offset=i,
                                                   key=f"lb-{i}".encode(), value=f'{{"n": {i}}}'.encode()))
+            if batch_each:
+                producer.flush(timeout=30)
         producer.flush(timeout=30)
     finally:
         producer.close()

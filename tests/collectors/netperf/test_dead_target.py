@@ -11,7 +11,6 @@ bounded by the path under test, not by the number of targets (8.42 Gb/s over six
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from pydantic import ValidationError
@@ -23,22 +22,11 @@ from opsloop.collectors.netperf.config import TargetSet
 from opsloop.records import Metric
 from opsloop.stack import free_port
 from opsloop.streams.detectors.netperf.detector import result_from_metric
-from tests.collectors.netperf.lab import Server, netserver
-from tests.collectors.netperf.test_partial_and_short import wrapper
+from tests.collectors.netperf.lab import Server
+from tests.collectors.netperf.test_partial_and_short import servers, wrapper  # noqa: F401 (servers: the fixture)
 
 pytestmark = pytest.mark.integration
 
-
-@pytest.fixture
-def servers() -> Iterator[list[Server]]:
-    started: list[Server] = []
-    try:
-        for _ in range(2):
-            started.append(netserver(free_port()))
-        yield started
-    finally:
-        for s in started:
-            s.stop()
 
 
 def only(rnd: Round, name: str, target: str | None = None) -> list[Metric]:
