@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from .anomaly.model import DetectorConfig, StreamingDetector, checked_config
+from .anomaly.model import SAMPLE_NUMBERS_BELOW, DetectorConfig, StreamingDetector, checked_config
 from .anomaly.settings import AnomalySettings
 from .evaluate_windows import WindowScore, all_profiles, windows_from_labels
 from .evaluation import evaluate
@@ -199,7 +199,7 @@ def print_table(profiles: list[WindowScore], summary: dict[str, Any], out: Any) 
 
 
 def _when(t: float) -> str:
-    if abs(t) < 1e8:     # a sample number (Yahoo A1, a header-less file's row), as the detector reads it
+    if abs(t) < SAMPLE_NUMBERS_BELOW:   # a sample number (Yahoo A1, a header-less file's row), as the detector reads it
         return f"{t:g}"
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 

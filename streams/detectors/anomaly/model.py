@@ -126,6 +126,7 @@ from opsloop.streams.detectors.state_check import MAX_COUNT, StateError, count, 
 
 DAY_S = 86400.0
 WEEK_S = 7 * DAY_S
+SAMPLE_NUMBERS_BELOW = 1e8   # a first timestamp below this is a sample number (1, 2, 3 ...), not epoch seconds
 STATE_VERSION = 3
 NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside", "h_width", "h_n", "hist")
 NEW_IN_V3 = ("zt", "zt_w", "zt_n", "pbuf", "period", "p_off", "level2", "scale2", "err2", "run2", "run2_x",
@@ -315,7 +316,7 @@ class StreamingDetector:
         self.n = n
         t = float(timestamp)
         if n == 1:
-            self.index_clock = t < 1e8
+            self.index_clock = t < SAMPLE_NUMBERS_BELOW
         if self.index_clock:
             t *= cfg.index_step_s
         if n == 1:
