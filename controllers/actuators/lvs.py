@@ -177,13 +177,18 @@ class LvsTarget:
         if "TunnelInfo" not in "\n".join(lines[:3]):
             raise ActuatorError(f"{self.describe()}: ipvsadm -Ln --tun-info: no 'TunnelInfo' header: "
                                 f"{text[:120]!r}", "parse")
-        reals = [" ".join(["  ->", p[1], *p[3:]]) if p[:1] == ["->"] and len(p) == 7 else raw
-                 for raw, p in ((raw, raw.split()) for raw in lines)]
-        # a tunnelled real listed "n/a" (an ipvsadm that does not know its tunnel type): written as if not
-        # tunnelled, the edit would make it an ipip one
-        tunnelled_na = {p[1] for p in (raw.split() for raw in lines)
-                        if p[:1] == ["->"] and len(p) == 7 and p[2] == "Tunnel" and p[3] == "n/a"}
-        na_keys = {(k.address, k.port) for k in (_real_key(a, self.service) for a in tunnelled_na) if k}
+        reals: list[str] = []
+        na_keys: set[tuple[str, int]] = set()
+        for raw in lines:
+            p = raw.split()
+            if p[:1] != ["->"] or len(p) != 7:
+                reals.append(raw)
+                continue
+            reals.append(" ".join(["  ->", p[1], *p[3:]]))
+            # a tunnelled real listed "n/a" (an ipvsadm that does not know its tunnel type): written as if not
+            # tunnelled, the edit would make it an ipip one
+            if p[2] == "Tunnel" and p[3] == "n/a" and (k := _real_key(p[1], self.service)) is not None:
+                na_keys.add((k.address, k.port))
         try:
             services = parse_ipvsadm_list("\n".join(reals), "ipvsadm -Ln --tun-info")
         except LvsParseError as e:
