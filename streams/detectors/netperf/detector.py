@@ -120,11 +120,7 @@ class NetperfResult:
 def _count_field(doc: Mapping[str, Any], name: str) -> int | None:
     """An optional count of the result (None when absent); ValueError for one that is no count."""
     v = doc.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_COUNT or v != int(v):
-        raise ValueError(f"{name}: {v!r:.40} is not a count")
-    return int(v)
+    return None if v is None else count(v, name)
 
 
 def result_from_metric(m: Metric) -> NetperfResult | None:
