@@ -48,7 +48,9 @@ Pure state, no I/O (the service posts and persists). Rules:
   alert refused is marked (``OpenAlert.rejected``, in the state file): it is re-sent, and resolved, as its
   fallback until it resolves or its labels change (then the new labels are tried as they are). A refused
   resolve is replaced by the fallback's resolve (the same fallback labels: they derive from the refused
-  labels and the finding id alone, so this holds across a restart that lost the mark).
+  labels and the finding id alone, so this holds across a restart that lost the mark). The fallback of an alert
+  refused for its size (``TOO_LARGE``: a proxy's 413 to it alone) has its texts cut to ``MAX_SHORT_ANNOTATION``
+  characters: a copy of the long ones was refused too, and the page lost.
 * A page whose fallback is refused too is lost (:meth:`PagingBook.lost`): it is tried again at the re-send
   interval and counts as lost once (``OpenAlert.lost_at``, in the state file) until it is delivered (then
   :meth:`PagingBook.delivered` reports it late) or cleared; the resolve of such a page, refused too, does not
@@ -90,6 +92,8 @@ MAX_CLOSED = 10_000        # ids not open whose newest record is kept (about 60 
 MAX_CLEARED_PER_ID = 4     # incidents cleared last per id (a replay or a re-sent clear reaches a few back at most)
 MAX_CLOCK_SKEW_S = 300.0   # stream.max_clock_skew_s: samples further ahead never made it into a finding
 DEFAULT_RESEND_RESOLVED_S = 900.0   # prometheus/notifier's resolvedRetention
+TOO_LARGE = "HTTP 413"     # how the client's reason starts for an alert a proxy refused alone for its size
+MAX_SHORT_ANNOTATION = 256  # each annotation of that alert's fallback: a copy of its long ones was refused too
 
 LabelKey = tuple[str, tuple[tuple[str, str], ...]]   # finding id and sorted labels: one alert in Alertmanager
 
@@ -123,7 +127,7 @@ class OpenAlert:
         if not self.rejected:
             return self.labels, annotations
         return (fallback_labels(self.labels, self.finding_id),
-                fallback_annotations(self.labels, annotations, self.finding_id, self.rejected))
+                _fallback_annotations(self.labels, annotations, self.finding_id, self.rejected))
 
 
 @dataclass(slots=True)
@@ -404,8 +408,8 @@ class PagingBook:
             record.rejected = str(reason)[:MAX_REJECTION_REASON]
             return self._firing(record, now)
         fid = record.finding_id
-        return postable(fallback_labels(labels, fid), fallback_annotations(labels, record.annotations, fid,
-                                                                           str(reason)),
+        return postable(fallback_labels(labels, fid), _fallback_annotations(labels, record.annotations, fid,
+                                                                            str(reason)),
                         record.starts_at, record.ends_at)
 
     def next_due(self, now: float) -> float:
@@ -576,6 +580,17 @@ class PagingBook:
             s.last_sent = None   # re-sent at once, as the open alerts are
         for r in pending:   # the bound applies to a saved queue too (a state file from before it, a lower bound)
             self._queue_resolve(r)
+
+
+def _fallback_annotations(labels: dict[str, str], annotations: dict[str, str], finding_id: str,
+                          reason: str) -> dict[str, str]:
+    """The fallback's annotations (``mapping.fallback_annotations``), each short when the alert was too large."""
+    doc = fallback_annotations(labels, annotations, finding_id, reason)
+    if not reason.startswith(TOO_LARGE):
+        return doc
+    # the links whole (a cut one leads nowhere), the texts short
+    return {k: v if len(v) <= MAX_SHORT_ANNOTATION or k.endswith("_url") else v[:MAX_SHORT_ANNOTATION - 1] + "…"
+            for k, v in doc.items()}
 
 
 def _open_entry(a: OpenAlert, restored_sent: float | None = None) -> dict[str, Any]:

@@ -8,10 +8,10 @@ finding and a queue of resolves bounded by ``max_pending_resolves`` (beyond it t
 dropped, best-effort ones first, counted in ``opsloop_paging_resolves_dropped_total``), and delivery
 is retried with exponential back-off.
 
-An alert Alertmanager rejects as invalid (400/422) is never dropped in silence: its fallback
-(``OpsloopPageRejected``, same severity and routing labels, the finding id, the reason) is posted in its
-place at once and follows the finding (re-sent while it is open, resolved when it clears); each rejection
-is logged (``alert_rejected``), audited (``page_rejected``) and counted: replaced
+An alert Alertmanager rejects as invalid (400/422), or a proxy in front of it as too large alone (413), is never
+dropped in silence: its fallback (``OpsloopPageRejected``, same severity and routing labels, the finding id, the
+reason) is posted in its place at once and follows the finding (re-sent while it is open, resolved when it clears);
+each rejection is logged (``alert_rejected``), audited (``page_rejected``) and counted: replaced
 (``opsloop_paging_alerts_replaced_total``) or, the fallback rejected too, lost
 (``opsloop_paging_alerts_dropped_total``). A lost page is tried again at the re-send interval; each refusal
 is logged, the page is counted and audited lost once (until it is delivered or cleared), and a later try
@@ -231,7 +231,7 @@ class PagingService:
         try:
             result = self.client.post([o.alert for o in items])
         except AlertmanagerError as e:
-            delay = self.backoff.failed(now)
+            delay = self._failed(e, now)
             metrics.DELIVERY_FAILURES.inc()
             log.warning("alertmanager_unreachable", error=str(e)[:500], alerts=len(items), retry_in_s=round(delay, 2))
             self._update_gauges(now)
@@ -247,7 +247,7 @@ class PagingService:
             except AlertmanagerError as e:
                 # Nothing marked delivered: the next attempt sends the open alerts' fallbacks (the book holds
                 # the mark) and the refused resolves again, refused and replaced again.
-                delay = self.backoff.failed(now)
+                delay = self._failed(e, now)
                 metrics.DELIVERY_FAILURES.inc()
                 log.warning("alertmanager_unreachable", error=str(e)[:500], alerts=len(fallbacks),
                             retry_in_s=round(delay, 2))
@@ -276,6 +276,13 @@ class PagingService:
         self._dirty = True
         self._update_gauges(now)
         return len(accepted)
+
+    def _failed(self, e: AlertmanagerError, now: float) -> float:
+        """Back off after a post no Alertmanager took; the delay (its Retry-After if longer, up to the cap)."""
+        delay = self.backoff.failed(now)
+        if e.retry_after_s is not None:
+            delay = self.backoff.at_least(now, e.retry_after_s)   # 429/503: asked to wait; retrying sooner adds load
+        return delay
 
     def _replace_rejected(self, rejected: list[tuple[Outgoing, str]], now: float
                           ) -> tuple[list[Outgoing], list[OpenAlert | PendingResolve]]:
