@@ -114,7 +114,11 @@ def _applies(rule: Rule, device: str, direction: Direction) -> bool:
 
 
 def _reaches(ruleset: Ruleset, start: str, goal: str, device: str, direction: Direction) -> bool:
+    # Only chains that can jump on to the goal matter for finding it (others only for where a chain stops):
+    # the walk was quadratic in ports, Neutron's FORWARD and sg-chain holding two rules per port (1000 ports: 54 s).
+    relevant = _leads_to(ruleset, goal)
     seen: set[str] = set()
+    queued: dict[str, int] = {}   # chain -> the least depth it was pushed at
     decides: dict[str, bool] = {}
     stack = [(start, 0)]
     while stack:
@@ -126,6 +130,11 @@ def _reaches(ruleset: Ruleset, start: str, goal: str, device: str, direction: Di
         if chain is None:
             continue
         for rule in chain.rules:
+            # A conditional rule neither ends the chain nor decides: it matters only if it jumps towards the goal,
+            # and only once per target chain. Skipped before the (costlier) physdev test.
+            if rule.conditions and (rule.target not in relevant
+                                    or queued.get(rule.target, _MAX_DEPTH + 2) <= depth + 1):
+                continue
             if not _applies(rule, device, direction):
                 continue
             if rule.target == goal:
@@ -133,6 +142,7 @@ def _reaches(ruleset: Ruleset, start: str, goal: str, device: str, direction: Di
             sub = ruleset.chain("filter", rule.target) if rule.target and rule.target not in _TERMINAL else None
             if sub is not None:
                 stack.append((sub.name, depth + 1))
+                queued[sub.name] = min(queued.get(sub.name, depth + 1), depth + 1)
             # Later rules of this chain are unreachable after an unconditional verdict, an unconditional
             # goto (it never comes back here), or an unconditional jump into a chain that always decides:
             # an ACCEPT inside neutron-filter-top ends the packet's walk as surely as one in FORWARD.
@@ -141,6 +151,18 @@ def _reaches(ruleset: Ruleset, start: str, goal: str, device: str, direction: Di
                                                                                decides))):
                 break
     return False
+
+
+def _leads_to(ruleset: Ruleset, goal: str) -> set[str]:
+    """The goal and every filter chain with a path of jumps/gotos to it, conditions aside."""
+    parents = ruleset.jumped_from("filter")
+    found, todo = {goal}, [goal]
+    while todo:
+        for parent in parents.get(todo.pop(), ()):
+            if parent not in found:
+                found.add(parent)
+                todo.append(parent)
+    return found
 
 
 def _always_decides(ruleset: Ruleset, chain: Chain, device: str, direction: Direction,
@@ -154,7 +176,11 @@ def _always_decides(ruleset: Ruleset, chain: Chain, device: str, direction: Dire
         return False
     result = False
     for rule in chain.rules:
-        if not _applies(rule, device, direction) or rule.target is None:
+        # A conditional jump (not a goto, not a RETURN) brings the packet back here whatever the chain it jumps to
+        # does: it neither decides nor ends this chain, so it is not walked (Neutron has two per VM port).
+        if rule.target is None or (rule.conditions and not rule.goto and rule.target != "RETURN"):
+            continue
+        if not _applies(rule, device, direction):
             continue
         if rule.target == "RETURN":
             break

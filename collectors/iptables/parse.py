@@ -24,6 +24,8 @@ _COUNTERS = re.compile(r"^\[\d+:\d+\]$")
 _CHAIN_NAME = re.compile(r"^[^\s!]{1,64}$")
 _TABLE_NAME = re.compile(r"^[a-z]{1,32}$")
 BUILTIN_POLICIES = frozenset({"ACCEPT", "DROP", "RETURN", "QUEUE"})
+_QUOTING = re.compile(r"[\"'\\]")
+_UNQUOTED_TOKEN = re.compile(r"[^ \t\r\n]+")   # shlex's whitespace
 
 
 class RulesetParseError(ValueError):
@@ -81,6 +83,21 @@ class Table:
 @dataclass(slots=True)
 class Ruleset:
     tables: dict[str, Table] = field(default_factory=dict)
+    # table -> chain -> the chains with a rule jumping to it; built on first use (a parsed ruleset is not changed)
+    _jumps: dict[str, dict[str, set[str]]] = field(default_factory=dict, repr=False, compare=False)
+
+    def jumped_from(self, table: str) -> dict[str, set[str]]:
+        """For each chain of ``table``: the chains holding a rule that jumps (or goes) to it."""
+        found = self._jumps.get(table)
+        if found is None:
+            found = {}
+            t = self.tables.get(table)
+            for chain in t.chains.values() if t else ():
+                for rule in chain.rules:
+                    if rule.target:
+                        found.setdefault(rule.target, set()).add(chain.name)
+            self._jumps[table] = found
+        return found
 
     @property
     def rule_count(self) -> int:
@@ -162,10 +179,13 @@ def _declare_chain(table: Table, line: str, line_no: int, raw: str) -> None:
 
 
 def _parse_rule(table: str, line: str, line_no: int, raw: str) -> Rule:
-    try:
-        tokens = shlex.split(line, posix=True)
-    except ValueError as e:
-        raise RulesetParseError(line_no, raw, f"cannot split rule ({e})") from None
+    if _QUOTING.search(line) is None:
+        tokens = _UNQUOTED_TOKEN.findall(line)   # what shlex gives for such a line, ~20x faster (100k rules)
+    else:
+        try:
+            tokens = shlex.split(line, posix=True)
+        except ValueError as e:
+            raise RulesetParseError(line_no, raw, f"cannot split rule ({e})") from None
     if tokens and _COUNTERS.match(tokens[0]):
         tokens = tokens[1:]
     if len(tokens) < 2 or tokens[0] != "-A":

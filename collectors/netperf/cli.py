@@ -37,9 +37,11 @@ def load_section(path: Path) -> dict:
     """The ``collectors.netperf`` section of a config file (or a file holding only that section)."""
     doc = read_document(path)  # one line naming line and column, never PyYAML's quote of the file's text
     if "collectors" in doc:
-        section = (doc.get("collectors") or {}).get("netperf")
+        collectors = doc.get("collectors") or {}
+        # `collectors: [netperf]` ended in a traceback and exit status 1 (which says "a target failed")
+        section = collectors.get("netperf") if isinstance(collectors, dict) else None
         if not isinstance(section, dict):
-            raise ValueError(f"{path}: no collectors.netperf section")
+            raise ValueError("no collectors.netperf section")  # main() names the file
         return section
     return doc
 
