@@ -11,7 +11,8 @@
   head of the buffer and the thread backs off exponentially (``initial_backoff_s`` doubling up to
   ``max_backoff_s``) before the next try, so an outage costs no CPU and no log storm;
 * a document Elasticsearch refuses (400, a mapping error: a bug, retrying cannot help) is counted and
-  logged with its id, and dropped; any other refusal (401 for the request, 403 per document: the API
+  logged with its id and, up to ``DEAD_LETTER_BYTES``, the record's JSON (the journal is its dead letter), and
+  dropped; any other refusal (401 for the request, 403 per document: the API
   key expired or lost its privileges) is not the record's fault and keeps the batch like an outage;
 * a request refused as too large (413: a proxy's or the cluster's ``http.max_content_length`` below a
   batch) is not an outage — the same batch would be refused for ever: the batch goes back and later
@@ -60,6 +61,9 @@ REJECTED_STATUS = 400
 TOO_LARGE_STATUS = 413   # the request, not its records: sent again in smaller requests
 # the template is checked again before a bulk this long after the last check: below any node's restart time
 TEMPLATE_CHECK_S = 5.0
+# A rejected record is dropped: its JSON goes into the rejection's log line (the journal is its dead letter),
+# up to this size: a log line stays under Docker's 16 KiB split and journald's 48 KiB LineMax, whole JSON.
+DEAD_LETTER_BYTES = 12 * 1024
 
 RECORDS = Counter("opsloop_audit_records_total", "Audit records handled by the Elasticsearch indexer, by outcome "
                   "(indexed, duplicate: already stored, rejected: refused by Elasticsearch)", ["stream", "outcome"])
@@ -175,8 +179,7 @@ class ElasticsearchIndexer:
                         duplicates += 1
                     elif status == REJECTED_STATUS:
                         rejected += 1
-                        log.error("audit_record_rejected", stream=self.stream, id=rid, status=status,
-                                  reason=_reason(info))
+                        self._rejected(pending.get(str(rid)), rid, status, _reason(info))
                     else:
                         error = f"Elasticsearch answered {status} for a document: {_reason(info)}"
                         continue   # stays pending: back at the head of the buffer
@@ -281,9 +284,21 @@ class ElasticsearchIndexer:
             return 0
         rid = batch[0].id
         pending.pop(rid, None)
-        log.error("audit_record_rejected", stream=self.stream, id=rid, status=TOO_LARGE_STATUS,
-                  reason="too large for a request on its own")
+        self._rejected(batch[0], rid, TOO_LARGE_STATUS, "too large for a request on its own")
         return 1
+
+    def _rejected(self, record: AuditRecord | None, rid: Any, status: int, reason: str) -> None:
+        """Log a dropped record with its content (bounded): what the actuator did stays readable in the logs."""
+        dead_letter: dict[str, Any] = {}
+        if record is not None:
+            raw = record.encode()
+            if len(raw) <= DEAD_LETTER_BYTES:
+                dead_letter["record"] = raw.decode()
+            else:   # the fields an on-call engineer asks about; before/after do not fit a log line
+                dead_letter.update(record_bytes=len(raw), actor=record.actor, action=record.action,
+                                   target=record.target, version=record.version, mode=record.mode.value,
+                                   result=record.result, time=record.timestamp)
+        log.error("audit_record_rejected", stream=self.stream, id=rid, status=status, reason=reason, **dead_letter)
 
     def _actions(self, batch: list[AuditRecord]) -> Iterator[dict[str, Any]]:
         for r in batch:

@@ -7,7 +7,7 @@ in the time range, printed oldest first like ``journalctl``::
     GET opsloop-logs-*/_search
     {"size": 200, "sort": [{"@timestamp": "desc"}],
      "query": {"bool": {"filter": [
-         {"range": {"@timestamp": {"gte": "now-10m"}}},
+         {"range": {"@timestamp": {"gte": "now-10m"}}},              # no upper bound without --until
          {"bool": {"minimum_should_match": 1, "should": [          # --unit opsloop-edge
              {"terms": {"systemd.unit": ["opsloop-edge", "opsloop-edge.service"]}},
              {"prefix": {"systemd.unit": "opsloop-edge@"}},       # template instances
@@ -46,6 +46,9 @@ class LogQuery:
     level: str | None = None
     text: str | None = None
     limit: int = 200
+    # no --until: no upper bound, so lines stamped ahead of this clock (a host whose clock was ahead, stepped
+    # back by NTP) are shown as the newest instead of hidden until the wall clock catches up with them
+    open_ended: bool = False
 
     def __post_init__(self) -> None:
         if self.level is not None and self.level not in LEVELS:
@@ -91,8 +94,10 @@ def _level_clause(level: str) -> dict[str, Any]:
 
 def logs_query(q: LogQuery) -> dict[str, Any]:
     """The Elasticsearch query body (documented above), newest first."""
-    filters: list[dict[str, Any]] = [
-        {"range": {"@timestamp": {"gte": _iso(q.until - q.since), "lte": _iso(q.until)}}}]
+    bounds = {"gte": _iso(q.until - q.since)}
+    if not q.open_ended:
+        bounds["lte"] = _iso(q.until)
+    filters: list[dict[str, Any]] = [{"range": {"@timestamp": bounds}}]
     if q.units:
         clauses = [_unit_clause(u.strip()) for u in q.units]
         filters.append(clauses[0] if len(clauses) == 1 else {"bool": {"minimum_should_match": 1, "should": clauses}})
@@ -107,6 +112,19 @@ def search_logs(client: Any, q: LogQuery, index: str = LOGS_INDEX_PATTERN) -> li
     """The matching documents' sources, oldest first."""
     resp = client.search(index=index, ignore_unavailable=True, allow_no_indices=True, **logs_query(q))
     return [h["_source"] for h in reversed(resp["hits"]["hits"])]
+
+
+def stamped_after(docs: list[dict[str, Any]], t: datetime) -> int:
+    """How many documents carry an ``@timestamp`` later than ``t`` (their host's clock is ahead)."""
+    n = 0
+    for doc in docs:
+        stamp = doc.get("@timestamp")
+        try:
+            if isinstance(stamp, str) and datetime.fromisoformat(stamp.replace("Z", "+00:00")) > t:
+                n += 1
+        except (ValueError, TypeError):   # a stamp this reader cannot parse: not counted, still printed
+            continue
+    return n
 
 
 def _field(doc: dict[str, Any], dotted: str) -> Any:

@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 import orjson
 
 from opsloop.audit.cli import DEFAULT_ES, es_from_args
-from opsloop.audit.logs import LEVELS, LOGS_INDEX_PATTERN, LogQuery, logs_query, render_line, search_logs
+from opsloop.audit.logs import (LEVELS, LOGS_INDEX_PATTERN, LogQuery, logs_query, render_line, search_logs,
+                                stamped_after)
 from opsloop.audit.search import parse_duration, parse_time
 from opsloop.config import ConfigError
 
@@ -26,7 +27,8 @@ also matches its template instances opsloop-edge@*) or a Docker container name; 
 several. --level is this severity or worse ({', '.join(LEVELS)}): opsloop's own level for its JSON
 lines, the journal's syslog priority for other services. The Elasticsearch URL comes from --es,
 else controllers.audit.elasticsearch_url in --config, else {DEFAULT_ES}. Exit 0 when lines were
-found, 1 when none, 2 on bad input or an unreachable Elasticsearch.
+found, 1 when none, 2 on bad input or an unreachable Elasticsearch. Without --until the range has no
+end: lines stamped after now (a host's clock ahead) are shown as the newest, and counted on stderr.
 """
 
 
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         until = parse_time(args.until, "--until") if args.until else datetime.now(timezone.utc)
         q = LogQuery(since=parse_duration(args.since, "--since"), until=until, units=tuple(args.unit),
-                     level=args.level, text=args.grep, limit=args.limit)
+                     level=args.level, text=args.grep, limit=args.limit, open_ended=not args.until)
         es = es_from_args(args)
         url = es.describe()   # hosts only: credentials never in a printed URL
     except (ValueError, ConfigError) as e:
@@ -73,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         print(orjson.dumps(doc).decode() if args.json else render_line(doc))
     if not docs and not args.json:
         print("no log line matched", file=sys.stderr)
+    ahead = stamped_after(docs, until) if q.open_ended else 0
+    if ahead:
+        print(f"opsloop logs: {ahead} line(s) stamped after now ({until.isoformat(timespec='seconds')}): "
+              f"the clock of the host that wrote them is or was ahead", file=sys.stderr)
     return 0 if docs else 1
 
 

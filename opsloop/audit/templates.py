@@ -4,6 +4,9 @@
   (written by :mod:`opsloop.audit.indexer`);
 * ``logs.json``: service logs shipped by Filebeat (``opsloop-logs-*`` daily indices; the same file is
   mounted into the Filebeat container by ``docker-compose/``).
+  ``opsloop.fields`` has ``subobjects: false``: a key that is an object in one line and a value in another
+  (``error={...}``, ``error="refused"``) is two leaves, not a mapping conflict that refuses one kind (400)
+  for the rest of the daily index.
 
 Only core Elasticsearch features are used (no ingest pipeline, no ILM): they work on the
 integ-test distribution the tests run and on any 8.x cluster.
