@@ -4,13 +4,15 @@ A temporary file next to the target (``<name>.tmp``, so a crash leaves the old f
 file a loader ignores), written and fsync'ed, renamed over the target, then the directory fsync'ed
 so the rename itself survives a power cut. The temporary file is created with its final ``mode``
 (0600 by default: state files may name hosts and incidents; a file holding secrets must never be
-readable by others, not even for the moment before a chmod) and removed when the write fails (a full
+readable by others, not even for the moment before a chmod), exclusively after removing whatever was left
+under its name (a symlink or a FIFO there is never opened), and removed when the write fails (a full
 disk: a half-written temporary file per call would eat what space is left). One writer per target
 at a time (callers hold their own lock): the temporary name is fixed, not unique.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Callable
@@ -27,15 +29,20 @@ def replace_file(path: Path, data: bytes, mode: int = 0o600,
     raises unless ``dir_sync_failed`` takes it (the file is in place, its data synced)."""
     tmp = temporary_path(path)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        # Whatever a crash or someone else left under the temporary name is removed, never opened: a symlink
+        # there was followed (another file overwritten, made 0600, and the target became a link to it), a FIFO
+        # blocked open() for ever. Created anew, exclusively: nothing can be slipped in between.
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
         with open(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)   # a temporary file left by a crash keeps its old mode otherwise
+            os.fchmod(f.fileno(), mode)   # exactly ``mode``: the umask may have taken bits of it
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):   # the write's own error is the one to report
+            tmp.unlink(missing_ok=True)
         raise
     try:
         sync_dir(path.parent)

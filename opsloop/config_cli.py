@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import yaml
 
 from opsloop.config import (CONFIG_ENV, DEFAULT_CONFIG_PATH, ConfigError, config_path, defaults_document, load_settings,
                             path_problems)
-from opsloop.redact import redact_credentials
+from opsloop.redact import MASK, redact_credentials
+from opsloop.validation import is_secret_setting
 
 EPILOG = f"""examples:
   opsloop config check opsloop.yaml          # every error on its own line, with its path; exit 2 if any
@@ -54,5 +56,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # URLs may carry user:password@ (Alertmanager, Elasticsearch); the output goes to terminals and CI logs.
     # (over the text, as the log formatter does: a URL is one YAML scalar on one line)
-    print(redact_credentials(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False)), end="")
+    print(redact_credentials(yaml.safe_dump(masked_secrets(settings.model_dump(mode="json")), sort_keys=False)),
+          end="")
     return 0
+
+
+def masked_secrets(value: Any) -> Any:
+    """``value`` with every setting named like a secret masked, at any depth. The stage sections are printed as
+    given (mappings, not models: no SecretStr), so ``audit.elasticsearch.password`` or ``api_key`` from the file
+    or the environment was printed in clear."""
+    if isinstance(value, dict):
+        return {k: MASK if isinstance(k, str) and is_secret_setting(k) and v is not None else masked_secrets(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked_secrets(v) for v in value]
+    return value

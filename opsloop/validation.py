@@ -105,6 +105,13 @@ def _secret_setting(loc: tuple[Any, ...]) -> bool:
     return any(m in name for m in _SECRET_NAMES) and not name.endswith("_file")
 
 
+def is_secret_setting(name: str) -> bool:
+    """A setting named like a secret (``password``, ``api_key``, ``token``...), not the path of a file holding
+    one (``*_file``) nor the name of a variable holding one (``*_env``)."""
+    lowered = name.lower()
+    return any(m in lowered for m in _SECRET_NAMES) and not lowered.endswith(("_file", "_env"))
+
+
 def error_lines(e: ValidationError, prefix: str = "") -> list[str]:
     """One ``path: reason (got value)`` line per error; ``prefix`` is the section's path (``"a.b."``)."""
     lines = []

@@ -69,15 +69,29 @@ class Spool:
         self.quarantined_lines = 0
         self._lock = threading.Lock()
         for tmp in self.dir.glob("*.tmp"):  # a write interrupted by a crash: the originals are intact
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:   # not a file (a directory): moved aside, not a crash at every start
+                self._quarantine_file(tmp)
         for stray in self.dir.glob("*.jsonl"):
             if not _SEGMENT.match(stray.name):
                 self._quarantine_file(stray)
         existing = self._segments()
         self._next_seq = (int(existing[-1].stem) + 1) if existing else 0
         # Kept in memory (scanned once here) so the gauges after every publish cost no I/O.
-        self._records = sum(_count_lines(p) for p in existing)
-        self._bytes = sum(p.stat().st_size for p in existing)
+        self._records = 0
+        self._bytes = 0
+        for segment in existing:
+            try:
+                lines, size = _count_lines(segment), segment.stat().st_size
+            except OSError as e:
+                # unreadable (a disk error, not a file): quarantined as oldest() does when sending; raised here,
+                # it stopped the collector at every start, the good segments with it
+                log.error("spool_segment_unreadable", segment=segment.name, error=str(e))
+                self._quarantine_file(segment)
+                continue
+            self._records += lines
+            self._bytes += size
 
     def _segments(self) -> list[Path]:
         return sorted((p for p in self.dir.glob("*.jsonl") if _SEGMENT.match(p.name)), key=lambda p: int(p.stem))
