@@ -54,7 +54,7 @@ class JsonFormatter(logging.Formatter):
         try:
             text = orjson.dumps(doc, default=_shown).decode()
         except (orjson.JSONEncodeError, TypeError):   # an int beyond 64 bits, a non-str key: was a "Logging error"
-            text = orjson.dumps(_plain(doc), default=_shown).decode()
+            text = orjson.dumps(_plain(doc), default=_shown_text).decode()
         # Credentials in URLs (Alertmanager, Elasticsearch) never reach a log line, whoever logs them.
         return redact_credentials(text)
 
@@ -76,10 +76,30 @@ def _shown(value: Any) -> str:
         return f"<{type(value).__name__} not printable>"
 
 
+def _utf8(text: str) -> str:
+    """``text`` with lone surrogates (bytes that were not UTF-8, read with ``surrogateescape``: a path, a BMC's
+    output) as ``\\xNN`` escapes: orjson refuses them, and the whole line was lost to a "Logging error"."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:   # a surrogate surrogateescape did not make
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _shown_text(value: Any) -> str:
+    return _utf8(_shown(value))
+
+
 def _plain(value: Any) -> Any:
-    """``value`` with what orjson refuses outright made text: ints beyond 64 bits, non-str keys."""
+    """``value`` with what orjson refuses outright made text: ints beyond 64 bits, non-str keys, lone surrogates."""
+    if isinstance(value, str):
+        return _utf8(value)
     if isinstance(value, dict):
-        return {k if isinstance(k, str) else _shown(k): _plain(v) for k, v in value.items()}
+        return {_utf8(k) if isinstance(k, str) else _shown_text(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, int) and not isinstance(value, bool) and not -2 ** 63 <= value < 2 ** 64:

@@ -24,6 +24,9 @@ class _BadRepr:
     ({3}, "{3}"),
     (b"\xff\x00", "b'\\xff\\x00'"),
     (_BadRepr(), "<_BadRepr not printable>"),
+    # bytes that were not UTF-8 read with surrogateescape (a path, a BMC's output): the whole line was lost
+    ("a\udcffb", "a\\xffb"),
+    ({"k\udc80": ["\ud800"]}, {"k\\x80": ["\\ud800"]}),   # in a key, and a surrogate no byte made
 ])
 def test_any_field_value_is_one_json_line(value: object, shown: object, capsys: pytest.CaptureFixture[str]) -> None:
     stream = io.StringIO()
@@ -56,6 +59,18 @@ def test_a_library_line_whose_arguments_do_not_fit_its_format_is_one_json_line(
     assert docs[0]["event"].startswith("node %s: %d retries (arguments not formatted: TypeError")
     assert "'b1'" in docs[0]["event"]
     assert docs[1]["event"] == "fine line"
+    assert "Logging error" not in capsys.readouterr().err
+
+
+def test_a_library_line_with_bytes_that_were_not_utf8_is_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:
+    stream = io.StringIO()
+    setup_logging("test", stream=stream)
+    try:
+        logging.getLogger("kafka.conn").warning("reading %s", b"\xfe/dev".decode("utf-8", "surrogateescape"))
+    finally:
+        logging.getLogger().handlers[:] = []
+    [doc] = [orjson.loads(line) for line in stream.getvalue().splitlines()]
+    assert doc["event"] == "reading \\xfe/dev"
     assert "Logging error" not in capsys.readouterr().err
 
 def test_a_repeating_event_is_logged_once_a_minute_per_key_with_the_count_left_out(
