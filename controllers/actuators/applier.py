@@ -4,7 +4,10 @@ Order of the checks for ``apply(decision)`` (each outcome audited, counted, logg
 
 1. not this target's listener/edge, an origin with a share > 0 the target does not serve, or a version or
    epoch beyond the record's ranges or shares that are no distribution (a record built without validation:
-   a decoded one is refused at decode) -> ``refused``;
+   a decoded one is refused at decode) -> ``refused``; an ``epoch`` (a controller's start time) more than
+   ``max_clock_skew_s`` ahead of this host's clock -> ``refused`` (never the version in force: applied, it
+   outranked every real decision for good, a controller started a year ahead or a hand-made record; the
+   history's entries of that kind order nothing, store.py);
 2. ``computed_at`` further in the future than ``max_clock_skew_s`` -> ``refused`` (a wrong clock
    must not make a decision look fresh); older than ``stale_after_s`` -> ``held`` (fail static), but
    ``stale_version`` when live and a newer version is applied (a replayed copy says nothing about now);
@@ -25,6 +28,10 @@ Order of the checks for ``apply(decision)`` (each outcome audited, counted, logg
 7. write as one batch (a failed write whose read-back leaves nothing serving puts the weights read
    before back, best effort, said in the ``failed`` record), read back, compare (different ->
    ``mismatch``), store the entry -> ``applied``.
+
+Every LB write (apply, reconcile, rollback) is preceded by a write-ahead intent (store.py: before, after, the
+entry), removed once its outcome is audited. One left by a kill is resolved before the next action: audited with
+its real before/after (``applied`` and its entry recorded if the changed weights are live, else ``failed``).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from opsloop.controllers.actuators import metrics
 from opsloop.controllers.actuators.base import ActuatorError, ApplyResult, Target
 from opsloop.controllers.actuators.mapping import MappingError, to_integer_weights, to_shares
 from opsloop.controllers.actuators.safety import bound_step, reaches, share_difference
-from opsloop.controllers.actuators.store import Entry, Stamp, StoreError, WeightStore
+from opsloop.controllers.actuators.store import Entry, Intent, Stamp, StoreError, WeightStore
 from opsloop.records import EdgeWeights
 from opsloop.records.edge import LAST_EPOCH, MAX_VERSION, check_shares
 
@@ -67,12 +74,33 @@ class EdgeActuator:
         self.max_clock_skew_s = max_clock_skew_s
         self.weight_total = weight_total or target.max_weight
         self.clock = clock
+        # the history's entries applied with an epoch beyond this bound order nothing (the store's readers: the
+        # service, the CLI); a store given its own bound keeps it
+        if getattr(store, "max_epoch_ahead_s", 0.0) is None:
+            store.max_epoch_ahead_s = max_clock_skew_s
         # a controller re-sends its version every tick: audit one noop per (epoch, version)
         self._noop_audited: tuple[int, int] | None = None
 
     # -- reading -------------------------------------------------------------------------------
     def read(self) -> dict[str, int]:
         return self.target.read()
+
+    def epoch_ahead_s(self, decision: EdgeWeights) -> float:
+        """How far ``decision``'s epoch (its controller's start time, ms) is ahead of this host's clock."""
+        return decision.epoch / 1000.0 - self.clock()
+
+    def refuse_epoch_ahead(self, decision: EdgeWeights) -> ApplyResult | None:
+        """``refused`` (audited, counted) when the epoch is more than ``max_clock_skew_s`` ahead; None otherwise.
+        Wall clock on purpose, as for computed_at: the epoch is a date written by the controller's host."""
+        ahead = self.epoch_ahead_s(decision)
+        if ahead <= self.max_clock_skew_s:
+            return None
+        return self._done(decision, ApplyResult(
+            "refused", decision.version, f"epoch {decision.epoch} (version {decision.version}) is a controller start "
+                                         f"time {ahead:.1f}s in the future (> max_clock_skew_s "
+                                         f"{self.max_clock_skew_s}): a controller clock is wrong or the record is no "
+                                         "controller's; never made the version in force (it would outrank every "
+                                         "real decision); holding the last good weights"))
 
     # -- applying a decision -------------------------------------------------------------------
     def apply(self, decision: EdgeWeights, manual: bool = False) -> ApplyResult:
@@ -91,6 +119,10 @@ class EdgeActuator:
                 "refused", None, f"version {decision.version} (epoch {decision.epoch}) beyond what a decision "
                                  f"carries (versions 0..{MAX_VERSION}, epochs 0..{LAST_EPOCH}: ms up to the year "
                                  "9999); holding the last good weights"))
+        if not manual:   # a manual apply takes the stamp in force (cli.py) and does not order decisions
+            ahead = self.refuse_epoch_ahead(decision)
+            if ahead is not None:
+                return ahead
         unknown = sorted(o for o, s in shares.items() if s > 0 and o not in self.target.origins)
         if unknown:
             return self._done(decision, ApplyResult(
@@ -126,6 +158,13 @@ class EdgeActuator:
             return self._done(decision, ApplyResult(
                 "held", decision.version, f"decision computed {age:.1f}s ago > stale_after_s {self.stale_after_s}: "
                                           "holding the last good weights (fail static)", stale=True))
+        if self.mode == "live":
+            try:   # a write a kill cut off: audited (and recorded) with its real before/after first
+                self._resolve_intent()
+            except StoreError as e:
+                return self._store_failed(decision, e)
+            except ActuatorError as e:
+                return self._failed(decision, e, None)
         if self.mode == "live" and not manual:
             try:
                 high = self.store.high_stamp()
@@ -196,34 +235,89 @@ class EdgeActuator:
                                                     f"would move {diff:.3f} of the traffic" + note + released,
                                                     before=before, after=writes, shares=stepped, complete=complete))
         assert before is not None
+        # the stored weights are the intended ones (a held quiesced real keeps its weight here): that is
+        # how the next read tells it is still quiesced, and what reconcile puts back once it is restored
+        entry = Entry(version=decision.version, epoch=decision.epoch, weights=ints, shares=stepped,
+                      decision=shares, complete=complete, computed_at=decision.computed_at,
+                      action="manual" if manual else "apply", reason=(decision.reason + note + released)[:500])
         if writes != before:
             try:
                 self._note_write(writes, quiesced, stored)
+                # unrecorded, a kill after the write would leave a change the trail never shows
+                self.store.write_intent(Intent("edge.weights.apply", decision.version, before, writes, entry,
+                                               time.time()))
             except StoreError as e:   # unnoted, a 0 this write leaves could pass for a quiesce for good
                 return self._store_failed(decision, e, before=before)
             try:
                 self._write(writes, before, down)
             except ActuatorError as e:
-                return self._failed(decision, e, before, writes)
+                return self._cleared(self._failed(decision, e, before, writes))
         result = self._verify(decision, before, writes, stepped, complete, ignore=set(alone))
         if result is not None:
-            return result
+            return self._cleared(result)
         try:
-            # the stored weights are the intended ones (a held quiesced real keeps its weight here): that is
-            # how the next read tells it is still quiesced, and what reconcile puts back once it is restored
-            self.store.append(Entry(version=decision.version, epoch=decision.epoch, weights=ints, shares=stepped,
-                                    decision=shares, complete=complete, computed_at=decision.computed_at,
-                                    action="manual" if manual else "apply",
-                                    reason=(decision.reason + note + released)[:500]))
+            self.store.append(entry)
         except StoreError as e:  # the weights are live; without a record the next decision cannot be ordered
+            # the intent stays: the next action records the entry once the history takes it
             return self._store_failed(decision, e, before=before, after=writes)
         self._recorded()
         self._publish_weights(_without(writes, alone), decision.version)
         why = decision.reason or "decision"
         if writes == before:
             why += "; weights already live, nothing written"
-        return self._done(decision, ApplyResult("applied", decision.version, why + note + released, before=before,
-                                                after=writes, shares=stepped, complete=complete))
+        return self._cleared(self._done(decision, ApplyResult("applied", decision.version, why + note + released,
+                                                              before=before, after=writes, shares=stepped,
+                                                              complete=complete)))
+
+    # -- write-ahead intent --------------------------------------------------------------------
+    def _cleared(self, res: ApplyResult) -> ApplyResult:
+        """``res`` is audited: the intent of its write has nothing left to say (a failure to remove it is
+        logged; the restart then audits that write once more, harmless)."""
+        try:
+            self.store.clear_intent()
+        except StoreError as e:
+            metrics.ERRORS.labels(self.edge, "store").inc()
+            log.warning("write_intent_not_cleared", edge=self.edge, listener=self.listener, error=str(e)[:300])
+        return res
+
+    def _resolve_intent(self) -> None:
+        """A write a previous run began and did not see through (killed between the write and its record):
+        audited with its real before/after -- ``applied`` and its entry appended when the weights it changed are
+        live, ``failed`` when not -- then forgotten. ActuatorError (LB unreadable) or StoreError: left for the
+        next call."""
+        intent = self.store.intent()
+        if intent is None:
+            return
+        live = self.target.read()
+        changed = {o: w for o, w in intent.after.items() if intent.before.get(o) != w}
+        landed = all(live.get(o) == w for o, w in changed.items())
+        what = f"{intent.action} of version {intent.version}"
+        if intent.entry is not None:
+            what += f" (epoch {intent.entry.epoch})"
+        if landed:
+            entry = intent.entry
+            if entry is not None and not self._recorded_since(intent):
+                self.store.append(entry)
+            self._recorded()
+            log.warning("write_intent_recovered", edge=self.edge, listener=self.listener, action=intent.action,
+                        version=intent.version, before=intent.before, after=intent.after)
+            res = ApplyResult("applied", intent.version, f"recovered after a restart: the {what} wrote these weights "
+                                                         "and the actuator stopped before recording it; recorded now",
+                              before=intent.before, after=intent.after,
+                              shares=entry.shares if entry is not None else {})
+        else:
+            metrics.ERRORS.labels(self.edge, "interrupted").inc()
+            res = ApplyResult("failed", intent.version, f"interrupted: the actuator stopped during the {what}; live "
+                                                        f"weights {live} are not the {intent.after} it wrote",
+                              before=intent.before, after=live, error="write interrupted by a stop")
+        self._cleared(self._done(None, res, version=intent.version, action=intent.action))
+
+    def _recorded_since(self, intent: Intent) -> bool:
+        """The history already holds the intent's entry (the kill came after the append, before the audit)."""
+        entry = intent.entry
+        last = self.store.last()
+        return entry is not None and last is not None and last.stamp == entry.stamp \
+            and last.action == entry.action and last.weights == entry.weights and last.applied_at >= entry.applied_at
 
     def _superseded(self, decision: EdgeWeights) -> ApplyResult | None:
         """``stale_version`` when a newer version than ``decision`` is applied; None otherwise or unreadable."""
@@ -391,6 +485,13 @@ class EdgeActuator:
             return None
         if last is None or self.mode != "live":
             return None
+        try:
+            self._resolve_intent()
+            last = self.store.last() or last
+        except (StoreError, ActuatorError) as e:
+            metrics.ERRORS.labels(self.edge, e.kind if isinstance(e, ActuatorError) else "store").inc()
+            log.warning("reconcile_skipped", edge=self.edge, listener=self.listener, error=str(e)[:300])
+            return None
         want = {o: int(last.weights.get(o, 0)) for o in self.target.origins}
         try:
             live = self.target.read()
@@ -410,6 +511,7 @@ class EdgeActuator:
             return None
         try:
             self._note_write(writes, quiesced, want)
+            self.store.write_intent(Intent("edge.weights.reconcile", last.version, live, writes, None, time.time()))
         except StoreError as e:
             metrics.ERRORS.labels(self.edge, "store").inc()
             log.warning("reconcile_skipped", edge=self.edge, listener=self.listener, error=str(e)[:300])
@@ -417,19 +519,19 @@ class EdgeActuator:
         try:
             self._write(writes, live, down)
         except ActuatorError as e:
-            return self._failed(None, e, live, writes, version=last.version)
+            return self._cleared(self._failed(None, e, live, writes, version=last.version))
         bad = self._verify(None, live, writes, last.shares, True, version=last.version, ignore=set(alone))
         if bad is not None:
-            return bad
+            return self._cleared(bad)
         self._recorded()
         self._publish_weights(_without(writes, alone), last.version)
         held = f"; quiesced origin(s) {sorted(quiesced)} left at 0" if quiesced else ""
         held += _left_alone_note(alone)
-        return self._done(None, ApplyResult("applied", last.version, f"drift: live weights {live} differ from the "
-                                                                     f"stored version {last.version}; re-applied"
-                                                                     + held,
-                                            before=live, after=writes, shares=last.shares),
-                          action="edge.weights.reconcile")
+        return self._cleared(self._done(None, ApplyResult("applied", last.version, f"drift: live weights {live} "
+                                                                                   "differ from the stored version "
+                                                                                   f"{last.version}; re-applied" + held,
+                                                          before=live, after=writes, shares=last.shares),
+                                        action="edge.weights.reconcile"))
 
     # -- hold / rollback -----------------------------------------------------------------------
     def hold(self, reason: str) -> ApplyResult:
@@ -443,6 +545,11 @@ class EdgeActuator:
 
     def rollback(self, to_version: int | None = None, reason: str = "") -> ApplyResult:
         """Re-apply the previous (or the given) version's weights from the store, audited."""
+        if self.mode == "live":
+            try:   # a write a kill cut off first: the rollback's "previous" must be what was really live
+                self._resolve_intent()
+            except ActuatorError as e:
+                return self._failed(None, e, None, version=to_version)
         history = self.store.history()
         if not history:
             return self._done(None, ApplyResult("refused", to_version, "no applied weights in the history"),
@@ -489,21 +596,24 @@ class EdgeActuator:
         alone = self._left_alone()
         writes = _hold_live(writes, before, alone)
         why += _left_alone_note(alone)
+        back = Entry(version=entry.version, epoch=entry.epoch, weights=ints, shares=entry.shares,
+                     decision=entry.decision, complete=True, action="rollback", reason=why[:500])
         if before != writes:
             self._note_write(writes, quiesced, stored)   # StoreError: nothing written (as an append failing)
+            self.store.write_intent(Intent("edge.weights.rollback", entry.version, before, writes, back, time.time()))
             try:
                 self._write(writes, before, down)
             except ActuatorError as e:
-                return self._failed(None, e, before, writes, version=entry.version)
+                return self._cleared(self._failed(None, e, before, writes, version=entry.version))
         bad = self._verify(None, before, writes, entry.shares, True, version=entry.version, ignore=set(alone))
         if bad is not None:
-            return bad
-        self.store.append(Entry(version=entry.version, epoch=entry.epoch, weights=ints, shares=entry.shares,
-                                decision=entry.decision, complete=True, action="rollback", reason=why[:500]))
+            return self._cleared(bad)
+        self.store.append(back)
         self._recorded()
         self._publish_weights(_without(writes, alone), entry.version)
-        return self._done(None, ApplyResult("rolled_back", entry.version, why, before=before, after=writes,
-                                            shares=entry.shares), action="edge.weights.rollback")
+        return self._cleared(self._done(None, ApplyResult("rolled_back", entry.version, why, before=before,
+                                                          after=writes, shares=entry.shares),
+                                        action="edge.weights.rollback"))
 
     # -- audit, metrics, log -------------------------------------------------------------------
     def _done(self, decision: EdgeWeights | None, res: ApplyResult, version: int | None = None,

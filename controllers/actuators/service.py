@@ -40,6 +40,11 @@ skipped without decoding. Per (listener, edge) only the newest decision of a pol
   they keep coming (one within ``stale_after_s``), logged ``fenced_writer`` / ``fenced_writer_gone``;
 * a record keyed ``listener|edge`` of ours whose value names another listener or edge is rejected like a bad
   record (counted, dead-lettered): the actuator of the edge it names never decodes it (not its key);
+* a decision whose ``epoch`` is more than ``max_clock_skew_s`` ahead of this host's clock is refused as it
+  arrives (audited and counted by the applier, "in a row", dead-lettered): it never becomes the slot's pending
+  decision, so the real controller's decisions of the same poll are not dropped for its higher stamp;
+* a decision for a listener of ours with no target configured is counted
+  (``opsloop_actuator_errors_total{kind="no_target"}``) and logged once a minute per listener;
 * slots are isolated: an error in one listener's tick (a bug) is counted, logged and audited there
   (``failed``: of the decision it broke off, of the reconcile, or of the tick) and the other listeners
   go on. It does not fail static by itself: its decision is retried as above, a reconcile runs again
@@ -82,6 +87,7 @@ from opsloop.records import EdgeWeights
 log = get_logger("actuator.service")
 REJECT_LOG = Sampled(60.0)   # a poison stream: one line a minute (the counter counts each)
 SKIP_LOG = Sampled(60.0)     # re-sends of a given-up version: one line a minute per slot
+NO_TARGET_LOG = Sampled(60.0)   # decisions for a listener without a target: one line a minute per listener
 # explanations of what a restarted service says again (its state file says it may not be delivered)
 RESTATED_OPEN = "fail static since before this actuator started"
 RESTATED_CLEAR = "fresh decisions came back before this actuator restarted"
@@ -235,8 +241,15 @@ class ActuatorService:
             if d.edge not in self.edges:
                 continue
             slot = self.slots.get((d.listener, d.edge))
-            if slot is None:
-                log.warning("decision_without_target", listener=d.listener, edge=d.edge, version=d.version)
+            if slot is None:   # a controller deciding for a listener nobody applies: its decisions go nowhere
+                metrics.ERRORS.labels(d.edge, "no_target").inc()
+                NO_TARGET_LOG.warning(log, "decision_without_target", key=f"{d.listener}|{d.edge}",
+                                      listener=d.listener, edge=d.edge, version=d.version,
+                                      configured=sorted(lst for lst, e in self.slots if e == d.edge))
+                continue
+            if slot.actuator.epoch_ahead_s(d) > slot.actuator.max_clock_skew_s:
+                # before it can be pending: its stamp would win over the real controller's decisions of the poll
+                self._refuse_epoch_ahead(slot, d, (key, value, origin, hdrs))
                 continue
             if d.stamp == slot.given_up and now < slot.given_up_until:
                 SKIP_LOG.warning(log, "decision_given_up_skipped", key=f"{d.listener}|{d.edge}", edge=d.edge,
@@ -253,6 +266,24 @@ class ActuatorService:
                 slot.pending_record = (key, value, origin, hdrs)
                 queued += 1
         return queued
+
+    def _refuse_epoch_ahead(self, slot: _Slot, decision: EdgeWeights, record: tuple[
+            bytes | None, bytes | None, tuple[int | None, int | None], RecordHeaders | None]) -> None:
+        """``decision``'s epoch is too far ahead: refused by the applier (audited, counted), in a row, and
+        dead-lettered. An audit or dead letter that raises (a bug) is logged: the poll's other records go on."""
+        a = slot.actuator
+        try:
+            res = a.refuse_epoch_ahead(decision)
+            if res is None:   # at the bound, the clock moved on between the two reads: its re-send applies
+                return
+            slot.refused_in_a_row += 1
+            metrics.REFUSED_IN_A_ROW.labels(a.edge, a.listener).set(slot.refused_in_a_row)
+            key, value, origin, headers = record
+            self._deadletter(key, value, res.reason, origin, headers)
+        except Exception as e:  # noqa: BLE001 - one record's handling must not lose the rest of the poll
+            metrics.ERRORS.labels(a.edge, "internal").inc()
+            log.error("decision_refusal_failed", edge=a.edge, listener=a.listener, version=decision.version,
+                      epoch=decision.epoch, error=f"{type(e).__name__}: {e}"[:500], exc_info=True)
 
     def _deadletter(self, key: bytes | None, value: bytes | None, reason: str,
                     origin: tuple[int | None, int | None], headers: RecordHeaders | None = None) -> None:

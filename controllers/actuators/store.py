@@ -51,6 +51,19 @@ been read back and recorded (a ``mismatch``, a torn batch whose undo failed, a c
 and its entry leave it). A quiescing target (LVS) takes a live 0 under a stored weight above 0 for its
 health checker's doing; an origin named here may be at 0 by our own write, so it is not (see
 ``EdgeActuator._down``). Gone once a write is read back and recorded; absent when nothing is owed.
+
+And ``<listener>.intent.json``, the write-ahead intent of every LB write (apply, reconcile, rollback; written
+atomically and fsynced before the write starts, removed once the outcome is audited): the weights read before,
+the weights about to be written and the history entry that will record them. A kill between the write and its
+entry left the history one entry short and the restart re-applied the version as "already live", audited with
+before = after: the change that really happened was missing from the trail. The restart resolves an intent
+left behind (``EdgeActuator``): audited with its real before/after, its entry appended if the weights landed.
+
+An ``apply`` entry whose epoch was more than ``max_epoch_ahead_s`` ahead of its own ``applied_at`` (the
+actuator's clock when it applied it: written before such decisions were refused, by a controller whose clock
+was a year ahead or a hand-made record) does not order decisions (:meth:`WeightStore.high_stamp`): it would
+outrank every real decision for good. It stays in the history for the audit; one log line names it
+(``history_epoch_ahead_ignored``), counted in ``opsloop_actuator_errors_total{kind="epoch_ahead"}``.
 """
 
 from __future__ import annotations
@@ -72,6 +85,7 @@ from opsloop.records.audit import MAX_STATE_BYTES
 from opsloop.records.edge import LAST_EPOCH, MAX_VERSION
 from opsloop.validation import is_time, shown
 
+from opsloop.controllers.actuators import metrics
 from opsloop.controllers.actuators.mapping import HAPROXY_MAX_WEIGHT, IPVS_MAX_WEIGHT
 from opsloop.controllers.actuators.outbox import MAX_PER_ID
 
@@ -108,6 +122,10 @@ class Entry:
     @property
     def stamp(self) -> Stamp:
         return (self.epoch, self.version)
+
+    def epoch_ahead_s(self) -> float:
+        """How far the epoch (a controller's start time, ms) was ahead of the actuator's clock when applied."""
+        return self.epoch / 1000.0 - self.applied_at
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], max_weight: int = IPVS_MAX_WEIGHT) -> "Entry":
@@ -190,10 +208,27 @@ def _complete_part(data: bytes) -> bytes:
     return data[:data.rfind(b"\n") + 1]
 
 
+@dataclass
+class Intent:
+    """A write about to be made (``<listener>.intent.json``, module docstring): ``action`` is the audit action
+    (``edge.weights.apply``, ``.reconcile``, ``.rollback``), ``entry`` the history entry that records it (None:
+    a reconcile, which records none)."""
+    action: str
+    version: int | None
+    before: dict[str, int]
+    after: dict[str, int]
+    entry: Entry | None
+    at: float
+
+
 class WeightStore:
     def __init__(self, root: Path, edge: str, listener: str, max_entries: int = 200,
-                 max_weight: int = IPVS_MAX_WEIGHT, kind: str = "") -> None:
+                 max_weight: int = IPVS_MAX_WEIGHT, kind: str = "", max_epoch_ahead_s: float | None = None) -> None:
         self.path = Path(root) / _safe(edge) / f"{_safe(listener)}.jsonl"
+        self.edge = edge
+        # an apply entry whose epoch was further ahead of its applied_at orders nothing (None: every one orders)
+        self.max_epoch_ahead_s = max_epoch_ahead_s
+        self._ahead_said: Stamp | None = None   # the newest entry ignored for its epoch, last logged
         self.max_entries = max_entries
         self.max_weight = max_weight   # the largest weight the target takes: a stored one above it is damage
         # the target's kind, written into each entry; "": unknown (every entry read as this target's)
@@ -270,8 +305,28 @@ class WeightStore:
         """The highest (epoch, version) of a decision applied (rollbacks and manual applies do not raise it), to
         any target of the slot: a decision older than it is stale whichever load balancer it went to."""
         with self._locked():
-            stamps = [e.stamp for e in self._read() if e.action == "apply"]
+            applied = [e for e in self._read() if e.action == "apply"]
+        if self.max_epoch_ahead_s is not None:
+            ahead = [e for e in applied if e.epoch_ahead_s() > self.max_epoch_ahead_s]
+            if ahead:
+                self._say_ahead(ahead)
+                applied = [e for e in applied if e.epoch_ahead_s() <= self.max_epoch_ahead_s]
+        stamps = [e.stamp for e in applied]
         return max(stamps) if stamps else None
+
+    def _say_ahead(self, ahead: list[Entry]) -> None:
+        """One line (and one count) per newest entry ignored for its epoch: each read of the slot meets it."""
+        newest = max(ahead, key=lambda e: e.stamp)
+        if newest.stamp == self._ahead_said:
+            return
+        self._ahead_said = newest.stamp
+        metrics.ERRORS.labels(self.edge, "epoch_ahead").inc()
+        log.warning("history_epoch_ahead_ignored", file=str(self.path), entries=len(ahead), epoch=newest.epoch,
+                    version=newest.version, ahead_s=round(newest.epoch_ahead_s(), 1),
+                    max_epoch_ahead_s=self.max_epoch_ahead_s,
+                    reason="applied with an epoch (a controller's start time) this far ahead of the actuator's "
+                           "clock: no controller can outrank it, so it does not order decisions (kept for the "
+                           "audit)")
 
     def high_water(self) -> int | None:
         """The version of :meth:`high_stamp` (for display)."""
@@ -415,6 +470,56 @@ class WeightStore:
                 self.unverified_path.unlink(missing_ok=True)
             except OSError as e:
                 raise StoreError(f"{self.unverified_path}: cannot remove ({e.strerror or e})") from None
+
+    @property
+    def intent_path(self) -> Path:
+        return self.path.with_suffix(".intent.json")
+
+    def write_intent(self, intent: Intent) -> None:
+        """Before an LB write: record it (atomically, durably). StoreError when it cannot: the write must not
+        start (a kill after it would leave a change nobody can audit)."""
+        doc = {**asdict(intent), "entry": asdict(intent.entry) if intent.entry is not None else None}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            replace_file(self.intent_path, orjson.dumps(doc))
+        except OSError as e:
+            raise StoreError(f"{self.intent_path}: cannot record the write about to be made "
+                             f"({e.strerror or e})") from None
+
+    def intent(self) -> Intent | None:
+        """The write a previous run (or apply) began and did not see through; None when none. StoreError when
+        the file is there but unreadable (named): the caller holds rather than guess."""
+        try:
+            doc = orjson.loads(self.intent_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, orjson.JSONDecodeError) as e:
+            raise StoreError(f"{self.intent_path}: unreadable ({str(e)[:300]}); move it aside") from None
+        try:
+            if not isinstance(doc, dict):
+                raise TypeError(f"a JSON {type(doc).__name__}, not an object")
+            entry = doc.get("entry")
+            intent = Intent(action=doc["action"], version=doc["version"], before=doc["before"], after=doc["after"],
+                            entry=Entry.from_dict(entry, self.max_weight) if entry is not None else None,
+                            at=doc["at"])
+            for name in ("before", "after"):
+                value = getattr(intent, name)
+                if not isinstance(value, dict) or not all(isinstance(o, str) and _int(w) for o, w in value.items()):
+                    raise TypeError(f"{name} is {shown(value)}, not an object of integer weights")
+            if not isinstance(intent.action, str) or not is_time(intent.at) or \
+                    not (intent.version is None or _int(intent.version)):
+                raise ValueError(f"action {shown(intent.action)}, version {shown(intent.version)} or at "
+                                 f"{shown(intent.at)} is not what an intent holds")
+        except (KeyError, TypeError, ValueError) as e:
+            raise StoreError(f"{self.intent_path}: not a write intent ({e}); move it aside") from None
+        return intent
+
+    def clear_intent(self) -> None:
+        """The write's outcome is audited (and recorded): nothing to resolve after a restart."""
+        try:
+            self.intent_path.unlink(missing_ok=True)
+        except OSError as e:
+            raise StoreError(f"{self.intent_path}: cannot remove ({e.strerror or e})") from None
 
     def _cut_torn_tail(self) -> None:
         """Under the lock: drop bytes after the last newline (a crash mid-append) before appending."""

@@ -19,18 +19,23 @@ ranges is refused at decode, :mod:`opsloop.records.edge`; one line per kind of r
 :data:`LAST_EPOCH` (this instance takes one more than the highest recovered) or a version above
 :data:`MAX_RECOVERED_VERSION`. Such a record recovered (2**64 - 1, then valid to the schema), every record
 the service made after it carried 2**64 and failed to encode: every publish failed, for good.
+So is one whose epoch is more than ``max_epoch_ahead_s`` (:data:`MAX_EPOCH_AHEAD_S`) ahead of this host's clock
+(kind ``epoch_ahead``): a controller started with its clock a year ahead, or a hand-made record. Chased, this
+instance took its epoch + 1 and the actuators, which refuse an epoch beyond their ``max_clock_skew_s``, refused
+every decision it made; skipped, the key's newest sane record is kept (the read goes on back for it).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from kafka import KafkaConsumer, TopicPartition
 
 from opsloop.records import EdgeWeights
 from opsloop.records.edge import LAST_EPOCH
 from opsloop.controllers.edge.service import metrics as M
+from opsloop.controllers.edge.service.inputs import MAX_CLOCK_SKEW_S
 from opsloop.config import KafkaSettings
 from opsloop.records import Finding
 from opsloop.kafka_clients import client_options, kafka_settings, send_deadletter, service_producer
@@ -45,6 +50,11 @@ MAX_RECOVERED_VERSION = 2 ** 53
 # least one per expected key): one record per key per tick puts every key's newest in the last few chunks.
 FIRST_CHUNK = 256
 MISSING_SHOWN = 5   # missing keys named in recover_incomplete
+# How far ahead of this host's clock a recovered epoch may be and still be continued from. An epoch the actuators
+# took (within their max_clock_skew_s, 5 s by default, of their clock) may be up to twice that ahead of ours when
+# both clocks are off by the bound: not chasing it left this instance below it, refused for good; chasing an epoch
+# they refused costs at most that many seconds of refusals.
+MAX_EPOCH_AHEAD_S = 2 * MAX_CLOCK_SKEW_S
 
 
 class PublishError(RuntimeError):
@@ -109,17 +119,20 @@ class DecisionPublisher:
 
 
 def recover_decisions(kafka: KafkaSettings | str, topic: str = Topic.EDGE_WEIGHTS.value, timeout_s: float = 15.0,
-                      expected: Iterable[tuple[str, str]] | None = None) -> dict[tuple[str, str], EdgeWeights]:
+                      expected: Iterable[tuple[str, str]] | None = None, *,
+                      max_epoch_ahead_s: float = MAX_EPOCH_AHEAD_S,
+                      clock: Callable[[], float] = time.time) -> dict[tuple[str, str], EdgeWeights]:
     """The record with the highest ``(epoch, version)`` per (listener, edge) in ``topic`` (a base name:
     ``kafka.topic_prefix`` is applied), read from each partition's end backwards (module docstring).
     ``expected``: the (listener, edge) pairs the service runs; the read stops once each has a record (None:
-    back to every partition's beginning). Keys not expected are returned too when read."""
+    back to every partition's beginning). Keys not expected are returned too when read. A record whose epoch is
+    more than ``max_epoch_ahead_s`` ahead of ``clock`` (wall clock: an epoch is a date) is skipped."""
     k = kafka_settings(kafka)
     topic = k.topic(topic)
     want = None if expected is None else set(expected)
     started = time.monotonic()
     deadline = started + timeout_s
-    scan = _Scan(topic)
+    scan = _Scan(topic, int((clock() + max_epoch_ahead_s) * 1000))
     cut = False
     # earliest: a chunk start that retention removed meanwhile is read from the new beginning, not skipped to the end;
     # fetch_max_wait_ms: a fetch left at a partition's end held each next step 500 ms (the broker's wait for data)
@@ -189,8 +202,9 @@ class _Scan:
     """What the read keeps: per key the usable record with the highest stamp (the later offset on a tie),
     and the rejected records counted per kind, the first of each kind logged."""
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, max_epoch: int = LAST_EPOCH) -> None:
         self.topic = topic
+        self.max_epoch = max_epoch   # a later epoch is too far ahead of this host's clock to continue from
         self.out: dict[tuple[str, str], EdgeWeights] = {}
         self._offset: dict[tuple[str, str], int] = {}
         self.read = 0
@@ -206,6 +220,12 @@ class _Scan:
         unusable = not_recoverable(rec)
         if unusable:
             self._reject(r, "epoch" if rec.epoch >= LAST_EPOCH else "version", unusable)
+            return
+        if rec.epoch > self.max_epoch:
+            self._reject(r, "epoch_ahead", f"edge weights record {rec.listener}|{rec.edge}: epoch {rec.epoch} is "
+                                           f"{(rec.epoch - self.max_epoch) / 1000:.1f}s beyond the {self.max_epoch} "
+                                           "this instance continues from (its clock + max_epoch_ahead_s): a "
+                                           "controller clock was wrong or the record is no controller's")
             return
         key = (rec.listener, rec.edge)
         if key not in self.out or (rec.stamp, r.offset) > (self.out[key].stamp, self._offset[key]):

@@ -11,7 +11,8 @@ entries up to it are set aside: not this target's weights).
 Steps (``ActuatorService`` over an in-process HAProxy runtime and ``ipvsadm``, real clients): a tick (the
 reconcile puts the stored weights back), the re-send of the last stamp the history holds (a controller
 after the actuator's restart: ``noop``), a decision, the newest decision a controller can make
-(``(LAST_EPOCH, MAX_VERSION)``), a later reconcile, an operator rollback, and a restart.
+(``(now, MAX_VERSION)``: an epoch further ahead of the actuator's clock than ``max_clock_skew_s`` is refused, see
+test_epoch_ahead.py), a later reconcile, an operator rollback, and a restart.
 
 The property: either the file is refused, naming it (the history: its line and field, the slot ``held``,
 nothing written; the fail-static file: logged and counted, the slot open since now), or its values are used
@@ -62,7 +63,7 @@ LAST_EPOCH = 253_402_300_799_999      # 9999-12-31T23:59:59.999Z in ms: the last
 LAST_TIME = 253_402_300_799.0         # 9999-12-31T23:59:59Z: the last second an alert's time can hold
 MAX_VERSION = 2 ** 63 - 1             # what `weights rollback --to` takes
 ORIGINS = ("a", "b")
-E0, E1 = 1_700_000_000_000, 1_800_000_000_000     # epochs (ms) of the history's entries and of the decisions
+E0, E1 = 1_700_000_000_000, 1_790_000_000_000     # epochs (ms) of the history's entries and of the decisions
 T_STORED = 1_700_000_000.0
 HISTORY = [{"version": v, "epoch": E0, "weights": {"a": 128, "b": 128}, "shares": {"a": 0.5, "b": 0.5},
             "decision": {"a": 0.5, "b": 0.5}, "complete": True, "action": "apply", "applied_at": T_STORED + v,
@@ -232,7 +233,8 @@ def run_steps(rig: Rig, field_name: str | None = None) -> None:
     svc.handle_records([rig.decision(lst, E1, 10, shares) for lst in ("web", "app")])
     svc.tick(t0 + 2)
     mark = len(rig.sink.records)
-    svc.handle_records([rig.decision(lst, LAST_EPOCH, MAX_VERSION, shares) for lst in ("web", "app")])
+    newest = int(time.time() * 1000)   # a controller started now: no later epoch is taken (ahead of the clock)
+    svc.handle_records([rig.decision(lst, newest, MAX_VERSION, shares) for lst in ("web", "app")])
     svc.tick(t0 + 3)
     newest = rig.sink.records[mark:]
     svc.tick(t0 + 40)                                                  # a later reconcile

@@ -34,7 +34,7 @@ from tests.controllers.actuators.test_schedule_faults import FakeLvs, FakeRuntim
 from tests.controllers.actuators.test_state_files_fuzz import Producer
 from tests.helpers import captured_logs, unique
 
-E1 = 1_800_000_000_000
+E1 = 1_790_000_000_000   # a controller's start time (past: one ahead of the clock is refused)
 V1, V2 = {"a": 0.25, "b": 0.75}, {"a": 0.4, "b": 0.6}
 
 

@@ -11,6 +11,7 @@ import os
 import secrets
 import socket
 import stat
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -25,9 +26,11 @@ from opsloop.controllers.edge.service.inputs import DemandBook
 from opsloop.controllers.edge.service.config import ApiSettings, ConfigError, TopologySpec, read_token
 from opsloop.controllers.edge.service.overrides import OverridesError
 from opsloop.controllers.edge.service.store import TopologyStore
+from opsloop.controllers.edge.service.kafka_io import recover_decisions
 from opsloop.audit.trail import AuditLog
 from tests.controllers.edge.service.test_loop import T0, Harness
-from tests.helpers import wait_until
+from tests.controllers.edge.service.test_recover_backwards import send_all
+from tests.helpers import captured_logs, create_topics, unique, wait_until
 
 TOKEN = secrets.token_hex(20)
 
@@ -128,8 +131,10 @@ def test_force_is_only_for_a_pin_up_and_survives_a_restart(tmp_path: Path, api: 
 
 
 # -- epochs ------------------------------------------------------------------------------------------
-def test_records_carry_an_epoch_above_every_recovered_one() -> None:
-    future = int(T0 * 1000) + 10_000_000     # a predecessor whose clock ran ahead
+def test_records_carry_an_epoch_above_every_sane_recovered_one() -> None:
+    """Sane: within the recovery's bound of this host's clock (kafka_io.MAX_EPOCH_AHEAD_S); a predecessor whose
+    clock ran a few seconds ahead is outranked. A recovered epoch beyond the bound never gets here (see below)."""
+    future = int(T0 * 1000) + 4_000     # a predecessor whose clock ran 4 s ahead
     rec = EdgeWeights(version=41, epoch=future, listener="epoch", edge="e1", weights={"near": 0.3, "far": 0.7},
                       computed_at=T0)
     h = Harness("epoch", recovered={("epoch", "e1"): rec})
@@ -139,6 +144,49 @@ def test_records_carry_an_epoch_above_every_recovered_one() -> None:
     records = h.published[-1][0]
     assert records and all(r.epoch == future + 1 and r.stamp > rec.stamp for r in records)
     assert Harness("epoch2").loop.epoch == int(T0 * 1000)   # nothing recovered: the start time in ms
+
+
+def _recover(kafka_bootstrap: str, listener: str, records: list[EdgeWeights], **kw) -> dict:
+    topic = unique("weights-epochs")
+    create_topics(kafka_bootstrap, topic)
+    send_all(kafka_bootstrap, topic, [(0, f"{r.listener}|{r.edge}", r.encode()) for r in records])
+    return recover_decisions(kafka_bootstrap, topic=topic, timeout_s=60.0, expected=[(listener, "e1")], **kw)
+
+
+@pytest.mark.integration
+def test_a_recovered_epoch_far_in_the_future_is_not_chased(kafka_bootstrap: str) -> None:
+    """A record whose epoch is a year ahead (a controller started with its clock a year ahead, a hand-made
+    record) was recovered as the newest and this instance took its epoch + 1: a year ahead too, so the actuators
+    (which refuse an epoch beyond their max_clock_skew_s) refused every decision it made. Now it is skipped (said
+    once, kind epoch_ahead): the newest sane record is continued from and the epoch is this host's start time."""
+    listener = unique("epoch")
+    now_ms = int(time.time() * 1000)   # recovery's clock is this host's (the Harness's runs at T0, earlier)
+    sane = EdgeWeights(version=41, epoch=now_ms - 60_000, listener=listener, edge="e1",
+                       weights={"near": 0.3, "far": 0.7}, computed_at=T0 - 5)
+    year = EdgeWeights(version=3, epoch=now_ms + 365 * 86_400_000, listener=listener, edge="e1",
+                       weights={"near": 0.9, "far": 0.1}, computed_at=T0 - 1)
+    with captured_logs() as logs:
+        recovered = _recover(kafka_bootstrap, listener, [sane, year])
+    assert recovered == {(listener, "e1"): sane}, recovered
+    assert any("recover_record_rejected" in line and "epoch_ahead" in line for line in logs.lines), logs.lines
+    h = Harness(listener, recovered=recovered)
+    assert h.loop.epoch == sane.epoch + 1
+    h.demand("e1", 20.0)
+    h.step()
+    records = h.published[-1][0]
+    assert records and all(r.epoch == sane.epoch + 1 and r.version > sane.version for r in records), records
+
+
+@pytest.mark.integration
+def test_a_recovered_epoch_a_few_seconds_ahead_is_still_outranked(kafka_bootstrap: str) -> None:
+    """Within the bound (a predecessor's clock legitimately a few seconds ahead, its decisions taken by the
+    actuators): recovered and outranked, so this instance is not fenced below it."""
+    listener = unique("epoch")
+    ahead = EdgeWeights(version=7, epoch=int(T0 * 1000) + 4_000, listener=listener, edge="e1",
+                        weights={"near": 0.3, "far": 0.7}, computed_at=T0 + 4)
+    recovered = _recover(kafka_bootstrap, listener, [ahead], clock=lambda: T0)
+    assert recovered == {(listener, "e1"): ahead}
+    assert Harness(listener, recovered=recovered).loop.epoch == ahead.epoch + 1
 
 
 # -- the API server -------------------------------------------------------------------------------------
