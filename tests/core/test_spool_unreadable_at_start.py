@@ -9,20 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from opsloop.collect.spool import QUARANTINE_DIR, Record, Spool
+from tests.core.test_spool import drain_all
 from tests.helpers import captured_logs
 
 
 def recs(*vals: int) -> list[Record]:
     return [Record("telemetry.lb", f"k{v}", f'{{"v":{v}}}'.encode()) for v in vals]
-
-
-def drain_all(sp: Spool) -> list[Record]:
-    out = []
-    while (item := sp.oldest()) is not None:
-        path, rs = item
-        out.extend(rs)
-        sp.complete(path, [])
-    return out
 
 
 def test_an_unreadable_segment_is_quarantined_and_the_good_ones_replayed(tmp_path: Path) -> None:
