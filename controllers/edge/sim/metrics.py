@@ -19,9 +19,12 @@ Metrics per controller and phase (a phase starts at t=0 and at each plant-changi
   (in the whole-run figure, less what had to leave an origin the controller saw unhealthy).
 
 At a sample whose load exceeds all healthy capacity (a shortfall, or a noisy draw above it) the band is
-the common overload factor (total load / total capacity) × (1+tol), not capacity. Whole run: ``excess_p95``
+the common overload factor (total load / total capacity) × (1+tol), not capacity; so where the edges confined
+to some origins (by their paths and health) send more than those origins' capacity, with the least factor
+any weights could reach there. Whole run: ``excess_p95``
 and ``churn`` outside the transients after a step (the first ``capacity_within_intervals`` of a
-phase long enough to be judged on its own), ``judged_overload_s`` (seconds × origins above the
+phase long enough to be judged on its own; for ``excess_p95`` also the dead time from any change to
+the first tick after it), ``judged_overload_s`` (seconds × origins above the
 band after the first tick following a change: before it no controller can have reacted),
 ``mean_latency_feasible_ms`` (outside shortfalls), requests served within capacity.
 """
@@ -33,8 +36,52 @@ from typing import Any
 
 import numpy as np
 
-from opsloop.controllers.edge.sim.plant import Run
+from opsloop.controllers.edge.sim.plant import Run, latency_matrix
 from opsloop.controllers.edge.sim.scenario import Scenario
+
+
+MAX_REACH_SETS = 4096   # origin sets examined per health state: a bound from fewer is still a bound
+
+
+def _reach_bound(scn: Scenario, run: Run) -> np.ndarray:
+    """Per sample, the least overload factor any weights could reach given which origins each edge reaches
+    (a path and health): the largest demand of the edges confined to a set of origins over that set's
+    capacity (Hall). An edge reaching only a small origin makes a shortfall that the listener's total capacity
+    hides: judged against capacity, it was "missed" by every controller alike."""
+    if run.reach_bound is not None:
+        return run.reach_bound
+    bound = np.zeros(len(run.times))
+    latency = latency_matrix(scn)
+    edges, origins = [e.name for e in scn.edges], [o.name for o in scn.origins]
+    changes = sorted((ev for ev in scn.events if ev.latency), key=lambda ev: ev.at)
+    start = 0
+    for k in range(len(changes) + 1):
+        # the plant applies an event at the first step whose end is past it
+        end = len(run.times) if k == len(changes) else int(np.searchsorted(run.times, changes[k].at + 1e-9))
+        if end > start:
+            reach = np.isfinite(latency)
+            states, which = np.unique(run.healthy[start:end], axis=0, return_inverse=True)
+            for s, healthy in enumerate(states):
+                idx = start + np.flatnonzero(which.reshape(-1) == s)
+                usable = reach & healthy[None, :]
+                sets: set[tuple[bool, ...]] = set()
+                for row in {tuple(r) for r in usable if r.any()}:
+                    if len(sets) >= MAX_REACH_SETS:
+                        break
+                    sets |= {row} | {tuple(a or b for a, b in zip(row, t)) for t in sets}
+                for t in sets:
+                    mask = np.array(t)
+                    confined = (usable.any(axis=1) & ~(usable & ~mask[None, :]).any(axis=1)).astype(float)
+                    demand = run.rates[idx] @ confined
+                    cap = run.capacity[idx] @ mask.astype(float)
+                    bound[idx] = np.maximum(bound[idx], demand / np.maximum(cap, 1e-9))
+        if k < len(changes):
+            for edge, row in (changes[k].latency or {}).items():
+                for origin, ms in row.items():
+                    latency[edges.index(edge), origins.index(origin)] = ms
+            start = max(start, end)
+    run.reach_bound = bound
+    return bound
 
 
 def phase_bounds(scn: Scenario) -> list[tuple[float, float, str]]:
@@ -80,12 +127,14 @@ def phase_metrics(scn: Scenario, run: Run, t0: float, t1: float) -> dict[str, An
     ratio = np.where(healthy, ratio, 0.0)
     total_rate = run.rates[in_phase].sum(axis=1)
     healthy_cap = np.where(healthy, caps, 0.0).sum(axis=1)
-    feasible = bool(len(total_rate) == 0 or total_rate[-1] <= healthy_cap[-1] * (1 + 1e-9))
+    reach = _reach_bound(scn, run)[in_phase]
+    feasible = bool(len(total_rate) == 0 or (total_rate[-1] <= healthy_cap[-1] * (1 + 1e-9)
+                                             and reach[-1] <= 1 + 1e-9))
     # demand above all healthy capacity: judged against the common overload factor (every origin
     # loaded alike is the fair share of the shortfall), not against capacity. Sample by sample, not
     # only in a phase short at its end: with noisy demand near capacity, an origin's unavoidable
     # excess was judged or forgiven by whether the phase's last draw happened to be above it
-    common = np.maximum(1.0, loads.sum(axis=1) / np.maximum(healthy_cap, 1e-9))
+    common = np.maximum(np.maximum(1.0, loads.sum(axis=1) / np.maximum(healthy_cap, 1e-9)), reach)
     judged = ratio / common[:, None] if len(ratio) else ratio
     worst = judged.max(axis=1) if len(judged) else np.zeros(0)
     steady_s = tg.steady_intervals * scn.interval_s
@@ -181,7 +230,8 @@ def run_metrics(scn: Scenario, run: Run, phases: list[dict[str, Any]]) -> dict[s
     ratio = np.where(run.healthy, ratio, 0.0)
     healthy_cap = np.where(run.healthy, run.capacity, 0.0).sum(axis=1)
     # every sample above all healthy capacity (see phase_metrics), not only in a phase short at its end
-    common = np.maximum(1.0, run.loads.sum(axis=1) / np.maximum(healthy_cap, 1e-9))
+    common = np.maximum(np.maximum(1.0, run.loads.sum(axis=1) / np.maximum(healthy_cap, 1e-9)),
+                        _reach_bound(scn, run))
     transient = np.zeros(len(run.times), dtype=bool)
     for ph in phases:
         inside = (run.times > ph["start_s"] + 1e-9) & (run.times <= ph["end_s"] + 1e-9)
@@ -197,7 +247,10 @@ def run_metrics(scn: Scenario, run: Run, phases: list[dict[str, Any]]) -> dict[s
         first_tick = (math.floor(ph["start_s"] / scn.interval_s + 1e-9) + 1) * scn.interval_s
         dead |= (run.times > ph["start_s"] + 1e-9) & (run.times <= first_tick + 1e-9)
     judged_overload = float(((ratio[~dead] > band[~dead, None] + 1e-9) * scn.dt_s).sum())
-    judged = excess[~transient]
+    # nor the excess quantile: a phase too short for a transient of its own (an event at 30 s) left the start's
+    # excess before the first tick in it (34.5 % on a run whose demand fell to 0 at 30 s: "missed" by every
+    # controller alike), and a run of one interval was judged on nothing but that
+    judged = excess[~(transient | dead)]
     rates = run.rates[np.clip(np.round(run.tick_times / scn.dt_s).astype(int) - 1, 0,
                               len(run.times) - 1)] if len(run.tick_times) else np.zeros((0, 0))
     churn = 0.0
@@ -214,6 +267,9 @@ def run_metrics(scn: Scenario, run: Run, phases: list[dict[str, Any]]) -> dict[s
         seen_down = ~run.healthy[np.clip(tick_idx - delay, 0, None)]
         moved = np.clip(moved - np.where(seen_down, before, 0.0).sum(axis=1), 0.0, None)
         calm = ~transient[tick_idx]
+        # the first decision answers the scenario's starting weights, not a change: in a start phase too short
+        # for a transient of its own (an event at 30 s) it was counted as churn (16 % of a 2-interval run)
+        calm[0] = False
         churn = float(moved[calm].mean()) if calm.any() else 0.0
     within = np.minimum(run.loads, run.capacity) * run.healthy
     # latency where the weights are a free choice: in a shortfall the fair share of the excess

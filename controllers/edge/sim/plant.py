@@ -59,9 +59,11 @@ class Run:
     tick_weights: np.ndarray          # [K+1, E, O] weights in force from each tick (row 0: t=0)
     tick_modes: list[str] = field(default_factory=list)
     tick_reasons: list[str] = field(default_factory=list)
+    # [T] the least overload factor any weights could reach where edges reach only some origins (metrics)
+    reach_bound: np.ndarray | None = None
 
 
-def _latency_matrix(scn: Scenario) -> np.ndarray:
+def latency_matrix(scn: Scenario) -> np.ndarray:
     origins = [o.name for o in scn.origins]
     return np.array([[e.latency_ms.get(o, math.inf) for o in origins] for e in scn.edges],
                     dtype=float)
@@ -104,7 +106,7 @@ class Plant:
 
     def __init__(self, scn: Scenario) -> None:
         self.scn = scn
-        self.latency = _latency_matrix(scn)
+        self.latency = latency_matrix(scn)
         self.capacity = np.array([o.capacity_rps for o in scn.origins], dtype=float)
         self.service = np.array([o.service_ms for o in scn.origins], dtype=float)
         self.healthy = np.array([o.healthy for o in scn.origins], dtype=bool)

@@ -5,6 +5,7 @@ controller kinds a scenario may name."""
 from __future__ import annotations
 
 import math
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -156,9 +157,23 @@ class Scenario(BaseModel):
         for kind, names in (("origins", origins), ("edges", edges)):
             if len(set(names)) != len(names):
                 raise ValueError(f"{kind}: duplicate names in {names!r}")
+            seen: dict[str, str] = {}
+            for name in names:
+                # the table, the reasons and the plot print names: two that print alike ("café" composed and
+                # decomposed, "us" and "us ") or a blank one could not be told apart there
+                key = unicodedata.normalize("NFC", name).strip()
+                if not key or any(unicodedata.category(c) == "Cc" for c in name):
+                    raise ValueError(f"{kind}: name {name!r} is blank or holds a control character")
+                if key in seen:
+                    raise ValueError(f"{kind}: names {seen[key]!r} and {name!r} print alike (Unicode NFC, "
+                                     "spaces around)")
+                seen[key] = name
         if self.duration_s < self.interval_s:   # the controllers would never act; a verdict would mean nothing
             raise ValueError(f"duration_s: {self.duration_s!r} is shorter than one control interval "
                              f"(interval_s {self.interval_s!r})")
+        if self.duration_s < 2 * self.interval_s - 1e-9:   # the one tick is at the end: its weights never apply
+            raise ValueError(f"duration_s: {self.duration_s!r} is under two control intervals (interval_s "
+                             f"{self.interval_s!r}): the first decision would never take effect")
         steps = self.interval_s / self.dt_s
         if abs(steps - round(steps)) > 1e-9:
             raise ValueError(f"interval_s: must be a multiple of dt_s ({self.dt_s!r}), "
@@ -190,6 +205,10 @@ class Scenario(BaseModel):
                     if not isinstance(share, (int, float)) or not 0 <= share <= 1:
                         raise ValueError(f"edges[{edge.name!r}].initial_weights[{origin!r}]: "
                                          f"share must be in [0, 1], got {share!r}")
+                    # no path (not in latency_ms, or .inf): that share failed every request from t=0 on
+                    if share > 0 and not math.isfinite(edge.latency_ms.get(origin, math.inf)):
+                        raise ValueError(f"edges[{edge.name!r}].initial_weights[{origin!r}]: no path to "
+                                         f"that origin (not in latency_ms or .inf)")
                 if sum(edge.initial_weights.values()) <= 0:
                     raise ValueError(f"edges[{edge.name!r}].initial_weights: all zero")
         for i, ev in enumerate(self.events):
@@ -250,6 +269,12 @@ def scenario_warnings(scn: Scenario) -> list[str]:
     if scn.demand_noise_period_s is not None and scn.demand_noise == 0:
         # it only paces demand_noise (``noise`` is the measurement's): alone it did nothing, without a word
         out.append("demand_noise_period_s: has no effect without demand_noise > 0")
+    for key, section in (("controller", scn.controller), ("fixed_step", scn.fixed_step)):
+        # the simulator paces every controller at the scenario's interval_s: `controller: {interval_s: 30}` at
+        # a scenario interval of 15 s ran at 15 s without a word
+        if "interval_s" in section.model_fields_set and section.interval_s != scn.interval_s:
+            out.append(f"{key}.interval_s: ignored ({section.interval_s:g}): every controller runs at the "
+                       f"scenario's interval_s ({scn.interval_s:g})")
     return out
 
 
@@ -294,7 +319,9 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         scn = Scenario.model_validate(doc)
     except ValidationError as exc:   # a check across fields quoted the whole document after "got"
-        raise ScenarioError(f"{path}: {'; '.join(error_lines(exc))}{_hint(exc)}") from None
+        # a check across fields names its own field: "(top level): " before it only hid the name
+        lines = [line.removeprefix("(top level): ") for line in error_lines(exc)]
+        raise ScenarioError(f"{path}: {'; '.join(lines)}{_hint(exc)}") from None
     # The plant keeps arrays of one row per step: dt_s 1e-9 over 60 s asked numpy for 447 GiB (a traceback).
     if scn.duration_s / scn.dt_s > MAX_SIM_STEPS:
         raise ScenarioError(f"{path}: dt_s: {scn.dt_s!r} makes {scn.duration_s / scn.dt_s:.3g} simulation steps "
