@@ -13,6 +13,10 @@ detector therefore combines a few simple, well-studied streaming estimators inst
    level model carries a damped trend (Holt's linear method with damping, Gardner & McKenzie 1985;
    ``trend_beta``, ``trend_phi``): the morning ramp of a daily load or a filling disk is then
    predicted, not a residual, so the band stays tight and an outage on a ramp is a large z.
+   Its band follows the load: once a series has run a day, the level model scores against the robust
+   scale of its own residual at that hour of the day (``h_s0``), shrunk towards the global scale while
+   the hour has been seen on fewer than two days (or in fewer than 24 points). One moving scale still
+   carried the afternoon's noise at night, where an outage of a daily requests series was only z 3-4.
 2. **Seasonal baseline per time-of-day and time-of-week bucket** (the additive Holt-Winters error
    correction form, keyed by *time* rather than sample index, so irregular timestamps and gaps work).
    Each daily bucket also keeps its own robust scale, so a time of day that is naturally busy or
@@ -96,7 +100,8 @@ Tuned on labelled corpora we can see, with the standard window scoring (``bench/
 (``streams/detectors/ops_corpus.py``), SKAB real sensor data (a change that cost SKAB more than a
 point was not kept), the GutenTAG-style synthetic corpus and the scenarios; figures are reported on
 the operational corpus' other seeds. Named weaknesses: outages and surges in a daily+weekly series
-during its first days (the daily profile needs two visits per bucket, the weekly one two weeks), a
+during its first days (the daily profile needs two visits per bucket, the weekly one two weeks, the
+level model's hourly band two days; a weekend or holiday step is then one alarm), a
 trend that speeds up only a few-fold (scored, but below the paging level), and bursts larger than
 any seen before in a bursty series.
 
@@ -110,7 +115,8 @@ seen before plus this one (no look-ahead); a non-finite value is ignored (score 
 state: a restarted worker resumes exactly, with no second warm-up. Timestamps are seconds since
 the epoch; timestamps below 1e8 (e.g. 1, 2, 3 ...) are read as sample numbers of an hourly series
 (the Yahoo S5 A1 convention), see ``DetectorConfig.index_step_s``. State version 3 added the parts of
-11.-14. (``NEW_IN_V3``); states of versions 1 and 2 still load, those parts starting empty.
+11.-14. (``NEW_IN_V3``); states of versions 1 and 2 still load, those parts starting empty. The hourly
+band of 1. (``OPTIONAL_FIELDS``) came later without a version change: a state without it starts it empty.
 """
 
 from __future__ import annotations
@@ -131,6 +137,13 @@ STATE_VERSION = 3
 NEW_IN_V2 = ("l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside", "h_width", "h_n", "hist")
 NEW_IN_V3 = ("zt", "zt_w", "zt_n", "pbuf", "period", "p_off", "level2", "scale2", "err2", "run2", "run2_x",
              "d_ms", "d_ml", "d_var", "d_abs", "tail_d", "log_mode", "lo", "wbuf", "trend0")
+# fields added later without a version bump: a state without them (any version) loads, they start empty
+OPTIONAL_FIELDS = ("h_s0", "h_c0")
+HOURS = 24           # time-of-day groups of the level model's band (hourly; only with >= 24 daily buckets)
+HOUR_PRIOR = 2.0     # the global scale weighs as much in an hour's band as two days' visits of that hour:
+                     # an hour seen on one day is not trusted (the daily buckets' rule) ...
+HOUR_PRIOR_POINTS = 24.0   # ... nor one seen in fewer points than this (a mean absolute residual of
+                           # n points is off by about 0.76 / sqrt(n): 15 % here), whatever the sampling
 EVT_BIN = 8          # z = 4: the threshold of the fitted tail
 LN2 = math.log(2.0)
 ZT_BINS = 32         # log2 bins of |z| per side: 4 per doubling from z = 1
@@ -209,6 +222,7 @@ class StreamingDetector:
         "l_mean", "l_var", "s_mean", "event", "calm", "since", "q_cand", "q_hits", "p_same", "same_run", "m_mean", "tail_m", "outside", "h_width", "h_n", "hist",
         "zt", "zt_w", "zt_n", "pbuf", "period", "p_off", "level2", "scale2", "err2", "run2", "run2_x",
         "d_ms", "d_ml", "d_var", "d_abs", "tail_d", "log_mode", "lo", "wbuf", "trend0",
+        "h_s0", "h_c0",
     )
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
@@ -274,6 +288,8 @@ class StreamingDetector:
         self.lo = 0.0                    # log space: values below this are read as this
         self.wbuf: list[list[float]] = []   # the first rows, until log_mode is decided
         self.tail_d = self.cfg.tail_ref            # ... and the tracked tail of their z
+        self.h_s0: list[float] = []      # level model: robust scale of its residual per hour of the day ...
+        self.h_c0: list[int] = []        # ... and the points it was learnt from
 
     # ----------------------------------------------------------------------------------- scoring
     def update(self, timestamp: float, value: float) -> float:
@@ -350,9 +366,27 @@ class StreamingDetector:
         if floor < 1e-12:
             floor = 1e-12
 
-        # Plain robust level model.
+        # Plain robust level model. Its band follows the load: the scale of its residual at this hour of
+        # the day, shrunk towards the global scale by how little the hour has been seen. A moving scale
+        # at night still carries the afternoon's noise (a night outage was z 3-4).
         r0 = x - level0
-        s0 = scale0 if scale0 > floor else floor
+        sg0 = scale0 if scale0 > floor else floor     # global: model selection's yardstick
+        s0 = sg0
+        hg = -1
+        if self.h_s0:
+            hg = int((t % DAY_S) * HOURS / DAY_S)
+            if hg >= HOURS:
+                hg = HOURS - 1
+            hc = self.h_c0[hg]
+            if hc and t - self.t_first >= DAY_S and self.gamma > 0.0:   # learnt from the start, used after a day
+                hs = self.h_s0[hg]
+                # points per visit of an hour: season_gamma / its per-point rate
+                k = HOUR_PRIOR * cfg.season_gamma * self.n_daily / (self.gamma * HOURS)
+                if k < HOUR_PRIOR_POINTS:
+                    k = HOUR_PRIOR_POINTS
+                s0 = math.sqrt((hc * hs * hs + k * scale0 * scale0) / (hc + k))
+                if s0 < floor:
+                    s0 = floor
         z0 = (r0 if r0 >= 0.0 else -r0) / s0
 
         # Seasonal model (buckets keyed by time of day / week).
@@ -586,21 +620,28 @@ class StreamingDetector:
         if same < cfg.flat_min:     # a flatline must not shrink the band the series returns to
             self.scale0 = scale0 + br * (1.25 * ap0 - scale0)
             self.scale1 = scale1 + br * (1.25 * ap1 - scale1)
+            if hg >= 0 and not warm:
+                hc = self.h_c0[hg] + 1
+                self.h_c0[hg] = hc
+                gh = self.gamma * HOURS / self.n_daily     # one visit (a day) moves it by about season_gamma
+                if 1.0 / hc > gh:
+                    gh = 1.0 / hc
+                self.h_s0[hg] += gh * (1.25 * ap0 - self.h_s0[hg])
         if z0 < cfg.shift_z or z1 < cfg.shift_z or (period > 0 and z2 < cfg.shift_z):
             # Model errors in units of the level model's scale, and not while both models are
             # surprised: an anomaly or a regime change must not decide which model is better.
             # A point that surprises one model but not the other costs that model a lot: what
             # matters for paging is how often a model is surprised by normal data.
             er = self.err_rate
-            e0 = ap0 / s0 + (8.0 if z0 > cfg.shift_z else 0.0)
-            e1 = ap1 / s0 + (8.0 if z1 > cfg.shift_z else 0.0)
+            e0 = ap0 / sg0 + (8.0 if z0 > cfg.shift_z else 0.0)
+            e1 = ap1 / sg0 + (8.0 if z1 > cfg.shift_z else 0.0)
             self.err0 += er * (e0 - self.err0)
             self.err1 += er * (e1 - self.err1)
             if period > 0:
                 ar2 = r2 if r2 >= 0.0 else -r2
                 if ar2 > clip * s2:
                     ar2 = clip * s2
-                e2 = ar2 / s0 + (8.0 if z2 > cfg.shift_z else 0.0)
+                e2 = ar2 / sg0 + (8.0 if z2 > cfg.shift_z else 0.0)
                 self.err2 += er * (e2 - self.err2)
         if period > 0:
             self._learn_period(x, r2, s2, z2, ph, a, br, clip, same < cfg.flat_min)
@@ -860,6 +901,12 @@ class StreamingDetector:
         self.d_off, self.d_scale, self.d_cnt = [0.0] * nd, [0.0] * nd, [0] * nd
         self.d_last, self.d_vis = [-math.inf] * nd, [0] * nd
         self.w_off, self.w_cnt, self.w_last, self.w_vis = [0.0] * nw, [0] * nw, [-math.inf] * nw, [0] * nw
+        self._size_hours()
+
+    def _size_hours(self) -> None:
+        """The level model's hourly band, with sub-hourly daily buckets only (and for a state without it)."""
+        if self.n_daily >= HOURS and not self.h_s0:
+            self.h_s0, self.h_c0 = [0.0] * HOURS, [0] * HOURS
 
     @property
     def in_event(self) -> bool:
@@ -943,11 +990,14 @@ class StreamingDetector:
                 continue     # a version-1 state: the long window starts from the fast model's level
             if name not in doc and name in NEW_IN_V3 and doc["version"] < 3:
                 continue     # an older state: the new parts start empty
+            if name not in doc and name in OPTIONAL_FIELDS:
+                continue
             values[name] = get(doc, name, field)
         for name, v in _checked_state(det, values, field).items():
             setattr(det, name, v)
         if det.log_mode == 1 and det.lo < MIN_LOG_FLOOR:
             det.lo = MIN_LOG_FLOOR   # a state saved with lo 0.0 (from a subnormal minimum): log(0) raised
+        det._size_hours()     # a state saved before the hourly band: it starts empty
         if doc["version"] == 1:
             det.l_mean = det.s_mean = det.m_mean = det.level0
             det.l_var = det.scale0 * det.scale0
@@ -1104,6 +1154,11 @@ def _checked_state(det: StreamingDetector, doc: Mapping[str, Any], field: str) -
     if "zt_n" in doc:
         take("zt_n", real, 0.0)
     each("pbuf", value, max_len=cfg.period_points)
+    hours = HOURS if n_daily >= HOURS else 0
+    for name, check in (("h_s0", scale), ("h_c0", count)):
+        if name in doc and len(items(doc[name], f"{field}.{name}")) not in (0, hours):
+            raise StateError(f"{field}.{name}", f"{len(doc[name])} entries with {n_daily} daily buckets (want {hours})")
+        each(name, check)
     period = take("period", count, -1, MAX_BUCKETS) if "period" in doc else det.period
     each("p_off", value, period if period > 0 else None)
     if "lo" in doc:
