@@ -28,7 +28,15 @@ rate taken from the low reading on. Before, every drop was a restart and a glitc
 of the whole counter over one interval (a spike of 100x sent to the edge controller as demand). A
 restart whose counter regains its old value within one interval reads as a glitch: its rate is then
 under the true one, never above it. A sample whose timestamp does not advance (a duplicate from an
-at-least-once replay) is ignored. Series silent for ``ttl_s`` (receive time: a sample stamped in
+at-least-once replay, an older round of a spool replayed after a newer one) is ignored. Two readings stamped
+within max(0.25 s, half the series' collection interval) of each other are the same round read twice (the
+other collector of an HA pair): the later is skipped, counted ``same_round`` in
+``opsloop_lb_out_of_step_samples_total`` (rated, the stamps' jitter made 10x spikes). A reading stamped earlier
+than the last while its counter went on (the collector's clock stepped back) restarts the series' time base
+from it, counted ``clock_back``: ignored, the series said nothing until the clock caught up, then rated the
+step's traffic over one round (4x for 30 s). A counter beyond 2^64 (HAProxy's are unsigned 64-bit), infinite
+or NaN is no count: refused like a negative one (a sum of two 1e308s was inf, its NaN rate left the server out
+of the demand unsaid). Series silent for ``ttl_s`` (receive time: a sample stamped in
 the future stops refreshing its series, so it cannot pin it) are forgotten and removed from the
 gauges, and so are the least recently seen beyond ``max_series`` (the worker's ``stream.max_state_keys``); both counted in
 ``opsloop_stream_state_dropped_total{handler="lb-rates"}``. Tag values longer than a label takes are
@@ -68,6 +76,11 @@ COUNTER_RESETS = Counter("opsloop_lb_resets_total", "Times an LB's request count
 GLITCHES = Counter("opsloop_lb_glitches_total", "Times an LB's request counter read low once and was back at "
                    "the next reading (a stats read during a reload, nbproc processes answering in turn): "
                    "rated across, no restart", ["lb"])
+OUT_OF_STEP = Counter("opsloop_lb_out_of_step_samples_total",
+                      "haproxy samples not rated against the series' last reading: same_round (stamped within "
+                      "max(0.25 s, half its shortest step) of it: a second collector's read of the same round, "
+                      "skipped), clock_back (stamped before it while the counter went on: the source's clock "
+                      "stepped back; the series goes on from this reading)", ["lb", "reason"])
 REJECTED = Counter("opsloop_lb_samples_rejected_total",
                    "haproxy samples refused by the LB rates (an empty proxy tag, an unknown type, a request "
                    "counter that is no count): skipped, dead-lettered", ["reason"])
@@ -77,6 +90,15 @@ KINDS = ("frontend", "backend", "server")
 IGNORED_KINDS = frozenset({"listener", "unknown"})
 # a poison stream of refused rows: one log line a minute (the counter carries the rate)
 REJECT_LOG = Sampled(60.0)
+STEP_LOG = Sampled(60.0)
+# HAProxy's counters are unsigned 64-bit: a field beyond is no count (and a sum of 1e308s overflowed to inf,
+# whose rate was NaN: the server left the demand's sum unsaid)
+MAX_COUNT = float(2 ** 64)
+# Two readings closer than this (max of an absolute floor and a fraction of the series' collection interval)
+# are the same round read twice (the other collector of an HA pair): over milliseconds the stamps' jitter,
+# not the traffic, made the rate (10x spikes). The floor covers a series' first step (no interval known yet).
+SAME_ROUND_MIN_S = 0.25
+SAME_ROUND_FRACTION = 0.5
 
 
 @dataclass(slots=True)
@@ -87,6 +109,9 @@ class _Last:
     basis: int = 0   # which counters made ``count`` (see count_basis): another set is another sum
     # (ts, count) of the reading before a drop, until the next reading tells a glitch from a restart
     before_drop: tuple[float, float] | None = None
+    # the shortest step between two of the series' readings (0: none yet): the collection interval, never the
+    # span of a gap (after a gap of 9 rounds, half of it skipped the next 4 rounds as "the same round")
+    interval: float = 0.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -106,10 +131,11 @@ COUNTER_FIELDS = (*HRSP_FIELDS, *TELEGRAF_HRSP_FIELDS, "req_tot", "stot")
 
 
 def bad_counter(fields: dict[str, object]) -> str | None:
-    """The first request counter of a row that is there but no count (a number >= 0), else None."""
+    """The first request counter of a row that is there but no count (a finite number in [0, 2^64]), else None."""
     for f in COUNTER_FIELDS:
         v = fields.get(f)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not 0 <= v <= MAX_COUNT):   # NaN fails the comparison too
             return f
     return None
 
@@ -265,10 +291,28 @@ class LbRates:
             self._recent.seen(key, now)
             return None
         prev_ts, prev_count, prev_basis, held = prev.ts, prev.count, prev.basis, prev.before_drop
-        if m.timestamp <= prev_ts:
+        step = m.timestamp - prev_ts
+        if step == 0:
+            return None   # a duplicate (an at-least-once replay)
+        if abs(step) < max(SAME_ROUND_MIN_S, SAME_ROUND_FRACTION * prev.interval):
+            self._recent.seen(key, now)   # alive; rated at the next round from the reading kept
+            OUT_OF_STEP.labels(lb, "same_round").inc()
             return None
+        if step < 0:
+            if count > prev_count and basis == prev_basis and held is None:
+                # newer traffic stamped earlier: the source's clock stepped back. Ignored until the clock caught
+                # up, the next rate spanned the step's traffic over too short a time (4x for 30 s at 10 s rounds)
+                prev.ts, prev.count, prev.seen_at = m.timestamp, count, now
+                self._recent.seen(key, now)
+                OUT_OF_STEP.labels(lb, "clock_back").inc()
+                STEP_LOG.warning(log, "lb_clock_back", key=lb, lb=lb[:200], proxy=proxy[:200], sv=sv[:200],
+                                 step_s=round(step, 3), error="a sample stamped before the series' last one while "
+                                 "its counter went on: the source's clock stepped back (or a second collector's "
+                                 "is behind); the series goes on from it")
+            return None   # an older round (a spool replayed after a newer one): no news
         # in place: no object per sample
         prev.ts, prev.count, prev.seen_at, prev.basis = m.timestamp, count, now, basis
+        prev.interval = min(prev.interval, step) if prev.interval else step
         self._recent.seen(key, now)
         if basis != prev_basis:
             # other counters, another sum (a torn row without its hrsp_4xx/5xx, stot standing in):
