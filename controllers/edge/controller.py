@@ -60,7 +60,8 @@ Control law of :class:`EdgeController` (one step per interval, weights ``W`` per
    (≤ ``hold_down_max_intervals``; the flap count is forgotten after that long without a change),
    then its capacity ramps in over ``slowstart_intervals`` — Envoy's outlier-ejection back-off
    and HAProxy's ``slowstart``. An edge with no other healthy origin may use it at once (that
-   edge only: the others keep off it until its hold-down ends).
+   edge only: the others keep off it until its hold-down ends). A flapper up for twice its longest
+   up-spell of the storm (≥ one interval more) has stopped: whole capacity at once, fast relax.
 3. *Target* ``T = solve(D̂, capacity, latency, healthy, previous=W, headroom=h)`` (h = 5 %) on
    the demand the clients will send once no origin is overloaded (*rebound*): when the telemetry
    gives origins' response times (``Observation.origin_latency_ms``), each measurement is grown

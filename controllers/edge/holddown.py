@@ -5,6 +5,12 @@ An origin that comes back healthy is planned as absent for ``hold_down_intervals
 forgotten after that long without a change), then its capacity ramps in over
 ``slowstart_intervals``. Back after a long outage (a repair, not a flap) it is held for at most
 ``outage_hold_down_intervals``.
+
+A flapping origin whose current up-spell outlasts twice its longest earlier up-spell of the
+episode (and that by an interval at least: a spell is only seen to the tick) has stopped
+flapping: it gets its whole capacity back at once, and may be filled as fast as a settled
+origin, so the return ends within a step's settling allowance instead of after the full back-off
+and ramp. One still flapping never gets that far: every earlier spell was shorter.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ class HoldDown:
         self.flaps = np.zeros(n_origins, dtype=int)
         self.until = np.full(n_origins, -math.inf)      # hold-down ends
         self.changed_at = np.full(n_origins, -math.inf)  # last health change seen
+        self.longest_up = np.zeros(n_origins)   # longest up-spell of the flap episode (s)
+        self.stable = np.zeros(n_origins, dtype=bool)   # back, and has stopped flapping
 
     def update(self, now: float, healthy: np.ndarray) -> np.ndarray:
         s, interval = self.s, self.s.interval_s
@@ -42,6 +50,10 @@ class HoldDown:
         # a first flap, not the back-off of flaps long past
         quiet = now - self.changed_at > s.hold_down_max_intervals * interval
         self.flaps[(back | gone) & quiet] = 0
+        self.longest_up[(back | gone) & quiet] = 0.0
+        spell = now - self.changed_at
+        self.longest_up = np.where(gone & ~quiet, np.maximum(self.longest_up, spell), self.longest_up)
+        self.stable[moved] = False
         self.flaps[back] += 1
         hold = np.minimum(s.hold_down_intervals * s.hold_down_backoff ** (self.flaps - 1),
                           s.hold_down_max_intervals) * interval
@@ -51,18 +63,25 @@ class HoldDown:
         self.until[back] = now + hold[back]
         self.changed_at[moved] = now
         self.up = healthy.copy()
+        # up, with earlier up-spells in the episode, and longer than all of them by the margin:
+        # the back-off and the ramp-in only delay a return that is no longer a flap
+        done = healthy & ~moved & (self.longest_up > 0) & \
+            (now - self.changed_at >= np.maximum(2.0 * self.longest_up, self.longest_up + interval) - 1e-9)
+        self.stable |= done
+        self.until = np.where(done, np.minimum(self.until, now), self.until)
         ramp_s = s.slowstart_intervals * interval
         # the first tick after the hold-down already gets one interval's worth of the ramp
         ramp = np.ones(len(healthy)) if ramp_s <= 0 else \
             np.clip((now - self.until + interval) / ramp_s, 0.0, 1.0)
-        return np.where(now < self.until - 1e-9, 0.0, ramp)
+        return np.where(self.stable, 1.0, np.where(now < self.until - 1e-9, 0.0, ramp))
 
     def held(self, now: float) -> np.ndarray:
         return now < self.until - 1e-9
 
     def settled(self, now: float) -> np.ndarray:
-        """Origins whose health has not changed for twice the longest hold-down and ramp-in: a
-        returning origin earns traffic at the relax step, never in a fast relax."""
+        """Origins whose health has not changed for twice the longest hold-down and ramp-in, or
+        that are up and have stopped flapping: any other returning origin earns traffic at the
+        relax step, never in a fast relax."""
         quiet = 2.0 * (self.s.hold_down_max_intervals + self.s.slowstart_intervals) * self.s.interval_s
-        return now - self.changed_at > quiet
+        return (now - self.changed_at > quiet) | (self.stable & (self.up if self.up is not None else False))
 

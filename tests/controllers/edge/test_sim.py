@@ -91,11 +91,12 @@ def test_flapping_origin_is_held_down_and_ramped_back(results):
     run, fra = runs["ours"], 0
     share = run.tick_weights[1:, :, fra].max(axis=1)
     flapping = (run.tick_times > 165) & (run.tick_times < 480)
-    # while it flaps it earns nothing back; it returns after the last flap, ramped (not at once)
+    # while it flaps it earns nothing back; it returns after the last flap, once up for twice its
+    # longest up-spell (test_flap_storm_return.py), at most max_step a tick (not at once)
     assert share[flapping].max() == 0
     back = share[run.tick_times >= 480]
     assert back[-1] > 0.5
-    assert np.diff(back).max() <= 0.25 + 1e-9
+    assert np.diff(back).max() <= 0.5 + 1e-9
     assert any("holding down returning origin" in r for r in run.tick_reasons)
     assert summaries["ours"]["failed_requests"] < summaries["fixed-step"]["failed_requests"]
 
