@@ -29,8 +29,8 @@ from pathlib import Path
 from opsloop.controllers.edge.service import metrics as M
 from opsloop.controllers.edge.service.api import EdgeApi
 from opsloop.controllers.edge.service.api_token import ApiToken, TokenFile, TokenFileError
-from opsloop.controllers.edge.service.config import (TOKEN_ENV, EdgeServiceSettings, read_token, resolve_topology,
-                                             service_settings)
+from opsloop.controllers.edge.service.config import (TOKEN_ENV, EdgeServiceSettings, load_topology, read_token,
+                                             resolve_topology, service_settings, topology_path)
 from opsloop.controllers.edge.service.inputs import DemandBook, DemandConsumer
 from opsloop.controllers.edge.service.kafka_io import DecisionPublisher, recover_decisions
 from opsloop.controllers.edge.service.loop import ControlLoop
@@ -45,6 +45,8 @@ from opsloop.metrics import serve_metrics
 from opsloop.kafka_admin import ensure_configured_topics
 
 log = get_logger("controller.edge")
+# how often the topology file is looked at (a stat) for a change made while the service runs
+TOPOLOGY_CHECK_S = 5.0
 
 EPILOG = """examples:
   opsloop edge run --config opsloop.yaml
@@ -60,6 +62,8 @@ config (opsloop.yaml):
       api: {bind: 127.0.0.1, port: 29108, token_file: /etc/opsloop/edge.token}
       controller: {headroom: 0.05, stale_after_s: 30}
       overrides_file: .run/edge/overrides.json   # API changes kept across restarts (null: not kept)
+      max_epoch_ahead_s: 10   # recovery ignores an epoch further ahead of this clock; keep it above (2x) the
+                              # actuators' max_clock_skew_s, or a restarted controller can be refused for good
 
 API (bearer token): GET /v1/status, GET|PUT /v1/listeners/L/origins/O/{capacity,health},
 PUT /v1/listeners/L/edges/E/latency/O, GET /v1/listeners/L/weights; spec at /openapi.json.
@@ -84,6 +88,11 @@ class EdgeService:
                  token: str | ApiToken | None = None) -> None:
         self.settings = settings
         self.cfg = cfg
+        # the file is read once, here: a change made while the service runs is said, not applied (check_topology_file);
+        # stamped before the read, so a write during it is seen as a change
+        self.topology_file = topology_path(cfg, config_dir)
+        self._topology_stamp = _stamp(self.topology_file)
+        self._topology_checked_at = time.monotonic()
         self.topology = resolve_topology(cfg, config_dir)
         self.audit = AuditLog.from_settings(settings)
         self.store = TopologyStore(self.topology, self.audit, cfg.overrides_file)
@@ -116,7 +125,8 @@ class EdgeService:
             # the topology's pairs: the read back from the topic's end stops once each has its newest record
             expected = [(name, e.name) for name in self.store.listener_names()
                         for e in self.store.snapshot(name).spec.edges]
-            recovered = recover_decisions(kafka, expected=expected) if self.cfg.recover else {}
+            recovered = recover_decisions(kafka, expected=expected, max_epoch_ahead_s=self.cfg.max_epoch_ahead_s) \
+                if self.cfg.recover else {}
             self.publisher = DecisionPublisher(kafka)
             # Once a broker answers (a broker away at start would make this fail for good, and the
             # demand consumer would then wait for a topic nobody creates).
@@ -142,6 +152,36 @@ class EdgeService:
             # the token file looked at every tick too (at most one stat a second): a file broken or fixed while
             # nobody calls the API shows in opsloop_edge_api_token_usable, and its alert fires and clears on time
             self.token.current()
+        self.check_topology_file()
+
+    def check_topology_file(self, now: float | None = None) -> None:
+        """Say (once per change of the file) that the topology file changed since the start: the service runs on
+        the topology it started with until restarted, and a file that no longer loads would stop that restart
+        (exit 78). Before, an edit (an origin drained with ``healthy: false`` during an incident) went unapplied
+        without a word, and a broken file was found only by the restart it then failed."""
+        now = time.monotonic() if now is None else now
+        if self.topology_file is None or now - self._topology_checked_at < TOPOLOGY_CHECK_S:
+            return
+        self._topology_checked_at = now
+        stamp = _stamp(self.topology_file)
+        if stamp == self._topology_stamp:
+            return
+        self._topology_stamp = stamp
+        try:
+            if self.topology_file.exists() and not self.topology_file.is_file():   # a FIFO's open() held the loop
+                raise ConfigError(f"topology file {self.topology_file}: not a regular file")
+            spec = load_topology(self.topology_file)
+        except ConfigError as e:
+            log.error("topology_file_broken", file=str(self.topology_file), error=str(e)[:500],
+                      consequence="not applied: the service runs on the topology it started with; a restart would "
+                                  "exit 78 (`opsloop edge check`) until the file is fixed")
+            return
+        if spec == self.topology:
+            log.info("topology_file_unchanged", file=str(self.topology_file))   # rewritten as it was: all fine
+            return
+        log.warning("topology_file_changed", file=str(self.topology_file),
+                    consequence="not applied: the service runs on the topology it started with until it is restarted "
+                                "(`opsloop edge check`, then restart); a change needed now goes through the API")
 
     def run_forever(self) -> None:
         """Tick on a fixed schedule (drift-free: the next tick is planned from the first)."""
@@ -165,6 +205,17 @@ class EdgeService:
         if self.publisher is not None:
             self.publisher.close()
         self.audit.close()
+
+
+def _stamp(path: Path | None) -> tuple[int, int, int, int] | str | None:
+    """What tells a file changed (inode, size, mtime, ctime), or the stat's error."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return f"stat: {e.strerror}"
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def check_token(cfg: EdgeServiceSettings) -> str:

@@ -34,6 +34,10 @@ from opsloop.validation import FloatNotBool, NoBoolNumbers, YamlFileError, descr
 
 SECTION = "edge"
 TOKEN_ENV = "OPSLOOP_EDGE_API_TOKEN"
+ACTUATOR = "actuator"   # controllers.actuator: its max_clock_skew_s must stay below max_epoch_ahead_s
+ACTUATOR_MAX_CLOCK_SKEW_S = 5.0   # the actuators' default
+# kafka_io.MAX_EPOCH_AHEAD_S (not imported: validating a config loads no Kafka client): twice the actuators' default
+MAX_EPOCH_AHEAD_S = 2 * ACTUATOR_MAX_CLOCK_SKEW_S
 
 
 class _Strict(NoBoolNumbers):   # `interval_s: yes` (YAML's boolean) was an interval of 1 s
@@ -116,6 +120,10 @@ class EdgeServiceSettings(_Strict):
     # API changes survive restarts here (an overlay on the topology file; null: not kept)
     overrides_file: Path | None = DEFAULT_RUN_DIR / "edge" / "overrides.json"
     publish_findings: bool = True
+    # restart recovery continues from no epoch further than this ahead of this host's clock (kafka_io.py); must stay
+    # above the actuators' max_clock_skew_s (twice it by default): an epoch they took but this instance did not
+    # chase leaves its own below it, every decision refused for good
+    max_epoch_ahead_s: float = Field(default=MAX_EPOCH_AHEAD_S, gt=0, le=7200)
 
     @field_validator("controller")
     @classmethod
@@ -142,15 +150,26 @@ class EdgeServiceSettings(_Strict):
         Demand is measured once per collection (``collector.interval_s``, plus up to ``jitter_s``) and
         stamped with its time: a ``controller.stale_after_s`` not above that turns every measurement
         stale before the next one and the controller holds (fail static) between them."""
-        stale = cls.model_validate(get_dotted(doc, f"controllers.{SECTION}") or {}).controller_settings().stale_after_s
+        service = cls.model_validate(get_dotted(doc, f"controllers.{SECTION}") or {})
+        errors: list[str] = []
+        stale = service.controller_settings().stale_after_s
         collector = CollectorRuntimeSettings.model_validate(doc.get("collector") or {})
         every = collector.interval_s + collector.jitter_s
-        if stale > every:
-            return []
-        jitter = f" + collector.jitter_s ({collector.jitter_s:g})" if collector.jitter_s else ""
-        return [f"controllers.{SECTION}.controller.stale_after_s ({stale:g}) must be above collector.interval_s "
-                f"({collector.interval_s:g}){jitter}: demand is measured once per collection, so every measurement "
-                "would be stale before the next and the controller would hold between them"]
+        if stale <= every:
+            jitter = f" + collector.jitter_s ({collector.jitter_s:g})" if collector.jitter_s else ""
+            errors.append(f"controllers.{SECTION}.controller.stale_after_s ({stale:g}) must be above "
+                          f"collector.interval_s ({collector.interval_s:g}){jitter}: demand is measured once per "
+                          "collection, so every measurement would be stale before the next and the controller would "
+                          "hold between them")
+        actuator = get_dotted(doc, f"controllers.{ACTUATOR}")
+        # no actuator section here (configured on the edge hosts): nothing to compare with
+        skew = actuator.get("max_clock_skew_s", ACTUATOR_MAX_CLOCK_SKEW_S) if isinstance(actuator, dict) else None
+        if isinstance(skew, (int, float)) and skew >= service.max_epoch_ahead_s:
+            errors.append(f"controllers.{SECTION}.max_epoch_ahead_s ({service.max_epoch_ahead_s:g}) must be above "
+                          f"controllers.{ACTUATOR}.max_clock_skew_s ({skew:g}; twice it is the safe margin): a "
+                          "restarted controller would not continue from an epoch the actuators took, and they "
+                          "would refuse every decision it makes")
+        return errors
 
 
 def load_topology(path: str | Path) -> TopologySpec:
@@ -175,11 +194,18 @@ def service_settings(settings: Settings) -> EdgeServiceSettings:
         raise ConfigError(f"controllers.{SECTION}: {describe_validation_error(e)}") from None
 
 
+def topology_path(cfg: EdgeServiceSettings, base: Path | None = None) -> Path | None:
+    """The topology file as the service reads it (relative to the config file's directory), None when inline."""
+    if cfg.topology_file is None:
+        return None
+    return cfg.topology_file if cfg.topology_file.is_absolute() or base is None else base / cfg.topology_file
+
+
 def resolve_topology(cfg: EdgeServiceSettings, base: Path | None = None) -> TopologySpec:
     if cfg.topology is not None:
         return cfg.topology
-    assert cfg.topology_file is not None
-    path = cfg.topology_file if cfg.topology_file.is_absolute() or base is None else base / cfg.topology_file
+    path = topology_path(cfg, base)
+    assert path is not None
     return load_topology(path)
 
 

@@ -281,8 +281,8 @@ class ControlLoop:
         response = origin_response_ms(fresh, state.origins, latency, state.response_ms)
         if response is not None:
             status["origin_response_ms"] = dict(zip(state.origins, response.round(3).tolist()))
-        # the pins and the file are read now, so health stays fresh when the demand goes stale: the
-        # controller holds its weights but moves the share off an origin an operator drained
+        # the pins are read now (the file as read at start: app.py), so health stays fresh when the demand goes
+        # stale: the controller holds its weights but moves the share off an origin an operator drained
         return Observation(now=now if control_now is None else control_now, demand=demand, capacity=capacity,
                            latency=latency, healthy=healthy, inputs_age_s=age, origin_latency_ms=response,
                            health_age_s=0.0 if stale else None), status
