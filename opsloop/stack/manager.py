@@ -11,6 +11,12 @@ from opsloop.stack import components
 from opsloop.stack.process import ManagedProcess, StackError
 
 
+# Components that re-read their config file on SIGHUP. One already running (`opsloop stack up` before
+# `opsloop run`) is reloaded with the config `up` just wrote: it kept its own, and Alertmanager's null
+# receiver dropped every page `opsloop run` routes to the lab pager, with no word of it.
+RELOAD_ON_SIGHUP = frozenset({"alertmanager", "prometheus"})
+
+
 @dataclass
 class Stack:
     settings: StackSettings
@@ -63,8 +69,9 @@ class Stack:
         return ["kafka"] + [name for name, wanted in optional.items() if wanted]
 
     def up(self, progress: Callable[[str, ManagedProcess], None] | None = None) -> list[ManagedProcess]:
-        """Start every component in order; ``progress(event, comp)`` hears "starting", "ready" and
-        "already running" for each one as it happens (a start can take a minute: say which one waits)."""
+        """Start every component in order; ``progress(event, comp)`` hears "starting", "ready",
+        "already running" and "config reloaded" for each one as it happens (a start can take a minute: say
+        which one waits)."""
         started: list[ManagedProcess] = []
         try:
             for comp in self.components():
@@ -73,6 +80,8 @@ class Stack:
                     progress("already running" if running else "starting", comp)
                 comp.start()
                 started.append(comp)
+                if running and comp.name in RELOAD_ON_SIGHUP and comp.reload() and progress is not None:
+                    progress("config reloaded", comp)
                 if progress is not None and not running:
                     progress("ready", comp)
         except StackError:

@@ -19,6 +19,10 @@ from typing import Callable
 
 import orjson
 
+from opsloop.log import get_logger
+
+_log = get_logger("process")
+
 
 class StackError(RuntimeError):
     """A component could not start or stop; the message names it and says what to do."""
@@ -137,6 +141,58 @@ def pid_alive(pid: int, start_time: str | None = None) -> bool:
     return start_time is None or stat[19] == start_time
 
 
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (every thread's: a child started from a worker thread is listed there)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """Every live descendant of ``pid`` with its start time, those in a session of their own included:
+    the simulated BMCs' ``ipmi_sim`` are, so a killpg of the child's group does not reach them."""
+    out: list[tuple[int, str]] = []
+    todo, seen = _children(pid), {pid}
+    while todo:
+        child = todo.pop()
+        start = _proc_start_time(child)
+        if child in seen or start is None:
+            continue
+        seen.add(child)
+        out.append((child, start))
+        todo += _children(child)
+    return out
+
+
+def terminate(procs: list[tuple[int, str]], timeout_s: float = 10.0) -> list[int]:
+    """SIGTERM then, after ``timeout_s``, SIGKILL each (pid, start time) still alive; returns the PIDs signalled.
+    The start time makes a PID reused by another program since safe: it is left alone."""
+    alive = [(pid, start) for pid, start in procs if pid_alive(pid, start)]
+    for pid, _ in alive:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(pid_alive(*p) for p in alive):
+        time.sleep(0.05)
+    for pid, start in alive:
+        if pid_alive(pid, start):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return [pid for pid, _ in alive]
+
+
 def write_pidfile(path: Path, pid: int, argv: list[str] | None = None) -> None:
     """PID and start time (so a reused PID is recognised), written whole: temp file, then rename."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -155,6 +211,9 @@ class ManagedProcess:
     ready_timeout_s: float = 60.0
     stop_timeout_s: float = 20.0
     proc: subprocess.Popen[bytes] | None = None
+    # Its descendants when last seen alive (the supervisor refreshes it): those that outlive a SIGKILLed
+    # child, reparented to init and out of its process group, are still stopped by stop().
+    known_descendants: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def pidfile(self) -> Path:
@@ -213,12 +272,32 @@ class ManagedProcess:
         self.stop()
         raise StackError(f"{self.name}: not ready after {self.ready_timeout_s:.0f} s; see {self.logfile}:\n{self.tail()}")
 
+    def remember_descendants(self) -> None:
+        """Record the live descendants now (a child killed with SIGKILL cannot stop its own any more)."""
+        rec = self.read_pid()
+        if rec is not None and pid_alive(*rec):
+            self.known_descendants = descendants(rec[0])
+
+    def reload(self) -> bool:
+        """SIGHUP to the process (Prometheus and Alertmanager re-read their config file); False if not running."""
+        rec = self.read_pid()
+        if rec is None or not pid_alive(*rec):
+            return False
+        try:
+            os.kill(rec[0], signal.SIGHUP)
+        except ProcessLookupError:
+            return False
+        return True
+
     def stop(self) -> None:
         rec = self.read_pid()
         if rec is None:
+            self._stop_leftovers([])
             return
         pid, start_time = rec
+        tree: list[tuple[int, str]] = []
         if pid_alive(pid, start_time):
+            tree = descendants(pid)
             try:
                 os.killpg(pid, signal.SIGTERM)
             except ProcessLookupError:
@@ -236,7 +315,15 @@ class ManagedProcess:
                     self._reap(pid)
                     time.sleep(0.05)
         self._reap(pid)
+        self._stop_leftovers(tree)
         self.pidfile.unlink(missing_ok=True)
+
+    def _stop_leftovers(self, tree: list[tuple[int, str]]) -> None:
+        """Descendants that outlived the child (own session, or orphaned by a SIGKILL): stopped by PID."""
+        left = terminate(list(dict.fromkeys(tree + self.known_descendants)), timeout_s=self.stop_timeout_s)
+        self.known_descendants = []
+        if left:
+            _log.warning("process.descendants_stopped", process=self.name, pids=left)
 
     def kill(self) -> None:
         """SIGKILL now (fault tests): no graceful shutdown."""

@@ -78,6 +78,7 @@ class Supervisor:
         for name, child in self.children.items():
             if child.down_since is None:
                 if self.alive(child):
+                    child.proc.remember_descendants()   # stopped at its restart if it dies by SIGKILL
                     continue
                 child.down_since = now
                 while child.restarts and now - child.restarts[0] > self.window_s:
@@ -88,6 +89,7 @@ class Supervisor:
                            f"{child.proc.tail()}")
                     log.error("supervisor.gave_up", process=name, exit_code=child.exit_code,
                               restarts=len(child.restarts), window_s=self.window_s)
+                    child.proc.stop()   # its orphans: the caller's stop-all builds handles that never saw them
                     raise RestartBudgetExceeded(msg)
                 delay = min(self.max_backoff_s, self.backoff_s * 2 ** len(child.restarts))
                 child.restart_at = now + delay
@@ -105,7 +107,7 @@ class Supervisor:
 
     def _restart(self, name: str, child: _Child) -> RestartEvent | None:
         died_at, code = child.down_since or self.clock(), child.exit_code
-        child.proc.stop()              # clears the stale pidfile (and any leftover of its process group)
+        child.proc.stop()              # clears the stale pidfile, leftovers of its group and its orphans
         child.restarts.append(self.clock())
         try:
             child.proc.start()
