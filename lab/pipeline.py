@@ -27,7 +27,7 @@ import yaml
 
 from opsloop.argtypes import finite, integer
 from opsloop.config import DEFAULT_RUN_DIR, REPO_ROOT, ConfigError, Settings, load_settings, read_document
-from opsloop.controllers.edge.service.api_token import create_token_file
+from opsloop.controllers.edge.service.token_file import create_token_file
 from opsloop.controllers.paging.amconfig import write_alertmanager_config
 from opsloop.lab.edge import EdgeSpec, OriginSpec, haproxy_process, origin_process
 from opsloop.log import setup_logging

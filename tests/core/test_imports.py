@@ -56,3 +56,26 @@ def test_config_models_load_without_the_solver_or_the_clients() -> None:
             f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [], out.stdout
+
+
+# The edge control loop's gauges, exported only by the process that runs it: the actuator (and `opsloop run`)
+# imported them through the edge section's validation (its token file reader), so their /metrics showed
+# `opsloop_edge_last_tick_timestamp_seconds 0` and EdgeControllerStuck paged for every such service.
+EDGE_LOOP_GAUGES = ("opsloop_edge_last_tick_timestamp_seconds", "opsloop_edge_interval_seconds")
+OTHER_SERVICES = ("opsloop.controllers.actuators.service", "opsloop.controllers.actuators.cli",
+                  "opsloop.controllers.paging.cli", "opsloop.streams.cli", "opsloop.collect.cli",
+                  "opsloop.lab.pipeline")
+
+
+@pytest.mark.parametrize("module", OTHER_SERVICES)
+def test_other_services_do_not_export_the_edge_loops_gauges(module: str) -> None:
+    code = ("import contextlib, io, json\n"
+            "from prometheus_client import REGISTRY\n"
+            "from opsloop.config_cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert main(['defaults']) == 0\n"      # every section validated, the edge one included
+            f"import {module}\n"
+            "print(json.dumps(sorted({s.name for m in REGISTRY.collect() for s in m.samples})))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    exported = set(json.loads(out.stdout))
+    assert exported.isdisjoint(EDGE_LOOP_GAUGES), sorted(exported & set(EDGE_LOOP_GAUGES))

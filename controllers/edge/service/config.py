@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import (ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
-from opsloop.controllers.edge.service.api_token import MIN_TOKEN_CHARS, read_token_file
+from opsloop.controllers.edge.service.token_file import MIN_TOKEN_CHARS, read_token_file
 from opsloop.controllers.edge.settings import ControllerSettings
 from opsloop.controllers.edge.model import Edge, Listener, Origin, Topology
 from opsloop.config import DEFAULT_RUN_DIR, CollectorRuntimeSettings, ConfigError, Settings
