@@ -469,6 +469,8 @@ def several_damaged(draw: st.DrawFn, name: str) -> Any:
             parent[path[-1]]
         except (KeyError, IndexError, TypeError):
             continue   # gone with an earlier damage
+        if not isinstance(parent, (dict, list)):
+            continue   # an earlier damage made it a string (indexable, not assignable)
         value = draw(st.one_of(st.sampled_from([v for _, v in ADVERSARIAL if v is not BIG_LIST]),
                                st.floats(allow_nan=False, allow_infinity=False), st.integers(-(2 ** 63), 2 ** 63 - 1),
                                st.text(max_size=5)))

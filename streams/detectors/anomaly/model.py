@@ -1159,6 +1159,10 @@ def _checked_state(det: StreamingDetector, doc: Mapping[str, Any], field: str) -
         if name in doc and len(items(doc[name], f"{field}.{name}")) not in (0, hours):
             raise StateError(f"{field}.{name}", f"{len(doc[name])} entries with {n_daily} daily buckets (want {hours})")
         each(name, check)
+    # a pair: the scale of an hour and its count, read by the same index (one without the other: IndexError)
+    if len(doc.get("h_s0", ())) != len(doc.get("h_c0", ())):
+        raise StateError(f"{field}.h_c0", f"{len(doc.get('h_c0', ()))} entries beside h_s0's "
+                                          f"{len(doc.get('h_s0', ()))}: the two are saved together")
     period = take("period", count, -1, MAX_BUCKETS) if "period" in doc else det.period
     each("p_off", value, period if period > 0 else None)
     if "lo" in doc:
