@@ -76,7 +76,7 @@ class EdgeActuator:
         self.clock = clock
         # the history's entries applied with an epoch beyond this bound order nothing (the store's readers: the
         # service, the CLI); a store given its own bound keeps it
-        if getattr(store, "max_epoch_ahead_s", 0.0) is None:
+        if store.max_epoch_ahead_s is None:
             store.max_epoch_ahead_s = max_clock_skew_s
         # a controller re-sends its version every tick: audit one noop per (epoch, version)
         self._noop_audited: tuple[int, int] | None = None

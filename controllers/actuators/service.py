@@ -247,10 +247,8 @@ class ActuatorService:
                                       listener=d.listener, edge=d.edge, version=d.version,
                                       configured=sorted(lst for lst, e in self.slots if e == d.edge))
                 continue
-            if slot.actuator.epoch_ahead_s(d) > slot.actuator.max_clock_skew_s:
-                # before it can be pending: its stamp would win over the real controller's decisions of the poll
-                self._refuse_epoch_ahead(slot, d, (key, value, origin, hdrs))
-                continue
+            if self._refused_epoch_ahead(slot, d, (key, value, origin, hdrs)):
+                continue   # before it can be pending: its stamp would win over the real controller's decisions
             if d.stamp == slot.given_up and now < slot.given_up_until:
                 SKIP_LOG.warning(log, "decision_given_up_skipped", key=f"{d.listener}|{d.edge}", edge=d.edge,
                                  listener=d.listener, version=d.version, epoch=d.epoch)
@@ -267,15 +265,15 @@ class ActuatorService:
                 queued += 1
         return queued
 
-    def _refuse_epoch_ahead(self, slot: _Slot, decision: EdgeWeights, record: tuple[
-            bytes | None, bytes | None, tuple[int | None, int | None], RecordHeaders | None]) -> None:
-        """``decision``'s epoch is too far ahead: refused by the applier (audited, counted), in a row, and
-        dead-lettered. An audit or dead letter that raises (a bug) is logged: the poll's other records go on."""
+    def _refused_epoch_ahead(self, slot: _Slot, decision: EdgeWeights, record: tuple[
+            bytes | None, bytes | None, tuple[int | None, int | None], RecordHeaders | None]) -> bool:
+        """True when ``decision``'s epoch is too far ahead: refused by the applier (audited, counted), in a row,
+        and dead-lettered. An audit or dead letter that raises (a bug) is logged: the poll's other records go on."""
         a = slot.actuator
         try:
             res = a.refuse_epoch_ahead(decision)
-            if res is None:   # at the bound, the clock moved on between the two reads: its re-send applies
-                return
+            if res is None:
+                return False
             slot.refused_in_a_row += 1
             metrics.REFUSED_IN_A_ROW.labels(a.edge, a.listener).set(slot.refused_in_a_row)
             key, value, origin, headers = record
@@ -284,6 +282,7 @@ class ActuatorService:
             metrics.ERRORS.labels(a.edge, "internal").inc()
             log.error("decision_refusal_failed", edge=a.edge, listener=a.listener, version=decision.version,
                       epoch=decision.epoch, error=f"{type(e).__name__}: {e}"[:500], exc_info=True)
+        return True
 
     def _deadletter(self, key: bytes | None, value: bytes | None, reason: str,
                     origin: tuple[int | None, int | None], headers: RecordHeaders | None = None) -> None:

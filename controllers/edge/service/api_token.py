@@ -14,7 +14,6 @@ that needs one is refused (503), said once per change (``api_token_unusable``) a
 from __future__ import annotations
 
 import hmac
-import os
 import threading
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Callable
 from opsloop.controllers.edge.service import metrics as M
 from opsloop.controllers.edge.service.token_file import (MIN_TOKEN_CHARS, TokenFileError, create_token_file,
                                                          read_token_file)
+from opsloop.file_stamp import FileStamp, file_stamp
 from opsloop.log import get_logger
 
 __all__ = ["MIN_TOKEN_CHARS", "ApiToken", "StaticToken", "TokenFile", "TokenFileError", "create_token_file",
@@ -62,7 +62,6 @@ class StaticToken(ApiToken):
         return self._token
 
 
-_Stamp = tuple[int, int, int, int, int] | str   # (dev, ino, size, mtime_ns, ctime_ns), or the stat error
 
 
 class TokenFile(ApiToken):
@@ -76,7 +75,7 @@ class TokenFile(ApiToken):
         self.clock = clock
         self._lock = threading.Lock()
         self._token: bytes | None = None
-        self._stamp: _Stamp | None = None
+        self._stamp: FileStamp | None = None
         self._checked_at = float("-inf")
         self.problem = ""
         self._lasting = False   # the problem is a misconfiguration of the file (TokenFileError.lasting)
@@ -91,19 +90,11 @@ class TokenFile(ApiToken):
                 self._check(now)
             return self._token
 
-    def _stat(self) -> _Stamp:
-        try:
-            st = os.stat(self.path)
-        except OSError as e:
-            return f"stat: {e.strerror}"
-        # ctime too: a chmod changes neither size nor mtime
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
     def _check(self, now: float) -> None:
         """Under the lock: re-read the file when its stamp changed (taken before the read: a write after it
         changes the stamp again and is read at the next check)."""
         self._checked_at = now
-        stamp = self._stat()
+        stamp = file_stamp(self.path)
         if stamp == self._stamp:
             return
         self._stamp = stamp

@@ -39,6 +39,7 @@ from opsloop.controllers.edge.service.store import TopologyStore
 from opsloop import exitcodes
 from opsloop.audit.trail import AuditLog
 from opsloop.config import ConfigError, Settings, load_settings
+from opsloop.file_stamp import file_stamp
 from opsloop.kafka_clients import connect_with_retry, preflight_or_exit
 from opsloop.log import get_logger, setup_logging
 from opsloop.metrics import serve_metrics
@@ -91,7 +92,7 @@ class EdgeService:
         # the file is read once, here: a change made while the service runs is said, not applied (check_topology_file);
         # stamped before the read, so a write during it is seen as a change
         self.topology_file = topology_path(cfg, config_dir)
-        self._topology_stamp = _stamp(self.topology_file)
+        self._topology_stamp = file_stamp(self.topology_file) if self.topology_file else None
         self._topology_checked_at = time.monotonic()
         self.topology = resolve_topology(cfg, config_dir)
         self.audit = AuditLog.from_settings(settings)
@@ -163,7 +164,7 @@ class EdgeService:
         if self.topology_file is None or now - self._topology_checked_at < TOPOLOGY_CHECK_S:
             return
         self._topology_checked_at = now
-        stamp = _stamp(self.topology_file)
+        stamp = file_stamp(self.topology_file)
         if stamp == self._topology_stamp:
             return
         self._topology_stamp = stamp
@@ -205,17 +206,6 @@ class EdgeService:
         if self.publisher is not None:
             self.publisher.close()
         self.audit.close()
-
-
-def _stamp(path: Path | None) -> tuple[int, int, int, int] | str | None:
-    """What tells a file changed (inode, size, mtime, ctime), or the stat's error."""
-    if path is None:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        return f"stat: {e.strerror}"
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def check_token(cfg: EdgeServiceSettings) -> str:
