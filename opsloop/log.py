@@ -27,14 +27,13 @@ from typing import Any, Callable, Hashable
 import orjson
 from prometheus_client import Counter
 
-from opsloop.redact import redact_credentials
+from opsloop.redact import MASK, names_a_secret, redact_credentials
 
-_SECRET_MARKERS = ("password", "secret", "token", "passwd", "credential", "authorization", "api_key")
 _service = "opsloop"
 
 
 def redact(fields: dict[str, Any]) -> dict[str, Any]:
-    return {k: ("***" if any(m in k.lower() for m in _SECRET_MARKERS) else v) for k, v in fields.items()}
+    return {k: (MASK if names_a_secret(k) else v) for k, v in fields.items()}
 
 
 class JsonFormatter(logging.Formatter):

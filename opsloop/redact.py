@@ -14,6 +14,14 @@ import re
 # It never contains "/", whitespace or quotes, so the match cannot run across a JSON string's end.
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+._\-]*://)(?P<userinfo>[^/\s\"'<>?#\\]+)@")
 MASK = "***"
+# a field or setting whose name holds one of these carries a secret: its value is never shown (logs, config check,
+# validation errors)
+SECRET_MARKERS = ("password", "secret", "token", "passwd", "credential", "authorization", "api_key")
+
+
+def names_a_secret(name: str) -> bool:
+    lowered = name.lower()
+    return any(m in lowered for m in SECRET_MARKERS)
 
 
 def redact_credentials(text: str) -> str:

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, BeforeValidator, ValidationError, ValidationInfo, field_validator
 
-from opsloop.redact import redact_credentials
+from opsloop.redact import names_a_secret, redact_credentials
 
 MAX_SHOWN = 80
 # 9999-12-31T23:59:59Z: the last time a four-digit year (RFC 3339, ISO 8601) can say, in s and in ms. A saved
@@ -97,19 +97,16 @@ def shown(value: object) -> str:
 # A setting named like a secret never has its value shown (its *_file path may be): a numeric password
 # (`password: 12345678`, read by YAML as an int) or a secret put where its variable's name goes was
 # printed whole after "got".
-_SECRET_NAMES = ("password", "secret", "token", "passwd", "credential", "authorization", "api_key")
-
-
 def _secret_setting(loc: tuple[Any, ...]) -> bool:
     name = next((str(p).lower() for p in reversed(loc) if isinstance(p, str)), "")
-    return any(m in name for m in _SECRET_NAMES) and not name.endswith("_file")
+    return names_a_secret(name) and not name.endswith("_file")
 
 
 def is_secret_setting(name: str) -> bool:
     """A setting named like a secret (``password``, ``api_key``, ``token``...), not the path of a file holding
     one (``*_file``) nor the name of a variable holding one (``*_env``)."""
     lowered = name.lower()
-    return any(m in lowered for m in _SECRET_NAMES) and not lowered.endswith(("_file", "_env"))
+    return names_a_secret(lowered) and not lowered.endswith(("_file", "_env"))
 
 
 def error_lines(e: ValidationError, prefix: str = "") -> list[str]:
